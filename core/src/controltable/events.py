@@ -1,0 +1,620 @@
+"""Event batch claiming on the user's own table (seed 001 with its races fixed).
+
+controltable adds claim columns to the event table, never a copy of the data. A claim is one
+short transaction that skips rows other workers are claiming (``FOR UPDATE SKIP LOCKED`` or
+SQL Server's ``READPAST``) and marks the batch with a random token and a lease; no lock is held
+while the batch is processed (seed 001's "soft lock"). Completion is fenced on that token in one
+statement, so a worker whose lease ran out can never mark rows another worker re-claimed.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    String,
+    Table,
+    and_,
+    case,
+    func,
+    inspect,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import NoSuchTableError
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.schema import CreateColumn, DDLElement
+from sqlalchemy.sql.elements import ColumnElement
+
+from . import dialects
+from .errors import ConfigurationError, LeaseLost, NotInstalledError, describe_keys
+from .slots import default_holder, utc
+from .validation import check_identifier, check_name, check_positive_int, check_seconds
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .control import ControlTable
+
+log = logging.getLogger("controltable")
+
+PENDING, CLAIMED, DONE, ERROR = 0, 1, 2, 3
+STATE_NAMES = {PENDING: "pending", CLAIMED: "claimed", DONE: "done", ERROR: "error"}
+DEFAULT_BATCH_LEASE = 900.0
+_CHUNK = 900  # stay under Oracle's 1000-item IN lists and SQL Server's 2100 parameters
+
+Where = Union[ColumnElement[Any], Callable[[Table], ColumnElement[Any]], None]
+
+
+class AddColumn(DDLElement):
+    """``ALTER TABLE t ADD <column spec>``: the one DDL statement SQLAlchemy Core lacks."""
+
+    def __init__(self, table: Table, column: Column[Any]) -> None:
+        self.table = table
+        self.column = column
+
+
+@compiles(AddColumn)
+def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
+    spec = compiler.process(CreateColumn(element.column), **kw)
+    return f"ALTER TABLE {compiler.preparer.format_table(element.table)} ADD {spec}"
+
+
+def claim_columns(prefix: str = "ct_") -> list[Column[Any]]:
+    """The columns ``prepare()`` adds to an event table, in order."""
+    return [
+        Column(f"{prefix}state", SmallInteger, nullable=False, server_default="0"),
+        Column(f"{prefix}owner", String(200), nullable=True),
+        Column(f"{prefix}token", BigInteger, nullable=True),
+        Column(f"{prefix}expires_at", Float, nullable=True),
+        Column(f"{prefix}available_at", Float, nullable=True),
+        Column(f"{prefix}attempts", Integer, nullable=False, server_default="0"),
+        Column(f"{prefix}error", String(2000), nullable=True),
+        Column(f"{prefix}done_at", Float, nullable=True),
+    ]
+
+
+@dataclass
+class EventStats:
+    """Counts per claim state of an event table."""
+
+    table: str
+    pending: int = 0
+    claimed: int = 0
+    expired: int = 0
+    done: int = 0
+    error: int = 0
+    oldest_pending_key: Any = None
+    oldest_pending_age: Optional[float] = None
+
+    @property
+    def total(self) -> int:
+        return self.pending + self.claimed + self.done + self.error
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in (
+            "table", "pending", "claimed", "expired", "done", "error", "total",
+            "oldest_pending_key", "oldest_pending_age")}
+
+
+@dataclass
+class Batch:
+    """Rows claimed by one worker under one token. Finish it with complete, fail or release."""
+
+    events: "EventTable"
+    owner: str
+    token: int
+    rows: list[dict[str, Any]]
+    attempts: dict[Any, int]
+    claimed_at: float
+    _expires_at: float
+    finished: bool = field(default=False)
+
+    @property
+    def keys(self) -> list[Any]:
+        return [row[self.events.key] for row in self.rows]
+
+    @property
+    def expires_at(self) -> datetime:
+        value = utc(self._expires_at)
+        assert value is not None
+        return value
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def handle(self) -> dict[str, Any]:
+        """A JSON-serialisable reference (for XCom or Dagster metadata): table, keys, token, owner."""
+        return {
+            "table": self.events.name,
+            "schema": self.events.schema,
+            "keys": self.keys,
+            "token": self.token,
+            "owner": self.owner,
+            "expires_at": self._expires_at,
+        }
+
+    @contextmanager
+    def transaction(self, keys: Optional[Sequence[Any]] = None) -> Iterator[Connection]:
+        """A transaction for the caller's own writes that commits together with the completion.
+
+        On exit the batch (or ``keys``) is completed in the same transaction; if the lease was
+        lost, :class:`LeaseLost` is raised and the caller's writes roll back with it.
+        """
+        with self.events.ct.db.begin() as conn:
+            yield conn
+            self.events._complete(conn, self.token, list(keys) if keys is not None else self.keys)
+        if keys is None or set(keys) >= set(self.keys):
+            self.finished = True
+
+    def complete(self, keys: Optional[Sequence[Any]] = None) -> int:
+        """Mark the batch (or ``keys`` of it) done. Raises :class:`LeaseLost` naming rows taken over."""
+        todo = list(keys) if keys is not None else self.keys
+        with self.events.ct.db.begin() as conn:
+            n = self.events._complete(conn, self.token, todo)
+        if keys is None or set(keys) >= set(self.keys):
+            self.finished = True
+        return n
+
+    def fail(self, reason: str, keys: Optional[Sequence[Any]] = None) -> int:
+        """Give rows back for a retry after a back-off; after ``max_attempts`` they go to error."""
+        todo = list(keys) if keys is not None else self.keys
+        n = self.events._fail(self.token, todo, {k: self.attempts.get(k, 1) for k in todo}, str(reason))
+        if keys is None:
+            self.finished = True
+        return n
+
+    def release(self) -> int:
+        """Give the rows back untouched (the attempt is not counted). Lost rows are ignored."""
+        n = self.events._release(self.token, self.keys)
+        self.finished = True
+        return n
+
+    def renew(self, lease: Optional[float] = None) -> "Batch":
+        """Extend the claim to ``lease`` seconds from now; :class:`LeaseLost` names rows taken over."""
+        seconds = check_seconds("lease", lease) if lease is not None else self.events.lease
+        assert seconds is not None
+        self._expires_at = self.events._renew(self.token, self.keys, seconds)
+        return self
+
+
+class EventTable:
+    """Batch claiming over one of the user's tables.
+
+    ``key`` must be unique (primary key or unique index). ``order_by`` (default: ``key``) sets
+    claim order. ``where`` narrows what is claimable: an expression over ``events.table`` or a
+    callable that receives the table. ``time_column`` (optional) is the column holding each
+    event's time, used by ``stats()`` for the oldest pending age.
+    """
+
+    def __init__(
+        self,
+        ct: "ControlTable",
+        table: str,
+        *,
+        key: str,
+        order_by: Optional[str] = None,
+        schema: Optional[str] = None,
+        where: Where = None,
+        max_attempts: int = 5,
+        backoff: float = 30.0,
+        max_backoff: float = 3600.0,
+        lease: float = DEFAULT_BATCH_LEASE,
+        time_column: Optional[str] = None,
+        column_prefix: str = "ct_",
+    ) -> None:
+        self.ct = ct
+        self.name = check_identifier("table", table)
+        self.key = check_identifier("key column", key)
+        self.order_by = check_identifier("order_by column", order_by) if order_by else self.key
+        self.schema = check_identifier("schema", schema) if schema else None
+        self.time_column = check_identifier("time_column", time_column) if time_column else None
+        self.max_attempts = check_positive_int("max_attempts", max_attempts)
+        self.backoff = check_seconds("backoff", backoff, allow_zero=True) or 0.0
+        self.max_backoff = check_seconds("max_backoff", max_backoff, allow_zero=True) or 0.0
+        self.lease = check_seconds("lease", lease) or DEFAULT_BATCH_LEASE
+        self.prefix = check_identifier("column_prefix", column_prefix + "x")[:-1]
+        self._where = where
+        self._table: Optional[Table] = None
+
+    def __repr__(self) -> str:
+        return f"EventTable({self.qualified_name!r}, key={self.key!r}, order_by={self.order_by!r})"
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.schema}.{self.name}" if self.schema else self.name
+
+    # -- the table ---------------------------------------------------------------------------
+    def _reflect(self) -> Table:
+        try:
+            return Table(self.name, MetaData(schema=self.schema), autoload_with=self.ct.db.engine)
+        except NoSuchTableError as exc:
+            raise ConfigurationError(
+                f"event table {self.qualified_name!r} does not exist in {self.ct.db.safe_url}; "
+                "check the table name and schema"
+            ) from exc
+
+    def _check_columns(self, table: Table) -> None:
+        for kind, col in (("key", self.key), ("order_by", self.order_by), ("time_column", self.time_column)):
+            if col is not None and col not in table.c:
+                raise ConfigurationError(
+                    f"{kind} column {col!r} is not a column of {self.qualified_name!r}; "
+                    f"its columns are {', '.join(c.name for c in table.c)}"
+                )
+        if not self._key_is_unique(table):
+            raise ConfigurationError(
+                f"key column {self.key!r} of {self.qualified_name!r} is not unique; claiming needs a primary key "
+                f"or unique index on it (e.g. CREATE UNIQUE INDEX ... ON {self.name} ({self.key}))"
+            )
+
+    def _key_is_unique(self, table: Table) -> bool:
+        pk = [c.name for c in table.primary_key.columns]
+        if pk == [self.key]:
+            return True
+        insp = inspect(self.ct.db.engine)
+        for uq in insp.get_unique_constraints(self.name, schema=self.schema):
+            if list(uq.get("column_names") or []) == [self.key]:
+                return True
+        for ix in insp.get_indexes(self.name, schema=self.schema):
+            if ix.get("unique") and list(ix.get("column_names") or []) == [self.key]:
+                return True
+        return False
+
+    @property
+    def table(self) -> Table:
+        """The reflected table; raises :class:`NotInstalledError` if ``prepare()`` was not run."""
+        if self._table is None:
+            table = self._reflect()
+            self._check_columns(table)
+            missing = [c.name for c in claim_columns(self.prefix) if c.name not in table.c]
+            if missing:
+                raise NotInstalledError(
+                    f"event table {self.qualified_name!r} has no claim columns ({', '.join(missing)}); run "
+                    f"events.prepare() or `controltable events prepare {self.name} --key {self.key}` first"
+                )
+            self._table = table
+        return self._table
+
+    @property
+    def c(self) -> Any:
+        """The table's columns, for ``where=`` expressions."""
+        return self.table.c
+
+    def _col(self, name: str) -> Column[Any]:
+        return self.table.c[f"{self.prefix}{name}"]  # type: ignore[no-any-return]
+
+    def index(self, table: Table) -> Index:
+        """The claim index: pending and claimed rows in claim order (partial where the backend can)."""
+        dialect = self.ct.db.dialect_name
+        state = table.c[f"{self.prefix}state"]
+        name = _index_name(f"{self.prefix}claim_{self.name}")
+        if dialects.supports_partial_index(dialect):
+            return Index(name, table.c[self.order_by], **dialects.index_where_kwargs(dialect, state < DONE))
+        return Index(name, state, table.c[self.order_by])
+
+    def prepare_statements(self) -> list[Any]:
+        """The DDL ``prepare()`` would run now (only what is missing)."""
+        table = self._reflect()
+        self._check_columns(table)
+        stmts: list[Any] = []
+        for col in claim_columns(self.prefix):
+            if col.name not in table.c:
+                stmts.append(AddColumn(table, col))
+                table.append_column(col)
+        index = self.index(table)
+        existing = {ix["name"] for ix in inspect(self.ct.db.engine).get_indexes(self.name, schema=self.schema)}
+        if index.name not in existing:
+            stmts.append(index)
+        return stmts
+
+    def prepare(self) -> list[str]:
+        """Add the claim columns and the claim index if missing. Idempotent; returns what it ran."""
+        from sqlalchemy.schema import CreateIndex
+
+        done = []
+        stmts = self.prepare_statements()
+        with self.ct.db.begin() as conn:
+            for stmt in stmts:
+                ddl = CreateIndex(stmt) if isinstance(stmt, Index) else stmt
+                conn.execute(ddl)
+                done.append(str(ddl.compile(dialect=self.ct.db.engine.dialect)).strip())
+        self._table = None
+        return done
+
+    # -- claiming ----------------------------------------------------------------------------
+    def _where_clause(self, where: Where) -> list[ColumnElement[Any]]:
+        out = []
+        for w in (self._where, where):
+            if w is None:
+                continue
+            out.append(w(self.table) if callable(w) else w)
+        return out
+
+    def claimable(self, now: Any) -> ColumnElement[bool]:
+        """Rows a claim may take: pending and due, or claimed under an expired lease."""
+        state, avail, expires = self._col("state"), self._col("available_at"), self._col("expires_at")
+        return or_(
+            and_(state == PENDING, or_(avail.is_(None), avail <= now)),
+            and_(state == CLAIMED, expires < now),
+        )
+
+    def claim_statement(self, size: int, now: Any, where: Where = None) -> Any:
+        t = self.table
+        stmt = (
+            select(t)
+            .where(self.claimable(now), *self._where_clause(where))
+            .order_by(t.c[self.order_by], t.c[self.key])
+        )
+        stmt = dialects.lock_rows(stmt, t, skip_locked=True)
+        return dialects.limit_locked(stmt, self.ct.db.dialect_name, size)
+
+    def claim(
+        self, size: int = 100, *, owner: Optional[str] = None, lease: Optional[float] = None, where: Where = None
+    ) -> Optional[Batch]:
+        """Claim up to ``size`` claimable rows for ``owner``; ``None`` when nothing is claimable."""
+        size = check_positive_int("size", size)
+        owner = check_name("owner", owner) if owner is not None else default_holder()
+        lease_s = check_seconds("lease", lease) if lease is not None else self.lease
+        assert lease_s is not None
+        t = self.table
+        key = t.c[self.key]
+        user_cols = [c.name for c in t.c if not c.name.startswith(self.prefix)]
+        token = secrets.randbits(62) + 1
+
+        def fn(conn: Connection) -> Optional[Batch]:
+            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
+            result = conn.execute(self.claim_statement(size, now, where))
+            rows = result.fetchmany(size)
+            result.close()
+            if not rows:
+                return None
+            attempts_col = f"{self.prefix}attempts"
+            poisoned = [r for r in rows if r._mapping[f"{self.prefix}state"] == CLAIMED
+                        and r._mapping[attempts_col] >= self.max_attempts]
+            if poisoned:  # claimed and abandoned max_attempts times: a crash loop, not a retry
+                for chunk in _chunks([r._mapping[self.key] for r in poisoned]):
+                    conn.execute(update(t).where(key.in_(chunk)).values({
+                        f"{self.prefix}state": ERROR, f"{self.prefix}owner": None, f"{self.prefix}token": None,
+                        f"{self.prefix}expires_at": None,
+                        f"{self.prefix}error": "lease expired max_attempts times (worker crashed or hung)"}))
+                rows = [r for r in rows if r not in poisoned]
+                if not rows:
+                    return None
+            keys = [r._mapping[self.key] for r in rows]
+            for chunk in _chunks(keys):
+                conn.execute(update(t).where(key.in_(chunk)).values({
+                    f"{self.prefix}state": CLAIMED, f"{self.prefix}owner": owner, f"{self.prefix}token": token,
+                    f"{self.prefix}expires_at": now + lease_s,
+                    f"{self.prefix}attempts": t.c[attempts_col] + 1}))
+            return Batch(
+                self, owner, token,
+                rows=[{c: r._mapping[c] for c in user_cols} for r in rows],
+                attempts={r._mapping[self.key]: int(r._mapping[attempts_col]) + 1 for r in rows},
+                claimed_at=now, _expires_at=now + lease_s,
+            )
+
+        return self.ct.db.run(fn)
+
+    def batch(self, handle: dict[str, Any]) -> Batch:
+        """Rebuild a :class:`Batch` from :meth:`Batch.handle` (e.g. in another Airflow task)."""
+        try:
+            keys, token, owner = list(handle["keys"]), int(handle["token"]), str(handle["owner"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigurationError(f"not a batch handle (needs keys, token, owner): {handle!r}") from exc
+        t = self.table
+        rows: list[dict[str, Any]] = []
+        user_cols = [c for c in t.c if not c.name.startswith(self.prefix)]
+
+        def fn(conn: Connection) -> None:
+            for chunk in _chunks(keys):
+                for r in conn.execute(select(*user_cols).where(t.c[self.key].in_(chunk))):
+                    rows.append(dict(r._mapping))
+
+        self.ct.db.run(fn)
+        order = {k: i for i, k in enumerate(keys)}
+        rows.sort(key=lambda r: order.get(r[self.key], 0))
+        return Batch(self, owner, token, rows, {k: 1 for k in keys}, 0.0, float(handle.get("expires_at") or 0.0))
+
+    # -- finishing (all fenced on the batch token) -----------------------------------------------
+    def _fenced(self, token: int, keys: Sequence[Any]) -> ColumnElement[bool]:
+        return and_(self._col("token") == token, self._col("state") == CLAIMED)
+
+    def _lost(self, conn: Connection, token: int, keys: Sequence[Any]) -> list[Any]:
+        t = self.table
+        held: set[Any] = set()
+        for chunk in _chunks(keys):
+            held.update(
+                r[0] for r in conn.execute(
+                    select(t.c[self.key]).where(t.c[self.key].in_(chunk), self._fenced(token, keys))
+                )
+            )
+        return [k for k in keys if k not in held]
+
+    def _complete(self, conn: Connection, token: int, keys: Sequence[Any]) -> int:
+        t = self.table
+        n = 0
+        for chunk in _chunks(keys):
+            n += conn.execute(
+                update(t).where(t.c[self.key].in_(chunk), self._fenced(token, chunk)).values({
+                    f"{self.prefix}state": DONE, f"{self.prefix}done_at": dialects.db_now(),
+                    f"{self.prefix}expires_at": None, f"{self.prefix}error": None})
+            ).rowcount
+        if n != len(set(keys)):
+            lost = self._lost(conn, token, keys)
+            raise LeaseLost(
+                f"{len(set(keys)) - n} of {len(set(keys))} rows of {self.qualified_name!r} are no longer held by this "
+                f"batch (lease expired and they were re-claimed or reaped): {describe_keys(lost)}; nothing was "
+                "completed and the transaction was rolled back",
+                keys=lost,
+            )
+        self.ct._notify([f"events:{self.name}"])
+        return n
+
+    def _fail(self, token: int, keys: Sequence[Any], attempts: dict[Any, int], reason: str) -> int:
+        t = self.table
+        by_attempts: dict[int, list[Any]] = {}
+        for k in keys:
+            by_attempts.setdefault(attempts.get(k, 1), []).append(k)
+
+        def fn(conn: Connection) -> int:
+            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
+            n = 0
+            for attempt, group in by_attempts.items():
+                final = attempt >= self.max_attempts
+                delay = min(self.backoff * (2 ** max(attempt - 1, 0)), self.max_backoff)
+                values: dict[str, Any] = {
+                    f"{self.prefix}state": ERROR if final else PENDING, f"{self.prefix}owner": None,
+                    f"{self.prefix}token": None, f"{self.prefix}expires_at": None,
+                    f"{self.prefix}available_at": None if final else now + delay,
+                    f"{self.prefix}error": reason[:2000],
+                }
+                for chunk in _chunks(group):
+                    n += conn.execute(
+                        update(t).where(t.c[self.key].in_(chunk), self._fenced(token, chunk)).values(values)
+                    ).rowcount
+            if n != len(set(keys)):
+                lost = self._lost(conn, token, keys)
+                raise LeaseLost(f"cannot fail rows no longer held by this batch: {describe_keys(lost)}", keys=lost)
+            return n
+
+        return self.ct.db.run(fn, idempotent=False)
+
+    def _release(self, token: int, keys: Sequence[Any]) -> int:
+        t = self.table
+
+        def fn(conn: Connection) -> int:
+            n = 0
+            for chunk in _chunks(keys):
+                n += conn.execute(
+                    update(t).where(t.c[self.key].in_(chunk), self._fenced(token, chunk)).values({
+                        f"{self.prefix}state": PENDING, f"{self.prefix}owner": None, f"{self.prefix}token": None,
+                        f"{self.prefix}expires_at": None,
+                        f"{self.prefix}attempts": case(
+                            (t.c[f"{self.prefix}attempts"] > 0, t.c[f"{self.prefix}attempts"] - 1), else_=0)})
+                ).rowcount
+            return n
+
+        n = self.ct.db.run(fn)
+        self.ct._notify([f"events:{self.name}"])
+        return n
+
+    def _renew(self, token: int, keys: Sequence[Any], seconds: float) -> float:
+        t = self.table
+
+        def fn(conn: Connection) -> float:
+            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
+            n = 0
+            for chunk in _chunks(keys):
+                n += conn.execute(
+                    update(t).where(t.c[self.key].in_(chunk), self._fenced(token, chunk),
+                                    self._col("expires_at") >= now)
+                    .values({f"{self.prefix}expires_at": now + seconds})
+                ).rowcount
+            if n != len(set(keys)):
+                lost = self._lost(conn, token, keys)
+                raise LeaseLost(f"cannot renew rows no longer held by this batch: {describe_keys(lost)}", keys=lost)
+            return now + seconds
+
+        return self.ct.db.run(fn)
+
+    # -- administration ----------------------------------------------------------------------------
+    def stats(self) -> EventStats:
+        """Counts per state (claimed rows whose lease ran out count as ``expired`` too)."""
+        t = self.table
+        state, expires = self._col("state"), self._col("expires_at")
+
+        def fn(conn: Connection) -> EventStats:
+            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
+            st = EventStats(self.qualified_name)
+            for row in conn.execute(select(state, func.count()).group_by(state)):
+                setattr(st, STATE_NAMES.get(int(row[0]), "error"), int(row[1]))
+            st.expired = int(conn.scalar(
+                select(func.count()).select_from(t).where(state == CLAIMED, expires < now)) or 0)
+            first = conn.execute(
+                select(t.c[self.key], *( [t.c[self.time_column]] if self.time_column else []))
+                .where(state == PENDING).order_by(t.c[self.order_by]).limit(1)
+            ).first()
+            if first is not None:
+                st.oldest_pending_key = first[0]
+                if self.time_column is not None and first[1] is not None:
+                    st.oldest_pending_age = _age(first[1], now)
+            return st
+
+        return self.ct.db.run(fn)
+
+    def pending_count(self, where: Where = None) -> int:
+        """How many rows a claim could take right now."""
+        t = self.table
+
+        def fn(conn: Connection) -> int:
+            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
+            return int(conn.scalar(
+                select(func.count()).select_from(t).where(self.claimable(now), *self._where_clause(where))) or 0)
+
+        return self.ct.db.run(fn)
+
+    def retry_errors(self, where: Where = None) -> int:
+        """Put error rows back to pending with their attempts reset (seed 004's clear_all_errors)."""
+        t = self.table
+        return self.ct.db.run(lambda c: int(c.execute(
+            update(t).where(self._col("state") == ERROR, *self._where_clause(where)).values({
+                f"{self.prefix}state": PENDING, f"{self.prefix}attempts": 0,
+                f"{self.prefix}available_at": None, f"{self.prefix}error": None})
+        ).rowcount))
+
+    def reap(self) -> int:
+        """Return expired claims to pending now (claims would take them anyway); returns how many."""
+        t = self.table
+        return self.ct.db.run(lambda c: int(c.execute(
+            update(t).where(self._col("state") == CLAIMED, self._col("expires_at") < dialects.db_now()).values({
+                f"{self.prefix}state": PENDING, f"{self.prefix}owner": None, f"{self.prefix}token": None,
+                f"{self.prefix}expires_at": None})
+        ).rowcount))
+
+    def reset(self) -> int:
+        """Every row back to pending, attempts cleared (for reprocessing a table from scratch)."""
+        t = self.table
+        return self.ct.db.run(lambda c: int(c.execute(update(t).values({
+            f"{self.prefix}state": PENDING, f"{self.prefix}owner": None, f"{self.prefix}token": None,
+            f"{self.prefix}expires_at": None, f"{self.prefix}available_at": None, f"{self.prefix}attempts": 0,
+            f"{self.prefix}error": None, f"{self.prefix}done_at": None})).rowcount))
+
+
+def _chunks(keys: Sequence[Any], size: int = _CHUNK) -> Iterator[list[Any]]:
+    keys = list(keys)
+    for i in range(0, len(keys), size):
+        yield keys[i:i + size]
+
+
+def _index_name(base: str) -> str:
+    if len(base) <= 60:
+        return base
+    import hashlib
+
+    return f"{base[:50]}_{hashlib.sha1(base.encode()).hexdigest()[:8]}"
+
+
+def _age(value: Any, now: float) -> Optional[float]:
+    """Seconds between an event time (datetime or epoch number) and the database clock."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            from datetime import timezone
+
+            value = value.replace(tzinfo=timezone.utc)
+        return max(now - value.timestamp(), 0.0)
+    if isinstance(value, (int, float)):
+        return max(now - float(value), 0.0)
+    return None
+

@@ -1,0 +1,643 @@
+"""Resource slots: FIFO counting semaphores and reader/writer locks with leases and fencing tokens.
+
+Seed 000's control table, with its races fixed:
+
+* Every step that looks at a queue first locks the rows of the resources involved (in name order,
+  so two multi-resource requests can never deadlock each other). Tickets are assigned under those
+  locks, so "who is ahead of me" is never decided on a ticket that is not yet visible.
+* A request is granted only when nothing waits ahead of it in any of its queues and it fits:
+  strict FIFO, so a waiting writer blocks readers that come after it.
+* Holders and waiters both carry a lease on the database clock. Expired rows are deleted under the
+  resource lock before anything is counted; that DELETE is the only judge of expiry, so a holder
+  whose renewal wins the race keeps its slot and one that loses gets :class:`LeaseLost`.
+* Each grant takes the next value of the resource's fencing counter.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Union
+
+from sqlalchemy import and_, delete, func, insert, select, update
+from sqlalchemy.engine import Connection
+
+from . import dialects
+from .errors import AcquireTimeout, ConfigurationError, LeaseLost, UnknownResourceError
+from .validation import check_mode, check_name, check_seconds, normalize_request
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .control import ControlTable
+
+log = logging.getLogger("controltable")
+
+DEFAULT_LEASE = 300.0
+#: How long a waiter's queue entry survives without a poll. A waiter polls at most every
+#: ``waiter_ttl / 4`` seconds, so only a dead waiter's entry ever expires.
+DEFAULT_WAITER_TTL = 30.0
+MAX_POLL_INTERVAL = 2.0
+
+
+def utc(ts: Optional[float]) -> Optional[datetime]:
+    return None if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc)
+
+
+def default_holder() -> str:
+    """A holder id unique to this process and call (seed 000's 'robust requesting ids')."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+@dataclass
+class _Outcome:
+    granted: bool
+    request_key: str
+    tokens: dict[str, int]
+    expires_at: float
+    granted_at: Optional[float]
+    position: dict[str, int]
+
+
+class Lease:
+    """A granted slot request. Renew it while working, release it when done.
+
+    Usable as a context manager (``with ct.acquire(...) as lease``), which releases on exit.
+    :meth:`ControlTable.slot` additionally renews it in the background.
+    """
+
+    def __init__(
+        self,
+        ct: "ControlTable",
+        *,
+        resources: dict[str, int],
+        mode: str,
+        holder: str,
+        request_key: str,
+        tokens: dict[str, int],
+        lease_seconds: float,
+        expires_at: float,
+        granted_at: Optional[float],
+    ) -> None:
+        self._ct = ct
+        self.resources = resources
+        self.mode = mode
+        self.holder = holder
+        self.request_key = request_key
+        self.tokens = tokens
+        self.lease_seconds = lease_seconds
+        self._expires_at = expires_at
+        self._granted_at = granted_at
+        self.released = False
+        self.lost: Optional[LeaseLost] = None
+        self._renewer: Optional[_Renewer] = None
+
+    # -- facts -----------------------------------------------------------------------------
+    @property
+    def token(self) -> int:
+        """The fencing token; for a multi-resource request, the first resource's (see ``tokens``)."""
+        return self.tokens[next(iter(self.resources))]
+
+    @property
+    def resource(self) -> str:
+        return next(iter(self.resources))
+
+    @property
+    def slots(self) -> int:
+        return self.resources[self.resource]
+
+    @property
+    def expires_at(self) -> datetime:
+        """When the lease runs out on the database clock, unless renewed (UTC)."""
+        value = utc(self._expires_at)
+        assert value is not None
+        return value
+
+    @property
+    def granted_at(self) -> Optional[datetime]:
+        return utc(self._granted_at)
+
+    def __repr__(self) -> str:
+        return (
+            f"Lease(resources={self.resources!r}, mode={self.mode!r}, holder={self.holder!r}, "
+            f"tokens={self.tokens!r}, expires_at={self.expires_at.isoformat()})"
+        )
+
+    # -- actions ---------------------------------------------------------------------------
+    def renew(self, lease: Optional[float] = None) -> "Lease":
+        """Extend the lease to ``lease`` seconds (default: the original length) from now.
+
+        Raises :class:`LeaseLost` if the lease already expired and was reaped or taken over.
+        """
+        seconds = check_seconds("lease", lease) if lease is not None else self.lease_seconds
+        assert seconds is not None
+        if self.released:
+            raise LeaseLost(f"lease of {self.holder!r} on {self._names()} was already released")
+        self._expires_at = self._ct._slots.renew(self, seconds)
+        self.lease_seconds = seconds
+        return self
+
+    def release(self) -> None:
+        """Give the slots back. Raises :class:`LeaseLost` if they were no longer held."""
+        self._stop_renewing()
+        if self.released:
+            return
+        self.released = True
+        self._ct._slots.release(self)
+
+    def is_held(self) -> bool:
+        """Ask the database whether this lease still holds all its slots."""
+        return not self.released and self._ct._slots.is_held(self)
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` if the lease is no longer held (e.g. before a critical write)."""
+        if self.lost is not None:
+            raise self.lost
+        if not self.is_held():
+            raise LeaseLost(f"lease of {self.holder!r} on {self._names()} is no longer held")
+
+    def _names(self) -> str:
+        return ", ".join(repr(n) for n in self.resources)
+
+    # -- background renewal ----------------------------------------------------------------
+    def start_renewing(self, interval: Optional[float] = None) -> None:
+        """Renew in a daemon thread every ``interval`` seconds (default: a third of the lease)."""
+        if self._renewer is None:
+            self._renewer = _Renewer(self, interval or max(self.lease_seconds / 3.0, 0.05))
+            self._renewer.start()
+
+    def _stop_renewing(self) -> None:
+        if self._renewer is not None:
+            self._renewer.stop()
+            self._renewer = None
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._stop_renewing()
+        try:
+            self.release()
+        except LeaseLost:
+            if exc_type is None:
+                raise
+            log.warning("controltable: lease of %r was lost before release", self.holder)
+        if exc_type is None and self.lost is not None:
+            raise self.lost
+
+
+class _Renewer(threading.Thread):
+    """Keeps a lease alive while its holder works; remembers a loss for the holder to see."""
+
+    def __init__(self, lease: Lease, interval: float) -> None:
+        super().__init__(name=f"controltable-renew-{lease.holder}", daemon=True)
+        self.lease = lease
+        self.interval = interval
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self is not threading.current_thread():
+            self.join(timeout=10)
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            try:
+                self.lease.renew()
+            except LeaseLost as exc:
+                log.error("controltable: %s", exc)
+                self.lease.lost = exc
+                return
+            except Exception as exc:  # keep trying: the lease may still outlive the outage
+                log.warning("controltable: lease renewal failed, will retry: %s", exc)
+
+
+@dataclass
+class Entry:
+    """One holder or waiter of a resource, as shown by ``status()``."""
+
+    holder: str
+    slots: int
+    mode: str
+    state: str
+    since: Optional[datetime]
+    expires_at: Optional[datetime]
+    token: Optional[int]
+    position: int
+    expired: bool = False
+
+
+@dataclass
+class ResourceStatus:
+    """A resource with its capacity, current holders and queue."""
+
+    name: str
+    capacity: int
+    used: int
+    last_token: int
+    holders: list[Entry] = field(default_factory=list)
+    waiters: list[Entry] = field(default_factory=list)
+
+
+class SlotEngine:
+    """The SQL behind slots, for one namespace of one installation."""
+
+    def __init__(self, ct: "ControlTable") -> None:
+        self.ct = ct
+        self.db = ct.db
+        self.t = ct.tables
+        self.ns = ct.namespace
+
+    # -- capacity ----------------------------------------------------------------------------
+    def set_capacity(self, name: str, capacity: int) -> None:
+        r = self.t.resource
+
+        def fn(conn: Connection) -> None:
+            found = conn.execute(
+                dialects.lock_rows(select(r.c.name).where(r.c.namespace == self.ns, r.c.name == name), r)
+            ).first()
+            if found is None:
+                conn.execute(
+                    insert(r).values(
+                        namespace=self.ns, name=name, capacity=capacity, last_token=0, created_at=dialects.db_now()
+                    )
+                )
+            else:
+                conn.execute(update(r).where(r.c.namespace == self.ns, r.c.name == name).values(capacity=capacity))
+
+        try:
+            self.db.run(fn)
+        except Exception as exc:  # a concurrent insert of the same name: the row exists now
+            if "unique" in str(exc).lower() or "duplicate" in str(exc).lower():
+                self.db.run(
+                    lambda c: c.execute(
+                        update(r).where(r.c.namespace == self.ns, r.c.name == name).values(capacity=capacity)
+                    )
+                )
+            else:
+                raise
+
+    def delete_resource(self, name: str, *, force: bool = False) -> bool:
+        r, q = self.t.resource, self.t.request
+
+        def fn(conn: Connection) -> bool:
+            row = conn.execute(
+                dialects.lock_rows(select(r.c.name).where(r.c.namespace == self.ns, r.c.name == name), r)
+            ).first()
+            if row is None:
+                return False
+            live = conn.scalar(
+                select(q.c.id)
+                .where(q.c.namespace == self.ns, q.c.resource == name, q.c.expires_at >= dialects.db_now())
+                .limit(1)
+            )
+            if live is not None and not force:
+                raise ConfigurationError(
+                    f"resource {name!r} still has holders or waiters; release them, wait for their leases "
+                    "to expire, or delete with force=True (--force)"
+                )
+            conn.execute(delete(q).where(q.c.namespace == self.ns, q.c.resource == name))
+            conn.execute(delete(r).where(r.c.namespace == self.ns, r.c.name == name))
+            return True
+
+        return self.db.run(fn)
+
+    # -- acquire -----------------------------------------------------------------------------
+    def acquire(
+        self,
+        resource: Union[str, Mapping[str, int]],
+        *,
+        holder: Optional[str],
+        slots: int,
+        mode: str,
+        timeout: Optional[float],
+        lease: float,
+        waiter_ttl: float,
+        poll_interval: float,
+    ) -> Lease:
+        parts = normalize_request(resource, slots)
+        mode = check_mode(mode)
+        holder = check_name("holder", holder) if holder is not None else default_holder()
+        lease_s = check_seconds("lease", lease)
+        ttl = check_seconds("waiter_ttl", waiter_ttl)
+        wait = check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
+        assert lease_s is not None and ttl is not None
+        deadline = None if wait is None else time.monotonic() + wait
+        max_poll = min(MAX_POLL_INTERVAL, ttl / 4.0)
+        delay = min(poll_interval, max_poll)
+
+        outcome = self.db.run(lambda c: self._attempt(c, parts, holder, mode, lease_s, ttl))
+        while not outcome.granted:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                granted = self._withdraw(outcome.request_key)
+                if granted is not None:  # granted between our last poll and the withdrawal
+                    outcome = granted
+                    break
+                where = ", ".join(f"{n!r} (position {p})" for n, p in outcome.position.items())
+                raise AcquireTimeout(
+                    f"holder {holder!r} was not granted {parts!r} ({mode}) within {wait:g} s; "
+                    f"it was waiting at {where}. Raise the timeout or the capacity, or see `controltable status`."
+                )
+            sleep = delay * (0.5 + random.random())
+            if deadline is not None:
+                sleep = min(sleep, max(deadline - now, 0.0))
+            self.ct._wait_for_wakeup(list(parts), sleep)
+            delay = min(delay * 1.5, max_poll)
+            outcome = self.db.run(lambda c: self._attempt(c, parts, holder, mode, lease_s, ttl))
+        return Lease(
+            self.ct,
+            resources=parts,
+            mode=mode,
+            holder=holder,
+            request_key=outcome.request_key,
+            tokens=outcome.tokens,
+            lease_seconds=lease_s,
+            expires_at=outcome.expires_at,
+            granted_at=outcome.granted_at,
+        )
+
+    def _lock_resources(self, conn: Connection, names: list[str]) -> tuple[dict[str, Any], float]:
+        """Lock the resource rows in name order; return them and the database time after locking."""
+        r = self.t.resource
+        rows: dict[str, Any] = {}
+        now = 0.0
+        for name in sorted(names):
+            row = conn.execute(
+                dialects.lock_rows(
+                    select(r.c.name, r.c.capacity, r.c.last_token, dialects.db_now().label("now")).where(
+                        r.c.namespace == self.ns, r.c.name == name
+                    ),
+                    r,
+                )
+            ).first()
+            if row is None:
+                raise UnknownResourceError(
+                    f"resource {name!r} does not exist in namespace {self.ns!r}; create it with "
+                    f"set_capacity({name!r}, n) or `controltable capacity set {name} N`"
+                )
+            rows[name] = row
+            now = float(row.now)
+        return rows, now
+
+    def _attempt(
+        self, conn: Connection, parts: dict[str, int], holder: str, mode: str, lease_s: float, ttl: float
+    ) -> _Outcome:
+        """One poll: enqueue (or find our entry), reap, and grant if we are first and fit."""
+        q, r = self.t.request, self.t.resource
+        names = sorted(parts)
+        res, now = self._lock_resources(conn, names)
+        for name, k in parts.items():
+            if k > res[name].capacity:
+                raise ConfigurationError(
+                    f"request for {k} slots of {name!r} can never be granted: its capacity is "
+                    f"{res[name].capacity}; ask for fewer slots or raise the capacity"
+                )
+        conn.execute(
+            delete(q).where(q.c.namespace == self.ns, q.c.resource.in_(names), q.c.expires_at < now)
+        )
+        rows = conn.execute(
+            select(q.c.id, q.c.resource, q.c.holder, q.c.request_key, q.c.slots, q.c.mode, q.c.state,
+                   q.c.token, q.c.expires_at, q.c.granted_at)
+            .where(q.c.namespace == self.ns, q.c.resource.in_(names))
+            .order_by(q.c.id)
+        ).all()
+        mine = {row.resource: row for row in rows if row.holder == holder}
+        if mine:
+            wanted = {(n, k, mode) for n, k in parts.items()}
+            have = {(row.resource, row.slots, row.mode) for row in mine.values()}
+            keys = {row.request_key for row in mine.values()}
+            if have != wanted or len(keys) != 1:
+                raise ConfigurationError(
+                    f"holder {holder!r} already holds or waits for {sorted(have)} which differs from this "
+                    f"request {sorted(wanted)}; release it first or use another holder id"
+                )
+            key = keys.pop()
+            if all(row.state == "granted" for row in mine.values()):
+                # Idempotent re-acquire: the same lease, extended.
+                expires = now + lease_s
+                conn.execute(update(q).where(q.c.request_key == key).values(expires_at=expires, lease_seconds=lease_s))
+                return _Outcome(True, key, {row.resource: int(row.token) for row in mine.values()},
+                                expires, float(min(row.granted_at for row in mine.values())), {})
+            my_ids = {row.resource: int(row.id) for row in mine.values()}
+        else:
+            key = uuid.uuid4().hex
+            my_ids = {}
+
+        position: dict[str, int] = {}
+        eligible = True
+        for name in names:
+            queue = [row for row in rows if row.resource == name]
+            my_id = my_ids.get(name)
+            ahead = [row for row in queue if row.state == "waiting" and (my_id is None or row.id < my_id)]
+            holders = [row for row in queue if row.state == "granted"]
+            position[name] = len(ahead) + 1
+            if ahead:
+                eligible = False
+            elif mode == "exclusive":
+                eligible = eligible and not holders
+            else:
+                used = sum(row.slots for row in holders)
+                excl = any(row.mode == "exclusive" for row in holders)
+                eligible = eligible and not excl and used + parts[name] <= res[name].capacity
+
+        if eligible:
+            tokens: dict[str, int] = {}
+            for name in names:
+                tokens[name] = int(res[name].last_token) + 1
+                conn.execute(
+                    update(r).where(r.c.namespace == self.ns, r.c.name == name).values(last_token=tokens[name])
+                )
+            values = dict(state="granted", granted_at=now, expires_at=now + lease_s, lease_seconds=lease_s)
+            if my_ids:
+                for name in names:
+                    conn.execute(update(q).where(q.c.id == my_ids[name]).values(token=tokens[name], **values))
+            else:
+                for name in names:
+                    conn.execute(insert(q).values(
+                        namespace=self.ns, resource=name, holder=holder, request_key=key, slots=parts[name],
+                        mode=mode, token=tokens[name], enqueued_at=now, **values))
+            ordered = {n: tokens[n] for n in parts}
+            return _Outcome(True, key, ordered, now + lease_s, now, {})
+
+        expires = now + ttl
+        if my_ids:
+            conn.execute(update(q).where(q.c.request_key == key).values(expires_at=expires))
+        else:
+            for name in names:
+                conn.execute(insert(q).values(
+                    namespace=self.ns, resource=name, holder=holder, request_key=key, slots=parts[name], mode=mode,
+                    state="waiting", lease_seconds=lease_s, enqueued_at=now, expires_at=expires))
+        return _Outcome(False, key, {}, expires, None, position)
+
+    def _withdraw(self, request_key: str) -> Optional[_Outcome]:
+        """Leave the queue after a timeout; if we were granted meanwhile, return that grant."""
+        q = self.t.request
+
+        def fn(conn: Connection) -> Optional[_Outcome]:
+            conn.execute(delete(q).where(q.c.request_key == request_key, q.c.state == "waiting"))
+            rows = conn.execute(
+                select(q.c.resource, q.c.token, q.c.expires_at, q.c.granted_at).where(
+                    q.c.request_key == request_key, q.c.state == "granted"
+                )
+            ).all()
+            if not rows:
+                return None
+            return _Outcome(True, request_key, {row.resource: int(row.token) for row in rows},
+                            float(rows[0].expires_at), float(rows[0].granted_at), {})
+
+        return self.db.run(fn)
+
+    # -- holding -----------------------------------------------------------------------------
+    def renew(self, lease: Lease, seconds: float) -> float:
+        q = self.t.request
+        n = len(lease.resources)
+
+        def fn(conn: Connection) -> float:
+            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
+            result = conn.execute(
+                update(q)
+                .where(q.c.request_key == lease.request_key, q.c.state == "granted", q.c.expires_at >= now)
+                .values(expires_at=now + seconds, lease_seconds=seconds)
+            )
+            if result.rowcount != n:
+                conn.execute(delete(q).where(q.c.request_key == lease.request_key))
+                return -1.0
+            return now + seconds
+
+        expires = self.db.run(fn)
+        if expires < 0:
+            lease.released = True
+            raise LeaseLost(
+                f"lease of {lease.holder!r} on {lease._names()} expired and was reaped before it was renewed; "
+                "renew more often than the lease length or ask for a longer lease"
+            )
+        return expires
+
+    def release(self, lease: Lease) -> None:
+        q = self.t.request
+        n = len(lease.resources)
+        rowcount = self.db.run(
+            lambda c: c.execute(delete(q).where(q.c.request_key == lease.request_key)).rowcount
+        )
+        self.ct._notify(list(lease.resources))
+        if rowcount != n:
+            raise LeaseLost(
+                f"lease of {lease.holder!r} on {lease._names()} had already expired and been reaped when it "
+                "was released; work done after the expiry may have overlapped with another holder"
+            )
+
+    def is_held(self, lease: Lease) -> bool:
+        q = self.t.request
+        count = self.db.run(
+            lambda c: c.scalar(
+                select(func.count()).select_from(q).where(
+                    and_(q.c.request_key == lease.request_key, q.c.state == "granted",
+                         q.c.expires_at >= dialects.db_now())
+                )
+            )
+        )
+        return int(count or 0) == len(lease.resources)
+
+    def release_holder(self, resource: str, holder: str) -> int:
+        """Release whatever ``holder`` holds or waits for on ``resource`` (for shell scripts)."""
+        q = self.t.request
+
+        def fn(conn: Connection) -> int:
+            keys = [
+                row.request_key
+                for row in conn.execute(
+                    select(q.c.request_key).where(
+                        q.c.namespace == self.ns, q.c.resource == resource, q.c.holder == holder
+                    )
+                )
+            ]
+            if not keys:
+                return 0
+            return int(conn.execute(delete(q).where(q.c.request_key.in_(keys))).rowcount)
+
+        n = self.db.run(fn)
+        self.ct._notify([resource])
+        return n
+
+    def find_lease(self, resource: str, holder: str) -> Optional[Lease]:
+        """The live lease ``holder`` has on ``resource``, rebuilt from the table (for other processes)."""
+        q = self.t.request
+
+        def fn(conn: Connection) -> list[Any]:
+            key = conn.scalar(
+                select(q.c.request_key).where(
+                    q.c.namespace == self.ns, q.c.resource == resource, q.c.holder == holder, q.c.state == "granted"
+                )
+            )
+            if key is None:
+                return []
+            return list(conn.execute(select(q).where(q.c.request_key == key).order_by(q.c.id)).all())
+
+        rows = self.db.run(fn)
+        if not rows:
+            return None
+        return Lease(
+            self.ct,
+            resources={row.resource: int(row.slots) for row in rows},
+            mode=rows[0].mode,
+            holder=holder,
+            request_key=rows[0].request_key,
+            tokens={row.resource: int(row.token) for row in rows},
+            lease_seconds=float(rows[0].lease_seconds),
+            expires_at=float(rows[0].expires_at),
+            granted_at=float(rows[0].granted_at),
+        )
+
+    # -- observing ---------------------------------------------------------------------------
+    def status(self, names: Optional[list[str]] = None) -> list[ResourceStatus]:
+        q, r = self.t.request, self.t.resource
+
+        def fn(conn: Connection) -> tuple[float, list[Any], list[Any]]:
+            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
+            rs = select(r).where(r.c.namespace == self.ns).order_by(r.c.name)
+            qs = select(q).where(q.c.namespace == self.ns).order_by(q.c.id)
+            if names:
+                rs = rs.where(r.c.name.in_(names))
+                qs = qs.where(q.c.resource.in_(names))
+            return now, list(conn.execute(rs).all()), list(conn.execute(qs).all())
+
+        now, resources, requests = self.db.run(fn)
+        out = []
+        for res in resources:
+            st = ResourceStatus(res.name, int(res.capacity), 0, int(res.last_token))
+            pos = 0
+            for row in requests:
+                if row.resource != res.name:
+                    continue
+                expired = float(row.expires_at) < now
+                if row.state == "granted":
+                    entry = Entry(row.holder, int(row.slots), row.mode, row.state, utc(row.granted_at),
+                                  utc(row.expires_at), int(row.token), 0, expired)
+                    st.holders.append(entry)
+                    if not expired:
+                        st.used += int(row.slots)
+                else:
+                    pos += 0 if expired else 1
+                    st.waiters.append(Entry(row.holder, int(row.slots), row.mode, row.state, utc(row.enqueued_at),
+                                            utc(row.expires_at), None, pos, expired))
+            out.append(st)
+        return out
+
+    def reap(self) -> int:
+        q = self.t.request
+        n = self.db.run(
+            lambda c: int(
+                c.execute(delete(q).where(q.c.namespace == self.ns, q.c.expires_at < dialects.db_now())).rowcount
+            )
+        )
+        return n
+
+    def iter_names(self) -> Iterator[str]:  # pragma: no cover - convenience
+        for st in self.status():
+            yield st.name

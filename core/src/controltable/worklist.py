@@ -1,0 +1,361 @@
+"""Ordered work lists (seeds 002 to 004): every item of one order is done before the next order starts.
+
+Allocation locks the work list's row, so two workers can never both decide "order 300 is
+finished" from a stale view: the race seed 003's own log shows (a 300 and a 400 task starting
+together) cannot happen. Completion needs no lock: it can only make the lowest unfinished order
+move forward, and an allocation that ran just before it merely saw the older, stricter state.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
+
+from sqlalchemy import and_, case, delete, func, insert, or_, select, update
+from sqlalchemy.engine import Connection
+
+from . import dialects
+from .errors import ConfigurationError, ControlTableError, LeaseLost
+from .slots import default_holder, utc
+from .validation import check_name, check_seconds
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .control import ControlTable
+
+NEW, ACTIVE, DONE, ERROR = "new", "active", "done", "error"
+UNFINISHED = (NEW, ACTIVE, ERROR)
+DEFAULT_ITEM_LEASE = 600.0
+_INSERT_CHUNK = 500
+
+
+class WorkListBlocked(ControlTableError):
+    """The lowest unfinished order has only errored items: clear or retry them to go on."""
+
+
+@dataclass
+class Item:
+    """An allocated work item. Finish it with complete, fail or free."""
+
+    worklist: "WorkList"
+    id: int
+    payload: Any
+    order: int
+    priority: int
+    owner: str
+    token: int
+    attempts: int
+    _expires_at: float
+
+    @property
+    def expires_at(self) -> datetime:
+        value = utc(self._expires_at)
+        assert value is not None
+        return value
+
+    def handle(self) -> dict[str, Any]:
+        """A JSON-serialisable reference to this item (for XCom or metadata)."""
+        return {"worklist": self.worklist.name, "id": self.id, "token": self.token, "owner": self.owner,
+                "order": self.order, "payload": self.payload}
+
+    def complete(self) -> None:
+        """Mark done. Raises :class:`LeaseLost` if the lease expired and the item was re-allocated."""
+        self.worklist._finish(self, DONE, None)
+
+    def fail(self, reason: str) -> None:
+        """Mark as error; it blocks later orders until cleared (``clear_error``) or reset."""
+        self.worklist._finish(self, ERROR, str(reason))
+
+    def free(self) -> None:
+        """Give the item back untouched, for another worker."""
+        self.worklist._finish(self, NEW, None)
+
+    def renew(self, lease: Optional[float] = None) -> "Item":
+        seconds = check_seconds("lease", lease) if lease is not None else self.worklist.lease
+        assert seconds is not None
+        self._expires_at = self.worklist._renew(self, seconds)
+        return self
+
+
+@dataclass
+class OrderStatus:
+    order: int
+    new: int = 0
+    active: int = 0
+    done: int = 0
+    error: int = 0
+    expired: int = 0
+
+
+@dataclass
+class WorkListStatus:
+    """Counts per order and state, and what the list is waiting for."""
+
+    name: str
+    orders: list[OrderStatus] = field(default_factory=list)
+    current_order: Optional[int] = None
+    blocked_by_errors: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.current_order is None
+
+    def total(self, state: str) -> int:
+        return sum(getattr(o, state) for o in self.orders)
+
+
+class WorkList:
+    """An ordered list of tasks with JSON payloads, kept in the namespace's control tables."""
+
+    def __init__(self, ct: "ControlTable", name: str, *, lease: float = DEFAULT_ITEM_LEASE) -> None:
+        self.ct = ct
+        self.name = name
+        self.lease = check_seconds("lease", lease) or DEFAULT_ITEM_LEASE
+        self.t = ct.tables.item
+        self.w = ct.tables.worklist
+        self.ns = ct.namespace
+
+    def __repr__(self) -> str:
+        return f"WorkList({self.name!r}, namespace={self.ns!r})"
+
+    def _mine(self) -> Any:
+        return and_(self.t.c.namespace == self.ns, self.t.c.worklist == self.name)
+
+    def _ensure(self, conn: Connection) -> Any:
+        """Lock (creating if needed) the work list's row: the allocation lock."""
+        w = self.w
+        stmt = dialects.lock_rows(
+            select(w.c.last_token, dialects.db_now().label("now")).where(w.c.namespace == self.ns, w.c.name == self.name),
+            w,
+        )
+        row = conn.execute(stmt).first()
+        if row is None:
+            conn.execute(insert(w).values(namespace=self.ns, name=self.name, last_token=0, created_at=dialects.db_now()))
+            row = conn.execute(stmt).first()
+        return row
+
+    # -- filling ----------------------------------------------------------------------------------
+    def populate(
+        self,
+        payloads: Iterable[Any],
+        order: int = 100,
+        *,
+        priority: int = 0,
+        progress: Optional[Callable[[int], None]] = None,
+    ) -> int:
+        """Add one item per payload at execution ``order`` (seed 004's populate_driver).
+
+        Payloads are checked for JSON first, so a bad one adds nothing. Returns the count added.
+        """
+        if isinstance(order, bool) or not isinstance(order, int):
+            raise ConfigurationError(f"order must be a whole number, got {order!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ConfigurationError(f"priority must be a whole number, got {priority!r}")
+        encoded = []
+        for i, payload in enumerate(payloads):
+            try:
+                encoded.append(json.dumps(payload, sort_keys=True, allow_nan=False))
+            except (TypeError, ValueError) as exc:
+                raise ConfigurationError(
+                    f"payload #{i} is not JSON-serialisable ({exc}): {payload!r}; nothing was added"
+                ) from exc
+
+        def fn(conn: Connection) -> int:
+            self._ensure(conn)
+            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
+            for start in range(0, len(encoded), _INSERT_CHUNK):
+                chunk = encoded[start:start + _INSERT_CHUNK]
+                conn.execute(insert(self.t), [
+                    dict(namespace=self.ns, worklist=self.name, exec_order=order, priority=priority, payload=p,
+                         state=NEW, attempts=0, created_at=now) for p in chunk])
+                if progress is not None:
+                    progress(len(chunk))
+            return len(encoded)
+
+        n = self.ct.db.run(fn, idempotent=False)
+        self.ct._notify([f"worklist:{self.name}"])
+        return n
+
+    # -- working ----------------------------------------------------------------------------------
+    def allocate(self, owner: Optional[str] = None, lease: Optional[float] = None) -> Optional[Item]:
+        """Hand out one item of the lowest order that still has unfinished items, or ``None``.
+
+        ``None`` means: everything is done, or the current order's remaining items are all being
+        worked on (or errored). :meth:`status` tells which.
+        """
+        owner = check_name("owner", owner) if owner is not None else default_holder()
+        lease_s = check_seconds("lease", lease) if lease is not None else self.lease
+        assert lease_s is not None
+        t = self.t
+
+        def fn(conn: Connection) -> Optional[Item]:
+            lock = self._ensure(conn)
+            now = float(lock.now)
+            current = conn.scalar(select(func.min(t.c.exec_order)).where(self._mine(), t.c.state.in_(UNFINISHED)))
+            if current is None:
+                return None
+            row = conn.execute(
+                select(t.c.id, t.c.payload, t.c.exec_order, t.c.priority, t.c.attempts)
+                .where(self._mine(), t.c.exec_order == current,
+                       or_(t.c.state == NEW, and_(t.c.state == ACTIVE, t.c.expires_at < now)))
+                .order_by(t.c.priority.desc(), t.c.id)
+                .limit(1)
+            ).first()
+            if row is None:
+                return None
+            token = int(lock.last_token) + 1
+            conn.execute(update(self.w).where(self.w.c.namespace == self.ns, self.w.c.name == self.name)
+                         .values(last_token=token))
+            conn.execute(update(t).where(t.c.id == row.id).values(
+                state=ACTIVE, owner=owner, token=token, attempts=t.c.attempts + 1, started_at=now,
+                finished_at=None, expires_at=now + lease_s))
+            return Item(self, int(row.id), json.loads(row.payload), int(row.exec_order), int(row.priority), owner,
+                        token, int(row.attempts) + 1, now + lease_s)
+
+        return self.ct.db.run(fn)
+
+    def items(
+        self, owner: Optional[str] = None, *, lease: Optional[float] = None, poll: float = 0.5,
+        timeout: Optional[float] = None,
+    ) -> Iterator[Item]:
+        """Allocate items until the list is finished, waiting while the current order is busy.
+
+        Raises :class:`WorkListBlocked` when only errored items stand in the way.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            item = self.allocate(owner, lease)
+            if item is not None:
+                yield item
+                continue
+            st = self.status()
+            if st.finished:
+                return
+            if st.blocked_by_errors:
+                raise WorkListBlocked(
+                    f"work list {self.name!r} is blocked at order {st.current_order} by errored items; "
+                    "fix them and run clear_errors() (or `controltable worklist clear-errors`)"
+                )
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            self.ct._wait_for_wakeup([f"worklist:{self.name}"], poll)
+
+    def _finish(self, item: Item, state: str, error: Optional[str]) -> None:
+        t = self.t
+        values: dict[str, Any] = {"state": state, "expires_at": None}
+        if state == DONE:
+            values.update(finished_at=dialects.db_now(), last_error=None)
+        elif state == ERROR:
+            values.update(finished_at=dialects.db_now(), last_error=error)
+        else:
+            values.update(owner=None, token=None, started_at=None)
+        n = self.ct.db.run(lambda c: c.execute(
+            update(t).where(t.c.id == item.id, t.c.token == item.token, t.c.state == ACTIVE).values(values)
+        ).rowcount, idempotent=state != ERROR)
+        if n != 1:
+            if state == NEW:
+                return
+            raise LeaseLost(
+                f"work item {item.id} of {self.name!r} is no longer held under token {item.token} "
+                "(its lease expired and it was re-allocated or reset)"
+            )
+        self.ct._notify([f"worklist:{self.name}"])
+
+    def _renew(self, item: Item, seconds: float) -> float:
+        t = self.t
+
+        def fn(conn: Connection) -> float:
+            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
+            n = conn.execute(update(t).where(t.c.id == item.id, t.c.token == item.token, t.c.state == ACTIVE)
+                             .values(expires_at=now + seconds)).rowcount
+            if n != 1:
+                raise LeaseLost(f"work item {item.id} of {self.name!r} is no longer held under token {item.token}")
+            return now + seconds
+
+        return self.ct.db.run(fn)
+
+    # -- administration (seed 004's procedures) ------------------------------------------------------
+    def status(self) -> WorkListStatus:
+        t = self.t
+
+        def fn(conn: Connection) -> tuple[float, list[Any]]:
+            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
+            expired = func.sum(
+                case((and_(t.c.state == ACTIVE, t.c.expires_at < now), 1), else_=0))
+            return now, list(conn.execute(
+                select(t.c.exec_order, t.c.state, func.count(), expired)
+                .where(self._mine()).group_by(t.c.exec_order, t.c.state).order_by(t.c.exec_order)).all())
+
+        _, rows = self.ct.db.run(fn)
+        st = WorkListStatus(self.name)
+        by_order: dict[int, OrderStatus] = {}
+        for order, state, count, expired in rows:
+            o = by_order.setdefault(int(order), OrderStatus(int(order)))
+            setattr(o, state, int(count))
+            o.expired += int(expired or 0)
+        st.orders = [by_order[k] for k in sorted(by_order)]
+        for o in st.orders:
+            if o.new or o.active or o.error:
+                st.current_order = o.order
+                st.blocked_by_errors = o.error > 0 and o.new == 0 and (o.active - o.expired) <= 0
+                break
+        return st
+
+    def items_list(self, state: Optional[str] = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Items as dictionaries (for listings), optionally of one state."""
+        t = self.t
+        stmt = select(t).where(self._mine()).order_by(t.c.exec_order, t.c.priority.desc(), t.c.id).limit(limit)
+        if state is not None:
+            stmt = stmt.where(t.c.state == state)
+        rows = self.ct.db.run(lambda c: list(c.execute(stmt).all()))
+        return [dict(r._mapping, payload=json.loads(r.payload)) for r in rows]
+
+    def get(self, item_id: int, token: Optional[int] = None) -> Item:
+        """Rebuild an allocated :class:`Item` by id (e.g. to complete it from another process)."""
+        t = self.t
+        row = self.ct.db.run(lambda c: c.execute(select(t).where(self._mine(), t.c.id == item_id)).first())
+        if row is None:
+            raise ConfigurationError(f"work list {self.name!r} has no item {item_id}")
+        if row.state != ACTIVE:
+            raise LeaseLost(f"work item {item_id} of {self.name!r} is {row.state}, not allocated")
+        if token is not None and int(row.token) != int(token):
+            raise LeaseLost(f"work item {item_id} of {self.name!r} was re-allocated (token {row.token}, not {token})")
+        return Item(self, int(row.id), json.loads(row.payload), int(row.exec_order), int(row.priority),
+                    str(row.owner), int(row.token), int(row.attempts), float(row.expires_at or 0))
+
+    def reset_all(self) -> int:
+        """Every item back to new (seed 004's reset_all)."""
+        t = self.t
+        return self._update(update(t).where(self._mine()).values(
+            state=NEW, owner=None, token=None, attempts=0, last_error=None, started_at=None, finished_at=None,
+            expires_at=None))
+
+    def clear_error(self, item_id: int) -> int:
+        """One errored item back to new (seed 004's clear_error)."""
+        t = self.t
+        return self._update(update(t).where(self._mine(), t.c.id == item_id, t.c.state == ERROR).values(
+            state=NEW, owner=None, token=None, last_error=None, finished_at=None))
+
+    def clear_errors(self) -> int:
+        """Every errored item back to new (seed 004's clear_all_errors)."""
+        t = self.t
+        return self._update(update(t).where(self._mine(), t.c.state == ERROR).values(
+            state=NEW, owner=None, token=None, last_error=None, finished_at=None))
+
+    def drop(self) -> int:
+        """Delete the work list and its items (seed 004's drop_driver); returns items deleted."""
+        t, w = self.t, self.w
+
+        def fn(conn: Connection) -> int:
+            n = int(conn.execute(delete(t).where(self._mine())).rowcount)
+            conn.execute(delete(w).where(w.c.namespace == self.ns, w.c.name == self.name))
+            return n
+
+        return self.ct.db.run(fn)
+
+    def _update(self, stmt: Any) -> int:
+        n = int(self.ct.db.run(lambda c: c.execute(stmt).rowcount))
+        self.ct._notify([f"worklist:{self.name}"])
+        return n
