@@ -1,0 +1,122 @@
+"""Backends for the whole suite: SQLite always, PostgreSQL and MariaDB/MySQL when their URLs are set.
+
+Environment:
+  CONTROLTABLE_TEST_POSTGRES_URL   e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test
+  CONTROLTABLE_TEST_MYSQL_URL      e.g. mysql+pymysql://root@127.0.0.1:3306/test
+  CONTROLTABLE_TEST_REQUIRE        comma list (postgres,mysql): a missing or unreachable one fails
+                                   the run instead of being skipped (CI sets this).
+
+Tests take the ``backend_url`` fixture (parametrised over the live backends) or ``ct`` (an
+installed ControlTable in a namespace of its own). A summary line says which backends ran.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+BACKENDS = ("sqlite", "postgres", "mysql")
+_ENV = {"postgres": "CONTROLTABLE_TEST_POSTGRES_URL", "mysql": "CONTROLTABLE_TEST_MYSQL_URL"}
+_RAN: Counter[str] = Counter()
+_UNREACHABLE: dict[str, str] = {}
+
+
+def required_backends() -> set[str]:
+    return {b.strip() for b in os.environ.get("CONTROLTABLE_TEST_REQUIRE", "").split(",") if b.strip()}
+
+
+def server_url(backend: str) -> str | None:
+    return os.environ.get(_ENV[backend]) or None
+
+
+def _check_reachable(backend: str, url: str) -> str | None:
+    from sqlalchemy import create_engine, text
+
+    try:
+        engine = create_engine(url)
+        with engine.connect() as conn:
+            conn.execute(text("select 1"))
+        engine.dispose()
+        return None
+    except Exception as exc:  # pragma: no cover - reported below
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "backends(*names): run only on these backends")
+    config.addinivalue_line("markers", "slow: multi-process stress tests")
+    for backend in ("postgres", "mysql"):
+        url = server_url(backend)
+        if url is None:
+            if backend in required_backends():
+                raise pytest.UsageError(f"{backend} is required (CONTROLTABLE_TEST_REQUIRE) but {_ENV[backend]} is not set")
+            continue
+        problem = _check_reachable(backend, url)
+        if problem is not None:
+            if backend in required_backends():
+                raise pytest.UsageError(f"{backend} is required but unreachable at {url}: {problem}")
+            _UNREACHABLE[backend] = problem
+
+
+def live_backends() -> list[str]:
+    return ["sqlite"] + [b for b in ("postgres", "mysql") if server_url(b) and b not in _UNREACHABLE]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames:
+        marker = metafunc.definition.get_closest_marker("backends")
+        allowed = set(marker.args) if marker else set(BACKENDS)
+        params = [b for b in BACKENDS if b in allowed]
+        metafunc.parametrize("backend", params, indirect=True)
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest) -> str:
+    name = str(request.param)
+    if name != "sqlite":
+        if server_url(name) is None:
+            pytest.skip(f"{_ENV[name]} not set")
+        if name in _UNREACHABLE:
+            pytest.skip(f"{name} unreachable: {_UNREACHABLE[name]}")
+    _RAN[name] += 1
+    return name
+
+
+@pytest.fixture
+def backend_url(backend: str, tmp_path: Path) -> str:
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'controltable.db'}"
+    url = server_url(backend)
+    assert url is not None
+    return url
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def ct(backend_url: str, namespace: str) -> Iterator[Any]:
+    from controltable import ControlTable
+
+    table = ControlTable(backend_url, namespace=namespace)
+    table.install()
+    yield table
+    table.close()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    ran = ", ".join(f"{b} ({_RAN[b]} tests)" for b in BACKENDS if _RAN[b]) or "none"
+    missing = [b for b in ("postgres", "mysql") if not _RAN[b]]
+    terminalreporter.write_sep("=", "controltable backends")
+    terminalreporter.write_line(f"backends run live: {ran}")
+    for b in missing:
+        why = _UNREACHABLE.get(b) or (f"{_ENV[b]} not set" if not server_url(b) else "no test selected")
+        terminalreporter.write_line(f"backend not run: {b} ({why})")
+    terminalreporter.write_line("SQL Server and Oracle: compiled-SQL tests only (no server here)")
