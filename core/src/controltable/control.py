@@ -136,6 +136,26 @@ class ControlTable:
             waiter_ttl=waiter_ttl, poll_interval=poll_interval,
         )
 
+    def try_acquire(
+        self,
+        resource: Union[str, Mapping[str, int]],
+        *,
+        holder: str,
+        slots: int = 1,
+        mode: str = "exclusive",
+        lease: float = DEFAULT_LEASE,
+        waiter_ttl: float = DEFAULT_WAITER_TTL,
+    ) -> Optional[Lease]:
+        """Poll once: return the lease if granted now, else ``None`` and *keep the place in the queue*.
+
+        For callers that wait outside this process (Airflow sensors in reschedule mode, triggers):
+        call again with the same ``holder`` within ``waiter_ttl`` seconds to keep the place; the
+        entry expires after that. Withdraw with :meth:`release`. Idempotent like :meth:`acquire`.
+        """
+        return self._slots.try_acquire(
+            resource, holder=holder, slots=slots, mode=mode, lease=lease, waiter_ttl=waiter_ttl
+        )
+
     @contextmanager
     def slot(
         self,

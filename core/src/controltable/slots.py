@@ -362,6 +362,32 @@ class SlotEngine:
             granted_at=outcome.granted_at,
         )
 
+    def try_acquire(
+        self,
+        resource: Union[str, Mapping[str, int]],
+        *,
+        holder: str,
+        slots: int,
+        mode: str,
+        lease: float,
+        waiter_ttl: float,
+    ) -> Optional[Lease]:
+        """One poll that keeps the queue entry when not granted (for sensors and triggers)."""
+        parts = normalize_request(resource, slots)
+        mode = check_mode(mode)
+        holder = check_name("holder", holder)
+        lease_s = check_seconds("lease", lease)
+        ttl = check_seconds("waiter_ttl", waiter_ttl)
+        assert lease_s is not None and ttl is not None
+        outcome = self.db.run(lambda c: self._attempt(c, parts, holder, mode, lease_s, ttl))
+        if not outcome.granted:
+            return None
+        return Lease(
+            self.ct, resources=parts, mode=mode, holder=holder, request_key=outcome.request_key,
+            tokens=outcome.tokens, lease_seconds=lease_s, expires_at=outcome.expires_at,
+            granted_at=outcome.granted_at,
+        )
+
     def _lock_resources(self, conn: Connection, names: list[str]) -> tuple[dict[str, Any], float]:
         """Lock the resource rows in name order; return them and the database time after locking."""
         r = self.t.resource
