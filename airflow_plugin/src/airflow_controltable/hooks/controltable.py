@@ -1,0 +1,210 @@
+"""``ControlTableHook``: a :class:`controltable.ControlTable` for an Airflow connection.
+
+Two kinds of connection work:
+
+* the provider's own ``controltable`` type, holding a SQLAlchemy URL (in the ``url`` extra, or in
+  Host), with ``namespace``, ``schema`` and ``prefix`` extras; a Password field, if set, fills the
+  URL's password so the secret stays out of the extras;
+* any connection whose hook is a SQL ``DbApiHook`` (postgres, mysql, mssql, odbc, sqlite, ...), so
+  the control tables live beside the data of a connection you already have. The namespace and the
+  control-table schema then come from the hook's arguments.
+
+One ``ControlTable`` (and so one connection pool) is kept per process and per database/namespace:
+the triggerer runs many triggers in one process and must not open a pool per trigger.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Optional
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+from controltable import ControlTable, ControlTableError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from airflow_controltable.exceptions import ControlTableConnectionError, ControlTableConnectionNotFound
+from airflow_controltable.utils import translate
+
+DEFAULT_CONN_ID = "controltable_default"
+CONN_TYPE = "controltable"
+
+_CACHE: dict[tuple[str, str, Optional[str], str], ControlTable] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def _conn_env_example(conn_id: str) -> str:
+    return (
+        f"AIRFLOW_CONN_{conn_id.upper()}='{{\"conn_type\": \"controltable\", "
+        f"\"extra\": {{\"url\": \"postgresql+psycopg://user@host:5432/db\", \"namespace\": \"default\"}}}}'"
+    )
+
+
+class ControlTableHook(BaseHook):
+    """Give tasks, sensors and triggers a :class:`~controltable.ControlTable` for ``conn_id``.
+
+    :param conn_id: an Airflow connection of type ``controltable`` or any SQL (DbApiHook) type.
+    :param namespace: separates deployments sharing one database; overrides the connection's
+        ``namespace`` extra (default ``"default"``). Everyone who must coordinate uses the same one.
+    :param schema: the database schema holding the control tables (not the event tables); overrides
+        the ``schema`` extra.
+    :param prefix: table-name prefix of the control tables (default ``ct_``).
+    """
+
+    conn_name_attr = "conn_id"
+    default_conn_name = DEFAULT_CONN_ID
+    conn_type = CONN_TYPE
+    hook_name = "ControlTable"
+
+    def __init__(
+        self,
+        conn_id: str = DEFAULT_CONN_ID,
+        *,
+        namespace: Optional[str] = None,
+        schema: Optional[str] = None,
+        prefix: Optional[str] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.conn_id = conn_id
+        self.namespace = namespace
+        self.schema = schema
+        self.prefix = prefix
+
+    # -- Airflow UI -------------------------------------------------------------------------------
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        """Show only what a control-table connection uses in the connection form."""
+        return {
+            "hidden_fields": ["port", "schema", "login"],
+            "relabeling": {"host": "SQLAlchemy URL"},
+            "placeholders": {
+                "host": "postgresql+psycopg://user@db.example:5432/warehouse",
+                "password": "optional: fills the URL's password",
+                "extra": '{"namespace": "default", "schema": null, "prefix": "ct_"}',
+            },
+        }
+
+    # -- resolution -------------------------------------------------------------------------------
+    def _connection(self) -> Any:
+        try:
+            return self.get_connection(self.conn_id)
+        except AirflowNotFoundException as exc:
+            raise ControlTableConnectionNotFound(
+                f"connection {self.conn_id!r} is not defined in Airflow. Create it in the UI or with "
+                f"`airflow connections add`, e.g. {_conn_env_example(self.conn_id)}, or pass conn_id= the id of "
+                "an existing SQL connection (postgres, mysql, mssql, odbc, sqlite)"
+            ) from exc
+
+    def get_uri(self) -> str:
+        """The SQLAlchemy URL of the control database, password included (never log it)."""
+        return self._resolve()[0]
+
+    def _resolve(self) -> tuple[str, dict[str, Any]]:
+        """Return (SQLAlchemy URL with password, extras that configure the control table)."""
+        conn = self._connection()
+        if conn.conn_type == CONN_TYPE:
+            extras = dict(conn.extra_dejson or {})
+            url = extras.pop("url", None) or conn.host
+            if not url or "://" not in str(url):
+                raise ControlTableConnectionError(
+                    f"connection {self.conn_id!r} (type controltable) has no SQLAlchemy URL; put one in its 'url' "
+                    "extra or its Host field, e.g. postgresql+psycopg://user@host:5432/db or "
+                    "sqlite:////var/lib/airflow/controltable.db"
+                )
+            try:
+                parsed = make_url(str(url))
+            except ArgumentError as exc:
+                raise ControlTableConnectionError(
+                    f"connection {self.conn_id!r}: {url!r} is not a SQLAlchemy URL ({exc})"
+                ) from exc
+            if conn.password and not parsed.password:
+                parsed = parsed.set(password=conn.password)
+            return parsed.render_as_string(hide_password=False), extras
+        return self._url_from_sql_hook(conn), {}
+
+    def _url_from_sql_hook(self, conn: Any) -> str:
+        from airflow.providers.common.sql.hooks.sql import DbApiHook
+
+        try:
+            hook = conn.get_hook()
+        except Exception as exc:
+            if conn.conn_type == "sqlite" and conn.host:
+                # The sqlite provider is optional; its connections keep the file path in Host.
+                return f"sqlite:///{conn.host}"
+            raise ControlTableConnectionError(
+                f"connection {self.conn_id!r} has type {conn.conn_type!r}, which has no usable hook here ({exc}); "
+                "use a connection of type 'controltable' or of a SQL type whose provider is installed "
+                "(postgres, mysql, mssql, odbc, sqlite)"
+            ) from exc
+        if not isinstance(hook, DbApiHook):
+            raise ControlTableConnectionError(
+                f"connection {self.conn_id!r} has type {conn.conn_type!r}, whose hook {type(hook).__name__} is not a "
+                "SQL hook (DbApiHook), so it cannot hold control tables; point conn_id at a 'controltable' "
+                "connection or a SQL connection (postgres, mysql, mssql, odbc, sqlite)"
+            )
+        try:
+            url = hook.sqlalchemy_url
+            return str(url.render_as_string(hide_password=False))
+        except NotImplementedError:
+            return str(hook.get_uri())
+
+    # -- the control table ----------------------------------------------------------------------
+    def get_conn(self) -> ControlTable:
+        """Same as :meth:`get_control_table` (the name Airflow hooks conventionally use)."""
+        return self.get_control_table()
+
+    def get_control_table(self) -> ControlTable:
+        """The process-wide :class:`~controltable.ControlTable` for this connection and namespace.
+
+        Raises a task error naming the fix for an unknown connection id, a connection that is not
+        SQL, or a bad URL or namespace. Set the ``install`` extra to true to create the control
+        tables on first use (needs DDL rights; otherwise run ``controltable init`` once).
+        """
+        url, extras = self._resolve()
+        namespace = self.namespace or extras.get("namespace") or "default"
+        schema = self.schema if self.schema is not None else extras.get("schema")
+        prefix = self.prefix if self.prefix is not None else extras.get("prefix", "ct_")
+        key = (url, str(namespace), schema, str(prefix))
+        with _CACHE_LOCK:
+            table = _CACHE.get(key)
+            if table is None or _CACHE_PID.get(id(table)) != os.getpid():
+                try:
+                    table = ControlTable(url, namespace=namespace, schema=schema, prefix=prefix)
+                    if _truthy(extras.get("install")):
+                        table.install()
+                except ControlTableError as exc:
+                    err = translate(exc)
+                    raise type(err)(f"connection {self.conn_id!r}: {err}") from exc
+                _CACHE[key] = table
+                _CACHE_PID[id(table)] = os.getpid()
+        return table
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Used by the UI's Test button: reach the database and report the installed schema version."""
+        try:
+            table = self.get_control_table()
+            version = table.installed_version()
+        except Exception as exc:
+            return False, str(exc)
+        if version is None:
+            return True, f"reached {table!r}; control tables not installed yet (run `controltable init`)"
+        return True, f"reached {table!r}; control tables at schema version {version}"
+
+
+_CACHE_PID: dict[int, int] = {}
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def clear_cache() -> None:
+    """Close and forget the cached control tables (for tests and after forking)."""
+    with _CACHE_LOCK:
+        for table in _CACHE.values():
+            table.close()
+        _CACHE.clear()
+        _CACHE_PID.clear()

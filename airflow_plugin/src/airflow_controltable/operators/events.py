@@ -1,0 +1,173 @@
+"""Event batch operators: claim a batch, hand it through XCom, complete or fail it (fenced).
+
+The claim is a soft lock: no database lock is held while the batch is processed; the rows carry a
+token and a lease. Completion is fenced on that token, so a task whose lease ran out (and whose
+rows another worker re-claimed) fails clearly instead of marking someone else's rows done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from airflow.sdk import BaseOperator, Context
+
+from airflow_controltable.exceptions import ControlTableConfigError
+from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
+from airflow_controltable.utils import airflow_errors, load_handles, task_instance_holder
+
+
+def _check_positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ControlTableConfigError(f"{name} must be a whole number >= 1, got {value!r}")
+    return value
+
+
+class _EventOperator(BaseOperator):
+    """Connection plumbing shared by the batch operators."""
+
+    def __init__(
+        self,
+        *,
+        conn_id: str = DEFAULT_CONN_ID,
+        namespace: Optional[str] = None,
+        control_schema: Optional[str] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.conn_id = conn_id
+        self.namespace = namespace
+        self.control_schema = control_schema
+
+    def _table(self) -> Any:
+        hook = ControlTableHook(self.conn_id, namespace=self.namespace, schema=self.control_schema)
+        return hook.get_control_table()
+
+    def _batch(self, handle: dict[str, Any]) -> Any:
+        """Rebuild a claimed batch from its handle (which carries the table, key and schema)."""
+        if "table" not in handle or "key" not in handle:
+            raise ControlTableConfigError(
+                f"batch handle {handle!r} has no table/key; pass the handles ClaimBatchOperator returned"
+            )
+        events = self._table().events(
+            handle["table"], key=handle["key"], order_by=handle.get("order_by"), schema=handle.get("schema")
+        )
+        return events.batch(handle)
+
+
+class ClaimBatchOperator(_EventOperator):
+    """Claim up to ``max_batches`` batches of ``size`` rows; return their handles as a list.
+
+    Each handle is JSON (table, key, keys, token, owner, expires_at, optionally rows), so the list
+    feeds dynamic task mapping directly: ``process.expand(handle=claim.output)``. An empty list
+    (nothing claimable) makes the mapped tasks skip.
+
+    :param table: the user's event table (templated); ``prepare=True`` adds the claim columns
+        and index if missing (needs DDL rights), otherwise run ``controltable events prepare``.
+    :param key: its unique key column.
+    :param lease: seconds the rows stay claimed; must cover processing and completion. When it
+        runs out the rows become claimable again and completing the old batch fails.
+    :param include_rows: also put the claimed rows in the handles (keep batches small then).
+    """
+
+    template_fields: Sequence[str] = ("table", "schema", "owner")
+    ui_color = "#eaf0f8"
+
+    def __init__(
+        self,
+        *,
+        table: str,
+        key: str,
+        size: int = 100,
+        max_batches: int = 1,
+        order_by: Optional[str] = None,
+        schema: Optional[str] = None,
+        owner: Optional[str] = None,
+        lease: Optional[float] = None,
+        include_rows: bool = False,
+        prepare: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.table = table
+        self.key = key
+        self.size = size
+        self.max_batches = max_batches
+        self.order_by = order_by
+        self.schema = schema
+        self.owner = owner
+        self.lease = lease
+        self.include_rows = include_rows
+        self.prepare = prepare
+
+    def execute(self, context: Context) -> list[dict[str, Any]]:
+        size = _check_positive("size", self.size)
+        max_batches = _check_positive("max_batches", self.max_batches)
+        owner = self.owner or task_instance_holder(context)
+        handles: list[dict[str, Any]] = []
+        with airflow_errors():
+            events = self._table().events(self.table, key=self.key, order_by=self.order_by, schema=self.schema)
+            if self.prepare:
+                for statement in events.prepare():
+                    self.log.info("prepared %r: %s", self.table, statement)
+            for _ in range(max_batches):
+                batch = events.claim(size, owner=owner, lease=self.lease)
+                if batch is None:
+                    break
+                handle = dict(batch.handle(), key=self.key, order_by=self.order_by)
+                if self.include_rows:
+                    handle["rows"] = batch.rows
+                handles.append(handle)
+                self.log.info("claimed %d row(s) of %r, token %d", len(batch), self.table, batch.token)
+        if not handles:
+            self.log.info("nothing claimable in %r", self.table)
+        return handles
+
+
+class CompleteBatchOperator(_EventOperator):
+    """Mark claimed batches done, fenced on their tokens.
+
+    :param handle: one handle or a list of them (templated; usually an XComArg, or mapped with
+        ``CompleteBatchOperator.partial(...).expand(handle=...)``).
+    :raises ControlTableLeaseLost: if the lease ran out and rows were re-claimed; nothing of that
+        batch is marked done and the task fails without retrying.
+    """
+
+    template_fields: Sequence[str] = ("handle",)
+
+    def __init__(self, *, handle: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.handle = handle
+
+    def execute(self, context: Context) -> int:
+        done = 0
+        for handle in load_handles(self.handle, "batch"):
+            with airflow_errors():
+                n = self._batch(handle).complete()
+            self.log.info("completed %d row(s) of %r (token %s)", n, handle["table"], handle.get("token"))
+            done += n
+        return done
+
+
+class FailBatchOperator(_EventOperator):
+    """Give claimed batches back for a retry after a back-off (or to error after max attempts).
+
+    Typically ``trigger_rule="one_failed"`` after the processing task, so rows return to the queue
+    now instead of when the lease runs out.
+    """
+
+    template_fields: Sequence[str] = ("handle", "reason")
+
+    def __init__(self, *, handle: Any, reason: str = "failed in Airflow", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.handle = handle
+        self.reason = reason
+
+    def execute(self, context: Context) -> int:
+        failed = 0
+        for handle in load_handles(self.handle, "batch"):
+            with airflow_errors():
+                n = self._batch(handle).fail(self.reason)
+            self.log.info("failed %d row(s) of %r (token %s): %s", n, handle["table"], handle.get("token"), self.reason)
+            failed += n
+        return failed

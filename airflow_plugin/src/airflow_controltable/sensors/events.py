@@ -1,0 +1,90 @@
+"""``PendingEventsSensor``: wait until an event table has at least N claimable rows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any, Optional
+
+from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
+
+from airflow_controltable.exceptions import ControlTableConfigError
+from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
+from airflow_controltable.triggers.controltable import PendingEventsTrigger
+from airflow_controltable.utils import airflow_errors
+
+
+class PendingEventsSensor(BaseSensorOperator):
+    """Succeed (pushing the pending count) once ``min_events`` rows of ``table`` are claimable.
+
+    Works in ``poke``, ``reschedule`` and deferrable form. It only counts; claiming is
+    :class:`~airflow_controltable.operators.events.ClaimBatchOperator`'s job, so several DAGs may
+    watch one table without stealing from each other.
+    """
+
+    template_fields: Sequence[str] = ("table", "schema")
+    ui_color = "#eaf0f8"
+
+    def __init__(
+        self,
+        *,
+        table: str,
+        key: str,
+        min_events: int = 1,
+        order_by: Optional[str] = None,
+        schema: Optional[str] = None,
+        conn_id: str = DEFAULT_CONN_ID,
+        namespace: Optional[str] = None,
+        control_schema: Optional[str] = None,
+        deferrable: bool = False,
+        poke_interval: float = 30.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(poke_interval=poke_interval, **kwargs)
+        self.table = table
+        self.key = key
+        self.min_events = min_events
+        self.order_by = order_by
+        self.schema = schema
+        self.conn_id = conn_id
+        self.namespace = namespace
+        self.control_schema = control_schema
+        self.deferrable = deferrable
+
+    def _count(self) -> int:
+        if isinstance(self.min_events, bool) or not isinstance(self.min_events, int) or self.min_events < 1:
+            raise ControlTableConfigError(f"min_events must be a whole number >= 1, got {self.min_events!r}")
+        hook = ControlTableHook(self.conn_id, namespace=self.namespace, schema=self.control_schema)
+        with airflow_errors():
+            events = hook.get_control_table().events(
+                self.table, key=self.key, order_by=self.order_by, schema=self.schema
+            )
+            return events.pending_count()
+
+    def poke(self, context: Context) -> PokeReturnValue:
+        count = self._count()
+        self.log.info("%d claimable event(s) in %r (waiting for %d)", count, self.table, self.min_events)
+        return PokeReturnValue(is_done=count >= self.min_events, xcom_value=count)
+
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        count = self._count()
+        if count >= self.min_events:
+            return count
+        timeout = timedelta(seconds=float(self.timeout)) if self.timeout is not None else None
+        self.defer(
+            trigger=PendingEventsTrigger(
+                table=self.table, key=self.key, min_events=self.min_events, order_by=self.order_by,
+                schema=self.schema, conn_id=self.conn_id, namespace=self.namespace,
+                control_schema=self.control_schema, poll_interval=min(float(self.poke_interval), 30.0),
+            ),
+            method_name="execute_complete",
+            timeout=timeout,
+        )
+
+    def execute_complete(self, context: Context, event: Optional[dict[str, Any]] = None) -> int:
+        if not event or event.get("status") != "ready":
+            message = (event or {}).get("message", "no event")
+            raise ControlTableConfigError(f"waiting for events in {self.table!r} failed: {message}")
+        return int(event["pending"])

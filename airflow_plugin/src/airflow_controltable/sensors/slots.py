@@ -1,0 +1,157 @@
+"""``SlotSensor``: wait in FIFO order for a resource slot and acquire it for the DAG run.
+
+Unlike an Airflow pool, the slot is counted in the shared control table, so other Airflow
+deployments, Dagster jobs and shell scripts using the same resource wait in the same queue; and
+the slot belongs to a *holder* (by default the DAG run), not to the sensor's task instance, so it
+stays held after the sensor finishes until :class:`ReleaseSlotOperator` (a teardown) frees it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any, Optional
+
+from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
+
+from airflow_controltable.exceptions import ControlTableConfigError, ControlTableLeaseLost
+from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
+from airflow_controltable.triggers.controltable import SlotTrigger, lease_payload
+from airflow_controltable.utils import DEFAULT_SLOT_LEASE, airflow_errors, dag_run_holder
+
+SLOT_MODES = ("exclusive", "shared")
+
+
+class SlotSensor(BaseSensorOperator):
+    """Wait for ``slots`` of ``resource`` and acquire them; push the lease (with its fencing token) to XCom.
+
+    :param resource: the resource name (templated). It must exist (``set_capacity``).
+    :param slots: how many slots to take.
+    :param slot_mode: ``"exclusive"`` (alone on the resource) or ``"shared"`` (beside other shared
+        holders up to the capacity). Named so it does not clash with the sensor's ``mode``
+        (``"poke"``/``"reschedule"``).
+    :param holder: who holds the slot (templated). Default: the DAG run (``airflow:<dag_id>:<run_id>``),
+        so a later task of the same run releases it.
+    :param lease: seconds the slot stays held without renewal. Nothing renews it between this sensor
+        and the release, so it must cover all the work in between; see ``DEFAULT_SLOT_LEASE``.
+    :param waiter_ttl: seconds the queue place survives between polls. Default: four poll
+        intervals and at least two minutes, so reschedule delays do not lose the place.
+    :param conn_id: a ``controltable`` or SQL connection.
+    :param namespace: the control-table namespace (default: the connection's).
+    :param deferrable: wait in the triggerer instead of a worker.
+    """
+
+    template_fields: Sequence[str] = ("resource", "holder")
+    ui_color = "#e8f4ea"
+
+    def __init__(
+        self,
+        *,
+        resource: str,
+        slots: int = 1,
+        slot_mode: str = "exclusive",
+        holder: Optional[str] = None,
+        lease: float = DEFAULT_SLOT_LEASE,
+        waiter_ttl: Optional[float] = None,
+        conn_id: str = DEFAULT_CONN_ID,
+        namespace: Optional[str] = None,
+        control_schema: Optional[str] = None,
+        deferrable: bool = False,
+        poke_interval: float = 10.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(poke_interval=poke_interval, **kwargs)
+        self.resource = resource
+        self.slots = slots
+        self.slot_mode = slot_mode
+        self.holder = holder
+        self.lease = lease
+        self.waiter_ttl = waiter_ttl
+        self.conn_id = conn_id
+        self.namespace = namespace
+        self.control_schema = control_schema
+        self.deferrable = deferrable
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _hook(self) -> ControlTableHook:
+        return ControlTableHook(self.conn_id, namespace=self.namespace, schema=self.control_schema)
+
+    def _holder(self, context: Context) -> str:
+        return self.holder or dag_run_holder(context)
+
+    def _ttl(self) -> float:
+        if self.waiter_ttl is not None:
+            return float(self.waiter_ttl)
+        return max(120.0, 4.0 * float(self.poke_interval))
+
+    def _check_args(self) -> None:
+        if self.slot_mode not in SLOT_MODES:
+            raise ControlTableConfigError(
+                f"slot_mode must be 'exclusive' or 'shared', got {self.slot_mode!r} (the sensor's own `mode` is "
+                "'poke' or 'reschedule')"
+            )
+        if not self.resource or not isinstance(self.resource, str):
+            raise ControlTableConfigError(f"resource must be a non-empty name, got {self.resource!r}")
+
+    def _try(self, context: Context) -> Optional[dict[str, Any]]:
+        with airflow_errors():
+            lease = self._hook().get_control_table().try_acquire(
+                self.resource, holder=self._holder(context), slots=self.slots, mode=self.slot_mode,
+                lease=self.lease, waiter_ttl=self._ttl(),
+            )
+        if lease is None:
+            return None
+        self.log.info(
+            "acquired %d %s slot(s) of %r for %r, fencing token %d, lease %.0f s",
+            lease.slots, lease.mode, lease.resource, lease.holder, lease.token, lease.lease_seconds,
+        )
+        return lease_payload(lease)
+
+    # -- poke / reschedule --------------------------------------------------------------------
+    def poke(self, context: Context) -> PokeReturnValue:
+        """One FIFO poll that keeps the queue place; done (with the lease in XCom) when granted."""
+        self._check_args()
+        payload = self._try(context)
+        if payload is None:
+            self.log.info("waiting in line for %r as %r", self.resource, self._holder(context))
+            return PokeReturnValue(is_done=False)
+        return PokeReturnValue(is_done=True, xcom_value=payload)
+
+    # -- deferrable ---------------------------------------------------------------------------
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        self._check_args()
+        payload = self._try(context)  # granted at once: no need to defer
+        if payload is not None:
+            return payload
+        holder = self._holder(context)
+        self.log.info("deferring: waiting in line for %r as %r in the triggerer", self.resource, holder)
+        timeout = timedelta(seconds=float(self.timeout)) if self.timeout is not None else None
+        self.defer(
+            trigger=SlotTrigger(
+                resource=self.resource, holder=holder, slots=self.slots, slot_mode=self.slot_mode,
+                lease=self.lease, waiter_ttl=self._ttl(), conn_id=self.conn_id, namespace=self.namespace,
+                control_schema=self.control_schema, poll_interval=min(float(self.poke_interval), 5.0),
+            ),
+            method_name="execute_complete",
+            timeout=timeout,
+        )
+
+    def execute_complete(self, context: Context, event: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        """Resume after the trigger granted the slot; check it is still held (events may arrive late)."""
+        if not event or event.get("status") != "granted":
+            message = (event or {}).get("message", "no event")
+            raise ControlTableConfigError(f"waiting for a slot of {self.resource!r} failed: {message}")
+        with airflow_errors():
+            lease = self._hook().get_control_table().find_lease(event["resource"], event["holder"])
+        if lease is None:
+            raise ControlTableLeaseLost(
+                f"the slot of {event['resource']!r} granted to {event['holder']!r} (token {event['token']}) is no "
+                "longer held: its lease ran out before the task resumed; raise `lease`"
+            )
+        self.log.info("acquired %r for %r in the triggerer, token %s", lease.resource, lease.holder, lease.token)
+        return lease_payload(lease)
+
+
+__all__ = ["SlotSensor"]

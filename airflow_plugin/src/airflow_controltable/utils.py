@@ -1,0 +1,105 @@
+"""Helpers shared by the hook, operators, sensors and triggers: holder ids and error translation."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from controltable import (
+    AcquireTimeout,
+    ConfigurationError,
+    ControlTableError,
+    DatabaseUnavailableError,
+    LeaseLost,
+    NotInstalledError,
+    UnknownResourceError,
+)
+
+from airflow_controltable.exceptions import (
+    ControlTableAirflowError,
+    ControlTableConfigError,
+    ControlTableLeaseLost,
+    ControlTableUnavailable,
+)
+
+#: Default lease of a slot taken by :class:`~airflow_controltable.sensors.slots.SlotSensor`.
+#: Nothing renews it between the sensor and the release teardown, so it must outlast the tasks in
+#: between (their run time plus queueing). The teardown normally frees the slot at once; the lease
+#: only decides how long a slot stays blocked when no teardown runs at all (the DAG run was
+#: deleted or marked failed by hand, the deployment died). Six hours covers typical warehouse
+#: loads; set ``lease=`` to your work's ``execution_timeout`` plus a margin.
+DEFAULT_SLOT_LEASE = 6 * 3600.0
+
+#: Lease of a slot held by :func:`~airflow_controltable.decorators.slot_held`: renewed in the
+#: background every third of it while the task runs, so a short lease frees the slot quickly after
+#: a worker dies without delaying anything while it lives.
+DEFAULT_RENEWED_LEASE = 300.0
+
+MAX_ID = 200
+
+
+def bounded_id(*parts: object) -> str:
+    """Join ``parts`` into an id of at most 200 characters (the core's limit), stable across processes.
+
+    Long dag ids or run ids are shortened with a hash suffix instead of failing, and every task of
+    the run computes the same value, which is what lets a later task release the sensor's slot.
+    """
+    raw = ":".join(str(p) for p in parts)
+    if len(raw) <= MAX_ID:
+        return raw
+    digest = hashlib.sha256(raw.encode()).hexdigest()[:16]
+    return f"{raw[:MAX_ID - 17]}~{digest}"
+
+
+def dag_run_holder(context: Mapping[str, Any]) -> str:
+    """The default holder: the DAG run, so any task of the same run can release what another acquired."""
+    dag_run = context.get("dag_run")
+    dag_id = getattr(dag_run, "dag_id", None) or context["dag"].dag_id
+    run_id = getattr(dag_run, "run_id", None) or context["run_id"]
+    return bounded_id("airflow", dag_id, run_id)
+
+
+def task_instance_holder(context: Mapping[str, Any]) -> str:
+    """A holder (or batch/item owner) unique to this task instance, including its map index."""
+    ti = context["ti"]
+    map_index = getattr(ti, "map_index", -1)
+    return bounded_id("airflow", ti.dag_id, ti.run_id, ti.task_id, map_index if map_index is not None else -1)
+
+
+def translate(exc: ControlTableError) -> ControlTableAirflowError:
+    """Turn a core error into the Airflow exception that fails (or retries) the task appropriately."""
+    if isinstance(exc, LeaseLost):
+        return ControlTableLeaseLost(str(exc))
+    if isinstance(exc, DatabaseUnavailableError):
+        return ControlTableUnavailable(str(exc))
+    if isinstance(exc, (UnknownResourceError, ConfigurationError, NotInstalledError, AcquireTimeout)):
+        return ControlTableConfigError(str(exc))
+    return ControlTableAirflowError(str(exc))
+
+
+@contextmanager
+def airflow_errors() -> Iterator[None]:
+    """Re-raise core errors as Airflow exceptions with the core's message (which names the fix)."""
+    try:
+        yield
+    except ControlTableError as exc:
+        raise translate(exc) from exc
+
+
+def load_handles(value: Any, kind: str) -> list[dict[str, Any]]:
+    """Accept one handle, a list of handles, or their JSON text (from a string template)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ControlTableConfigError(f"{kind} handle is not JSON: {value[:200]!r}") from exc
+    if isinstance(value, Mapping):
+        return [dict(value)]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, Mapping) for v in value):
+        return [dict(v) for v in value]
+    raise ControlTableConfigError(
+        f"expected a {kind} handle (a dict from the claiming task's XCom) or a list of them, got {value!r}"
+    )
