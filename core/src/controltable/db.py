@@ -107,10 +107,12 @@ class Database:
     def __init__(self, url_or_engine: Union[str, Engine, Any], *, retries: int = 5) -> None:
         self.engine = make_engine(url_or_engine)
         self.retries = retries
+        #: Set only by ``controltable sql``: build statements for this dialect while running on SQLite.
+        self.target_dialect: Optional[str] = None
 
     @property
     def dialect_name(self) -> str:
-        return str(self.engine.dialect.name)
+        return self.target_dialect or str(self.engine.dialect.name)
 
     @property
     def safe_url(self) -> str:

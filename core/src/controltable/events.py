@@ -355,7 +355,7 @@ class EventTable:
         stmt = (
             select(t)
             .where(self.claimable(now), *self._where_clause(where))
-            .order_by(t.c[self.order_by], t.c[self.key])
+            .order_by(*{t.c[self.order_by]: None, t.c[self.key]: None})
         )
         stmt = dialects.lock_rows(stmt, t, skip_locked=True)
         return dialects.limit_locked(stmt, self.ct.db.dialect_name, size)

@@ -43,6 +43,8 @@ DEFAULT_LEASE = 300.0
 #: ``waiter_ttl / 4`` seconds, so only a dead waiter's entry ever expires.
 DEFAULT_WAITER_TTL = 30.0
 MAX_POLL_INTERVAL = 2.0
+#: The longest the first waiter in a queue sleeps between polls.
+HEAD_POLL_INTERVAL = 0.1
 
 
 def utc(ts: Optional[float]) -> Optional[datetime]:
@@ -62,6 +64,7 @@ class _Outcome:
     expires_at: float
     granted_at: Optional[float]
     position: dict[str, int]
+    ticket: int = 0
 
 
 class Lease:
@@ -83,8 +86,11 @@ class Lease:
         lease_seconds: float,
         expires_at: float,
         granted_at: Optional[float],
+        ticket: int = 0,
     ) -> None:
         self._ct = ct
+        #: The queue ticket (FIFO position); grants follow ticket order, so tokens do too.
+        self.ticket = ticket
         self.resources = resources
         self.mode = mode
         self.holder = holder
@@ -344,11 +350,14 @@ class SlotEngine:
                     f"holder {holder!r} was not granted {parts!r} ({mode}) within {wait:g} s; "
                     f"it was waiting at {where}. Raise the timeout or the capacity, or see `controltable status`."
                 )
+            # Back off, but by queue position: the head of the queue is next when a holder leaves,
+            # so it polls often (short handoffs); waiters far back poll rarely (cheap idling).
+            place = max(outcome.position.values() or [1])
+            delay = min(delay * 1.5, max_poll, HEAD_POLL_INTERVAL if place <= 1 else HEAD_POLL_INTERVAL * 2 * place)
             sleep = delay * (0.5 + random.random())
             if deadline is not None:
                 sleep = min(sleep, max(deadline - now, 0.0))
             self.ct._wait_for_wakeup(list(parts), sleep)
-            delay = min(delay * 1.5, max_poll)
             outcome = self.db.run(lambda c: self._attempt(c, parts, holder, mode, lease_s, ttl))
         return Lease(
             self.ct,
@@ -360,6 +369,7 @@ class SlotEngine:
             lease_seconds=lease_s,
             expires_at=outcome.expires_at,
             granted_at=outcome.granted_at,
+            ticket=outcome.ticket,
         )
 
     def try_acquire(
@@ -385,7 +395,7 @@ class SlotEngine:
         return Lease(
             self.ct, resources=parts, mode=mode, holder=holder, request_key=outcome.request_key,
             tokens=outcome.tokens, lease_seconds=lease_s, expires_at=outcome.expires_at,
-            granted_at=outcome.granted_at,
+            granted_at=outcome.granted_at, ticket=outcome.ticket,
         )
 
     def _lock_resources(self, conn: Connection, names: list[str]) -> tuple[dict[str, Any], float]:
@@ -449,7 +459,8 @@ class SlotEngine:
                 expires = now + lease_s
                 conn.execute(update(q).where(q.c.request_key == key).values(expires_at=expires, lease_seconds=lease_s))
                 return _Outcome(True, key, {row.resource: int(row.token) for row in mine.values()},
-                                expires, float(min(row.granted_at for row in mine.values())), {})
+                                expires, float(min(row.granted_at for row in mine.values())), {},
+                                min(int(row.id) for row in mine.values()))
             my_ids = {row.resource: int(row.id) for row in mine.values()}
         else:
             key = uuid.uuid4().hex
@@ -485,11 +496,12 @@ class SlotEngine:
                     conn.execute(update(q).where(q.c.id == my_ids[name]).values(token=tokens[name], **values))
             else:
                 for name in names:
-                    conn.execute(insert(q).values(
+                    result = conn.execute(insert(q).values(
                         namespace=self.ns, resource=name, holder=holder, request_key=key, slots=parts[name],
                         mode=mode, token=tokens[name], enqueued_at=now, **values))
+                    my_ids[name] = int(result.inserted_primary_key[0])
             ordered = {n: tokens[n] for n in parts}
-            return _Outcome(True, key, ordered, now + lease_s, now, {})
+            return _Outcome(True, key, ordered, now + lease_s, now, {}, min(my_ids.values()))
 
         expires = now + ttl
         if my_ids:
@@ -508,14 +520,15 @@ class SlotEngine:
         def fn(conn: Connection) -> Optional[_Outcome]:
             conn.execute(delete(q).where(q.c.request_key == request_key, q.c.state == "waiting"))
             rows = conn.execute(
-                select(q.c.resource, q.c.token, q.c.expires_at, q.c.granted_at).where(
+                select(q.c.id, q.c.resource, q.c.token, q.c.expires_at, q.c.granted_at).where(
                     q.c.request_key == request_key, q.c.state == "granted"
                 )
             ).all()
             if not rows:
                 return None
             return _Outcome(True, request_key, {row.resource: int(row.token) for row in rows},
-                            float(rows[0].expires_at), float(rows[0].granted_at), {})
+                            float(rows[0].expires_at), float(rows[0].granted_at), {},
+                            min(int(row.id) for row in rows))
 
         return self.db.run(fn)
 
@@ -618,6 +631,7 @@ class SlotEngine:
             lease_seconds=float(rows[0].lease_seconds),
             expires_at=float(rows[0].expires_at),
             granted_at=float(rows[0].granted_at),
+            ticket=int(rows[0].id),
         )
 
     # -- observing ---------------------------------------------------------------------------

@@ -1,0 +1,563 @@
+"""The ``controltable`` command: install, inspect and use slots, event tables and work lists from a shell.
+
+Exit codes (stable, for shell scripts):
+  0  success
+  1  unexpected error
+  2  bad usage or bad input (the message says what to fix)
+  3  acquire timed out (AcquireTimeout)
+  4  the database is unreachable or the control tables are missing
+  5  nothing to do: no batch or work item available
+  6  the lease was lost (or nothing was held when releasing/renewing)
+  7  the demo found a violation
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from datetime import datetime, timezone
+from typing import Any, Callable, NoReturn, Optional, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from .control import ControlTable
+from .db import DEFAULT_URL
+from .errors import (
+    AcquireTimeout,
+    ConfigurationError,
+    ControlTableError,
+    DatabaseUnavailableError,
+    LeaseLost,
+    NotInstalledError,
+    UnknownResourceError,
+)
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_TIMEOUT, EXIT_DATABASE, EXIT_EMPTY, EXIT_LOST, EXIT_VIOLATION = range(8)
+
+console = Console()
+err = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(message: str, code: int) -> NoReturn:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    sys.exit(code)
+
+
+def _exit_code(exc: BaseException) -> int:
+    if isinstance(exc, AcquireTimeout):
+        return EXIT_TIMEOUT
+    if isinstance(exc, (DatabaseUnavailableError, NotInstalledError)):
+        return EXIT_DATABASE
+    if isinstance(exc, LeaseLost):
+        return EXIT_LOST
+    if isinstance(exc, (ConfigurationError, UnknownResourceError)):
+        return EXIT_USAGE
+    return EXIT_ERROR
+
+
+class CT:
+    """Lazily opened ControlTable built from the global options."""
+
+    def __init__(self, url: str, namespace: str, schema: Optional[str], prefix: str) -> None:
+        self.url, self.namespace, self.schema, self.prefix = url, namespace, schema, prefix
+        self._ct: Optional[ControlTable] = None
+
+    def get(self) -> ControlTable:
+        if self._ct is None:
+            self._ct = ControlTable(self.url, namespace=self.namespace, schema=self.schema, prefix=self.prefix)
+        return self._ct
+
+
+def handled(fn: F) -> F:
+    """Turn controltable errors into a one-line message and a documented exit code."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ControlTableError as exc:
+            fail(str(exc), _exit_code(exc))
+
+    return wrapper  # type: ignore[return-value]
+
+
+def when(ts: Optional[datetime]) -> str:
+    return ts.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if ts else ""
+
+
+def in_seconds(ts: Optional[datetime], now: float) -> str:
+    if ts is None:
+        return ""
+    delta = ts.timestamp() - now
+    return f"in {delta:.0f}s" if delta >= 0 else f"expired {-delta:.0f}s ago"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--url", envvar="CONTROLTABLE_URL", default=DEFAULT_URL, show_default=True,
+              help="SQLAlchemy URL of the database (env CONTROLTABLE_URL).")
+@click.option("--namespace", envvar="CONTROLTABLE_NAMESPACE", default="default", show_default=True,
+              help="Separates deployments sharing one database.")
+@click.option("--schema", envvar="CONTROLTABLE_SCHEMA", default=None, help="Database schema of the control tables.")
+@click.option("--prefix", default="ct_", show_default=True, help="Prefix of the control tables' names.")
+@click.pass_context
+def cli(ctx: click.Context, url: str, namespace: str, schema: Optional[str], prefix: str) -> None:
+    """Resource slots, event batch claiming and ordered work lists in a control table in your database."""
+    ctx.obj = CT(url, namespace, schema, prefix)
+
+
+def main() -> None:
+    cli(prog_name="controltable")
+
+
+# -- installation ------------------------------------------------------------------------------------
+@cli.command()
+@click.pass_obj
+@handled
+def init(obj: CT) -> None:
+    """Create the control tables (idempotent) and record the schema version."""
+    version = obj.get().install()
+    console.print(f"control tables ready in {obj.get().db.safe_url} (schema version {version})")
+
+
+@cli.command()
+@click.option("--dialect", type=click.Choice(["postgresql", "mssql", "mysql", "oracle", "sqlite"]), required=True)
+@click.option("--events-table", default="events", show_default=True, help="Event table name to show claims for.")
+@click.option("--key", default="event_id", show_default=True, help="Its unique key column.")
+@click.option("--order-by", default=None, help="Its claim-order column (default: the key).")
+@click.pass_obj
+@handled
+def sql(obj: CT, dialect: str, events_table: str, key: str, order_by: Optional[str]) -> None:
+    """Print the DDL and every statement the engine runs, for a DBA to review or pre-create."""
+    from .sqlscript import render
+
+    click.echo(render(dialect, prefix=obj.prefix, schema=obj.schema, events_table=events_table, key=key,
+                      order_by=order_by), nl=False)
+
+
+# -- capacity ----------------------------------------------------------------------------------------
+@cli.group()
+def capacity() -> None:
+    """Create, resize, list and delete resources."""
+
+
+@capacity.command("set")
+@click.argument("name")
+@click.argument("slots", type=int)
+@click.pass_obj
+@handled
+def capacity_set(obj: CT, name: str, slots: int) -> None:
+    """Set NAME's capacity to SLOTS (creates it). Shrinking never evicts holders."""
+    obj.get().set_capacity(name, slots)
+    console.print(f"{name}: capacity {slots}")
+
+
+@capacity.command("list")
+@click.pass_obj
+@handled
+def capacity_list(obj: CT) -> None:
+    """List resources and their capacity."""
+    table = Table("resource", "capacity", "in use", "waiting", title=f"namespace {obj.namespace}")
+    for st in obj.get().status():
+        table.add_row(st.name, str(st.capacity), str(st.used), str(sum(1 for w in st.waiters if not w.expired)))
+    console.print(table)
+
+
+@capacity.command("delete")
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Delete even with live holders or waiters.")
+@click.pass_obj
+@handled
+def capacity_delete(obj: CT, name: str, force: bool) -> None:
+    """Delete resource NAME."""
+    if not obj.get().delete_resource(name, force=force):
+        fail(f"resource {name!r} does not exist in namespace {obj.namespace!r}", EXIT_USAGE)
+    console.print(f"deleted {name}")
+
+
+# -- status ------------------------------------------------------------------------------------------
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.argument("resources", nargs=-1)
+@click.pass_obj
+@handled
+def status(obj: CT, as_json: bool, resources: tuple[str, ...]) -> None:
+    """Show resources with their holders and waiters."""
+    ct = obj.get()
+    states = ct.status(list(resources) or None)
+    if as_json:
+        click.echo(json.dumps([_status_dict(s) for s in states], default=str, indent=2))
+        return
+    now = ct.now()
+    if not states:
+        console.print(f"no resources in namespace {obj.namespace!r}; create one with `controltable capacity set NAME N`")
+        return
+    table = Table("resource", "capacity", "in use", "state", "holder", "mode", "slots", "token", "since (UTC)",
+                  "lease", title=f"controltable status: namespace {obj.namespace}")
+    for st in states:
+        rows = [(h, "holding") for h in st.holders] + [(w, f"waiting #{w.position}") for w in st.waiters]
+        if not rows:
+            table.add_row(st.name, str(st.capacity), str(st.used), "idle", "", "", "", "", "", "")
+        for i, (e, state) in enumerate(rows):
+            table.add_row(st.name if i == 0 else "", str(st.capacity) if i == 0 else "",
+                          str(st.used) if i == 0 else "", state + (" (expired)" if e.expired else ""), e.holder,
+                          e.mode, str(e.slots), str(e.token or ""), when(e.since), in_seconds(e.expires_at, now))
+    console.print(table)
+
+
+def _status_dict(st: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(st)
+
+
+@cli.command()
+@click.pass_obj
+@handled
+def reap(obj: CT) -> None:
+    """Remove expired holders and waiters now (acquire does it anyway); prints how many."""
+    console.print(f"reaped {obj.get().reap()} expired entries")
+
+
+# -- acquire / release / run -------------------------------------------------------------------------
+@cli.command()
+@click.argument("resource")
+@click.option("--holder", required=True, help="Who holds the slot; release with the same holder.")
+@click.option("--slots", default=1, show_default=True, type=int)
+@click.option("--shared", is_flag=True, help="Shared mode (default: exclusive).")
+@click.option("--timeout", type=float, default=None, help="Seconds to wait (default: forever; 0: try once).")
+@click.option("--lease", type=float, default=300.0, show_default=True, help="Lease seconds; renew with `renew`.")
+@click.pass_obj
+@handled
+def acquire(obj: CT, resource: str, holder: str, slots: int, shared: bool, timeout: Optional[float],
+            lease: float) -> None:
+    """Wait for and take a slot; prints the fencing token. Exit 3 on timeout."""
+    got = obj.get().acquire(resource, holder=holder, slots=slots, mode="shared" if shared else "exclusive",
+                            timeout=timeout, lease=lease)
+    click.echo(got.token)
+
+
+@cli.command()
+@click.argument("resource")
+@click.option("--holder", required=True)
+@click.pass_obj
+@handled
+def release(obj: CT, resource: str, holder: str) -> None:
+    """Release HOLDER's slot on RESOURCE. Exit 6 if nothing was held (already expired or released)."""
+    if obj.get().release(resource, holder) == 0:
+        fail(f"{holder!r} held nothing on {resource!r} (lease expired or already released)", EXIT_LOST)
+    console.print(f"released {resource} ({holder})")
+
+
+@cli.command()
+@click.argument("resource")
+@click.option("--holder", required=True)
+@click.option("--lease", type=float, default=None, help="New lease length (default: the original).")
+@click.pass_obj
+@handled
+def renew(obj: CT, resource: str, holder: str, lease: Optional[float]) -> None:
+    """Extend HOLDER's lease on RESOURCE. Exit 6 if the lease was lost."""
+    found = obj.get().find_lease(resource, holder)
+    if found is None:
+        fail(f"{holder!r} holds nothing on {resource!r}", EXIT_LOST)
+    found.renew(lease)
+    console.print(f"renewed until {when(found.expires_at)} UTC")
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--resource", "resources", multiple=True, required=True,
+              help="Resource to hold (repeat for several, all-or-nothing); NAME or NAME:SLOTS.")
+@click.option("--slots", default=1, show_default=True, type=int, help="Slots when one resource is named.")
+@click.option("--shared", is_flag=True, help="Shared mode (default: exclusive).")
+@click.option("--holder", default=None, help="Holder id (default: host:pid:random).")
+@click.option("--timeout", type=float, default=None, help="Seconds to wait (default: forever). Exit 3 on timeout.")
+@click.option("--lease", type=float, default=60.0, show_default=True,
+              help="Lease seconds; renewed every third of it while the command runs.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_obj
+@handled
+def run(obj: CT, resources: tuple[str, ...], slots: int, shared: bool, holder: Optional[str],
+        timeout: Optional[float], lease: float, command: tuple[str, ...]) -> None:
+    """Hold a slot while COMMAND runs (flock(1) for the whole fleet); exits with COMMAND's code.
+
+    The lease is renewed in the background; SIGTERM/SIGINT are passed to COMMAND and the slot is
+    released when it exits. If the lease is lost while COMMAND runs, exit 6 (unless COMMAND failed).
+    """
+    request: Any
+    if len(resources) == 1 and ":" not in resources[0]:
+        request = {resources[0]: slots}
+    else:
+        request = {}
+        for spec in resources:
+            name, _, k = spec.partition(":")
+            try:
+                request[name] = int(k) if k else slots
+            except ValueError:
+                fail(f"--resource {spec!r}: slots after ':' must be a whole number", EXIT_USAGE)
+    ct = obj.get()
+    lease_obj = ct.acquire(request, holder=holder, mode="shared" if shared else "exclusive", timeout=timeout,
+                           lease=lease)
+    lease_obj.start_renewing()
+    env = dict(os.environ, CONTROLTABLE_TOKEN=str(lease_obj.token), CONTROLTABLE_HOLDER=lease_obj.holder)
+    try:
+        child = subprocess.Popen(list(command), env=env)
+    except OSError as exc:
+        lease_obj.release()
+        fail(f"cannot run {command[0]!r}: {exc}", 127)
+
+    def forward(signum: int, frame: Any) -> None:
+        child.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        code = child.wait()
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        lost = lease_obj.lost
+        try:
+            lease_obj.release()
+        except LeaseLost as exc:
+            lost = lost or exc
+    if lost is not None:
+        err.print(f"[bold red]error:[/] {lost}")
+        if code == 0:
+            sys.exit(EXIT_LOST)
+    sys.exit(code if code >= 0 else 128 - code)
+
+
+# -- demo --------------------------------------------------------------------------------------------
+@cli.command()
+@click.option("--workers", default=6, show_default=True, help="Worker processes.")
+@click.option("--rounds", default=8, show_default=True, help="Slot requests per worker.")
+@click.option("--capacity", "cap", default=2, show_default=True, help="Capacity of the demo resource.")
+@click.option("--events", "n_events", default=2000, show_default=True, help="Events to drain in the batch phase.")
+@click.pass_obj
+def demo(obj: CT, workers: int, rounds: int, cap: int, n_events: int) -> None:
+    """Workers contend for a small resource and drain an event table; the summary checks the results."""
+    from .demo import run_demo
+
+    sys.exit(run_demo(obj.url, workers=workers, rounds=rounds, capacity=cap, n_events=n_events, console=console))
+
+
+# -- events ------------------------------------------------------------------------------------------
+@cli.group()
+def events() -> None:
+    """Prepare event tables for batch claiming and inspect them."""
+
+
+def _event_options(fn: F) -> F:
+    for option in reversed([
+        click.argument("table"),
+        click.option("--key", required=True, help="Unique key column."),
+        click.option("--order-by", default=None, help="Claim order column (default: the key)."),
+        click.option("--table-schema", default=None, help="Schema of the event table."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+@events.command("prepare")
+@_event_options
+@click.option("--dry-run", is_flag=True, help="Print the DDL without running it.")
+@click.pass_obj
+@handled
+def events_prepare(obj: CT, table: str, key: str, order_by: Optional[str], table_schema: Optional[str],
+                   dry_run: bool) -> None:
+    """Add the claim columns and claim index to TABLE (only what is missing)."""
+    ev = obj.get().events(table, key=key, order_by=order_by, schema=table_schema)
+    if dry_run:
+        from sqlalchemy.schema import CreateIndex, DDLElement
+
+        for stmt in ev.prepare_statements():
+            ddl = stmt if isinstance(stmt, DDLElement) else CreateIndex(stmt)
+            click.echo(f"{str(ddl.compile(dialect=obj.get().engine.dialect)).strip()};")
+        return
+    done = ev.prepare()
+    for line in done:
+        console.print(f"ran: {line}", highlight=False)
+    console.print(f"{table} is ready for claiming" + ("" if done else " (nothing to change)"))
+
+
+@events.command("stats")
+@_event_options
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@handled
+def events_stats(obj: CT, table: str, key: str, order_by: Optional[str], table_schema: Optional[str],
+                 as_json: bool) -> None:
+    """Counts per claim state of TABLE."""
+    st = obj.get().events(table, key=key, order_by=order_by, schema=table_schema).stats()
+    if as_json:
+        click.echo(json.dumps(st.as_dict(), default=str))
+        return
+    t = Table("pending", "claimed", "(expired)", "done", "error", "total", "oldest pending key",
+              title=f"events {st.table}")
+    t.add_row(str(st.pending), str(st.claimed), str(st.expired), str(st.done), str(st.error), str(st.total),
+              "" if st.oldest_pending_key is None else str(st.oldest_pending_key))
+    console.print(t)
+
+
+@events.command("retry-errors")
+@_event_options
+@click.pass_obj
+@handled
+def events_retry(obj: CT, table: str, key: str, order_by: Optional[str], table_schema: Optional[str]) -> None:
+    """Put TABLE's error rows back to pending."""
+    n = obj.get().events(table, key=key, order_by=order_by, schema=table_schema).retry_errors()
+    console.print(f"{n} rows back to pending")
+
+
+# -- work lists --------------------------------------------------------------------------------------
+@cli.group()
+def worklist() -> None:
+    """Ordered work lists: populate, allocate, finish and administer items."""
+
+
+def _read_payloads(path: str) -> list[Any]:
+    stream = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
+    try:
+        text = stream.read()
+    finally:
+        if stream is not sys.stdin:
+            stream.close()
+    text = text.strip()
+    if not text:
+        return []
+    if text.startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigurationError(f"{path}: not valid JSON ({exc}); give a JSON array or JSON lines") from exc
+        return list(data)
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ConfigurationError(f"{path} line {n}: not valid JSON ({exc}); nothing was added") from exc
+    return out
+
+
+@worklist.command("populate")
+@click.argument("name")
+@click.option("--order", default=100, show_default=True, type=int, help="Execution order of these items.")
+@click.option("--priority", default=0, show_default=True, type=int, help="Higher runs first within the order.")
+@click.option("--file", "path", default="-", show_default=True, help="JSON array or JSON lines; '-' is stdin.")
+@click.pass_obj
+@handled
+def wl_populate(obj: CT, name: str, order: int, priority: int, path: str) -> None:
+    """Add items to work list NAME."""
+    from rich.progress import Progress
+
+    payloads = _read_payloads(path)
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task(f"populating {name}", total=len(payloads))
+        n = obj.get().worklist(name).populate(payloads, order=order, priority=priority,
+                                               progress=lambda k: progress.advance(task, k))
+    console.print(f"added {n} items to {name} at order {order}")
+
+
+@worklist.command("status")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@handled
+def wl_status(obj: CT, name: str, as_json: bool) -> None:
+    """Counts per order and state; what the list waits for."""
+    st = obj.get().worklist(name).status()
+    if as_json:
+        from dataclasses import asdict
+
+        click.echo(json.dumps(asdict(st)))
+        return
+    t = Table("order", "new", "active", "done", "error", title=f"work list {name}")
+    for o in st.orders:
+        mark = " <- current" if o.order == st.current_order else ""
+        t.add_row(f"{o.order}{mark}", str(o.new), f"{o.active}" + (f" ({o.expired} expired)" if o.expired else ""),
+                  str(o.done), str(o.error))
+    console.print(t)
+    if st.finished:
+        console.print("finished: every item is done" if st.orders else "empty")
+    elif st.blocked_by_errors:
+        console.print(f"[bold red]blocked[/] at order {st.current_order} by errored items: "
+                      f"fix them, then `controltable worklist clear-errors {name}`")
+
+
+@worklist.command("allocate")
+@click.argument("name")
+@click.option("--owner", default=None)
+@click.option("--lease", type=float, default=600.0, show_default=True)
+@click.pass_obj
+@handled
+def wl_allocate(obj: CT, name: str, owner: Optional[str], lease: float) -> None:
+    """Allocate the next item; prints its handle as JSON. Exit 5 when none is available."""
+    item = obj.get().worklist(name).allocate(owner, lease)
+    if item is None:
+        sys.exit(EXIT_EMPTY)
+    click.echo(json.dumps(item.handle()))
+
+
+def _item_command(name: str, help_text: str, action: Callable[[Any, Optional[str]], None],
+                  reason: bool = False) -> None:
+    @worklist.command(name, help=help_text)
+    @click.argument("worklist_name", metavar="NAME")
+    @click.argument("item_id", type=int)
+    @click.option("--token", type=int, default=None, help="Token from allocate (fences the call).")
+    @click.option("--reason", default=None, required=reason)
+    @click.pass_obj
+    @handled
+    def cmd(obj: CT, worklist_name: str, item_id: int, token: Optional[int], reason: Optional[str]) -> None:
+        item = obj.get().worklist(worklist_name).get(item_id, token)
+        action(item, reason)
+        console.print(f"item {item_id}: {name}")
+
+
+_item_command("complete", "Mark item ITEM_ID of NAME done.", lambda item, _r: item.complete())
+_item_command("fail", "Mark item ITEM_ID of NAME as error (blocks later orders).",
+              lambda item, r: item.fail(r or ""), reason=True)
+_item_command("free", "Give item ITEM_ID of NAME back, untouched.", lambda item, _r: item.free())
+
+
+@worklist.command("reset")
+@click.argument("name")
+@click.pass_obj
+@handled
+def wl_reset(obj: CT, name: str) -> None:
+    """Every item of NAME back to new."""
+    console.print(f"{obj.get().worklist(name).reset_all()} items reset")
+
+
+@worklist.command("clear-errors")
+@click.argument("name")
+@click.option("--item", "item_id", type=int, default=None, help="Only this item.")
+@click.pass_obj
+@handled
+def wl_clear(obj: CT, name: str, item_id: Optional[int]) -> None:
+    """Errored items of NAME back to new."""
+    wl = obj.get().worklist(name)
+    n = wl.clear_errors() if item_id is None else wl.clear_error(item_id)
+    console.print(f"{n} items back to new")
+
+
+@worklist.command("drop")
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Do not ask.")
+@click.pass_obj
+@handled
+def wl_drop(obj: CT, name: str, yes: bool) -> None:
+    """Delete work list NAME and all its items."""
+    if not yes and sys.stdin.isatty():
+        click.confirm(f"delete work list {name} and all its items?", abort=True)
+    console.print(f"dropped {name} ({obj.get().worklist(name).drop()} items)")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
