@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, U
 from sqlalchemy import (
     BigInteger,
     Column,
-    Float,
     Index,
     Integer,
     MetaData,
@@ -42,6 +41,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from . import dialects
 from .errors import ConfigurationError, LeaseLost, NotInstalledError, describe_keys
+from .schema import EpochSeconds
 from .slots import default_holder, utc
 from .validation import check_identifier, check_name, check_positive_int, check_seconds
 
@@ -78,11 +78,11 @@ def claim_columns(prefix: str = "ct_") -> list[Column[Any]]:
         Column(f"{prefix}state", SmallInteger, nullable=False, server_default="0"),
         Column(f"{prefix}owner", String(200), nullable=True),
         Column(f"{prefix}token", BigInteger, nullable=True),
-        Column(f"{prefix}expires_at", Float, nullable=True),
-        Column(f"{prefix}available_at", Float, nullable=True),
+        Column(f"{prefix}expires_at", EpochSeconds, nullable=True),
+        Column(f"{prefix}available_at", EpochSeconds, nullable=True),
         Column(f"{prefix}attempts", Integer, nullable=False, server_default="0"),
         Column(f"{prefix}error", String(2000), nullable=True),
-        Column(f"{prefix}done_at", Float, nullable=True),
+        Column(f"{prefix}done_at", EpochSeconds, nullable=True),
     ]
 
 

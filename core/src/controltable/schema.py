@@ -30,6 +30,10 @@ SCHEMA_VERSION = 1
 NAME_LENGTH = 200
 NAMESPACE_LENGTH = 100
 
+#: Epoch seconds need double precision: MySQL's plain FLOAT is single precision (about two
+#: minutes of resolution at today's epoch). FLOAT(53) is a double on every backend.
+EpochSeconds = Float(precision=53)
+
 # SQLite only makes INTEGER PRIMARY KEY columns auto-increment.
 _Id = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -67,7 +71,7 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
         Column("capacity", Integer, nullable=False),
         # Fencing counter: the token of the latest grant; strictly increases per resource.
         Column("last_token", BigInteger, nullable=False, default=0),
-        Column("created_at", Float, nullable=False),
+        Column("created_at", EpochSeconds, nullable=False),
         PrimaryKeyConstraint("namespace", "name", name=f"{prefix}resource_pk"),
     )
     request = Table(
@@ -85,10 +89,10 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
         Column("mode", String(10), nullable=False),
         Column("state", String(10), nullable=False),  # waiting | granted
         Column("token", BigInteger, nullable=True),
-        Column("lease_seconds", Float, nullable=False),
-        Column("enqueued_at", Float, nullable=False),
-        Column("granted_at", Float, nullable=True),
-        Column("expires_at", Float, nullable=False),
+        Column("lease_seconds", EpochSeconds, nullable=False),
+        Column("enqueued_at", EpochSeconds, nullable=False),
+        Column("granted_at", EpochSeconds, nullable=True),
+        Column("expires_at", EpochSeconds, nullable=False),
         UniqueConstraint("namespace", "resource", "holder", name=f"{prefix}request_holder_uq"),
         Index(f"{prefix}request_queue_ix", "namespace", "resource", "id"),
         Index(f"{prefix}request_key_ix", "request_key"),
@@ -100,7 +104,7 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
         Column("namespace", String(NAMESPACE_LENGTH), nullable=False),
         Column("name", String(NAME_LENGTH), nullable=False),
         Column("last_token", BigInteger, nullable=False, default=0),
-        Column("created_at", Float, nullable=False),
+        Column("created_at", EpochSeconds, nullable=False),
         PrimaryKeyConstraint("namespace", "name", name=f"{prefix}worklist_pk"),
     )
     item = Table(
@@ -117,10 +121,10 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
         Column("token", BigInteger, nullable=True),
         Column("attempts", Integer, nullable=False, default=0),
         Column("last_error", Text, nullable=True),
-        Column("created_at", Float, nullable=False),
-        Column("started_at", Float, nullable=True),
-        Column("finished_at", Float, nullable=True),
-        Column("expires_at", Float, nullable=True),
+        Column("created_at", EpochSeconds, nullable=False),
+        Column("started_at", EpochSeconds, nullable=True),
+        Column("finished_at", EpochSeconds, nullable=True),
+        Column("expires_at", EpochSeconds, nullable=True),
         Index(f"{prefix}work_item_ix", "namespace", "worklist", "state", "exec_order"),
         sqlite_autoincrement=True,
     )

@@ -1,0 +1,293 @@
+"""The slot contract, line by line, on every live backend (issue 2, "Slot semantics")."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from controltable import AcquireTimeout, ConfigurationError, ControlTable, LeaseLost
+
+
+def test_install_is_idempotent_and_records_version(ct: ControlTable) -> None:
+    assert ct.install() == ct.install() == ct.installed_version()
+
+
+def test_capacity_bounds_shared_holders(ct: ControlTable) -> None:
+    ct.set_capacity("w", 3)
+    leases = [ct.acquire("w", holder=f"h{i}", mode="shared", timeout=0) for i in range(3)]
+    with pytest.raises(AcquireTimeout):
+        ct.acquire("w", holder="h4", mode="shared", timeout=0)
+    leases[0].release()
+    ct.acquire("w", holder="h4", mode="shared", timeout=0).release()
+    for lease in leases[1:]:
+        lease.release()
+
+
+def test_weights_count_against_capacity(ct: ControlTable) -> None:
+    ct.set_capacity("w", 3)
+    big = ct.acquire("w", holder="big", slots=2, mode="shared", timeout=0)
+    with pytest.raises(AcquireTimeout):
+        ct.acquire("w", holder="two", slots=2, mode="shared", timeout=0)
+    ct.acquire("w", holder="one", slots=1, mode="shared", timeout=0).release()
+    big.release()
+
+
+def test_resizing_never_evicts_holders(ct: ControlTable) -> None:
+    ct.set_capacity("w", 2)
+    a = ct.acquire("w", holder="a", mode="shared", timeout=0)
+    b = ct.acquire("w", holder="b", mode="shared", timeout=0)
+    ct.set_capacity("w", 1)
+    assert a.is_held() and b.is_held()
+    st = ct.status(["w"])[0]
+    assert st.capacity == 1 and st.used == 2
+    with pytest.raises(AcquireTimeout):
+        ct.acquire("w", holder="c", mode="shared", timeout=0)
+    a.release()
+    with pytest.raises(AcquireTimeout):  # still 1 in use of 1
+        ct.acquire("w", holder="c", mode="shared", timeout=0)
+    b.release()
+    ct.acquire("w", holder="c", mode="shared", timeout=0).release()
+
+
+def test_exclusive_runs_alone(ct: ControlTable) -> None:
+    ct.set_capacity("w", 3)
+    reader = ct.acquire("w", holder="r", mode="shared", timeout=0)
+    with pytest.raises(AcquireTimeout):
+        ct.acquire("w", holder="x", mode="exclusive", timeout=0)
+    reader.release()
+    writer = ct.acquire("w", holder="x", mode="exclusive", timeout=0)
+    with pytest.raises(AcquireTimeout):
+        ct.acquire("w", holder="r2", mode="shared", timeout=0)
+    writer.release()
+
+
+def test_waiting_writer_blocks_later_readers(ct: ControlTable) -> None:
+    """Seed 000's 'multiple readers or one writer': a queued writer is not overtaken."""
+    ct.set_capacity("w", 5)
+    r1 = ct.acquire("w", holder="r1", mode="shared", timeout=0)
+    assert ct.try_acquire("w", holder="writer", mode="exclusive") is None  # queued behind r1
+    assert ct.try_acquire("w", holder="r2", mode="shared") is None  # capacity left, but behind the writer
+    r1.release()
+    assert ct.try_acquire("w", holder="r2", mode="shared") is None  # still behind the writer
+    writer = ct.try_acquire("w", holder="writer", mode="exclusive")
+    assert writer is not None
+    writer.release()
+    r2 = ct.try_acquire("w", holder="r2", mode="shared")
+    assert r2 is not None
+    r2.release()
+
+
+def test_fifo_head_blocks_smaller_requests_behind_it(ct: ControlTable) -> None:
+    ct.set_capacity("w", 3)
+    a = ct.acquire("w", holder="a", slots=2, mode="shared", timeout=0)
+    assert ct.try_acquire("w", holder="big", slots=2, mode="shared") is None
+    # One slot is free, but 'small' came after 'big': strict FIFO keeps it waiting.
+    assert ct.try_acquire("w", holder="small", slots=1, mode="shared") is None
+    a.release()
+    big = ct.try_acquire("w", holder="big", slots=2, mode="shared")
+    small = ct.try_acquire("w", holder="small", slots=1, mode="shared")
+    assert big is not None and small is not None
+    assert small.token > big.token
+    big.release()
+    small.release()
+
+
+def test_multi_resource_all_or_nothing(ct: ControlTable) -> None:
+    ct.set_capacity("warehouse", 3)
+    ct.set_capacity("orders", 1)
+    blocker = ct.acquire("orders", holder="blocker", timeout=0)
+    with pytest.raises(AcquireTimeout):
+        ct.acquire({"warehouse": 2, "orders": 1}, holder="both", mode="shared", timeout=0)
+    st = {s.name: s for s in ct.status()}
+    assert st["warehouse"].used == 0, "nothing may be taken while the request is incomplete"
+    blocker.release()
+    both = ct.acquire({"warehouse": 2, "orders": 1}, holder="both", mode="shared", timeout=0)
+    assert set(both.tokens) == {"warehouse", "orders"}
+    st = {s.name: s for s in ct.status()}
+    assert st["warehouse"].used == 2 and st["orders"].used == 1
+    both.release()
+
+
+def test_multi_resource_requests_in_opposite_order_do_not_deadlock(ct: ControlTable) -> None:
+    ct.set_capacity("a", 1)
+    ct.set_capacity("b", 1)
+    done: list[str] = []
+    errors: list[BaseException] = []
+
+    def worker(name: str, request: dict[str, int]) -> None:
+        try:
+            for i in range(5):
+                with ct.slot(request, holder=f"{name}-{i}", timeout=60, lease=30):
+                    time.sleep(0.01)
+            done.append(name)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=worker, args=("ab", {"a": 1, "b": 1})),
+        threading.Thread(target=worker, args=("ba", {"b": 1, "a": 1})),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and sorted(done) == ["ab", "ba"]
+
+
+def test_fencing_tokens_strictly_increase(ct: ControlTable) -> None:
+    ct.set_capacity("w", 2)
+    tokens = []
+    for i in range(5):
+        lease = ct.acquire("w", holder=f"h{i}", mode="shared", timeout=0)
+        tokens.append(lease.token)
+        lease.release()
+    assert tokens == sorted(tokens) and len(set(tokens)) == 5
+
+
+def test_reacquire_same_holder_is_idempotent(ct: ControlTable) -> None:
+    ct.set_capacity("w", 2)
+    first = ct.acquire("w", holder="h", mode="shared", timeout=0)
+    again = ct.acquire("w", holder="h", mode="shared", timeout=0)
+    assert again.token == first.token and again.request_key == first.request_key
+    assert ct.status(["w"])[0].used == 1
+    again.release()
+    with pytest.raises(LeaseLost):
+        first.renew()
+
+
+def test_reacquire_with_different_request_is_refused(ct: ControlTable) -> None:
+    ct.set_capacity("w", 3)
+    lease = ct.acquire("w", holder="h", slots=1, mode="shared", timeout=0)
+    with pytest.raises(ConfigurationError, match="already holds"):
+        ct.acquire("w", holder="h", slots=2, mode="shared", timeout=0)
+    lease.release()
+
+
+def test_expired_holder_no_longer_counts_and_gets_lease_lost(ct: ControlTable) -> None:
+    ct.set_capacity("w", 1)
+    stale = ct.acquire("w", holder="stale", timeout=0, lease=0.5)
+    time.sleep(0.8)
+    fresh = ct.acquire("w", holder="fresh", timeout=0)
+    assert fresh.token > stale.token
+    with pytest.raises(LeaseLost):
+        stale.renew()
+    assert not stale.is_held()
+    with pytest.raises(LeaseLost):
+        stale.check()
+    fresh.release()
+
+
+def test_release_of_lost_lease_raises(ct: ControlTable) -> None:
+    ct.set_capacity("w", 1)
+    lease = ct.acquire("w", holder="h", timeout=0, lease=0.3)
+    time.sleep(0.5)
+    assert ct.reap() == 1
+    with pytest.raises(LeaseLost):
+        lease.release()
+
+
+def test_slot_context_manager_renews_in_background(ct: ControlTable) -> None:
+    ct.set_capacity("w", 1)
+    with ct.slot("w", holder="long", lease=0.6, timeout=0) as lease:
+        time.sleep(1.5)  # more than twice the lease: only renewal keeps it
+        assert lease.is_held()
+        with pytest.raises(AcquireTimeout):
+            ct.acquire("w", holder="other", timeout=0)
+    ct.acquire("w", holder="other", timeout=0).release()
+
+
+def test_slot_releases_when_the_body_raises(ct: ControlTable) -> None:
+    ct.set_capacity("w", 1)
+    with pytest.raises(RuntimeError), ct.slot("w", holder="h", timeout=0):
+        raise RuntimeError("work failed")
+    assert ct.status(["w"])[0].used == 0
+
+
+def test_dead_waiter_expires_and_unblocks_the_queue(ct: ControlTable) -> None:
+    ct.set_capacity("w", 1)
+    holder = ct.acquire("w", holder="holder", timeout=0)
+    assert ct.try_acquire("w", holder="ghost", waiter_ttl=0.5) is None  # queued, then never polls again
+    holder.release()
+    time.sleep(0.8)
+    alive = ct.acquire("w", holder="alive", timeout=5)
+    assert alive.is_held()
+    alive.release()
+
+
+def test_timeout_withdraws_the_queue_entry(ct: ControlTable) -> None:
+    ct.set_capacity("w", 1)
+    holder = ct.acquire("w", holder="holder", timeout=0)
+    t0 = time.monotonic()
+    with pytest.raises(AcquireTimeout, match="position 1"):
+        ct.acquire("w", holder="impatient", timeout=0.5)
+    assert 0.4 < time.monotonic() - t0 < 5
+    assert ct.status(["w"])[0].waiters == []
+    holder.release()
+
+
+def test_waiter_is_granted_after_release(ct: ControlTable) -> None:
+    ct.set_capacity("w", 1)
+    holder = ct.acquire("w", holder="holder", timeout=0)
+    got: list[int] = []
+
+    def wait() -> None:
+        lease = ct.acquire("w", holder="waiter", timeout=30)
+        got.append(lease.token)
+        lease.release()
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.3)
+    assert not got
+    holder.release()
+    t.join(30)
+    assert got and got[0] > holder.token
+
+
+def test_status_shows_holders_and_waiters(ct: ControlTable) -> None:
+    ct.set_capacity("w", 1)
+    holder = ct.acquire("w", holder="holder", timeout=0, lease=100)
+    ct.try_acquire("w", holder="w1")
+    ct.try_acquire("w", holder="w2", mode="shared")
+    (st,) = ct.status(["w"])
+    assert [h.holder for h in st.holders] == ["holder"]
+    assert [(w.holder, w.position, w.mode) for w in st.waiters] == [("w1", 1, "exclusive"), ("w2", 2, "shared")]
+    assert st.holders[0].expires_at is not None and st.holders[0].since is not None
+    assert 90 < st.holders[0].expires_at.timestamp() - ct.now() <= 100.5
+    holder.release()
+
+
+def test_namespaces_do_not_see_each_other(backend_url: str) -> None:
+    a = ControlTable(backend_url, namespace="ns_a_iso")
+    b = ControlTable(backend_url, namespace="ns_b_iso")
+    a.install()
+    a.set_capacity("shared-name", 1)
+    b.set_capacity("shared-name", 1)
+    la = a.acquire("shared-name", holder="x", timeout=0)
+    lb = b.acquire("shared-name", holder="y", timeout=0)
+    assert la.is_held() and lb.is_held()
+    la.release()
+    lb.release()
+    a.delete_resource("shared-name")
+    b.delete_resource("shared-name")
+
+
+def test_find_lease_and_release_by_holder(ct: ControlTable) -> None:
+    ct.set_capacity("w", 1)
+    lease = ct.acquire("w", holder="job-42", timeout=0)
+    found = ct.find_lease("w", "job-42")
+    assert found is not None and found.token == lease.token
+    assert ct.release("w", "job-42") == 1
+    assert ct.release("w", "job-42") == 0
+    assert ct.find_lease("w", "job-42") is None
+
+
+def test_delete_resource_refuses_with_holders(ct: ControlTable) -> None:
+    ct.set_capacity("w", 1)
+    lease = ct.acquire("w", holder="h", timeout=0)
+    with pytest.raises(ConfigurationError, match="force"):
+        ct.delete_resource("w")
+    lease.release()
+    assert ct.delete_resource("w")
