@@ -54,19 +54,41 @@ def bounded_id(*parts: object) -> str:
     return f"{raw[:MAX_ID - 17]}~{digest}"
 
 
+def deployment_id() -> str:
+    """``[controltable] deployment_id`` (env ``AIRFLOW__CONTROLTABLE__DEPLOYMENT_ID``), or empty.
+
+    Two Airflow deployments that share a namespace and run the same ``dag_id`` produce the same
+    run ids (``scheduled__<date>``), so their default holders would collide and both would "hold"
+    the slot. Give each deployment its own id to keep them apart.
+    """
+    try:
+        from airflow.sdk import conf
+
+        return str(conf.get("controltable", "deployment_id", fallback="") or "").strip()
+    except Exception:  # no Airflow configuration available (plain Python use)
+        return ""
+
+
 def dag_run_holder(context: Mapping[str, Any]) -> str:
-    """The default holder: the DAG run, so any task of the same run can release what another acquired."""
+    """The default holder: the DAG run, so any task of the same run can release what another acquired.
+
+    ``airflow:<dag_id>:<run_id>``, or ``airflow@<deployment_id>:<dag_id>:<run_id>`` when a
+    deployment id is configured; shortened with a hash when longer than 200 characters.
+    """
     dag_run = context.get("dag_run")
     dag_id = getattr(dag_run, "dag_id", None) or context["dag"].dag_id
     run_id = getattr(dag_run, "run_id", None) or context["run_id"]
-    return bounded_id("airflow", dag_id, run_id)
+    deployment = deployment_id()
+    return bounded_id(f"airflow@{deployment}" if deployment else "airflow", dag_id, run_id)
 
 
 def task_instance_holder(context: Mapping[str, Any]) -> str:
     """A holder (or batch/item owner) unique to this task instance, including its map index."""
     ti = context["ti"]
     map_index = getattr(ti, "map_index", -1)
-    return bounded_id("airflow", ti.dag_id, ti.run_id, ti.task_id, map_index if map_index is not None else -1)
+    deployment = deployment_id()
+    prefix = f"airflow@{deployment}" if deployment else "airflow"
+    return bounded_id(prefix, ti.dag_id, ti.run_id, ti.task_id, map_index if map_index is not None else -1)
 
 
 def translate(exc: ControlTableError) -> ControlTableAirflowError:

@@ -70,7 +70,7 @@ class ClaimBatchOperator(_EventOperator):
     :param include_rows: also put the claimed rows in the handles (keep batches small then).
     """
 
-    template_fields: Sequence[str] = ("table", "schema", "owner")
+    template_fields: Sequence[str] = ("table", "schema", "batch_owner")
     ui_color = "#eaf0f8"
 
     def __init__(
@@ -82,7 +82,7 @@ class ClaimBatchOperator(_EventOperator):
         max_batches: int = 1,
         order_by: Optional[str] = None,
         schema: Optional[str] = None,
-        owner: Optional[str] = None,
+        batch_owner: Optional[str] = None,
         lease: Optional[float] = None,
         include_rows: bool = False,
         prepare: bool = False,
@@ -95,7 +95,7 @@ class ClaimBatchOperator(_EventOperator):
         self.max_batches = max_batches
         self.order_by = order_by
         self.schema = schema
-        self.owner = owner
+        self.batch_owner = batch_owner
         self.lease = lease
         self.include_rows = include_rows
         self.prepare = prepare
@@ -103,7 +103,7 @@ class ClaimBatchOperator(_EventOperator):
     def execute(self, context: Context) -> list[dict[str, Any]]:
         size = _check_positive("size", self.size)
         max_batches = _check_positive("max_batches", self.max_batches)
-        owner = self.owner or task_instance_holder(context)
+        owner = self.batch_owner or task_instance_holder(context)
         handles: list[dict[str, Any]] = []
         with airflow_errors():
             events = self._table().events(self.table, key=self.key, order_by=self.order_by, schema=self.schema)

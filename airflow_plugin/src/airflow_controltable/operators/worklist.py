@@ -58,7 +58,7 @@ class AllocateWorkItemOperator(_WorkListOperator):
     :param lease: seconds each item stays allocated; it must cover the work and the completion.
     """
 
-    template_fields: Sequence[str] = ("worklist", "owner")
+    template_fields: Sequence[str] = ("worklist", "item_owner")
     ui_color = "#f3eaf8"
 
     def __init__(
@@ -66,20 +66,20 @@ class AllocateWorkItemOperator(_WorkListOperator):
         *,
         worklist: str,
         max_items: int = 1,
-        owner: Optional[str] = None,
+        item_owner: Optional[str] = None,
         lease: Optional[float] = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.worklist = worklist
         self.max_items = max_items
-        self.owner = owner
+        self.item_owner = item_owner
         self.lease = lease
 
     def execute(self, context: Context) -> list[dict[str, Any]]:
         if isinstance(self.max_items, bool) or not isinstance(self.max_items, int) or self.max_items < 1:
             raise ControlTableConfigError(f"max_items must be a whole number >= 1, got {self.max_items!r}")
-        owner = self.owner or task_instance_holder(context)
+        owner = self.item_owner or task_instance_holder(context)
         handles: list[dict[str, Any]] = []
         with airflow_errors():
             worklist = self._table().worklist(self.worklist)
