@@ -1,0 +1,68 @@
+"""Airflow test set-up: a throw-away AIRFLOW_HOME with a migrated SQLite metadata DB, once per session.
+
+The environment is set when this conftest is imported, which pytest does before it imports the
+test modules here (the first ``import airflow`` reads it). ``pytest tests/core`` never loads this
+file, so the core suite never imports Airflow.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_EXAMPLES = Path(__file__).resolve().parents[2] / "example_dags" / "airflow"
+AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="ct-airflow-home-"))
+atexit.register(shutil.rmtree, AIRFLOW_HOME, ignore_errors=True)
+AIRFLOW_ENV = {
+    "AIRFLOW_HOME": str(AIRFLOW_HOME),
+    "AIRFLOW__CORE__DAGS_FOLDER": str(_EXAMPLES),
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+}
+if "airflow" in sys.modules:  # pragma: no cover - someone imported Airflow before us
+    raise RuntimeError("tests/airflow must configure AIRFLOW_HOME before Airflow is imported")
+os.environ.update(AIRFLOW_ENV)
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Path:
+    """Run ``airflow db migrate`` once; returns AIRFLOW_HOME."""
+    from airflow_helpers import airflow_bin
+
+    result = subprocess.run(
+        [airflow_bin(), "db", "migrate"], env={**os.environ, **AIRFLOW_ENV}, capture_output=True, text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    from airflow.sdk.bases.operator import ExecutorSafeguard
+
+    ExecutorSafeguard.test_mode = True  # unit tests call execute() directly
+    return AIRFLOW_HOME
+
+
+@pytest.fixture(autouse=True)
+def _clear_hook_cache() -> Iterator[None]:
+    yield
+    from airflow_controltable.hooks.controltable import clear_cache
+
+    clear_cache()
+
+
+@pytest.fixture
+def conn_id(airflow_db: Path, monkeypatch: pytest.MonkeyPatch, backend_url: str, namespace: str, ct: Any) -> str:
+    """A ``controltable`` connection to the test backend and namespace (tables installed by ``ct``)."""
+    from airflow_helpers import set_connection
+
+    return set_connection(
+        monkeypatch, f"ct_test_{uuid.uuid4().hex[:8]}", conn_type="controltable",
+        extra={"url": backend_url, "namespace": namespace},
+    )

@@ -1,0 +1,131 @@
+"""ControlTableHook: connection types, the URL it builds, and clear errors for bad connections."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow_helpers import make_context, set_connection
+
+pytestmark = pytest.mark.usefixtures("airflow_db")
+
+
+def test_controltable_connection_gives_a_working_table(conn_id: str, ct: Any, namespace: str) -> None:
+    from airflow_controltable.hooks.controltable import ControlTableHook
+
+    ct.set_capacity("warehouse", 2)
+    table = ControlTableHook(conn_id).get_control_table()
+    assert table.namespace == namespace
+    assert [s.name for s in table.status()] == ["warehouse"]
+    assert ControlTableHook(conn_id).get_control_table() is table  # one pool per process
+    ok, message = ControlTableHook(conn_id).test_connection()
+    assert ok and "schema version" in message
+
+
+def test_url_in_host_password_field_and_namespace_override(
+    airflow_db: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from airflow_controltable.hooks.controltable import ControlTableHook
+
+    conn = set_connection(monkeypatch, "ct_host", conn_type="controltable", host=f"sqlite:///{tmp_path}/h.db",
+                          extra={"namespace": "from_extra", "install": True})
+    table = ControlTableHook(conn).get_control_table()
+    assert table.namespace == "from_extra"
+    assert table.installed_version() is not None  # the install extra created the tables
+    assert ControlTableHook(conn, namespace="other").get_control_table().namespace == "other"
+
+    set_connection(monkeypatch, "ct_pw", conn_type="controltable", password="s3cret",
+                   extra={"url": "postgresql+psycopg://alice@db.example:5432/wh"})
+    assert ControlTableHook("ct_pw").get_uri() == "postgresql+psycopg://alice:s3cret@db.example:5432/wh"
+
+
+def test_sqlite_connection_type_is_accepted(airflow_db: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from airflow_controltable.hooks.controltable import ControlTableHook
+
+    conn = set_connection(monkeypatch, "my_sqlite", conn_type="sqlite", host=str(tmp_path / "existing.db"))
+    table = ControlTableHook(conn, namespace="ns1").get_control_table()
+    table.install()
+    table.set_capacity("r", 1)
+    assert table.acquire("r", holder="h", timeout=0).token == 1
+
+
+@pytest.mark.backends("postgres")
+def test_existing_postgres_connection_is_accepted(
+    airflow_db: Path, monkeypatch: pytest.MonkeyPatch, backend_url: str, namespace: str
+) -> None:
+    """A plain Airflow `postgres` connection (PostgresHook, a DbApiHook) is used as it is."""
+    from airflow_controltable.hooks.controltable import ControlTableHook
+    from sqlalchemy.engine import make_url
+
+    url = make_url(backend_url)
+    conn = set_connection(monkeypatch, "warehouse_pg", conn_type="postgres", host=url.host, port=url.port,
+                          login=url.username, password=url.password, schema=url.database)
+    hook = ControlTableHook(conn, namespace=namespace)
+    assert hook.get_uri().startswith("postgresql+psycopg://")
+    table = hook.get_control_table()
+    table.install()
+    table.set_capacity("pg_resource", 1)
+    assert table.try_acquire("pg_resource", holder="h") is not None
+
+
+def test_unknown_connection_id_is_a_clear_error(airflow_db: Path) -> None:
+    from airflow.sdk.exceptions import AirflowException
+    from airflow_controltable.exceptions import ControlTableConnectionNotFound
+    from airflow_controltable.operators.slots import ReleaseSlotOperator
+
+    op = ReleaseSlotOperator(task_id="release", resource="warehouse", conn_id="no_such_conn")
+    with pytest.raises(ControlTableConnectionNotFound, match="'no_such_conn' is not defined") as info:
+        op.execute(make_context())
+    assert isinstance(info.value, AirflowException)
+    assert "AIRFLOW_CONN_NO_SUCH_CONN" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("conn_type", "expected"),
+    [("smtp", "is not a SQL hook"), ("generic", "has no usable hook")],
+)
+def test_non_sql_connection_is_a_clear_error(
+    airflow_db: Path, monkeypatch: pytest.MonkeyPatch, conn_type: str, expected: str
+) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+    from airflow_controltable.exceptions import ControlTableConnectionError
+    from airflow_controltable.sensors.slots import SlotSensor
+
+    conn = set_connection(monkeypatch, f"not_sql_{conn_type}", conn_type=conn_type, host="mail.example", port=25)
+    sensor = SlotSensor(task_id="acquire", resource="warehouse", conn_id=conn)
+    with pytest.raises(ControlTableConnectionError, match=expected) as info:
+        sensor.poke(make_context())
+    assert isinstance(info.value, AirflowFailException)  # retrying cannot fix a wrong connection
+
+
+def test_controltable_connection_without_url(airflow_db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_controltable.exceptions import ControlTableConnectionError
+    from airflow_controltable.hooks.controltable import ControlTableHook
+
+    conn = set_connection(monkeypatch, "ct_no_url", conn_type="controltable", extra={"namespace": "x"})
+    with pytest.raises(ControlTableConnectionError, match="has no SQLAlchemy URL"):
+        ControlTableHook(conn).get_control_table()
+
+
+def test_provider_info_is_registered() -> None:
+    from importlib.metadata import entry_points
+
+    from airflow_controltable.get_provider_info import get_provider_info
+
+    eps = [ep for ep in entry_points(group="apache_airflow_provider") if ep.value.startswith("airflow_controltable")]
+    assert len(eps) == 1
+    info = eps[0].load()()
+    assert info == get_provider_info()
+    assert info["package-name"] == "airflow-provider-controltable"
+    assert info["connection-types"][0]["connection-type"] == "controltable"
+
+
+def test_airflow_providers_list_shows_the_provider(airflow_db: Path) -> None:
+    import subprocess
+
+    from airflow_helpers import airflow_bin
+
+    out = subprocess.run([airflow_bin(), "providers", "list"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "airflow-provider-controltable" in out.stdout
