@@ -122,8 +122,10 @@ def pending_events_sensor(
         default_status=default_status,
         description=description or f"Requests {getattr(job, 'name', 'the job')} when {table} has claimable events.",
     )
-    def _pending_events(context: SensorEvaluationContext) -> Union[SensorResult, SkipReason]:
-        resource: ControlTableResource = getattr(context.resources, resource_key)
+    def _pending_events(context: SensorEvaluationContext, **resources: Any) -> Union[SensorResult, SkipReason]:
+        # Dagster passes required resources as keyword arguments when the sensor is called directly
+        # (tests), and through context.resources when the daemon evaluates a tick.
+        resource: ControlTableResource = resources.get(resource_key) or getattr(context.resources, resource_key)
         count, newest = _backlog(resource, table, key, order_by, schema)
         if count < min_events:
             return SkipReason(f"{count} claimable event(s) in {table!r}, fewer than min_events={min_events}")
