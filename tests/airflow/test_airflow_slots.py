@@ -1,0 +1,232 @@
+"""SlotSensor (poke, reschedule, deferrable), SlotTrigger and ReleaseSlotOperator against a real control table."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+from airflow_helpers import make_context
+
+pytestmark = [pytest.mark.usefixtures("airflow_db"), pytest.mark.backends("sqlite", "postgres")]
+
+RUN_A = make_context(run_id="run_a")
+RUN_B = make_context(run_id="run_b")
+HOLDER_A = "airflow:test_dag:run_a"
+HOLDER_B = "airflow:test_dag:run_b"
+
+
+def holders(ct: Any, resource: str) -> list[str]:
+    return [h.holder for st in ct.status([resource]) for h in st.holders if not h.expired]
+
+
+def waiters(ct: Any, resource: str) -> list[str]:
+    return [w.holder for st in ct.status([resource]) for w in st.waiters if not w.expired]
+
+
+def sensor(conn_id: str, **kwargs: Any) -> Any:
+    from airflow_controltable.sensors.slots import SlotSensor
+
+    kwargs.setdefault("resource", "warehouse")
+    return SlotSensor(task_id="acquire", conn_id=conn_id, poke_interval=0.1, timeout=30, **kwargs)
+
+
+# -- sensor in poke / reschedule form ---------------------------------------------------------------
+def test_poke_acquires_for_the_dag_run_and_pushes_the_token(conn_id: str, ct: Any) -> None:
+    ct.set_capacity("warehouse", 1)
+    result = sensor(conn_id, mode="reschedule").poke(RUN_A)
+    assert result.is_done
+    payload = result.xcom_value
+    json.dumps(payload)  # XCom-safe
+    assert payload["holder"] == HOLDER_A and payload["token"] == 1 and payload["resource"] == "warehouse"
+    assert holders(ct, "warehouse") == [HOLDER_A]
+    # Poking again (a reschedule after a crash) is idempotent: same lease, same token.
+    assert sensor(conn_id).poke(RUN_A).xcom_value["token"] == 1
+    assert holders(ct, "warehouse") == [HOLDER_A]
+
+
+def test_poke_keeps_the_fifo_place_between_pokes(conn_id: str, ct: Any) -> None:
+    ct.set_capacity("warehouse", 1)
+    assert sensor(conn_id).poke(RUN_A).is_done
+    assert not sensor(conn_id).poke(RUN_B).is_done  # B queues
+    late = ct.try_acquire("warehouse", holder="late-shell-job")  # arrives after B
+    assert late is None
+    assert waiters(ct, "warehouse") == [HOLDER_B, "late-shell-job"]
+    ct.release("warehouse", HOLDER_A)
+    assert ct.try_acquire("warehouse", holder="late-shell-job") is None  # B is still ahead
+    result = sensor(conn_id).poke(RUN_B)
+    assert result.is_done and result.xcom_value["token"] == 2
+    assert holders(ct, "warehouse") == [HOLDER_B]
+
+
+def test_shared_mode_and_templated_holder(conn_id: str, ct: Any) -> None:
+    ct.set_capacity("pool", 3)
+    a = sensor(conn_id, resource="pool", slot_mode="shared", slots=2, holder="team-a").poke(RUN_A)
+    b = sensor(conn_id, resource="pool", slot_mode="shared", slots=1, holder="team-b").poke(RUN_A)
+    assert a.is_done and b.is_done
+    assert sorted(holders(ct, "pool")) == ["team-a", "team-b"]
+    assert not sensor(conn_id, resource="pool", slot_mode="exclusive", holder="admin").poke(RUN_A).is_done
+    assert sensor(conn_id).template_fields == ("resource", "holder")
+
+
+def test_poke_mode_execute_waits_until_released(conn_id: str, ct: Any) -> None:
+    ct.set_capacity("warehouse", 1)
+    ct.acquire("warehouse", holder="other-deployment", timeout=0)
+    timer = threading.Timer(0.5, ct.release, args=("warehouse", "other-deployment"))
+    timer.start()
+    started = time.monotonic()
+    payload = sensor(conn_id, mode="poke").execute(RUN_A)
+    assert time.monotonic() - started >= 0.4
+    assert payload["holder"] == HOLDER_A
+    timer.join()
+
+
+def test_missing_resource_and_bad_slot_mode_are_clear_errors(conn_id: str, ct: Any) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+    from airflow_controltable.exceptions import ControlTableConfigError
+
+    with pytest.raises(ControlTableConfigError, match="resource 'nope' does not exist") as info:
+        sensor(conn_id, resource="nope").poke(RUN_A)
+    assert isinstance(info.value, AirflowFailException)
+    assert "set_capacity" in str(info.value)
+    ct.set_capacity("warehouse", 1)
+    with pytest.raises(ControlTableConfigError, match="slot_mode must be"):
+        sensor(conn_id, slot_mode="reschedule").poke(RUN_A)
+
+
+# -- deferrable form and the trigger --------------------------------------------------------------------
+def test_deferrable_sensor_defers_then_resumes_with_the_lease(conn_id: str, ct: Any) -> None:
+    from airflow.sdk.exceptions import TaskDeferred
+    from airflow_controltable.triggers.controltable import SlotTrigger
+
+    ct.set_capacity("warehouse", 1)
+    ct.acquire("warehouse", holder="other", timeout=0)
+    op = sensor(conn_id, deferrable=True)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(RUN_A)
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, SlotTrigger)
+    assert deferred.value.method_name == "execute_complete"
+    assert waiters(ct, "warehouse") == [HOLDER_A]  # queued before deferring
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "airflow_controltable.triggers.controltable.SlotTrigger"
+    json.dumps(kwargs)
+    rebuilt = SlotTrigger(**kwargs)  # what the triggerer does
+
+    threading.Timer(0.3, ct.release, args=("warehouse", "other")).start()
+    event = asyncio.run(_first_event(rebuilt, timeout=20))
+    assert event.payload["status"] == "granted" and event.payload["holder"] == HOLDER_A
+    result = op.execute_complete(RUN_A, event=event.payload)
+    assert result["token"] == event.payload["token"] == 2
+    assert holders(ct, "warehouse") == [HOLDER_A]
+
+
+def test_deferrable_sensor_does_not_defer_when_free(conn_id: str, ct: Any) -> None:
+    ct.set_capacity("warehouse", 1)
+    assert sensor(conn_id, deferrable=True).execute(RUN_A)["holder"] == HOLDER_A
+
+
+def test_execute_complete_fails_clearly_when_the_grant_expired(conn_id: str, ct: Any) -> None:
+    from airflow_controltable.exceptions import ControlTableConfigError, ControlTableLeaseLost
+
+    ct.set_capacity("warehouse", 1)
+    op = sensor(conn_id, deferrable=True)
+    event = {"status": "granted", "resource": "warehouse", "holder": HOLDER_A, "token": 7}
+    with pytest.raises(ControlTableLeaseLost, match="no longer held"):
+        op.execute_complete(RUN_A, event=event)
+    with pytest.raises(ControlTableConfigError, match="boom"):
+        op.execute_complete(RUN_A, event={"status": "error", "message": "boom"})
+
+
+async def _first_event(trigger: Any, timeout: float) -> Any:
+    async def first() -> Any:
+        async for event in trigger.run():
+            return event
+        raise AssertionError("trigger ended without an event")
+
+    return await asyncio.wait_for(first(), timeout)
+
+
+def _trigger(conn_id: str, holder: str, **kwargs: Any) -> Any:
+    from airflow_controltable.triggers.controltable import SlotTrigger
+
+    return SlotTrigger(resource="warehouse", holder=holder, lease=60, waiter_ttl=30, conn_id=conn_id,
+                       poll_interval=0.05, **kwargs)
+
+
+def test_trigger_yields_when_granted(conn_id: str, ct: Any) -> None:
+    ct.set_capacity("warehouse", 1)
+    ct.acquire("warehouse", holder="other", timeout=0)
+
+    async def scenario() -> Any:
+        task = asyncio.ensure_future(_first_event(_trigger(conn_id, HOLDER_A), timeout=20))
+        await asyncio.sleep(0.4)
+        assert not task.done()  # still waiting while "other" holds the slot
+        assert waiters(ct, "warehouse") == [HOLDER_A]
+        await asyncio.to_thread(ct.release, "warehouse", "other")
+        return await task
+
+    event = asyncio.run(scenario())
+    assert event.payload["status"] == "granted" and event.payload["token"] == 2
+    assert holders(ct, "warehouse") == [HOLDER_A]
+
+
+def test_trigger_is_safe_to_run_twice(conn_id: str, ct: Any) -> None:
+    """Two copies of the trigger (triggerer failover) and a re-run after the event grant one slot once."""
+    ct.set_capacity("warehouse", 1)
+    ct.acquire("warehouse", holder="other", timeout=0)
+
+    async def scenario() -> list[Any]:
+        both = asyncio.gather(_first_event(_trigger(conn_id, HOLDER_A), 20), _first_event(_trigger(conn_id, HOLDER_A), 20))
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(ct.release, "warehouse", "other")
+        return list(await both)
+
+    first, second = asyncio.run(scenario())
+    assert first.payload["token"] == second.payload["token"] == 2
+    again = asyncio.run(_first_event(_trigger(conn_id, HOLDER_A), 20))  # event delivered twice / trigger re-run
+    assert again.payload["token"] == 2
+    assert holders(ct, "warehouse") == [HOLDER_A]
+    status = ct.status(["warehouse"])[0]
+    assert status.used == 1 and status.last_token == 2 and not status.waiters
+
+
+def test_trigger_reports_a_missing_resource_as_an_error_event(conn_id: str) -> None:
+    event = asyncio.run(_first_event(_trigger(conn_id, HOLDER_A, slots=1), 20))
+    assert event.payload["status"] == "error"
+    assert "does not exist" in event.payload["message"]
+
+
+# -- release ----------------------------------------------------------------------------------------------
+def test_release_operator(conn_id: str, ct: Any, caplog: pytest.LogCaptureFixture) -> None:
+    from airflow_controltable.operators.slots import ReleaseSlotOperator
+
+    ct.set_capacity("warehouse", 1)
+    assert sensor(conn_id).poke(RUN_A).is_done
+    release = ReleaseSlotOperator(task_id="release", resource="warehouse", conn_id=conn_id)
+    assert release.execute(RUN_A) == 1
+    assert holders(ct, "warehouse") == []
+    assert release.execute(RUN_A) == 0  # no longer held: not an error
+    ct.acquire("warehouse", holder="custom", timeout=0)
+    assert ReleaseSlotOperator(task_id="r", resource="warehouse", holder="custom", conn_id=conn_id).execute(RUN_A) == 1
+
+
+def test_release_of_a_missing_resource_is_a_clear_error(conn_id: str) -> None:
+    from airflow_controltable.exceptions import ControlTableConfigError
+    from airflow_controltable.operators.slots import ReleaseSlotOperator
+
+    op = ReleaseSlotOperator(task_id="release", resource="warehuose", conn_id=conn_id)
+    with pytest.raises(ControlTableConfigError, match="resource 'warehuose' does not exist"):
+        op.execute(RUN_A)
+
+
+def test_long_dag_and_run_ids_give_a_bounded_stable_holder() -> None:
+    from airflow_controltable.utils import dag_run_holder
+
+    ctx = make_context(dag_id="d" * 250, run_id="scheduled__" + "x" * 240)
+    holder = dag_run_holder(ctx)
+    assert len(holder) <= 200 and holder == dag_run_holder(ctx)
+    assert holder != dag_run_holder(make_context(dag_id="d" * 250, run_id="scheduled__" + "y" * 240))
