@@ -1,0 +1,65 @@
+"""Worker processes for the slot stress and kill tests (run as a script, one OS process each).
+
+  stress URL NAMESPACE WORKER SEED ROUNDS OUT    random shared/exclusive requests with random
+                                                 holds; one JSON line per grant to OUT
+  hold URL NAMESPACE RESOURCE HOLDER LEASE OUT [MODE]  acquire, write the grant to OUT, then hang
+                                                 (the test kills it with SIGKILL)
+  wait URL NAMESPACE RESOURCE HOLDER OUT         queue as a waiter, write 'queued', then hang
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+
+from controltable import ControlTable
+
+
+def stress(url: str, namespace: str, worker: str, seed: int, rounds: int, out: str) -> None:
+    ct = ControlTable(url, namespace=namespace)
+    rng = random.Random(seed)
+    with open(out, "a", encoding="utf-8") as log:
+        for i in range(rounds):
+            resource = rng.choice(["cap1", "cap3"])
+            mode = "exclusive" if rng.random() < 0.35 else "shared"
+            slots = rng.choice([1, 1, 2]) if mode == "shared" and resource == "cap3" else 1
+            time.sleep(rng.uniform(0, 0.03))
+            with ct.slot(resource, holder=f"{worker}-{i}", slots=slots, mode=mode, lease=30, timeout=300) as lease:
+                start = time.time()
+                time.sleep(rng.uniform(0.001, 0.04))
+                end = time.time()
+                record = dict(worker=worker, resource=resource, mode=mode, slots=slots, start=start, end=end,
+                              ticket=lease.ticket, token=lease.token)
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+
+
+def hold(url: str, namespace: str, resource: str, holder: str, lease: float, out: str,
+         mode: str = "exclusive") -> None:
+    ct = ControlTable(url, namespace=namespace)
+    got = ct.acquire(resource, holder=holder, lease=lease, timeout=60, mode=mode)
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump({"token": got.token, "granted": time.time(), "expires": got.expires_at.timestamp()}, f)
+    time.sleep(3600)
+
+
+def wait(url: str, namespace: str, resource: str, holder: str, out: str) -> None:
+    ct = ControlTable(url, namespace=namespace)
+    ct.try_acquire(resource, holder=holder, waiter_ttl=1.0)
+    with open(out, "w", encoding="utf-8") as f:
+        f.write("queued")
+    time.sleep(3600)
+
+
+if __name__ == "__main__":
+    cmd, *args = sys.argv[1:]
+    if cmd == "stress":
+        stress(args[0], args[1], args[2], int(args[3]), int(args[4]), args[5])
+    elif cmd == "hold":
+        hold(args[0], args[1], args[2], args[3], float(args[4]), args[5], *args[6:7])
+    elif cmd == "wait":
+        wait(args[0], args[1], args[2], args[3], args[4])
+    else:
+        raise SystemExit(f"unknown command {cmd}")
