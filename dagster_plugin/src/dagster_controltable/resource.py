@@ -241,6 +241,9 @@ class ControlTableResource(ConfigurableResource):
             raise self._fail(self._setup_error, "opening the control table")
         assert self._ct is not None
         if not self._checked:
+            # now() goes through the core's error translation (an unreachable database becomes
+            # DatabaseUnavailableError); installed_version() then tells a missing installation.
+            self._call("connecting to the control table", self._ct.now)
             version = self._call("connecting to the control table", self._ct.installed_version)
             if version is None:
                 raise self._fail(
