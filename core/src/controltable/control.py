@@ -56,7 +56,7 @@ class ControlTable:
         """Close the connection pool."""
         self.db.dispose()
 
-    def __enter__(self) -> "ControlTable":
+    def __enter__(self) -> ControlTable:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -208,13 +208,13 @@ class ControlTable:
         order_by: Optional[str] = None,
         schema: Optional[str] = None,
         **options: Any,
-    ) -> "EventTable":
+    ) -> EventTable:
         """Batch claiming on the user's own event table ``table`` (see :class:`EventTable`)."""
         from .events import EventTable
 
         return EventTable(self, table, key=key, order_by=order_by, schema=schema, **options)
 
-    def worklist(self, name: str) -> "WorkList":
+    def worklist(self, name: str) -> WorkList:
         """An ordered work list kept in the control tables (see :class:`WorkList`)."""
         from .worklist import WorkList
 

@@ -58,7 +58,8 @@ def _event_worker(url: str, worker: str, out: Any) -> None:
 
 
 def run_demo(url: str, *, workers: int, rounds: int, capacity: int, n_events: int, console: Console) -> int:
-    from sqlalchemy import Column, Integer, MetaData, String, Table as SATable
+    from sqlalchemy import Column, Integer, MetaData, String
+    from sqlalchemy import Table as SATable
 
     from .control import ControlTable
 

@@ -27,7 +27,7 @@ class db_now(FunctionElement):  # type: ignore[type-arg]
     seconds keep lease arithmetic (``db_now() + lease``) identical on every backend.
     """
 
-    type = Float(precision=53)
+    type = Float()
     inherit_cache = True
     name = "db_now"
 

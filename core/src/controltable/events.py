@@ -113,7 +113,7 @@ class EventStats:
 class Batch:
     """Rows claimed by one worker under one token. Finish it with complete, fail or release."""
 
-    events: "EventTable"
+    events: EventTable
     owner: str
     token: int
     rows: list[dict[str, Any]]
@@ -182,7 +182,7 @@ class Batch:
         self.finished = True
         return n
 
-    def renew(self, lease: Optional[float] = None) -> "Batch":
+    def renew(self, lease: Optional[float] = None) -> Batch:
         """Extend the claim to ``lease`` seconds from now; :class:`LeaseLost` names rows taken over."""
         seconds = check_seconds("lease", lease) if lease is not None else self.events.lease
         assert seconds is not None
@@ -201,7 +201,7 @@ class EventTable:
 
     def __init__(
         self,
-        ct: "ControlTable",
+        ct: ControlTable,
         table: str,
         *,
         key: str,

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy.dialects import oracle
 
 #: Bumped whenever the control tables change; ``install()`` records it in the meta table and
 #: later releases migrate from the recorded version.
@@ -32,7 +33,7 @@ NAMESPACE_LENGTH = 100
 
 #: Epoch seconds need double precision: MySQL's plain FLOAT is single precision (about two
 #: minutes of resolution at today's epoch). FLOAT(53) is a double on every backend.
-EpochSeconds = Float(precision=53)
+EpochSeconds = Float(precision=53).with_variant(oracle.BINARY_DOUBLE(), "oracle")
 
 # SQLite only makes INTEGER PRIMARY KEY columns auto-increment.
 _Id = BigInteger().with_variant(Integer(), "sqlite")

@@ -76,7 +76,7 @@ class Lease:
 
     def __init__(
         self,
-        ct: "ControlTable",
+        ct: ControlTable,
         *,
         resources: dict[str, int],
         mode: str,
@@ -135,7 +135,7 @@ class Lease:
         )
 
     # -- actions ---------------------------------------------------------------------------
-    def renew(self, lease: Optional[float] = None) -> "Lease":
+    def renew(self, lease: Optional[float] = None) -> Lease:
         """Extend the lease to ``lease`` seconds (default: the original length) from now.
 
         Raises :class:`LeaseLost` if the lease already expired and was reaped or taken over.
@@ -182,7 +182,7 @@ class Lease:
             self._renewer.stop()
             self._renewer = None
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> Lease:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -253,7 +253,7 @@ class ResourceStatus:
 class SlotEngine:
     """The SQL behind slots, for one namespace of one installation."""
 
-    def __init__(self, ct: "ControlTable") -> None:
+    def __init__(self, ct: ControlTable) -> None:
         self.ct = ct
         self.db = ct.db
         self.t = ct.tables

@@ -39,7 +39,7 @@ class WorkListBlocked(ControlTableError):
 class Item:
     """An allocated work item. Finish it with complete, fail or free."""
 
-    worklist: "WorkList"
+    worklist: WorkList
     id: int
     payload: Any
     order: int
@@ -72,7 +72,7 @@ class Item:
         """Give the item back untouched, for another worker."""
         self.worklist._finish(self, NEW, None)
 
-    def renew(self, lease: Optional[float] = None) -> "Item":
+    def renew(self, lease: Optional[float] = None) -> Item:
         seconds = check_seconds("lease", lease) if lease is not None else self.worklist.lease
         assert seconds is not None
         self._expires_at = self.worklist._renew(self, seconds)
@@ -109,7 +109,7 @@ class WorkListStatus:
 class WorkList:
     """An ordered list of tasks with JSON payloads, kept in the namespace's control tables."""
 
-    def __init__(self, ct: "ControlTable", name: str, *, lease: float = DEFAULT_ITEM_LEASE) -> None:
+    def __init__(self, ct: ControlTable, name: str, *, lease: float = DEFAULT_ITEM_LEASE) -> None:
         self.ct = ct
         self.name = name
         self.lease = check_seconds("lease", lease) or DEFAULT_ITEM_LEASE

@@ -1,0 +1,143 @@
+"""The ``controltable`` command, run as a real subprocess (exit codes are part of the contract)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from controltable import ControlTable
+
+CLI = [sys.executable, "-m", "controltable.cli"]
+
+
+def run(url: str, namespace: str, *args: str, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, CONTROLTABLE_URL=url, CONTROLTABLE_NAMESPACE=namespace, COLUMNS="200")
+    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, input=input, timeout=timeout)
+
+
+def test_init_capacity_status_acquire_release(backend_url: str, namespace: str) -> None:
+    assert run(backend_url, namespace, "init").returncode == 0
+    assert run(backend_url, namespace, "capacity", "set", "warehouse", "2").returncode == 0
+    got = run(backend_url, namespace, "acquire", "warehouse", "--holder", "nightly", "--timeout", "0")
+    assert got.returncode == 0 and int(got.stdout.strip()) >= 1
+    st = run(backend_url, namespace, "status")
+    assert st.returncode == 0 and "warehouse" in st.stdout and "nightly" in st.stdout and "holding" in st.stdout
+    data = json.loads(run(backend_url, namespace, "status", "--json").stdout)
+    assert data[0]["name"] == "warehouse" and data[0]["used"] == 1
+    busy = run(backend_url, namespace, "acquire", "warehouse", "--holder", "other", "--timeout", "0")
+    assert busy.returncode == 3 and "not granted" in busy.stderr
+    assert run(backend_url, namespace, "renew", "warehouse", "--holder", "nightly").returncode == 0
+    assert run(backend_url, namespace, "release", "warehouse", "--holder", "nightly").returncode == 0
+    again = run(backend_url, namespace, "release", "warehouse", "--holder", "nightly")
+    assert again.returncode == 6 and "held nothing" in again.stderr
+    listing = run(backend_url, namespace, "capacity", "list")
+    assert "warehouse" in listing.stdout
+    assert run(backend_url, namespace, "capacity", "delete", "warehouse").returncode == 0
+    assert run(backend_url, namespace, "capacity", "delete", "warehouse").returncode == 2
+
+
+def test_bad_input_exit_codes(backend_url: str, namespace: str) -> None:
+    run(backend_url, namespace, "init")
+    unknown = run(backend_url, namespace, "acquire", "nope", "--holder", "h", "--timeout", "0")
+    assert unknown.returncode == 2 and "set_capacity" in unknown.stderr
+    zero = run(backend_url, namespace, "capacity", "set", "w", "0")
+    assert zero.returncode == 2 and "at least 1" in zero.stderr
+    down = run("postgresql+psycopg://nobody@127.0.0.1:1/x", namespace, "status")
+    assert down.returncode == 4 and "cannot reach" in down.stderr
+    assert "Traceback" not in unknown.stderr + zero.stderr + down.stderr
+
+
+def test_run_holds_the_slot_and_passes_the_exit_code(backend_url: str, namespace: str, tmp_path: Path) -> None:
+    run(backend_url, namespace, "init")
+    run(backend_url, namespace, "capacity", "set", "db", "1")
+    marker = tmp_path / "inside"
+    script = f"import pathlib,sys,time; pathlib.Path({str(marker)!r}).write_text('x'); time.sleep(1.5); sys.exit(7)"
+    result: dict[str, subprocess.CompletedProcess[str]] = {}
+    t = threading.Thread(target=lambda: result.setdefault("r", run(
+        backend_url, namespace, "run", "--resource", "db", "--holder", "job", "--lease", "3", "--",
+        sys.executable, "-c", script)))
+    t.start()
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ct = ControlTable(backend_url, namespace=namespace)
+    (st,) = ct.status(["db"])
+    assert [h.holder for h in st.holders] == ["job"], "the slot is held while the command runs"
+    t.join(60)
+    assert result["r"].returncode == 7
+    assert ct.status(["db"])[0].holders == []
+
+
+def test_run_releases_when_terminated(backend_url: str, namespace: str, tmp_path: Path) -> None:
+    run(backend_url, namespace, "init")
+    run(backend_url, namespace, "capacity", "set", "db", "1")
+    marker = tmp_path / "inside"
+    env = dict(os.environ, CONTROLTABLE_URL=backend_url, CONTROLTABLE_NAMESPACE=namespace)
+    script = f"import pathlib,time; pathlib.Path({str(marker)!r}).write_text('x'); time.sleep(60)"
+    proc = subprocess.Popen([*CLI, "run", "--resource", "db", "--", sys.executable, "-c", script], env=env)
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.terminate()
+    assert proc.wait(30) != 0
+    ct = ControlTable(backend_url, namespace=namespace)
+    assert ct.status(["db"])[0].holders == []
+
+
+@pytest.mark.backends("sqlite")
+def test_sql_prints_hints_for_mssql(backend_url: str, namespace: str) -> None:
+    out = run(backend_url, namespace, "sql", "--dialect", "mssql")
+    assert out.returncode == 0
+    assert "WITH (UPDLOCK, ROWLOCK, READPAST)" in out.stdout and "CREATE TABLE ct_request" in out.stdout
+
+
+def test_events_and_worklist_commands(backend_url: str, namespace: str, tmp_path: Path) -> None:
+    from sqlalchemy import Column, Integer, MetaData, String, Table
+
+    run(backend_url, namespace, "init")
+    ct = ControlTable(backend_url, namespace=namespace)
+    name = f"ev_{namespace[-8:]}"
+    md = MetaData()
+    t = Table(name, md, Column("id", Integer, primary_key=True), Column("v", String(10)))
+    md.create_all(ct.engine)
+    try:
+        with ct.engine.begin() as conn:
+            conn.execute(t.insert(), [{"id": i, "v": "x"} for i in range(1, 11)])
+        dry = run(backend_url, namespace, "events", "prepare", name, "--key", "id", "--dry-run")
+        assert dry.returncode == 0 and "ALTER TABLE" in dry.stdout
+        assert run(backend_url, namespace, "events", "prepare", name, "--key", "id").returncode == 0
+        stats = json.loads(run(backend_url, namespace, "events", "stats", name, "--key", "id", "--json").stdout)
+        assert stats["pending"] == 10
+        assert run(backend_url, namespace, "events", "retry-errors", name, "--key", "id").returncode == 0
+    finally:
+        md.drop_all(ct.engine)
+
+    wl = f"wl_{namespace[-8:]}"
+    lines = "\n".join(json.dumps({"n": i}) for i in range(5))
+    assert run(backend_url, namespace, "worklist", "populate", wl, "--order", "100", input=lines).returncode == 0
+    (tmp_path / "later.json").write_text(json.dumps([{"n": 99}]))
+    assert run(backend_url, namespace, "worklist", "populate", wl, "--order", "200",
+               "--file", str(tmp_path / "later.json")).returncode == 0
+    bad = run(backend_url, namespace, "worklist", "populate", wl, input="{not json")
+    assert bad.returncode == 2 and "not valid JSON" in bad.stderr
+    handle = json.loads(run(backend_url, namespace, "worklist", "allocate", wl, "--owner", "sh").stdout)
+    assert handle["order"] == 100
+    assert run(backend_url, namespace, "worklist", "complete", wl, str(handle["id"]),
+               "--token", str(handle["token"])).returncode == 0
+    again = run(backend_url, namespace, "worklist", "complete", wl, str(handle["id"]), "--token", str(handle["token"]))
+    assert again.returncode == 6
+    handle = json.loads(run(backend_url, namespace, "worklist", "allocate", wl).stdout)
+    assert run(backend_url, namespace, "worklist", "fail", wl, str(handle["id"]), "--reason", "boom").returncode == 0
+    status = run(backend_url, namespace, "worklist", "status", wl)
+    assert "200" in status.stdout and "blocked" not in status.stdout  # other order-100 items are still new
+    assert run(backend_url, namespace, "worklist", "clear-errors", wl).returncode == 0
+    assert run(backend_url, namespace, "worklist", "reset", wl).returncode == 0
+    assert run(backend_url, namespace, "worklist", "drop", wl, "--yes").returncode == 0
+    assert run(backend_url, namespace, "worklist", "allocate", wl).returncode == 5
