@@ -10,7 +10,7 @@ Run it against the embedded SQLite control table (no server needed)::
     dagster job execute -f example_dags/dagster/definitions.py -j warehouse_reports
 
 Point ``CONTROLTABLE_URL`` at PostgreSQL or MariaDB to share the limits with other Dagster
-instances, Airflow deployments and shell jobs (``controltable acquire warehouse -- ./load.sh``).
+instances, Airflow deployments and shell jobs (``controltable run --resource warehouse -- ./load.sh``).
 
 (No ``from __future__ import annotations``: Dagster reads the ``context`` annotations.)
 """

@@ -8,7 +8,7 @@ import pytest
 from dagster import AssetExecutionContext, MaterializeResult, asset, job, materialize, op
 from dagster_controltable import ControlTableResource, batch_metadata, build_batch_op, build_worklist_op
 
-pytestmark = pytest.mark.backends("sqlite", "postgres")
+pytestmark = pytest.mark.backends("sqlite", "postgres", "mysql")
 
 
 def _drain_job(process: Any, table: str, **kwargs: Any) -> Any:

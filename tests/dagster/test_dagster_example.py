@@ -94,3 +94,41 @@ def test_example_sensor_requests_the_drain_job(example: Any) -> None:
         assert request.tags["controltable/claimable"] == "30"  # 20 demo events + 10 emitted
         drained = example.defs.resolve_job_def("drain_demo_events").execute_in_process(instance=instance)
         assert drained.output_for_node("process_demo_events")["events"] == 30
+
+
+README_SECTION = ROOT / "dagster_plugin" / "README_SECTION.md"
+
+
+def _blocks(language: str) -> list[str]:
+    text = README_SECTION.read_text()
+    parts = text.split(f"```{language}\n")[1:]
+    return [p.split("```")[0] for p in parts]
+
+
+def test_readme_example_is_copy_pasteable(dagster_home: Path, tmp_path: Path) -> None:
+    """The README's defs.py, after the README's set-up commands, validates and runs."""
+    (code,) = _blocks("python")
+    defs_file = tmp_path / "defs.py"
+    defs_file.write_text(code)
+    url = f"sqlite:///{tmp_path / 'controltable.db'}"
+    setup = _blocks("bash")[0]
+    assert "controltable init" in setup and "capacity set warehouse 1" in setup
+    with ControlTable(url) as ct:  # what the README's set-up commands do
+        ct.install()
+        ct.set_capacity("warehouse", 1)
+        with ct.engine.begin() as conn:
+            from sqlalchemy import text
+
+            conn.execute(text("CREATE TABLE events (id INTEGER PRIMARY KEY, payload TEXT)"))
+            conn.execute(text("INSERT INTO events (id, payload) VALUES (1, 'a'), (2, 'b'), (3, 'c')"))
+        ct.events("events", key="id").prepare()
+    proc = _cli("definitions", "validate", "-f", str(defs_file), home=dagster_home, url=url)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = _cli("job", "execute", "-f", str(defs_file), "-j", "drain_events", home=dagster_home, url=url)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    proc = _cli("asset", "materialize", "-f", str(defs_file), "--select", "orders_report", home=dagster_home,
+                url=url)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    with ControlTable(url) as ct:
+        assert ct.events("events", key="id").stats().done == 3
+        assert ct.status(["warehouse"])[0].last_token == 1

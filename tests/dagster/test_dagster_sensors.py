@@ -14,7 +14,7 @@ from dagster import (
 )
 from dagster_controltable import ControlTableResource, build_batch_op, pending_events_sensor
 
-pytestmark = pytest.mark.backends("sqlite", "postgres")
+pytestmark = pytest.mark.backends("sqlite", "postgres", "mysql")
 
 
 def _job(table: str, **kwargs: Any) -> Any:

@@ -18,7 +18,7 @@ from dagster import (
 )
 from dagster_controltable import ControlTableResource
 
-pytestmark = pytest.mark.backends("sqlite", "postgres")
+pytestmark = pytest.mark.backends("sqlite", "postgres", "mysql")
 
 
 def _failure(result: Any) -> Any:
@@ -236,3 +236,33 @@ def test_acquire_and_release_default_to_the_step_holder(ct: Any, resource: Contr
     assert seen["holder"] == f"dagster:{result.run_id}:manual"
     (status,) = ct.status(["warehouse"])
     assert status.holders == []
+
+
+def test_interrupt_inside_the_slot_releases_it(ct: Any, resource: ControlTableResource) -> None:
+    """A cancelled run interrupts the step with a BaseException; the slot must be freed at once."""
+    ct.set_capacity("warehouse", 1)
+    with pytest.raises(KeyboardInterrupt), resource.slot("warehouse", holder="cancelled-step"):
+        raise KeyboardInterrupt
+    (status,) = ct.status(["warehouse"])
+    assert status.holders == [] and status.waiters == []
+    resource.close()
+
+
+def test_interrupt_while_waiting_leaves_the_queue(ct: Any, resource: ControlTableResource,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    ct.set_capacity("warehouse", 1)
+    blocker = ct.acquire("warehouse", holder="someone")
+    control = resource.control_table
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt  # what Dagster's termination does to a step blocked in acquire
+
+    monkeypatch.setattr(control, "acquire", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt), resource.slot("warehouse", holder="waiting-step"):
+            pass
+        (status,) = ct.status(["warehouse"])
+        assert [w.holder for w in status.waiters] == []  # the try_acquire queue entry was withdrawn
+    finally:
+        blocker.release()
+        resource.close()
