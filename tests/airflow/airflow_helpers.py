@@ -25,7 +25,9 @@ def set_connection(monkeypatch: pytest.MonkeyPatch, conn_id: str, **conn: Any) -
     return conn_id
 
 
-def make_context(dag_id: str = "test_dag", run_id: str = "manual__1", task_id: str = "task", map_index: int = -1) -> Any:
+def make_context(
+    dag_id: str = "test_dag", run_id: str = "manual__1", task_id: str = "task", map_index: int = -1
+) -> Any:
     """The parts of a task context the provider reads (dag_run, ti, run_id, dag)."""
     dag_run = SimpleNamespace(dag_id=dag_id, run_id=run_id)
     ti = SimpleNamespace(dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index, try_number=1)
@@ -33,8 +35,13 @@ def make_context(dag_id: str = "test_dag", run_id: str = "manual__1", task_id: s
 
 
 def load_example(name: str) -> ModuleType:
-    """Import an example DAG file by path (as the DAG processor would)."""
-    path = EXAMPLES / f"{name}.py"
+    """Import a DAG file from the test DAGs folder (copies of the examples and the test DAGs).
+
+    ``dag.test()`` needs the DAG's file in the configured DAGs folder, which conftest fills.
+    """
+    import os
+
+    path = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]) / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"ct_example_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -20,12 +20,18 @@ from typing import Any
 
 import pytest
 
-_EXAMPLES = Path(__file__).resolve().parents[2] / "example_dags" / "airflow"
+_HERE = Path(__file__).resolve().parent
 AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="ct-airflow-home-"))
 atexit.register(shutil.rmtree, AIRFLOW_HOME, ignore_errors=True)
+# dag.test() serializes a DAG by parsing the configured DAGs folder, so it holds copies of the
+# example DAGs and of the test-only DAGs.
+DAGS_FOLDER = AIRFLOW_HOME / "dags"
+DAGS_FOLDER.mkdir()
+for _source in [*(_HERE.parents[1] / "example_dags" / "airflow").glob("*.py"), _HERE / "dags" / "ct_test_dags.py"]:
+    shutil.copy(_source, DAGS_FOLDER / _source.name)
 AIRFLOW_ENV = {
     "AIRFLOW_HOME": str(AIRFLOW_HOME),
-    "AIRFLOW__CORE__DAGS_FOLDER": str(_EXAMPLES),
+    "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
 }
 if "airflow" in sys.modules:  # pragma: no cover - someone imported Airflow before us

@@ -180,7 +180,9 @@ def test_trigger_is_safe_to_run_twice(conn_id: str, ct: Any) -> None:
     ct.acquire("warehouse", holder="other", timeout=0)
 
     async def scenario() -> list[Any]:
-        both = asyncio.gather(_first_event(_trigger(conn_id, HOLDER_A), 20), _first_event(_trigger(conn_id, HOLDER_A), 20))
+        both = asyncio.gather(
+            _first_event(_trigger(conn_id, HOLDER_A), 20), _first_event(_trigger(conn_id, HOLDER_A), 20)
+        )
         await asyncio.sleep(0.3)
         await asyncio.to_thread(ct.release, "warehouse", "other")
         return list(await both)
