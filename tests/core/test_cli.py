@@ -49,7 +49,7 @@ def test_bad_input_exit_codes(backend_url: str, namespace: str) -> None:
     assert unknown.returncode == 2 and "set_capacity" in unknown.stderr
     zero = run(backend_url, namespace, "capacity", "set", "w", "0")
     assert zero.returncode == 2 and "at least 1" in zero.stderr
-    down = run("postgresql+psycopg://nobody@127.0.0.1:1/x", namespace, "status")
+    down = run("mysql+pymysql://nobody@127.0.0.1:1/x", namespace, "status")
     assert down.returncode == 4 and "cannot reach" in down.stderr
     assert "Traceback" not in unknown.stderr + zero.stderr + down.stderr
 

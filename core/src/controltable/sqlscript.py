@@ -38,6 +38,8 @@ def dialect_for(name: str) -> Dialect:
 
 
 def compile_sql(stmt: Any, dialect: Dialect) -> str:
+    if isinstance(stmt, (DDLElement, CreateTable, CreateIndex)):
+        return str(stmt.compile(dialect=dialect)).strip()
     return str(stmt.compile(dialect=dialect, compile_kwargs={"render_postcompile": True})).strip()
 
 

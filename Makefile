@@ -1,0 +1,43 @@
+# The two commands of the README, and the rest of the developer loop.
+#   make demo   - the main job: worker processes contend for a slot and drain events on SQLite
+#   make test   - the whole suite (SQLite always; PostgreSQL/MariaDB when reachable, see README)
+# Both create their own virtual environments and install what they need.
+
+PYTHON ?= python3
+VENV ?= .venv
+VENV_SA14 ?= .venv-sa14
+BIN := $(VENV)/bin
+
+.PHONY: demo test test-core lint typecheck sql clean
+
+$(VENV)/.core-installed: core/pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e 'core[postgres,mysql]'
+	touch $@
+
+$(VENV)/.all-installed: $(VENV)/.core-installed pyproject.toml airflow_plugin/pyproject.toml dagster_plugin/pyproject.toml
+	$(BIN)/pip install --quiet -e 'core[postgres,mysql]' -e airflow_plugin -e dagster_plugin --group dev
+	touch $@
+
+$(VENV_SA14)/.installed: core/pyproject.toml
+	$(PYTHON) -m venv $(VENV_SA14)
+	$(VENV_SA14)/bin/pip install --quiet --upgrade pip
+	$(VENV_SA14)/bin/pip install --quiet 'SQLAlchemy>=1.4.36,<2' PyMySQL pytest pytest-timeout -e core
+	touch $@
+
+demo: $(VENV)/.core-installed
+	cd $(CURDIR) && $(BIN)/controltable --url sqlite:///demo.db demo
+
+test: $(VENV)/.all-installed $(VENV_SA14)/.installed
+	VENV=$(VENV) VENV_SA14=$(VENV_SA14) scripts/run-tests
+
+lint: $(VENV)/.all-installed
+	$(BIN)/ruff check .
+	$(BIN)/mypy core/src/controltable
+
+sql: $(VENV)/.core-installed
+	$(BIN)/controltable sql --dialect mssql
+
+clean:
+	rm -rf $(VENV) $(VENV_SA14) demo.db demo.db-* .pytest_cache
