@@ -54,7 +54,9 @@ def pytest_configure(config: pytest.Config) -> None:
         url = server_url(backend)
         if url is None:
             if backend in required_backends():
-                raise pytest.UsageError(f"{backend} is required (CONTROLTABLE_TEST_REQUIRE) but {_ENV[backend]} is not set")
+                raise pytest.UsageError(
+                    f"{backend} is required (CONTROLTABLE_TEST_REQUIRE) but {_ENV[backend]} is not set"
+                )
             continue
         problem = _check_reachable(backend, url)
         if problem is not None:

@@ -17,7 +17,9 @@ from controltable import ControlTable
 CLI = [sys.executable, "-m", "controltable.cli"]
 
 
-def run(url: str, namespace: str, *args: str, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run(
+    url: str, namespace: str, *args: str, input: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, CONTROLTABLE_URL=url, CONTROLTABLE_NAMESPACE=namespace, COLUMNS="200")
     return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, input=input, timeout=timeout)
 

@@ -196,7 +196,8 @@ def status(obj: CT, as_json: bool, resources: tuple[str, ...]) -> None:
         return
     now = ct.now()
     if not states:
-        console.print(f"no resources in namespace {obj.namespace!r}; create one with `controltable capacity set NAME N`")
+        console.print(f"no resources in namespace {obj.namespace!r}; "
+                      "create one with `controltable capacity set NAME N`")
         return
     table = Table("resource", "capacity", "in use", "state", "holder", "mode", "slots", "token", "since (UTC)",
                   "lease", title=f"controltable status: namespace {obj.namespace}")

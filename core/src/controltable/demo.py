@@ -144,8 +144,8 @@ def run_demo(url: str, *, workers: int, rounds: int, capacity: int, n_events: in
     if waits:
         console.print(f"wait for a slot: median {statistics.median(waits) * 1000:.0f} ms, "
                       f"max {max(waits) * 1000:.0f} ms")
-    for p in problems[:10]:
-        console.print(f"[red]violation:[/] {p}")
+    for problem in problems[:10]:
+        console.print(f"[red]violation:[/] {problem}")
     ok = all(passed for _, passed in checks)
     console.print("[bold green]demo passed[/]" if ok else "[bold red]demo FAILED[/]")
     ct.close()

@@ -499,7 +499,9 @@ class SlotEngine:
                     result = conn.execute(insert(q).values(
                         namespace=self.ns, resource=name, holder=holder, request_key=key, slots=parts[name],
                         mode=mode, token=tokens[name], enqueued_at=now, **values))
-                    my_ids[name] = int(result.inserted_primary_key[0])
+                    pk = result.inserted_primary_key
+                    assert pk is not None
+                    my_ids[name] = int(pk[0])
             ordered = {n: tokens[n] for n in parts}
             return _Outcome(True, key, ordered, now + lease_s, now, {}, min(my_ids.values()))
 

@@ -88,7 +88,7 @@ def captured_statements(
             sections.append((title, seen))
 
         md = MetaData()
-        columns = [Column(key, Integer, primary_key=True), Column("payload", String(100))]
+        columns: list[Any] = [Column(key, Integer, primary_key=True), Column("payload", String(100))]
         if order_by and order_by != key:
             columns.append(Column(order_by, Integer))
         Table(events_table, md, *columns)
@@ -121,7 +121,12 @@ def captured_statements(
         section("events claim: one short transaction that skips rows other workers hold",
                 lambda: batch.setdefault("b", ev.claim(5, owner="w1", lease=60)))
         section("batch complete (fenced on the batch token)", lambda: batch["b"].complete())
-        section("batch fail (back-off or error state)", lambda: ev.claim(5, owner="w1").fail("example"))
+        def fail_one() -> None:
+            failing = ev.claim(5, owner="w1")
+            assert failing is not None
+            failing.fail("example")
+
+        section("batch fail (back-off or error state)", fail_one)
         section("events stats", lambda: ev.stats())
         section("events retry_errors", lambda: ev.retry_errors())
 

@@ -127,12 +127,16 @@ class WorkList:
         """Lock (creating if needed) the work list's row: the allocation lock."""
         w = self.w
         stmt = dialects.lock_rows(
-            select(w.c.last_token, dialects.db_now().label("now")).where(w.c.namespace == self.ns, w.c.name == self.name),
+            select(w.c.last_token, dialects.db_now().label("now")).where(
+                w.c.namespace == self.ns, w.c.name == self.name
+            ),
             w,
         )
         row = conn.execute(stmt).first()
         if row is None:
-            conn.execute(insert(w).values(namespace=self.ns, name=self.name, last_token=0, created_at=dialects.db_now()))
+            conn.execute(
+                insert(w).values(namespace=self.ns, name=self.name, last_token=0, created_at=dialects.db_now())
+            )
             row = conn.execute(stmt).first()
         return row
 
