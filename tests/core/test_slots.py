@@ -291,3 +291,56 @@ def test_delete_resource_refuses_with_holders(ct: ControlTable) -> None:
         ct.delete_resource("w")
     lease.release()
     assert ct.delete_resource("w")
+
+
+@pytest.mark.backends("postgres")
+def test_dropped_connections_are_replaced(ct: ControlTable) -> None:
+    """The server kills every pooled connection; the next operations still work."""
+    from sqlalchemy import create_engine, text
+
+    ct.set_capacity("w", 1)
+    ct.acquire("w", holder="before", timeout=0).release()
+    admin = create_engine(str(ct.engine.url.render_as_string(hide_password=False)))
+    with admin.begin() as conn:
+        killed = conn.execute(text(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() AND usename = current_user "
+            "AND state = 'idle'"
+        )).scalar()
+    admin.dispose()
+    assert killed and killed >= 1
+    lease = ct.acquire("w", holder="after", timeout=0)
+    lease.release()
+
+
+@pytest.mark.backends("postgres")
+def test_engine_works_with_dml_rights_only(backend_url: str, namespace: str) -> None:
+    """A DBA pre-creates the objects (`controltable sql`); the application role has DML only."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    prefix = "dmlonly_"
+    owner = ControlTable(backend_url, namespace=namespace, prefix=prefix)
+    owner.install()
+    admin = create_engine(backend_url)
+    with admin.begin() as conn:
+        conn.execute(text("DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ct_dml_user') "
+                          "THEN CREATE ROLE ct_dml_user LOGIN; END IF; END $$"))
+        for table in owner.tables.tables:
+            conn.execute(text(f'GRANT SELECT, INSERT, UPDATE, DELETE ON "{table.name}" TO ct_dml_user'))
+        conn.execute(text("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO ct_dml_user"))
+    admin.dispose()
+    app_url = make_url(backend_url).set(username="ct_dml_user")
+    app = ControlTable(app_url.render_as_string(hide_password=False), namespace=namespace, prefix=prefix)
+    app.set_capacity("w", 1)
+    lease = app.acquire("w", holder="app", timeout=0)
+    lease.renew()
+    assert app.status(["w"])[0].used == 1
+    lease.release()
+    wl = app.worklist("dml")
+    wl.populate([{"a": 1}])
+    item = wl.allocate("app")
+    assert item is not None
+    item.complete()
+    with pytest.raises(Exception):  # noqa: B017 - no DDL rights: this role cannot create tables
+        ControlTable(app_url.render_as_string(hide_password=False), prefix="dmlnew_").install()
