@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Union
 
@@ -14,6 +13,7 @@ from .errors import ConfigurationError, NotInstalledError
 from .schema import SCHEMA_VERSION, ControlSchema, build_schema
 from .slots import DEFAULT_LEASE, DEFAULT_WAITER_TTL, Lease, ResourceStatus, SlotEngine
 from .validation import check_identifier, check_name, check_namespace, check_positive_int
+from .wakeups import Wakeups
 
 if TYPE_CHECKING:  # pragma: no cover
     from .events import EventTable
@@ -44,6 +44,7 @@ class ControlTable:
         self.db = Database(url_or_engine)
         self.tables: ControlSchema = build_schema(prefix, self.schema)
         self._slots = SlotEngine(self)
+        self._wakeups = Wakeups(self.db, self.namespace, f"{prefix}wakeup")
 
     def __repr__(self) -> str:
         return f"ControlTable({self.db.safe_url!r}, namespace={self.namespace!r})"
@@ -53,7 +54,8 @@ class ControlTable:
         return self.db.engine
 
     def close(self) -> None:
-        """Close the connection pool."""
+        """Stop the wake-up listener and close the connection pool."""
+        self._wakeups.close()
         self.db.dispose()
 
     def __enter__(self) -> ControlTable:
@@ -220,10 +222,11 @@ class ControlTable:
 
         return WorkList(self, check_name("work list", name))
 
-    # -- wake-ups (polling; push notifications plug in here) ------------------------------------
-    def _notify(self, channels: list[str]) -> None:
-        """Tell waiters that something they wait for may have changed (no-op while polling)."""
+    # -- wake-ups ------------------------------------------------------------------------------------
+    def _notify(self, conn: Connection, keys: list[str]) -> None:
+        """Inside ``conn``'s transaction: wake waiters of ``keys`` when it commits (PostgreSQL)."""
+        self._wakeups.notify(conn, keys)
 
-    def _wait_for_wakeup(self, channels: list[str], seconds: float) -> None:
-        """Sleep up to ``seconds``, or less when a wake-up arrives for one of ``channels``."""
-        time.sleep(seconds)
+    def _wait_for_wakeup(self, keys: list[str], seconds: float, since: Optional[tuple[int, ...]] = None) -> bool:
+        """Sleep up to ``seconds``, or less when a wake-up arrives for one of ``keys``."""
+        return self._wakeups.wait(keys, seconds, since)

@@ -233,6 +233,11 @@ class EventTable:
         return f"EventTable({self.qualified_name!r}, key={self.key!r}, order_by={self.order_by!r})"
 
     @property
+    def wakeup_key(self) -> str:
+        """Wake-up key for claimers of this table (rows given back by release or fail)."""
+        return f"events:{self.qualified_name}"
+
+    @property
     def qualified_name(self) -> str:
         return f"{self.schema}.{self.name}" if self.schema else self.name
 
@@ -459,7 +464,6 @@ class EventTable:
                 "completed and the transaction was rolled back",
                 keys=lost,
             )
-        self.ct._notify([f"events:{self.name}"])
         return n
 
     def _fail(self, token: int, keys: Sequence[Any], attempts: dict[Any, int], reason: str) -> int:
@@ -487,6 +491,7 @@ class EventTable:
             if n != len(set(keys)):
                 lost = self._lost(conn, token, keys)
                 raise LeaseLost(f"cannot fail rows no longer held by this batch: {describe_keys(lost)}", keys=lost)
+            self.ct._notify(conn, [self.wakeup_key])
             return n
 
         return self.ct.db.run(fn, idempotent=False)
@@ -504,11 +509,10 @@ class EventTable:
                         f"{self.prefix}attempts": case(
                             (t.c[f"{self.prefix}attempts"] > 0, t.c[f"{self.prefix}attempts"] - 1), else_=0)})
                 ).rowcount
+            self.ct._notify(conn, [self.wakeup_key])
             return n
 
-        n = self.ct.db.run(fn)
-        self.ct._notify([f"events:{self.name}"])
-        return n
+        return self.ct.db.run(fn)
 
     def _renew(self, token: int, keys: Sequence[Any], seconds: float) -> float:
         t = self.table

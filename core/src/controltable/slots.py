@@ -45,6 +45,13 @@ DEFAULT_WAITER_TTL = 30.0
 MAX_POLL_INTERVAL = 2.0
 #: The longest the first waiter in a queue sleeps between polls.
 HEAD_POLL_INTERVAL = 0.1
+#: With push wake-ups (PostgreSQL), polls are only a fallback and can be this far apart.
+PUSH_POLL_INTERVAL = 1.0
+
+
+def slot_key(resource: str) -> str:
+    """The wake-up key of a resource's queue."""
+    return f"slot:{resource}"
 
 
 def utc(ts: Optional[float]) -> Optional[datetime]:
@@ -337,6 +344,8 @@ class SlotEngine:
         max_poll = min(MAX_POLL_INTERVAL, ttl / 4.0)
         delay = min(poll_interval, max_poll)
 
+        keys = [slot_key(n) for n in parts]
+        since = self.ct._wakeups.mark(keys)
         outcome = self.db.run(lambda c: self._attempt(c, parts, holder, mode, lease_s, ttl))
         while not outcome.granted:
             now = time.monotonic()
@@ -352,12 +361,17 @@ class SlotEngine:
                 )
             # Back off, but by queue position: the head of the queue is next when a holder leaves,
             # so it polls often (short handoffs); waiters far back poll rarely (cheap idling).
+            # With push wake-ups the poll is only the fallback for a lost notification.
             place = max(outcome.position.values() or [1])
-            delay = min(delay * 1.5, max_poll, HEAD_POLL_INTERVAL if place <= 1 else HEAD_POLL_INTERVAL * 2 * place)
+            cap = HEAD_POLL_INTERVAL if place <= 1 else HEAD_POLL_INTERVAL * 2 * place
+            if self.ct._wakeups.active:
+                cap = max(cap, PUSH_POLL_INTERVAL)
+            delay = min(delay * 1.5, max_poll, cap)
             sleep = delay * (0.5 + random.random())
             if deadline is not None:
                 sleep = min(sleep, max(deadline - now, 0.0))
-            self.ct._wait_for_wakeup(list(parts), sleep)
+            self.ct._wait_for_wakeup(keys, sleep, since)
+            since = self.ct._wakeups.mark(keys)
             outcome = self.db.run(lambda c: self._attempt(c, parts, holder, mode, lease_s, ttl))
         return Lease(
             self.ct,
@@ -502,6 +516,8 @@ class SlotEngine:
                     pk = result.inserted_primary_key
                     assert pk is not None
                     my_ids[name] = int(pk[0])
+            if any(row.state == "waiting" and row.holder != holder for row in rows):
+                self.ct._notify(conn, [slot_key(n) for n in names])  # the next in line may fit too
             ordered = {n: tokens[n] for n in parts}
             return _Outcome(True, key, ordered, now + lease_s, now, {}, min(my_ids.values()))
 
@@ -520,7 +536,9 @@ class SlotEngine:
         q = self.t.request
 
         def fn(conn: Connection) -> Optional[_Outcome]:
+            names = [r[0] for r in conn.execute(select(q.c.resource).where(q.c.request_key == request_key))]
             conn.execute(delete(q).where(q.c.request_key == request_key, q.c.state == "waiting"))
+            self.ct._notify(conn, [slot_key(n) for n in names])
             rows = conn.execute(
                 select(q.c.id, q.c.resource, q.c.token, q.c.expires_at, q.c.granted_at).where(
                     q.c.request_key == request_key, q.c.state == "granted"
@@ -563,10 +581,13 @@ class SlotEngine:
     def release(self, lease: Lease) -> None:
         q = self.t.request
         n = len(lease.resources)
-        rowcount = self.db.run(
-            lambda c: c.execute(delete(q).where(q.c.request_key == lease.request_key)).rowcount
-        )
-        self.ct._notify(list(lease.resources))
+
+        def fn(conn: Connection) -> int:
+            count = int(conn.execute(delete(q).where(q.c.request_key == lease.request_key)).rowcount)
+            self.ct._notify(conn, [slot_key(name) for name in lease.resources])
+            return count
+
+        rowcount = self.db.run(fn)
         if rowcount != n:
             raise LeaseLost(
                 f"lease of {lease.holder!r} on {lease._names()} had already expired and been reaped when it "
@@ -600,11 +621,10 @@ class SlotEngine:
             ]
             if not keys:
                 return 0
+            self.ct._notify(conn, [slot_key(resource)])
             return int(conn.execute(delete(q).where(q.c.request_key.in_(keys))).rowcount)
 
-        n = self.db.run(fn)
-        self.ct._notify([resource])
-        return n
+        return self.db.run(fn)
 
     def find_lease(self, resource: str, holder: str) -> Optional[Lease]:
         """The live lease ``holder`` has on ``resource``, rebuilt from the table (for other processes)."""

@@ -120,6 +120,11 @@ class WorkList:
     def __repr__(self) -> str:
         return f"WorkList({self.name!r}, namespace={self.ns!r})"
 
+    @property
+    def wakeup_key(self) -> str:
+        """Wake-up key for allocators waiting on this list (finished items, new items)."""
+        return f"worklist:{self.name}"
+
     def _mine(self) -> Any:
         return and_(self.t.c.namespace == self.ns, self.t.c.worklist == self.name)
 
@@ -176,11 +181,10 @@ class WorkList:
                          state=NEW, attempts=0, created_at=now) for p in chunk])
                 if progress is not None:
                     progress(len(chunk))
+            self.ct._notify(conn, [self.wakeup_key])
             return len(encoded)
 
-        n = self.ct.db.run(fn, idempotent=False)
-        self.ct._notify([f"worklist:{self.name}"])
-        return n
+        return self.ct.db.run(fn, idempotent=False)
 
     # -- working ----------------------------------------------------------------------------------
     def allocate(self, owner: Optional[str] = None, lease: Optional[float] = None) -> Optional[Item]:
@@ -230,6 +234,7 @@ class WorkList:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            since = self.ct._wakeups.mark([self.wakeup_key])
             item = self.allocate(owner, lease)
             if item is not None:
                 yield item
@@ -244,7 +249,7 @@ class WorkList:
                 )
             if deadline is not None and time.monotonic() >= deadline:
                 return
-            self.ct._wait_for_wakeup([f"worklist:{self.name}"], poll)
+            self.ct._wait_for_wakeup([self.wakeup_key], poll, since)
 
     def _finish(self, item: Item, state: str, error: Optional[str]) -> None:
         t = self.t
@@ -255,17 +260,21 @@ class WorkList:
             values.update(finished_at=dialects.db_now(), last_error=error)
         else:
             values.update(owner=None, token=None, started_at=None)
-        n = self.ct.db.run(lambda c: c.execute(
-            update(t).where(t.c.id == item.id, t.c.token == item.token, t.c.state == ACTIVE).values(values)
-        ).rowcount, idempotent=state != ERROR)
-        if n != 1:
+
+        def fn(conn: Connection) -> int:
+            count = int(conn.execute(
+                update(t).where(t.c.id == item.id, t.c.token == item.token, t.c.state == ACTIVE).values(values)
+            ).rowcount)
+            self.ct._notify(conn, [self.wakeup_key])
+            return count
+
+        if self.ct.db.run(fn, idempotent=state != ERROR) != 1:
             if state == NEW:
                 return
             raise LeaseLost(
                 f"work item {item.id} of {self.name!r} is no longer held under token {item.token} "
                 "(its lease expired and it was re-allocated or reset)"
             )
-        self.ct._notify([f"worklist:{self.name}"])
 
     def _renew(self, item: Item, seconds: float) -> float:
         t = self.t
@@ -360,6 +369,9 @@ class WorkList:
         return self.ct.db.run(fn)
 
     def _update(self, stmt: Any) -> int:
-        n = int(self.ct.db.run(lambda c: c.execute(stmt).rowcount))
-        self.ct._notify([f"worklist:{self.name}"])
-        return n
+        def fn(conn: Connection) -> int:
+            count = int(conn.execute(stmt).rowcount)
+            self.ct._notify(conn, [self.wakeup_key])
+            return count
+
+        return self.ct.db.run(fn)

@@ -1,0 +1,93 @@
+"""Push wake-ups (PostgreSQL LISTEN/NOTIFY) with polling as the fallback."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from controltable import ControlTable
+
+pytestmark = pytest.mark.backends("postgres")
+
+
+def wait_in_thread(ct: ControlTable, holder: str, granted_at: list[float]) -> threading.Thread:
+    def run() -> None:
+        lease = ct.acquire("r", holder=holder, timeout=30)
+        granted_at.append(time.monotonic())
+        lease.release()
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_waiter_wakes_on_notify(backend_url: str, namespace: str) -> None:
+    holder_ct = ControlTable(backend_url, namespace=namespace)
+    holder_ct.install()
+    holder_ct.set_capacity("r", 1)
+    waiter_ct = ControlTable(backend_url, namespace=namespace)
+    lease = holder_ct.acquire("r", holder="holder", timeout=0)
+    granted: list[float] = []
+    t = wait_in_thread(waiter_ct, "waiter", granted)
+    time.sleep(3.0)  # long enough for the waiter's fallback poll interval to reach its 1 s ceiling
+    assert waiter_ct._wakeups.active
+    before = waiter_ct._wakeups.received
+    released = time.monotonic()
+    lease.release()
+    t.join(30)
+    assert granted, "waiter was never granted"
+    latency = granted[0] - released
+    assert waiter_ct._wakeups.received > before, "no notification arrived"
+    assert latency < 0.4, f"handoff took {latency:.3f} s: the waiter was not woken by the notification"
+    holder_ct.close()
+    waiter_ct.close()
+
+
+def test_lost_notification_still_ends_in_a_grant(backend_url: str, namespace: str) -> None:
+    holder_ct = ControlTable(backend_url, namespace=namespace)
+    holder_ct.install()
+    holder_ct.set_capacity("r", 1)
+    holder_ct._wakeups.enabled = False  # this process never sends notifications: they are "lost"
+    waiter_ct = ControlTable(backend_url, namespace=namespace)
+    lease = holder_ct.acquire("r", holder="holder", timeout=0)
+    granted: list[float] = []
+    t = wait_in_thread(waiter_ct, "waiter", granted)
+    time.sleep(2.0)
+    before = waiter_ct._wakeups.received
+    released = time.monotonic()
+    lease.release()
+    t.join(30)
+    assert granted and waiter_ct._wakeups.received == before
+    assert granted[0] - released < 2.5, "polling fallback must still grant within its interval"
+    holder_ct.close()
+    waiter_ct.close()
+
+
+def test_worklist_allocator_wakes_when_the_order_finishes(backend_url: str, namespace: str) -> None:
+    ct = ControlTable(backend_url, namespace=namespace)
+    ct.install()
+    wl = ct.worklist("wake")
+    wl.populate([{"n": 1}], order=100)
+    wl.populate([{"n": 2}], order=200)
+    first = wl.allocate("a")
+    assert first is not None
+    other = ControlTable(backend_url, namespace=namespace)
+    got: list[tuple[float, int]] = []
+
+    def allocate() -> None:
+        for item in other.worklist("wake").items("b", poll=5.0, timeout=20):
+            got.append((time.monotonic(), item.order))
+            item.complete()
+
+    t = threading.Thread(target=allocate)
+    t.start()
+    time.sleep(1.0)
+    done = time.monotonic()
+    first.complete()
+    t.join(30)
+    assert got and got[0][1] == 200
+    assert got[0][0] - done < 1.0, "the allocator slept through the notification"
+    ct.close()
+    other.close()
