@@ -33,13 +33,14 @@ from dagster import (
     job,
     op,
 )
+from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, inspect, select
+
 from dagster_controltable import (
     ControlTableResource,
     build_batch_op,
     build_worklist_op,
     pending_events_sensor,
 )
-from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, inspect, select
 
 EVENT_TABLE = "demo_events"
 WORKLIST = "demo_steps"

@@ -14,8 +14,9 @@ import pytest
 pytest.importorskip("dagster")
 pytest.importorskip("dagster_controltable")
 
-from dagster_controltable import ControlTableResource  # noqa: E402
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert  # noqa: E402
+
+from dagster_controltable import ControlTableResource  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from dagster import AssetExecutionContext, MaterializeResult, asset, job, materialize, op
+
 from dagster_controltable import ControlTableResource, batch_metadata, build_batch_op, build_worklist_op
 
 pytestmark = pytest.mark.backends("sqlite", "postgres", "mysql")

@@ -13,6 +13,7 @@ from dagster import (
     job,
     op,
 )
+
 from dagster_controltable import ControlTableResource, build_batch_op, pending_events_sensor
 
 

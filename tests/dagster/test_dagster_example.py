@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controltable import ControlTable
 from dagster import DagsterInstance, SensorResult, build_sensor_context
+
+from controltable import ControlTable
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFINITIONS = ROOT / "example_dags" / "dagster" / "definitions.py"

@@ -12,6 +12,7 @@ from dagster import (
     build_sensor_context,
     job,
 )
+
 from dagster_controltable import ControlTableResource, build_batch_op, pending_events_sensor
 
 pytestmark = pytest.mark.backends("sqlite", "postgres", "mysql")

@@ -16,6 +16,7 @@ from dagster import (
     materialize,
     op,
 )
+
 from dagster_controltable import ControlTableResource
 
 pytestmark = pytest.mark.backends("sqlite", "postgres", "mysql")

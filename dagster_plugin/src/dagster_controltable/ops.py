@@ -9,7 +9,6 @@ says which events or items it handled and under which token.
 
 from typing import Any, Callable, Optional
 
-from controltable import ControlTableError, LeaseLost
 from dagster import (
     Failure,
     In,
@@ -23,6 +22,8 @@ from dagster import (
     op,
 )
 from sqlalchemy.exc import SQLAlchemyError
+
+from controltable import ControlTableError, LeaseLost
 
 from .resource import ControlTableResource, _jsonable, batch_metadata, current_step
 

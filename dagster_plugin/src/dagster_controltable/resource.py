@@ -15,6 +15,18 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar, Union
 
+from dagster import (
+    ConfigurableResource,
+    Failure,
+    InitResourceContext,
+    MetadataValue,
+    OpExecutionContext,
+    RetryRequested,
+)
+from dagster._core.errors import DagsterInvariantViolationError
+from pydantic import Field, PrivateAttr
+from sqlalchemy.exc import SQLAlchemyError
+
 from controltable import (
     AcquireTimeout,
     ConfigurationError,
@@ -27,17 +39,6 @@ from controltable import (
     ResourceStatus,
     UnknownResourceError,
 )
-from dagster import (
-    ConfigurableResource,
-    Failure,
-    InitResourceContext,
-    MetadataValue,
-    OpExecutionContext,
-    RetryRequested,
-)
-from dagster._core.errors import DagsterInvariantViolationError
-from pydantic import Field, PrivateAttr
-from sqlalchemy.exc import SQLAlchemyError
 
 try:  # only for type hints: these classes are reached through ControlTable.events()/worklist()
     from controltable.events import Batch, EventTable
@@ -186,6 +187,7 @@ class ControlTableResource(ConfigurableResource):
     _ct: Optional[ControlTable] = PrivateAttr(default=None)
     _setup_error: Optional[BaseException] = PrivateAttr(default=None)
     _checked: bool = PrivateAttr(default=False)
+    _events: dict[tuple[Any, ...], EventTable] = PrivateAttr(default_factory=dict)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def setup_for_execution(self, context: InitResourceContext) -> None:
@@ -205,6 +207,7 @@ class ControlTableResource(ConfigurableResource):
             self._ct.close()
         self._ct = None
         self._checked = False
+        self._events = {}
         self._setup_error = None
 
     def _open(self) -> None:
@@ -347,7 +350,9 @@ class ControlTableResource(ConfigurableResource):
 
         The slot is released when the block exits, also when it raises; if the run is killed,
         the lease expires after ``lease`` seconds. A lease lost while the block ran fails the
-        step (the work may have overlapped with another holder).
+        step (the work may have overlapped with another holder). Re-acquiring with the same
+        holder returns the same lease, so two nested blocks on one resource in one step need
+        distinct ``holder=`` values.
         """
         if wait not in WAIT_MODES:
             raise Failure(description=f"slot(wait={wait!r}) must be one of {', '.join(WAIT_MODES)}")
@@ -372,7 +377,10 @@ class ControlTableResource(ConfigurableResource):
         try:
             yield granted
         except BaseException:
-            granted.__exit__(*_exc_info())  # releases; a lost lease is only logged, the block's error wins
+            try:
+                granted.__exit__(*_exc_info())  # releases; a lost lease is only logged, the block's error wins
+            except Exception as exc:  # e.g. the database went away: the lease expires on its own
+                log.warning("controltable: could not release %s after an error in the block: %s", names, exc)
             raise
         try:
             granted.__exit__(None, None, None)
@@ -471,11 +479,20 @@ class ControlTableResource(ConfigurableResource):
         ``options`` go to the core (``max_attempts``, ``backoff``, ``lease``, ``where``...).
         """
         ct = self.control_table
+        try:  # reuse the reflected table within this process (e.g. one claim per batch of a drain)
+            cache_key: Optional[tuple[Any, ...]] = (table, key, order_by, schema, tuple(sorted(options.items())))
+            hash(cache_key)
+        except TypeError:  # e.g. a where= expression
+            cache_key = None
+        if cache_key is not None and not prepare and cache_key in self._events:
+            return self._events[cache_key]
         action = f"opening event table {table!r}"
         events = self._call(action, lambda: ct.events(table, key=key, order_by=order_by, schema=schema, **options))
         if prepare:
             self._call(f"preparing event table {table!r}", events.prepare)
         self._call(action, lambda: events.table)
+        if cache_key is not None:
+            self._events[cache_key] = events
         return events
 
     @contextmanager

@@ -13,7 +13,6 @@ import json
 import time
 from typing import Any, Mapping, Optional, Union
 
-from controltable import ControlTableError
 from dagster import (
     DagsterRunStatus,
     DefaultSensorStatus,
@@ -28,6 +27,8 @@ from dagster import (
 )
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
+
+from controltable import ControlTableError
 
 from .resource import ControlTableResource, as_failure
 
