@@ -120,7 +120,15 @@ class Batch:
     attempts: dict[Any, int]
     claimed_at: float
     _expires_at: float
-    finished: bool = field(default=False)
+    _settled: set[Any] = field(default_factory=set)
+
+    @property
+    def finished(self) -> bool:
+        """Whether every row of the batch was completed, failed or released (in one call or several)."""
+        return self._settled >= set(self.keys)
+
+    def _settle(self, keys: Optional[Sequence[Any]]) -> None:
+        self._settled.update(self.keys if keys is None else keys)
 
     @property
     def keys(self) -> list[Any]:
@@ -156,30 +164,27 @@ class Batch:
         with self.events.ct.db.begin() as conn:
             yield conn
             self.events._complete(conn, self.token, list(keys) if keys is not None else self.keys)
-        if keys is None or set(keys) >= set(self.keys):
-            self.finished = True
+        self._settle(keys)
 
     def complete(self, keys: Optional[Sequence[Any]] = None) -> int:
         """Mark the batch (or ``keys`` of it) done. Raises :class:`LeaseLost` naming rows taken over."""
         todo = list(keys) if keys is not None else self.keys
         with self.events.ct.db.begin() as conn:
             n = self.events._complete(conn, self.token, todo)
-        if keys is None or set(keys) >= set(self.keys):
-            self.finished = True
+        self._settle(keys)
         return n
 
     def fail(self, reason: str, keys: Optional[Sequence[Any]] = None) -> int:
         """Give rows back for a retry after a back-off; after ``max_attempts`` they go to error."""
         todo = list(keys) if keys is not None else self.keys
         n = self.events._fail(self.token, todo, {k: self.attempts.get(k, 1) for k in todo}, str(reason))
-        if keys is None:
-            self.finished = True
+        self._settle(keys)
         return n
 
     def release(self) -> int:
         """Give the rows back untouched (the attempt is not counted). Lost rows are ignored."""
         n = self.events._release(self.token, self.keys)
-        self.finished = True
+        self._settle(None)
         return n
 
     def renew(self, lease: Optional[float] = None) -> Batch:
@@ -436,28 +441,39 @@ class EventTable:
     def _fenced(self, token: int, keys: Sequence[Any]) -> ColumnElement[bool]:
         return and_(self._col("token") == token, self._col("state") == CLAIMED)
 
-    def _lost(self, conn: Connection, token: int, keys: Sequence[Any]) -> list[Any]:
+    def _held_lost(self, conn: Connection, token: int, keys: Sequence[Any]) -> list[Any]:
+        """Keys not claimed under ``token`` right now (done already, re-claimed or reset)."""
         t = self.table
         held: set[Any] = set()
         for chunk in _chunks(keys):
             held.update(
                 r[0] for r in conn.execute(
-                    select(t.c[self.key]).where(t.c[self.key].in_(chunk), self._fenced(token, keys))
+                    select(t.c[self.key]).where(t.c[self.key].in_(chunk), self._fenced(token, chunk))
                 )
             )
         return [k for k in keys if k not in held]
 
     def _complete(self, conn: Connection, token: int, keys: Sequence[Any]) -> int:
+        """Mark ``keys`` done if, and only if, every one is still claimed under ``token``.
+
+        Runs in a savepoint so that on a mismatch the rows this call already marked are put back
+        before the held rows are told apart from the lost ones; the caller's transaction is then
+        rolled back by the LeaseLost raised here.
+        """
         t = self.table
         n = 0
+        savepoint = conn.begin_nested()
         for chunk in _chunks(keys):
             n += conn.execute(
                 update(t).where(t.c[self.key].in_(chunk), self._fenced(token, chunk)).values({
                     f"{self.prefix}state": DONE, f"{self.prefix}done_at": dialects.db_now(),
                     f"{self.prefix}expires_at": None, f"{self.prefix}error": None})
             ).rowcount
-        if n != len(set(keys)):
-            lost = self._lost(conn, token, keys)
+        if n == len(set(keys)):
+            savepoint.commit()
+        else:
+            savepoint.rollback()
+            lost = self._held_lost(conn, token, keys)
             raise LeaseLost(
                 f"{len(set(keys)) - n} of {len(set(keys))} rows of {self.qualified_name!r} are no longer held by this "
                 f"batch (lease expired and they were re-claimed or reaped): {describe_keys(lost)}; nothing was "
@@ -475,6 +491,9 @@ class EventTable:
         def fn(conn: Connection) -> int:
             now = float(conn.scalar(select(dialects.db_now())) or 0.0)
             n = 0
+            lost = self._held_lost(conn, token, keys)
+            if lost:
+                raise LeaseLost(f"cannot fail rows no longer held by this batch: {describe_keys(lost)}", keys=lost)
             for attempt, group in by_attempts.items():
                 final = attempt >= self.max_attempts
                 delay = min(self.backoff * (2 ** max(attempt - 1, 0)), self.max_backoff)
@@ -488,9 +507,8 @@ class EventTable:
                     n += conn.execute(
                         update(t).where(t.c[self.key].in_(chunk), self._fenced(token, chunk)).values(values)
                     ).rowcount
-            if n != len(set(keys)):
-                lost = self._lost(conn, token, keys)
-                raise LeaseLost(f"cannot fail rows no longer held by this batch: {describe_keys(lost)}", keys=lost)
+            if n != len(set(keys)):  # changed between the check and the update: a concurrent reset
+                raise LeaseLost(f"rows of this batch changed while failing them: {describe_keys(keys)}", keys=keys)
             self.ct._notify(conn, [self.wakeup_key])
             return n
 
@@ -527,7 +545,7 @@ class EventTable:
                     .values({f"{self.prefix}expires_at": now + seconds})
                 ).rowcount
             if n != len(set(keys)):
-                lost = self._lost(conn, token, keys)
+                lost = self._held_lost(conn, token, keys)
                 raise LeaseLost(f"cannot renew rows no longer held by this batch: {describe_keys(lost)}", keys=lost)
             return now + seconds
 
