@@ -16,10 +16,11 @@ from datetime import datetime
 from typing import Any
 
 from airflow.sdk import DAG, Param, get_current_context, task
+from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
+
 from airflow_controltable.hooks.controltable import ControlTableHook
 from airflow_controltable.operators.events import ClaimBatchOperator, CompleteBatchOperator
 from airflow_controltable.sensors.events import PendingEventsSensor
-from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
 
 CONN_ID = "controltable_default"
 TABLE = "example_events"

@@ -23,10 +23,11 @@ from datetime import datetime
 from typing import Any
 
 from airflow.sdk import DAG, Param, get_current_context, task
+from sqlalchemy import Column, Float, Integer, MetaData, String, Table, insert
+
 from airflow_controltable.hooks.controltable import ControlTableHook
 from airflow_controltable.operators.slots import ReleaseSlotOperator
 from airflow_controltable.sensors.slots import SlotSensor
-from sqlalchemy import Column, Float, Integer, MetaData, String, Table, insert
 
 RESOURCE = "warehouse"
 CONN_ID = "controltable_default"

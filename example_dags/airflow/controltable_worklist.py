@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from airflow.sdk import DAG, chain, get_current_context, task
+
 from airflow_controltable.hooks.controltable import ControlTableHook
 from airflow_controltable.operators.worklist import AllocateWorkItemOperator, CompleteWorkItemOperator
 

@@ -29,6 +29,17 @@ DAGS_FOLDER = AIRFLOW_HOME / "dags"
 DAGS_FOLDER.mkdir()
 for _source in [*(_HERE.parents[1] / "example_dags" / "airflow").glob("*.py"), _HERE / "dags" / "ct_test_dags.py"]:
     shutil.copy(_source, DAGS_FOLDER / _source.name)
+
+
+def readme_dag_source() -> str:
+    """The copy-pasteable DAG of the README's Airflow section (the python block defining a DAG)."""
+    text = (_HERE.parents[1] / "airflow_plugin" / "README_SECTION.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    (block,) = [b for b in blocks if "with DAG(" in b]
+    return block
+
+
+(DAGS_FOLDER / "readme_nightly_load.py").write_text(readme_dag_source())
 AIRFLOW_ENV = {
     "AIRFLOW_HOME": str(AIRFLOW_HOME),
     "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),

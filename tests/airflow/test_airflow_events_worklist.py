@@ -65,6 +65,7 @@ def test_include_rows_and_a_list_of_handles(conn_id: str, events: Any) -> None:
 
 def test_complete_after_lost_lease_fails_the_task_clearly(conn_id: str, events: Any) -> None:
     from airflow.sdk.exceptions import AirflowFailException
+
     from airflow_controltable.exceptions import ControlTableLeaseLost
     from airflow_controltable.operators.events import CompleteBatchOperator
 
@@ -102,6 +103,7 @@ def test_claim_bad_input(conn_id: str, events: Any) -> None:
 
 def test_pending_events_sensor_poke_and_deferrable(conn_id: str, events: Any) -> None:
     from airflow.sdk.exceptions import TaskDeferred
+
     from airflow_controltable.sensors.events import PendingEventsSensor
     from airflow_controltable.triggers.controltable import PendingEventsTrigger
 

@@ -175,3 +175,14 @@ def test_reschedule_mode_sensor_waits_for_another_holder(control_url: str) -> No
     with table_for(control_url) as ct:
         assert ct.status(["lab"])[0].last_token == 2  # granted after the other holder's token 1
     assert live_holders(control_url, "lab") == []
+
+
+def test_readme_dag_runs_as_pasted(control_url: str) -> None:
+    """The DAG in README_SECTION.md, pasted into a file unchanged, runs and releases its slot."""
+    dag = load_example("readme_nightly_load").dag
+    dr = dag.test()
+    assert dr.state == "success", task_states(dr)
+    assert task_states(dr)["release_warehouse"] == ["success"]
+    assert live_holders(control_url, "warehouse") == []
+    with table_for(control_url) as ct:
+        assert ct.status(["warehouse"])[0].last_token == 1

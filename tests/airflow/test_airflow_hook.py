@@ -55,8 +55,9 @@ def test_existing_postgres_connection_is_accepted(
     airflow_db: Path, monkeypatch: pytest.MonkeyPatch, backend_url: str, namespace: str
 ) -> None:
     """A plain Airflow `postgres` connection (PostgresHook, a DbApiHook) is used as it is."""
-    from airflow_controltable.hooks.controltable import ControlTableHook
     from sqlalchemy.engine import make_url
+
+    from airflow_controltable.hooks.controltable import ControlTableHook
 
     url = make_url(backend_url)
     conn = set_connection(monkeypatch, "warehouse_pg", conn_type="postgres", host=url.host, port=url.port,
@@ -71,6 +72,7 @@ def test_existing_postgres_connection_is_accepted(
 
 def test_unknown_connection_id_is_a_clear_error(airflow_db: Path) -> None:
     from airflow.sdk.exceptions import AirflowException
+
     from airflow_controltable.exceptions import ControlTableConnectionNotFound
     from airflow_controltable.operators.slots import ReleaseSlotOperator
 
@@ -89,6 +91,7 @@ def test_non_sql_connection_is_a_clear_error(
     airflow_db: Path, monkeypatch: pytest.MonkeyPatch, conn_type: str, expected: str
 ) -> None:
     from airflow.sdk.exceptions import AirflowFailException
+
     from airflow_controltable.exceptions import ControlTableConnectionError
     from airflow_controltable.sensors.slots import SlotSensor
 

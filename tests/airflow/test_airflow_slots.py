@@ -86,6 +86,7 @@ def test_poke_mode_execute_waits_until_released(conn_id: str, ct: Any) -> None:
 
 def test_missing_resource_and_bad_slot_mode_are_clear_errors(conn_id: str, ct: Any) -> None:
     from airflow.sdk.exceptions import AirflowFailException
+
     from airflow_controltable.exceptions import ControlTableConfigError
 
     with pytest.raises(ControlTableConfigError, match="resource 'nope' does not exist") as info:
@@ -100,6 +101,7 @@ def test_missing_resource_and_bad_slot_mode_are_clear_errors(conn_id: str, ct: A
 # -- deferrable form and the trigger --------------------------------------------------------------------
 def test_deferrable_sensor_defers_then_resumes_with_the_lease(conn_id: str, ct: Any) -> None:
     from airflow.sdk.exceptions import TaskDeferred
+
     from airflow_controltable.triggers.controltable import SlotTrigger
 
     ct.set_capacity("warehouse", 1)

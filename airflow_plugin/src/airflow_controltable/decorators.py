@@ -24,10 +24,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Callable, Optional, TypeVar, cast
 
-from controltable import ControlTableError, Lease, LeaseLost
-
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
 from airflow_controltable.utils import DEFAULT_RENEWED_LEASE, airflow_errors, task_instance_holder, translate
+from controltable import ControlTableError, Lease, LeaseLost
 
 F = TypeVar("F", bound=Callable[..., Any])
 

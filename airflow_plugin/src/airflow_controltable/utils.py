@@ -8,6 +8,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from airflow_controltable.exceptions import (
+    ControlTableAirflowError,
+    ControlTableConfigError,
+    ControlTableLeaseLost,
+    ControlTableUnavailable,
+)
 from controltable import (
     AcquireTimeout,
     ConfigurationError,
@@ -16,13 +22,6 @@ from controltable import (
     LeaseLost,
     NotInstalledError,
     UnknownResourceError,
-)
-
-from airflow_controltable.exceptions import (
-    ControlTableAirflowError,
-    ControlTableConfigError,
-    ControlTableLeaseLost,
-    ControlTableUnavailable,
 )
 
 #: Default lease of a slot taken by :class:`~airflow_controltable.sensors.slots.SlotSensor`.

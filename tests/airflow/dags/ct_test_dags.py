@@ -10,6 +10,7 @@ import time
 from datetime import datetime
 
 from airflow.sdk import DAG, get_current_context, task
+
 from airflow_controltable import ReleaseSlotOperator, SlotSensor, hold_slot, slot_held
 from airflow_controltable.hooks.controltable import ControlTableHook
 

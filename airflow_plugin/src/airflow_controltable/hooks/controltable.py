@@ -21,12 +21,12 @@ from typing import Any, Optional
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
-from controltable import ControlTable, ControlTableError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from airflow_controltable.exceptions import ControlTableConnectionError, ControlTableConnectionNotFound
 from airflow_controltable.utils import translate
+from controltable import ControlTable, ControlTableError
 
 DEFAULT_CONN_ID = "controltable_default"
 CONN_TYPE = "controltable"

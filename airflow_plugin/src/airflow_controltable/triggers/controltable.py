@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator
 from typing import Any, Optional
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
-from controltable import DatabaseUnavailableError
 
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
+from controltable import DatabaseUnavailableError
 
 log = logging.getLogger(__name__)
 
