@@ -64,7 +64,7 @@ def slot_held(
     from airflow.sdk import get_current_context
 
     context = get_current_context()
-    task = context["task"]
+    task: Any = context["task"]  # the running (unmapped) operator
     holder = holder or task_instance_holder(context)
     hook = ControlTableHook(conn_id, namespace=namespace, schema=control_schema)
     log = hook.log
@@ -87,26 +87,15 @@ def slot_held(
 
     task.on_kill = on_kill
     try:
-        try:
+        # Lease.__exit__ stops the renewal and releases; if the block failed, a lost lease only
+        # logs and the block's own error propagates; if it succeeded, a lease lost meanwhile raises.
+        with held:
             yield held
-        except BaseException:
-            held._stop_renewing()
-            if not held.released:
-                try:
-                    held.release()
-                except LeaseLost as lost:
-                    log.warning("controltable: %s", lost)
-            raise
-        held._stop_renewing()
-        if held.lost is not None:
-            raise translate(held.lost) from held.lost
-        try:
-            held.release()
-        except ControlTableError as exc:
-            raise translate(exc) from exc
-        log.info("controltable: released %r", resource)
+    except LeaseLost as exc:
+        raise translate(exc) from exc
     finally:
         task.on_kill = previous_on_kill
+    log.info("controltable: released %r", resource)
 
 
 def hold_slot(resource: str, **options: Any) -> Callable[[F], F]:
