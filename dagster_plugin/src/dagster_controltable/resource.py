@@ -17,13 +17,13 @@ from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar, Union
 
 from dagster import (
     ConfigurableResource,
+    DagsterInvariantViolationError,
     Failure,
     InitResourceContext,
     MetadataValue,
     OpExecutionContext,
     RetryRequested,
 )
-from dagster._core.errors import DagsterInvariantViolationError
 from pydantic import Field, PrivateAttr
 from sqlalchemy.exc import SQLAlchemyError
 
