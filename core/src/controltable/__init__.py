@@ -10,12 +10,21 @@ from .errors import (
     NotInstalledError,
     UnknownResourceError,
 )
+from .events import Batch, EventStats, EventTable
 from .slots import Entry, Lease, ResourceStatus
+from .worklist import Item, WorkList, WorkListBlocked, WorkListStatus
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AcquireTimeout",
+    "Batch",
+    "EventStats",
+    "EventTable",
+    "Item",
+    "WorkList",
+    "WorkListBlocked",
+    "WorkListStatus",
     "ConfigurationError",
     "ControlTable",
     "ControlTableError",

@@ -97,8 +97,13 @@ class ControlTable:
                 return SCHEMA_VERSION
             raise
 
+    def ping(self) -> None:
+        """Connect once; raises :class:`DatabaseUnavailableError` naming the URL if that fails."""
+        self.db.ping()
+
     def installed_version(self) -> Optional[int]:
         """The recorded schema version, or None when the control tables are missing."""
+        self.db.ping()
         if not inspect(self.db.engine).has_table(self.tables.meta.name, schema=self.schema):
             return None
         meta = self.tables.meta

@@ -248,6 +248,7 @@ class EventTable:
 
     # -- the table ---------------------------------------------------------------------------
     def _reflect(self) -> Table:
+        self.ct.db.ping()
         try:
             return Table(self.name, MetaData(schema=self.schema), autoload_with=self.ct.db.engine)
         except NoSuchTableError as exc:
@@ -573,6 +574,23 @@ class EventTable:
                 if self.time_column is not None and first[1] is not None:
                     st.oldest_pending_age = _age(first[1], now)
             return st
+
+        return self.ct.db.run(fn)
+
+    def backlog(self, where: Where = None) -> tuple[int, Any]:
+        """(rows a claim could take now, the largest ``order_by`` value among them) in one query.
+
+        Sensors use the pair as a run key: a new key means new work arrived.
+        """
+        t = self.table
+
+        def fn(conn: Connection) -> tuple[int, Any]:
+            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
+            row = conn.execute(
+                select(func.count(), func.max(t.c[self.order_by]))
+                .select_from(t).where(self.claimable(now), *self._where_clause(where))
+            ).one()
+            return int(row[0] or 0), row[1]
 
         return self.ct.db.run(fn)
 
