@@ -1,0 +1,443 @@
+"""Event batch claiming, behaviour in one process: fencing, fail/back-off, release, where, order, bad input."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+from sqlalchemy import Column, Integer, MetaData, String, Table, UniqueConstraint, func, insert, select, update
+
+from controltable import ConfigurationError, LeaseLost, NotInstalledError
+
+_spec = importlib.util.spec_from_file_location("ct_event_workers", Path(__file__).with_name("event_workers.py"))
+assert _spec is not None and _spec.loader is not None
+workers_mod: Any = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(workers_mod)
+
+PENDING, CLAIMED, DONE, ERROR = 0, 1, 2, 3
+
+
+@pytest.fixture
+def tables(ct: Any) -> Iterator[Callable[..., Table]]:
+    """Create test tables through SQLAlchemy Core; every one is dropped at the end of the test."""
+    made: list[str] = []
+
+    def make(*columns: Any, prefix: str = "ev", **kw: Any) -> Table:
+        name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+        table = Table(name, MetaData(), *columns, **kw)
+        table.create(ct.engine)
+        made.append(name)
+        return table
+
+    yield make
+    for name in reversed(made):
+        Table(name, MetaData()).drop(ct.engine, checkfirst=True)
+
+
+@pytest.fixture
+def events_table(ct: Any, tables: Callable[..., Table]) -> Callable[..., Table]:
+    """An event table with ``n`` rows (id, kind, seq, payload), not yet prepared."""
+
+    def make(n: int) -> Table:
+        t = tables(
+            Column("id", Integer, primary_key=True, autoincrement=False),
+            Column("kind", String(10), nullable=False),
+            Column("seq", Integer, nullable=False),
+            Column("payload", String(100), nullable=False),
+        )
+        with ct.engine.begin() as conn:
+            # seq runs backwards, so order_by="seq" claims in the reverse of key order.
+            conn.execute(insert(t), [{"id": i, "kind": "a" if i % 2 else "b", "seq": 1000 - i,
+                                      "payload": f"event {i}"} for i in range(1, n + 1)])
+        return t
+
+    return make
+
+
+def _rows(ct: Any, name: str) -> dict[Any, dict[str, Any]]:
+    t = Table(name, MetaData(), autoload_with=ct.engine)
+    with ct.engine.connect() as conn:
+        return {r.id: dict(r._mapping) for r in conn.execute(select(t))}
+
+
+def _wait_past(ct: Any, expires_at: float) -> None:
+    """Sleep until the database clock is past ``expires_at``."""
+    deadline = time.monotonic() + 30
+    while ct.now() <= expires_at + 0.05:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+# -- leases and fencing ------------------------------------------------------------------------------
+def test_lease_lost_rolls_back_the_callers_writes(ct: Any, events_table: Callable[..., Table],
+                                                  tables: Callable[..., Table]) -> None:
+    t = events_table(10)
+    queue = tables(
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("event_id", Integer, nullable=False),
+        Column("writer", String(20), nullable=False),
+        prefix="q",
+    )
+    ev = ct.events(t.name, key="id")
+    ev.prepare()
+    first = ev.claim(4, owner="first", lease=1)
+    assert first is not None and first.keys == [1, 2, 3, 4]
+    assert ev.claim(4, owner="early", lease=1).keys == [5, 6, 7, 8]  # the held rows are not claimable
+    _wait_past(ct, first.expires_at.timestamp())
+    second = ev.claim(4, owner="second", where=ev.c.id <= 4)
+    assert second is not None and second.keys == first.keys and second.token != first.token
+
+    with pytest.raises(LeaseLost) as info, first.transaction() as conn:
+        conn.execute(insert(queue), [{"event_id": k, "writer": "first"} for k in first.keys])
+    assert sorted(info.value.keys) == [1, 2, 3, 4]
+    assert "1" in str(info.value)
+    with ct.engine.connect() as conn:
+        assert conn.scalar(select(func.count()).select_from(queue)) == 0
+    rows = _rows(ct, t.name)
+    assert all(rows[k]["ct_state"] == CLAIMED and rows[k]["ct_owner"] == "second" for k in first.keys)
+
+    with pytest.raises(LeaseLost):  # complete and fail are fenced the same way
+        first.complete()
+    with pytest.raises(LeaseLost):
+        first.fail("late")
+    with pytest.raises(LeaseLost):
+        first.renew(10)
+    assert first.release() == 0  # lost rows are ignored by release
+
+    with second.transaction() as conn:
+        conn.execute(insert(queue), [{"event_id": k, "writer": "second"} for k in second.keys])
+    assert second.finished
+    with ct.engine.connect() as conn:
+        written = conn.execute(select(queue.c.event_id, queue.c.writer).order_by(queue.c.event_id)).all()
+    assert [tuple(r) for r in written] == [(k, "second") for k in [1, 2, 3, 4]]
+    st = ev.stats()
+    assert (st.done, st.claimed, st.pending) == (4, 4, 2)
+
+
+def test_partial_lease_loss_names_only_the_lost_rows(ct: Any, events_table: Callable[..., Table]) -> None:
+    t = events_table(6)
+    ev = ct.events(t.name, key="id")
+    ev.prepare()
+    first = ev.claim(4, owner="first", lease=1)
+    assert first is not None
+    _wait_past(ct, first.expires_at.timestamp())
+    thief = ev.claim(2, owner="thief")  # takes over 1 and 2 only
+    assert thief is not None and thief.keys == [1, 2]
+    with pytest.raises(LeaseLost) as info:
+        first.complete()
+    assert sorted(info.value.keys) == [1, 2]
+    # nothing was completed: the whole completion rolled back
+    assert ev.stats().done == 0
+    assert first.complete(keys=[3, 4]) == 2  # the rows still held can be completed
+    assert thief.complete() == 2
+    assert ev.stats().done == 4
+
+
+def test_renew_extends_the_lease(ct: Any, events_table: Callable[..., Table]) -> None:
+    t = events_table(3)
+    ev = ct.events(t.name, key="id")
+    ev.prepare()
+    batch = ev.claim(3, owner="w", lease=1)
+    assert batch is not None
+    before = batch.expires_at
+    batch.renew(60)
+    assert (batch.expires_at - before).total_seconds() > 50
+    time.sleep(1.3)
+    assert ev.claim(3, owner="other") is None  # still held thanks to the renewal
+    assert batch.complete() == 3
+
+
+def test_handle_rebuilds_the_batch(ct: Any, events_table: Callable[..., Table]) -> None:
+    t = events_table(5)
+    ev = ct.events(t.name, key="id")
+    ev.prepare()
+    batch = ev.claim(3, owner="w")
+    assert batch is not None
+    again = ct.events(t.name, key="id").batch(batch.handle())
+    assert again.keys == batch.keys and again.token == batch.token
+    assert [r["payload"] for r in again.rows] == ["event 1", "event 2", "event 3"]
+    assert again.complete() == 3
+    with pytest.raises(LeaseLost):  # a forged token holds nothing
+        ev.batch({**ev.claim(2, owner="w").handle(), "token": 12345}).complete()
+
+
+# -- finishing: fail, back-off, max_attempts, release, partial completion --------------------------------
+def test_fail_backs_off_then_errors_after_max_attempts(ct: Any, events_table: Callable[..., Table]) -> None:
+    t = events_table(4)
+    ev = ct.events(t.name, key="id", backoff=10, max_backoff=15, max_attempts=3)
+    ev.prepare()
+    batch = ev.claim(3, owner="w")
+    assert batch is not None and batch.keys == [1, 2, 3]
+    assert batch.fail("boom 1") == 3
+    now = ct.now()
+    rows = _rows(ct, t.name)
+    for k in (1, 2, 3):
+        r = rows[k]
+        assert r["ct_state"] == PENDING and r["ct_owner"] is None and r["ct_token"] is None
+        assert r["ct_attempts"] == 1 and r["ct_error"] == "boom 1"
+        assert now + 8 < r["ct_available_at"] <= now + 10.5  # backoff * 2**0
+    st = ev.stats()
+    assert (st.pending, st.claimed, st.error) == (4, 0, 0)
+    assert ev.pending_count() == 1  # only row 4 is due
+    again = ev.claim(10, owner="w")
+    assert again is not None and again.keys == [4]  # the failed rows are not claimable yet
+    again.release()
+
+    def make_due() -> None:
+        with ct.engine.begin() as conn:
+            conn.execute(update(ev.table).values(ct_available_at=None).where(ev.c.id <= 3))
+
+    make_due()
+    second = ev.claim(3, owner="w")
+    assert second is not None and second.keys == [1, 2, 3]
+    assert second.attempts == {1: 2, 2: 2, 3: 2}
+    second.fail("boom 2")
+    now = ct.now()
+    rows = _rows(ct, t.name)
+    assert all(now + 13 < rows[k]["ct_available_at"] <= now + 15.5 for k in (1, 2, 3))  # min(10 * 2, 15)
+
+    make_due()
+    third = ev.claim(3, owner="w")
+    assert third is not None and third.attempts == {1: 3, 2: 3, 3: 3}
+    third.fail("boom 3: the last straw")
+    rows = _rows(ct, t.name)
+    for k in (1, 2, 3):
+        r = rows[k]
+        assert r["ct_state"] == ERROR and r["ct_error"] == "boom 3: the last straw"
+        assert r["ct_available_at"] is None and r["ct_token"] is None
+    st = ev.stats()
+    assert (st.error, st.pending) == (3, 1)
+    assert ev.claim(10, owner="w").keys == [4]
+
+    assert ev.retry_errors(where=ev.c.id == 2) == 1
+    assert ev.retry_errors() == 2
+    rows = _rows(ct, t.name)
+    assert all(rows[k]["ct_state"] == PENDING and rows[k]["ct_attempts"] == 0 and rows[k]["ct_error"] is None
+               for k in (1, 2, 3))
+    back = ev.claim(10, owner="w")
+    assert back is not None and back.keys == [1, 2, 3]
+    assert back.complete() == 3
+    assert ev.stats().done == 3
+
+
+def test_fail_part_of_a_batch(ct: Any, events_table: Callable[..., Table]) -> None:
+    t = events_table(4)
+    ev = ct.events(t.name, key="id", backoff=0, max_attempts=1)
+    ev.prepare()
+    batch = ev.claim(4, owner="w")
+    assert batch is not None
+    assert batch.fail("bad row", keys=[2]) == 1
+    assert not batch.finished
+    assert batch.complete(keys=[1, 3, 4]) == 3
+    # Every row of the batch is settled now: a wrapper that completes unfinished batches on exit
+    # (the Dagster resource's claim_batch does) must not complete them again.
+    assert batch.finished
+    rows = _rows(ct, t.name)
+    assert [rows[k]["ct_state"] for k in (1, 2, 3, 4)] == [DONE, ERROR, DONE, DONE]
+    assert rows[2]["ct_error"] == "bad row"
+
+
+def test_zero_backoff_retries_at_once(ct: Any, events_table: Callable[..., Table]) -> None:
+    t = events_table(1)
+    ev = ct.events(t.name, key="id", backoff=0, max_attempts=2)
+    ev.prepare()
+    ev.claim(1, owner="w").fail("once")
+    b = ev.claim(1, owner="w")
+    assert b is not None and b.attempts == {1: 2}
+    b.fail("twice")
+    assert ev.claim(1, owner="w") is None
+    assert ev.stats().error == 1
+
+
+def test_release_gives_rows_back_untouched(ct: Any, events_table: Callable[..., Table]) -> None:
+    t = events_table(5)
+    ev = ct.events(t.name, key="id")
+    ev.prepare()
+    batch = ev.claim(3, owner="w")
+    assert batch is not None and batch.keys == [1, 2, 3]
+    assert batch.release() == 3
+    assert batch.finished
+    rows = _rows(ct, t.name)
+    for k in (1, 2, 3):
+        r = rows[k]
+        assert (r["ct_state"], r["ct_owner"], r["ct_token"], r["ct_attempts"], r["ct_error"]) == (
+            PENDING, None, None, 0, None)
+        assert r["ct_expires_at"] is None and r["ct_available_at"] is None
+    again = ev.claim(3, owner="other")
+    assert again is not None and again.keys == [1, 2, 3]  # claimable at once, first in order again
+    assert again.attempts == {1: 1, 2: 1, 3: 1}
+    assert again.complete() == 3
+
+
+def test_complete_part_of_a_batch(ct: Any, events_table: Callable[..., Table]) -> None:
+    t = events_table(5)
+    ev = ct.events(t.name, key="id")
+    ev.prepare()
+    batch = ev.claim(5, owner="w")
+    assert batch is not None
+    assert batch.complete(keys=[2, 4]) == 2
+    assert not batch.finished
+    st = ev.stats()
+    assert (st.done, st.claimed, st.pending) == (2, 3, 0)
+    rows = _rows(ct, t.name)
+    assert {k for k, r in rows.items() if r["ct_state"] == DONE} == {2, 4}
+    assert all(rows[k]["ct_done_at"] is not None for k in (2, 4))
+    assert batch.complete(keys=[1, 3, 5]) == 3
+    assert ev.stats().done == 5
+    assert batch.finished, "all five rows were completed (in two parts), yet the batch is not finished"
+
+
+def test_completing_a_row_twice_names_only_that_row(ct: Any, events_table: Callable[..., Table]) -> None:
+    t = events_table(3)
+    ev = ct.events(t.name, key="id")
+    ev.prepare()
+    batch = ev.claim(3, owner="w")
+    assert batch is not None
+    batch.complete(keys=[2])
+    with pytest.raises(LeaseLost) as info:  # 2 is done already: no longer held by the batch
+        batch.complete(keys=[1, 2])
+    assert ev.stats().done == 1  # 1 was not completed either: all or nothing
+    assert info.value.keys == [2], "row 1 is still held by the batch and must not be reported as lost"
+    assert batch.complete(keys=[1, 3]) == 2
+
+
+def test_where_narrows_what_is_claimable(ct: Any, events_table: Callable[..., Table]) -> None:
+    t = events_table(10)
+    only_a = ct.events(t.name, key="id", where=lambda tab: tab.c.kind == "a")
+    only_a.prepare()
+    batch = only_a.claim(100, owner="w")
+    assert batch is not None and batch.keys == [1, 3, 5, 7, 9]
+    assert only_a.claim(100, owner="w") is None
+    assert only_a.pending_count() == 0
+    everything = ct.events(t.name, key="id")
+    assert everything.pending_count() == 5
+    assert everything.pending_count(where=everything.c.id > 6) == 2
+    big_b = everything.claim(100, owner="w", where=everything.c.id > 6)  # a per-claim filter
+    assert big_b is not None and big_b.keys == [8, 10]
+    both = ct.events(t.name, key="id", where=lambda tab: tab.c.kind == "b")
+    rest = both.claim(100, owner="w", where=lambda tab: tab.c.id < 5)  # constructor and claim filters combine
+    assert rest is not None and rest.keys == [2, 4]
+    assert everything.claim(100, owner="w").keys == [6]
+
+
+def test_claims_follow_order_by(ct: Any, events_table: Callable[..., Table]) -> None:
+    t = events_table(7)  # seq = 1000 - id
+    ev = ct.events(t.name, key="id", order_by="seq")
+    ev.prepare()
+    first = ev.claim(3, owner="w")
+    second = ev.claim(3, owner="w")
+    assert first is not None and second is not None
+    assert first.keys == [7, 6, 5] and second.keys == [4, 3, 2]
+    assert [r["seq"] for r in first.rows] == [993, 994, 995]
+    assert ev.stats().oldest_pending_key == 1
+    by_key = ct.events(t.name, key="id")
+    first.release()
+    assert by_key.claim(2, owner="w").keys == [1, 5]
+
+
+def test_stats_and_reap(ct: Any, events_table: Callable[..., Table]) -> None:
+    t = events_table(6)
+    ev = ct.events(t.name, key="id")
+    assert ev.prepare()  # it ran DDL
+    assert ev.prepare() == []  # idempotent
+    b = ev.claim(2, owner="w", lease=1)
+    assert b is not None
+    ev.claim(1, owner="w").complete()
+    st = ev.stats()
+    assert (st.pending, st.claimed, st.done, st.error, st.total) == (3, 2, 1, 0, 6)
+    assert st.oldest_pending_key == 4
+    _wait_past(ct, b.expires_at.timestamp())
+    assert ev.stats().expired == 2
+    assert ev.reap() == 2
+    st = ev.stats()
+    assert (st.pending, st.claimed, st.expired) == (5, 0, 0)
+    assert ev.reset() == 6
+    assert ev.stats().pending == 6
+
+
+# -- bad input -----------------------------------------------------------------------------------------
+def test_unknown_table(ct: Any) -> None:
+    ev = ct.events(f"nope_{uuid.uuid4().hex[:8]}", key="id")
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        ev.claim(10)
+    with pytest.raises(ConfigurationError):
+        ev.prepare()
+    with pytest.raises(ConfigurationError):
+        ev.stats()
+
+
+def test_unknown_key_or_order_by_column(ct: Any, events_table: Callable[..., Table]) -> None:
+    t = events_table(2)
+    with pytest.raises(ConfigurationError, match="nokey"):
+        ct.events(t.name, key="nokey").prepare()
+    with pytest.raises(ConfigurationError, match="noorder"):
+        ct.events(t.name, key="id", order_by="noorder").prepare()
+    ct.events(t.name, key="id").prepare()
+    with pytest.raises(ConfigurationError, match="nokey"):
+        ct.events(t.name, key="nokey").claim(1)
+    with pytest.raises(ConfigurationError, match="noorder"):
+        ct.events(t.name, key="id", order_by="noorder").claim(1)
+    with pytest.raises(ConfigurationError):
+        ct.events(t.name, key="id; drop table x")
+
+
+def test_key_must_be_unique(ct: Any, tables: Callable[..., Table]) -> None:
+    t = tables(
+        Column("id", Integer, primary_key=True, autoincrement=False),
+        Column("code", String(20), nullable=False),
+        Column("ucode", String(20), nullable=False),
+        UniqueConstraint("ucode"),
+    )
+    with pytest.raises(ConfigurationError, match="not unique"):
+        ct.events(t.name, key="code").prepare()
+    with pytest.raises(ConfigurationError, match="not unique"):
+        ct.events(t.name, key="code").claim(1)
+    ct.events(t.name, key="ucode").prepare()  # a unique constraint is enough
+    with ct.engine.begin() as conn:
+        conn.execute(insert(t), [{"id": 1, "code": "x", "ucode": "u1"}])
+    assert ct.events(t.name, key="ucode").claim(5).keys == ["u1"]
+
+
+def test_size_must_be_positive(ct: Any, events_table: Callable[..., Table]) -> None:
+    t = events_table(2)
+    ev = ct.events(t.name, key="id")
+    ev.prepare()
+    for size in (0, -1, 1.5, True):
+        with pytest.raises(ConfigurationError):
+            ev.claim(size)
+    with pytest.raises(ConfigurationError):
+        ev.claim(1, lease=0)
+    assert ev.stats().claimed == 0
+
+
+def test_table_without_claim_columns(ct: Any, events_table: Callable[..., Table]) -> None:
+    t = events_table(2)
+    ev = ct.events(t.name, key="id")
+    with pytest.raises(NotInstalledError, match="prepare") as info:
+        ev.claim(1)
+    assert "ct_state" in str(info.value)
+    with pytest.raises(NotInstalledError, match="prepare"):
+        ev.stats()
+    ev.prepare()
+    assert ev.claim(5).keys == [1, 2]
+
+
+def test_worklist_populate_rejects_non_json_payloads(ct: Any) -> None:
+    wl = ct.worklist(f"wl_{uuid.uuid4().hex[:8]}")
+    try:
+        for bad in ([{"a": 1}, object()], [{"a": 1}, {"when": {1, 2}}], [1.0, float("nan")], [b"bytes"]):
+            with pytest.raises(ConfigurationError, match="JSON"):
+                wl.populate(bad)
+        assert wl.items_list() == []
+        assert wl.status().orders == []
+        with pytest.raises(ConfigurationError):
+            wl.populate([1], order="100")  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError):
+            wl.populate([1], priority=1.5)  # type: ignore[arg-type]
+        assert wl.items_list() == []
+    finally:
+        wl.drop()
