@@ -101,7 +101,7 @@ def test_two_deployments_contend_for_one_slot_and_never_overlap(
             "AIRFLOW__CONTROLTABLE__DEPLOYMENT_ID": name,
         }
         procs.append(subprocess.Popen(
-            [airflow_bin(), "dags", "test", "controltable_warehouse_slot", "-c", json.dumps({"load_seconds": 3})],
+            [airflow_bin(), "dags", "test", "controltable_warehouse_slot", "-c", json.dumps({"load_seconds": 5})],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         ))
     outputs = [p.communicate(timeout=240)[0] for p in procs]
@@ -113,7 +113,7 @@ def test_two_deployments_contend_for_one_slot_and_never_overlap(
             "select fencing_token, started_at, finished_at from example_warehouse_loads order by started_at").all()
     assert len(loads) == 2
     (token1, start1, end1), (token2, start2, end2) = loads
-    assert end1 - start1 >= 3 and end2 - start2 >= 3
+    assert end1 - start1 >= 5 and end2 - start2 >= 5
     assert end1 <= start2, f"the loads overlapped: {loads}"
     assert token2 > token1  # the later holder got a newer fencing token
     assert live_holders(control_url, "warehouse") == []
