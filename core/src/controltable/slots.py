@@ -413,14 +413,18 @@ class SlotEngine:
         )
 
     def _lock_resources(self, conn: Connection, names: list[str]) -> tuple[dict[str, Any], float]:
-        """Lock the resource rows in name order; return them and the database time after locking."""
+        """Lock the resource rows in name order; return them and the database time after locking.
+
+        The time is read by a statement of its own once the locks are held: read in the locking
+        select, it would be the time *before* waiting for the lock, and a grant would be stamped
+        earlier than the release it waited for.
+        """
         r = self.t.resource
         rows: dict[str, Any] = {}
-        now = 0.0
         for name in sorted(names):
             row = conn.execute(
                 dialects.lock_rows(
-                    select(r.c.name, r.c.capacity, r.c.last_token, dialects.db_now().label("now")).where(
+                    select(r.c.name, r.c.capacity, r.c.last_token).where(
                         r.c.namespace == self.ns, r.c.name == name
                     ),
                     r,
@@ -432,7 +436,7 @@ class SlotEngine:
                     f"set_capacity({name!r}, n) or `controltable capacity set {name} N`"
                 )
             rows[name] = row
-            now = float(row.now)
+        now = float(conn.scalar(select(dialects.db_now())) or 0.0)
         return rows, now
 
     def _attempt(

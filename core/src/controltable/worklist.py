@@ -132,7 +132,7 @@ class WorkList:
         """Lock (creating if needed) the work list's row: the allocation lock."""
         w = self.w
         stmt = dialects.lock_rows(
-            select(w.c.last_token, dialects.db_now().label("now")).where(
+            select(w.c.last_token).where(
                 w.c.namespace == self.ns, w.c.name == self.name
             ),
             w,
@@ -200,7 +200,9 @@ class WorkList:
 
         def fn(conn: Connection) -> Optional[Item]:
             lock = self._ensure(conn)
-            now = float(lock.now)
+            # The clock is read once the lock is held, so started_at is never before the
+            # finished_at of the item whose completion this allocation waited for.
+            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
             current = conn.scalar(select(func.min(t.c.exec_order)).where(self._mine(), t.c.state.in_(UNFINISHED)))
             if current is None:
                 return None
