@@ -41,6 +41,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from . import dialects
 from .errors import ConfigurationError, LeaseLost, NotInstalledError, describe_keys
+from .renewal import BackgroundRenewal
 from .schema import EpochSeconds
 from .slots import default_holder, utc
 from .validation import check_identifier, check_name, check_positive_int, check_seconds
@@ -110,7 +111,7 @@ class EventStats:
 
 
 @dataclass
-class Batch:
+class Batch(BackgroundRenewal):
     """Rows claimed by one worker under one token. Finish it with complete, fail or release."""
 
     events: EventTable
@@ -129,6 +130,16 @@ class Batch:
 
     def _settle(self, keys: Optional[Sequence[Any]]) -> None:
         self._settled.update(self.keys if keys is None else keys)
+        if self.finished:
+            self.stop_renewing()
+
+    def _renew_interval(self) -> float:
+        return max(self._expires_at - self.claimed_at, 0.3) / 3.0
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` if background renewal found the batch taken over."""
+        if self.lost is not None:
+            raise self.lost
 
     @property
     def keys(self) -> list[Any]:
@@ -168,6 +179,8 @@ class Batch:
 
     def complete(self, keys: Optional[Sequence[Any]] = None) -> int:
         """Mark the batch (or ``keys`` of it) done. Raises :class:`LeaseLost` naming rows taken over."""
+        if keys is None:
+            self.stop_renewing()
         todo = list(keys) if keys is not None else self.keys
         # A deadlock rolls back and is retried; a dropped connection is reported, since a second
         # attempt after an unseen commit would wrongly report the rows as lost.
@@ -177,6 +190,8 @@ class Batch:
 
     def fail(self, reason: str, keys: Optional[Sequence[Any]] = None) -> int:
         """Give rows back for a retry after a back-off; after ``max_attempts`` they go to error."""
+        if keys is None:
+            self.stop_renewing()
         todo = list(keys) if keys is not None else self.keys
         n = self.events._fail(self.token, todo, {k: self.attempts.get(k, 1) for k in todo}, str(reason))
         self._settle(keys)
@@ -184,6 +199,7 @@ class Batch:
 
     def release(self) -> int:
         """Give the rows back untouched (the attempt is not counted). Lost rows are ignored."""
+        self.stop_renewing()
         n = self.events._release(self.token, self.keys)
         self._settle(None)
         return n

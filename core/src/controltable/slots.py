@@ -19,7 +19,6 @@ import logging
 import os
 import random
 import socket
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from sqlalchemy.engine import Connection
 
 from . import dialects
 from .errors import AcquireTimeout, ConfigurationError, LeaseLost, UnknownResourceError
+from .renewal import BackgroundRenewal
 from .validation import check_mode, check_name, check_seconds, normalize_request
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -74,7 +74,7 @@ class _Outcome:
     ticket: int = 0
 
 
-class Lease:
+class Lease(BackgroundRenewal):
     """A granted slot request. Renew it while working, release it when done.
 
     Usable as a context manager (``with ct.acquire(...) as lease``), which releases on exit.
@@ -108,7 +108,6 @@ class Lease:
         self._granted_at = granted_at
         self.released = False
         self.lost: Optional[LeaseLost] = None
-        self._renewer: Optional[_Renewer] = None
 
     # -- facts -----------------------------------------------------------------------------
     @property
@@ -157,7 +156,7 @@ class Lease:
 
     def release(self) -> None:
         """Give the slots back. Raises :class:`LeaseLost` if they were no longer held."""
-        self._stop_renewing()
+        self.stop_renewing()
         if self.released:
             return
         self.released = True
@@ -178,22 +177,14 @@ class Lease:
         return ", ".join(repr(n) for n in self.resources)
 
     # -- background renewal ----------------------------------------------------------------
-    def start_renewing(self, interval: Optional[float] = None) -> None:
-        """Renew in a daemon thread every ``interval`` seconds (default: a third of the lease)."""
-        if self._renewer is None:
-            self._renewer = _Renewer(self, interval or max(self.lease_seconds / 3.0, 0.05))
-            self._renewer.start()
-
-    def _stop_renewing(self) -> None:
-        if self._renewer is not None:
-            self._renewer.stop()
-            self._renewer = None
+    def _renew_interval(self) -> float:
+        return self.lease_seconds / 3.0
 
     def __enter__(self) -> Lease:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self._stop_renewing()
+        self.stop_renewing()
         try:
             self.release()
         except LeaseLost:
@@ -202,32 +193,6 @@ class Lease:
             log.warning("controltable: lease of %r was lost before release", self.holder)
         if exc_type is None and self.lost is not None:
             raise self.lost
-
-
-class _Renewer(threading.Thread):
-    """Keeps a lease alive while its holder works; remembers a loss for the holder to see."""
-
-    def __init__(self, lease: Lease, interval: float) -> None:
-        super().__init__(name=f"controltable-renew-{lease.holder}", daemon=True)
-        self.lease = lease
-        self.interval = interval
-        self._stop_event = threading.Event()
-
-    def stop(self) -> None:
-        self._stop_event.set()
-        if self is not threading.current_thread():
-            self.join(timeout=10)
-
-    def run(self) -> None:
-        while not self._stop_event.wait(self.interval):
-            try:
-                self.lease.renew()
-            except LeaseLost as exc:
-                log.error("controltable: %s", exc)
-                self.lease.lost = exc
-                return
-            except Exception as exc:  # keep trying: the lease may still outlive the outage
-                log.warning("controltable: lease renewal failed, will retry: %s", exc)
 
 
 @dataclass

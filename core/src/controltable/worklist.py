@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection
 
 from . import dialects
 from .errors import ConfigurationError, ControlTableError, LeaseLost
+from .renewal import BackgroundRenewal
 from .slots import default_holder, utc
 from .validation import check_name, check_seconds
 
@@ -36,7 +37,7 @@ class WorkListBlocked(ControlTableError):
 
 
 @dataclass
-class Item:
+class Item(BackgroundRenewal):
     """An allocated work item. Finish it with complete, fail or free."""
 
     worklist: WorkList
@@ -48,6 +49,7 @@ class Item:
     token: int
     attempts: int
     _expires_at: float
+    lease_seconds: float = DEFAULT_ITEM_LEASE
 
     @property
     def expires_at(self) -> datetime:
@@ -62,18 +64,24 @@ class Item:
 
     def complete(self) -> None:
         """Mark done. Raises :class:`LeaseLost` if the lease expired and the item was re-allocated."""
+        self.stop_renewing()
         self.worklist._finish(self, DONE, None)
 
     def fail(self, reason: str) -> None:
         """Mark as error; it blocks later orders until cleared (``clear_error``) or reset."""
+        self.stop_renewing()
         self.worklist._finish(self, ERROR, str(reason))
 
     def free(self) -> None:
         """Give the item back untouched, for another worker."""
+        self.stop_renewing()
         self.worklist._finish(self, NEW, None)
 
+    def _renew_interval(self) -> float:
+        return self.lease_seconds / 3.0
+
     def renew(self, lease: Optional[float] = None) -> Item:
-        seconds = check_seconds("lease", lease) if lease is not None else self.worklist.lease
+        seconds = check_seconds("lease", lease) if lease is not None else self.lease_seconds
         assert seconds is not None
         self._expires_at = self.worklist._renew(self, seconds)
         return self
@@ -222,7 +230,7 @@ class WorkList:
                 state=ACTIVE, owner=owner, token=token, attempts=t.c.attempts + 1, started_at=now,
                 finished_at=None, expires_at=now + lease_s))
             return Item(self, int(row.id), json.loads(row.payload), int(row.exec_order), int(row.priority), owner,
-                        token, int(row.attempts) + 1, now + lease_s)
+                        token, int(row.attempts) + 1, now + lease_s, lease_s)
 
         return self.ct.db.run(fn)
 
@@ -338,7 +346,8 @@ class WorkList:
         if token is not None and int(row.token) != int(token):
             raise LeaseLost(f"work item {item_id} of {self.name!r} was re-allocated (token {row.token}, not {token})")
         return Item(self, int(row.id), json.loads(row.payload), int(row.exec_order), int(row.priority),
-                    str(row.owner), int(row.token), int(row.attempts), float(row.expires_at or 0))
+                    str(row.owner), int(row.token), int(row.attempts), float(row.expires_at or 0),
+                    float(row.expires_at - row.started_at) if row.expires_at and row.started_at else self.lease)
 
     def reset_all(self) -> int:
         """Every item back to new (seed 004's reset_all)."""
