@@ -1,0 +1,1 @@
+"""controltable's benchmark suite (issue 6): ``benchmarks/run`` or ``python -m benchmarks.main``."""
