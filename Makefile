@@ -8,7 +8,7 @@ VENV ?= .venv
 VENV_SA14 ?= .venv-sa14
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-core lint typecheck sql clean
+.PHONY: demo test lint sql bench clean
 
 $(VENV)/.core-installed: core/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,9 @@ lint: $(VENV)/.all-installed
 
 sql: $(VENV)/.core-installed
 	$(BIN)/controltable sql --dialect mssql
+
+bench:
+	benchmarks/run
 
 clean:
 	rm -rf $(VENV) $(VENV_SA14) demo.db demo.db-* .pytest_cache

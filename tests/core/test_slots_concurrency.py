@@ -20,8 +20,9 @@ WORKERS = Path(__file__).with_name("slot_workers.py")
 pytestmark = pytest.mark.slow
 
 
-def spawn(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, str(WORKERS), *args])
+def spawn(*args: str, stderr: Path | None = None) -> subprocess.Popen[bytes]:
+    err = open(stderr, "wb") if stderr is not None else None  # noqa: SIM115 - closed with the process
+    return subprocess.Popen([sys.executable, str(WORKERS), *args], stderr=err)
 
 
 def wait_for_file(path: Path, timeout: float = 60) -> str:
@@ -42,10 +43,11 @@ def test_stress_capacity_exclusivity_and_fifo(backend_url: str, namespace: str, 
         ct.set_capacity(name, cap)
     n_workers, rounds = 12, 12
     logs = [tmp_path / f"w{i}.jsonl" for i in range(n_workers)]
-    procs = [spawn("stress", backend_url, namespace, f"w{i}", str(1000 + i), str(rounds), str(logs[i]))
-             for i in range(n_workers)]
-    for p in procs:
-        assert p.wait(timeout=400) == 0
+    errs = [tmp_path / f"w{i}.err" for i in range(n_workers)]
+    procs = [spawn("stress", backend_url, namespace, f"w{i}", str(1000 + i), str(rounds), str(logs[i]),
+                   stderr=errs[i]) for i in range(n_workers)]
+    for p, err in zip(procs, errs):
+        assert p.wait(timeout=400) == 0, f"worker failed:\n{err.read_text()[-3000:]}"
     intervals = [Interval(**json.loads(line)) for log in logs for line in log.read_text().splitlines()]
     assert len(intervals) == n_workers * rounds
     problems = violations(intervals, capacities)

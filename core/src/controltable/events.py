@@ -155,10 +155,15 @@ class Batch(BackgroundRenewal):
         return len(self.rows)
 
     def handle(self) -> dict[str, Any]:
-        """A JSON-serialisable reference (for XCom or Dagster metadata): table, keys, token, owner."""
+        """A JSON-serialisable reference (for XCom or Dagster metadata): table, key column, keys, token.
+
+        ``ControlTable.events(h["table"], key=h["key"], ...).batch(h)`` rebuilds the batch elsewhere.
+        """
         return {
             "table": self.events.name,
             "schema": self.events.schema,
+            "key": self.events.key,
+            "order_by": self.events.order_by,
             "keys": self.keys,
             "token": self.token,
             "owner": self.owner,

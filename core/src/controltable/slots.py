@@ -576,10 +576,17 @@ class SlotEngine:
         return int(count or 0) == len(lease.resources)
 
     def release_holder(self, resource: str, holder: str) -> int:
-        """Release whatever ``holder`` holds or waits for on ``resource`` (for shell scripts)."""
-        q = self.t.request
+        """Release whatever ``holder`` holds or waits for on ``resource`` (for shell scripts).
+
+        Returns the rows removed: 0 means nothing was held. An unknown resource is an error.
+        """
+        q, r = self.t.request, self.t.resource
 
         def fn(conn: Connection) -> int:
+            if conn.scalar(select(r.c.name).where(r.c.namespace == self.ns, r.c.name == resource)) is None:
+                raise UnknownResourceError(
+                    f"resource {resource!r} does not exist in namespace {self.ns!r}; check the name and namespace"
+                )
             keys = [
                 row.request_key
                 for row in conn.execute(
