@@ -76,7 +76,7 @@ def make_engine(url_or_engine: Union[str, Engine, Any]) -> Engine:
             engine = _sqlite_engine(url)
         else:
             try:
-                engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10, pool_recycle=1800)
+                engine = create_engine(url, pool_size=5, max_overflow=10, pool_recycle=1800)
             except NoSuchModuleError as exc:
                 raise ConfigurationError(
                     f"unknown database in URL {url.render_as_string(hide_password=True)!r}: {exc}"
@@ -133,20 +133,33 @@ class Database:
     def run(self, fn: Callable[[Connection], T], *, idempotent: bool = True) -> T:
         """Run ``fn`` in one transaction, retrying what is safe to retry.
 
-        A deadlock, serialization failure or lock timeout rolls the whole transaction back, so
-        running it again is always safe. A dropped connection is ambiguous (the commit may or
-        may not have happened), so it is retried only when ``idempotent`` says a second run of
-        ``fn`` is harmless; otherwise it is reported.
+        A failure *before* the commit (a deadlock, a serialization failure, a lock timeout, or a
+        connection that dropped, e.g. a pooled connection the server closed) leaves nothing
+        behind: the server rolls the transaction back, so running ``fn`` again is always safe.
+        Only a connection lost *during* the commit is ambiguous (it may or may not have
+        happened); that is retried only when ``idempotent`` says a second run of ``fn`` is
+        harmless, and reported otherwise. This is why no pool pre-ping is needed: a stale pooled
+        connection fails on the first statement, before anything could commit.
         """
         delay = 0.05
         for attempt in range(self.retries + 1):
+            committing = False
             try:
-                with self.engine.begin() as conn:
-                    return fn(conn)
+                with self.engine.connect() as conn:
+                    trans = conn.begin()
+                    try:
+                        result = fn(conn)
+                    except BaseException:
+                        if trans.is_active:
+                            trans.rollback()
+                        raise
+                    committing = True
+                    trans.commit()
+                    return result
             except DBAPIError as exc:
                 disconnect = bool(exc.connection_invalidated) or _is_connect_error(exc)
                 transient = _is_transient(exc)
-                retry = transient or (disconnect and idempotent)
+                retry = transient or (disconnect and (idempotent or not committing))
                 if not retry or attempt == self.retries:
                     raise self.translate(exc) from exc
                 log.warning("controltable: retrying after %s (attempt %d)", _short(exc), attempt + 1)

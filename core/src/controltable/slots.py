@@ -377,13 +377,8 @@ class SlotEngine:
             granted_at=outcome.granted_at, ticket=outcome.ticket,
         )
 
-    def _lock_resources(self, conn: Connection, names: list[str]) -> tuple[dict[str, Any], float]:
-        """Lock the resource rows in name order; return them and the database time after locking.
-
-        The time is read by a statement of its own once the locks are held: read in the locking
-        select, it would be the time *before* waiting for the lock, and a grant would be stamped
-        earlier than the release it waited for.
-        """
+    def _lock_resources(self, conn: Connection, names: list[str]) -> dict[str, Any]:
+        """Lock the resource rows in name order (so multi-resource requests cannot deadlock)."""
         r = self.t.resource
         rows: dict[str, Any] = {}
         for name in sorted(names):
@@ -401,7 +396,36 @@ class SlotEngine:
                     f"set_capacity({name!r}, n) or `controltable capacity set {name} N`"
                 )
             rows[name] = row
-        now = float(conn.scalar(select(dialects.db_now())) or 0.0)
+        return rows
+
+    def _read_queues(self, conn: Connection, names: list[str]) -> tuple[list[Any], float]:
+        """The live queue entries of the locked resources, and the database time, in one round trip.
+
+        The time is read here, once the locks are held (read in the locking select it would be
+        the time *before* waiting for the lock). The resource rows are outer-joined so that the
+        time comes back even when the queues are empty. Expired entries are then deleted one by
+        one, each delete re-checking the expiry: that delete is the only judge of expiry, so an
+        entry whose renewal committed in between stays, and its holder keeps the slot.
+        """
+        q, r = self.t.request, self.t.resource
+        joined = r.outerjoin(q, and_(q.c.namespace == r.c.namespace, q.c.resource == r.c.name))
+        result = conn.execute(
+            select(dialects.db_now().label("now"), q.c.id, q.c.resource, q.c.holder, q.c.request_key, q.c.slots,
+                   q.c.mode, q.c.state, q.c.token, q.c.expires_at, q.c.granted_at)
+            .select_from(joined)
+            .where(r.c.namespace == self.ns, r.c.name.in_(names))
+            .order_by(q.c.id)
+        ).all()
+        now = float(result[0].now)
+        rows = []
+        for row in result:
+            if row.id is None:
+                continue
+            if float(row.expires_at) < now:
+                gone = conn.execute(delete(q).where(q.c.id == row.id, q.c.expires_at < now)).rowcount
+                if gone:
+                    continue
+            rows.append(row)
         return rows, now
 
     def _attempt(
@@ -410,22 +434,14 @@ class SlotEngine:
         """One poll: enqueue (or find our entry), reap, and grant if we are first and fit."""
         q, r = self.t.request, self.t.resource
         names = sorted(parts)
-        res, now = self._lock_resources(conn, names)
+        res = self._lock_resources(conn, names)
         for name, k in parts.items():
             if k > res[name].capacity:
                 raise ConfigurationError(
                     f"request for {k} slots of {name!r} can never be granted: its capacity is "
                     f"{res[name].capacity}; ask for fewer slots or raise the capacity"
                 )
-        conn.execute(
-            delete(q).where(q.c.namespace == self.ns, q.c.resource.in_(names), q.c.expires_at < now)
-        )
-        rows = conn.execute(
-            select(q.c.id, q.c.resource, q.c.holder, q.c.request_key, q.c.slots, q.c.mode, q.c.state,
-                   q.c.token, q.c.expires_at, q.c.granted_at)
-            .where(q.c.namespace == self.ns, q.c.resource.in_(names))
-            .order_by(q.c.id)
-        ).all()
+        rows, now = self._read_queues(conn, names)
         mine = {row.resource: row for row in rows if row.holder == holder}
         if mine:
             wanted = {(n, k, mode) for n, k in parts.items()}
