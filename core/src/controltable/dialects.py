@@ -90,6 +90,23 @@ def limit_locked(stmt: S, dialect_name: str, n: int) -> S:
     return stmt.limit(n)  # type: ignore[return-value]
 
 
+def update_returning(running: Any, target_name: str) -> bool:
+    """Whether a claim can be one ``UPDATE ... WHERE key IN (locking subquery) RETURNING``.
+
+    PostgreSQL, and SQLite (3.35+ with SQLAlchemy 2). Checked on the dialect actually running
+    (``running``) and the one the statements are built for (``target_name``, which differs only
+    when ``controltable sql`` prints statements for another backend).
+    """
+    able = getattr(running, "update_returning", getattr(running, "full_returning", False))
+    return bool(able) and target_name in ("postgresql", "sqlite")
+
+
+def max_in_list(dialect_name: str) -> int:
+    """The most keys to put in one ``IN (...)`` list: Oracle allows 1000 items and SQL Server
+    2100 parameters per statement; the others take far more, and fewer statements is faster."""
+    return 900 if dialect_name in ("oracle", "mssql", "sqlite") else 5000
+
+
 def supports_partial_index(dialect_name: str) -> bool:
     """Whether ``CREATE INDEX ... WHERE`` (a partial or filtered index) exists on the backend."""
     return dialect_name in ("postgresql", "sqlite", "mssql")

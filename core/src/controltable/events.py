@@ -136,6 +136,9 @@ class Batch(BackgroundRenewal):
     def _renew_interval(self) -> float:
         return max(self._expires_at - self.claimed_at, 0.3) / 3.0
 
+    def _unsettled(self) -> list[Any]:
+        return [k for k in self.keys if k not in self._settled]
+
     def check(self) -> None:
         """Raise :class:`LeaseLost` if background renewal found the batch taken over."""
         if self.lost is not None:
@@ -179,17 +182,22 @@ class Batch(BackgroundRenewal):
         """
         with self.events.ct.db.begin() as conn:
             yield conn
-            self.events._complete(conn, self.token, list(keys) if keys is not None else self.keys)
+            if keys is None:
+                self.events._complete(conn, self.token, self._unsettled(), whole=True)
+            else:
+                self.events._complete(conn, self.token, list(keys))
         self._settle(keys)
 
     def complete(self, keys: Optional[Sequence[Any]] = None) -> int:
         """Mark the batch (or ``keys`` of it) done. Raises :class:`LeaseLost` naming rows taken over."""
         if keys is None:
             self.stop_renewing()
-        todo = list(keys) if keys is not None else self.keys
+        todo = list(keys) if keys is not None else self._unsettled()
         # A deadlock rolls back and is retried; a dropped connection is reported, since a second
         # attempt after an unseen commit would wrongly report the rows as lost.
-        n = self.events.ct.db.run(lambda conn: self.events._complete(conn, self.token, todo), idempotent=False)
+        n = self.events.ct.db.run(
+            lambda conn: self.events._complete(conn, self.token, todo, whole=keys is None), idempotent=False
+        )
         self._settle(keys)
         return n
 
@@ -425,48 +433,80 @@ class EventTable:
         lease_s = check_seconds("lease", lease) if lease is not None else self.lease
         assert lease_s is not None
         t = self.table
-        key = t.c[self.key]
         user_cols = [c.name for c in t.c if not c.name.startswith(self.prefix)]
         token = secrets.randbits(62) + 1
 
+        attempts_col = f"{self.prefix}attempts"
+        marks = {
+            f"{self.prefix}state": CLAIMED, f"{self.prefix}owner": owner, f"{self.prefix}token": token,
+            f"{self.prefix}attempts": t.c[attempts_col] + 1,
+        }
+
         def fn(conn: Connection) -> Optional[Batch]:
             now = float(conn.scalar(select(dialects.db_now())) or 0.0)
-            rows: list[Any] = []
+            values = dict(marks, **{f"{self.prefix}expires_at": now + lease_s})
             # Expired claims first: they are older work, and must not starve behind new events.
-            for condition in (self.expired_claims(now), self.due_pending(now)):
-                result = conn.execute(self.claim_statement(size - len(rows), condition, where))
-                rows.extend(result.fetchmany(size - len(rows)))
-                result.close()
-                if len(rows) >= size:
-                    break
-            if not rows:
+            claimed = self._claim_by_keys(conn, self.expired_claims(now), size, values, where)
+            need = size - len(claimed)
+            if need > 0:
+                if dialects.update_returning(conn.dialect, self.ct.db.dialect_name):
+                    claimed += self._claim_returning(conn, self.due_pending(now), need, values, where)
+                else:
+                    claimed += self._claim_by_keys(conn, self.due_pending(now), need, values, where)
+            if not claimed:
                 return None
-            attempts_col = f"{self.prefix}attempts"
-            poisoned = [r for r in rows if r._mapping[f"{self.prefix}state"] == CLAIMED
-                        and r._mapping[attempts_col] >= self.max_attempts]
-            if poisoned:  # claimed and abandoned max_attempts times: a crash loop, not a retry
-                for chunk in _chunks([r._mapping[self.key] for r in poisoned]):
-                    conn.execute(update(t).where(key.in_(chunk)).values({
-                        f"{self.prefix}state": ERROR, f"{self.prefix}owner": None, f"{self.prefix}token": None,
-                        f"{self.prefix}expires_at": None,
-                        f"{self.prefix}error": "lease expired max_attempts times (worker crashed or hung)"}))
-                rows = [r for r in rows if r not in poisoned]
-                if not rows:
-                    return None
-            keys = [r._mapping[self.key] for r in rows]
-            for chunk in _chunks(keys):
-                conn.execute(update(t).where(key.in_(chunk)).values({
-                    f"{self.prefix}state": CLAIMED, f"{self.prefix}owner": owner, f"{self.prefix}token": token,
-                    f"{self.prefix}expires_at": now + lease_s,
-                    f"{self.prefix}attempts": t.c[attempts_col] + 1}))
+            claimed.sort(key=lambda r: (r[self.order_by], r[self.key]))
             return Batch(
                 self, owner, token,
-                rows=[{c: r._mapping[c] for c in user_cols} for r in rows],
-                attempts={r._mapping[self.key]: int(r._mapping[attempts_col]) + 1 for r in rows},
+                rows=[{c: r[c] for c in user_cols} for r in claimed],
+                attempts={r[self.key]: int(r[attempts_col]) for r in claimed},
                 claimed_at=now, _expires_at=now + lease_s,
             )
 
         return self.ct.db.run(fn)
+
+    def _claim_by_keys(
+        self, conn: Connection, condition: ColumnElement[bool], size: int, values: dict[str, Any], where: Where
+    ) -> list[dict[str, Any]]:
+        """Lock up to ``size`` rows with a skip-locked select, then mark them by key (every backend).
+
+        Returns the rows as they are after marking. Expired claims that were abandoned
+        ``max_attempts`` times are a crash loop, not a retry: they go to the error state instead.
+        """
+        t = self.table
+        key = t.c[self.key]
+        result = conn.execute(self.claim_statement(size, condition, where))
+        rows = [dict(r._mapping) for r in result.fetchmany(size)]
+        result.close()
+        attempts_col, state_col = f"{self.prefix}attempts", f"{self.prefix}state"
+        poisoned = [r[self.key] for r in rows if r[state_col] == CLAIMED and r[attempts_col] >= self.max_attempts]
+        for chunk in _chunks(poisoned, dialects.max_in_list(self.ct.db.dialect_name)):
+            conn.execute(update(t).where(key.in_(chunk)).values({
+                f"{self.prefix}state": ERROR, f"{self.prefix}owner": None, f"{self.prefix}token": None,
+                f"{self.prefix}expires_at": None,
+                f"{self.prefix}error": "lease expired max_attempts times (worker crashed or hung)"}))
+        rows = [r for r in rows if r[self.key] not in set(poisoned)]
+        for chunk in _chunks([r[self.key] for r in rows], dialects.max_in_list(self.ct.db.dialect_name)):
+            conn.execute(update(t).where(key.in_(chunk)).values(values))
+        for r in rows:
+            r[attempts_col] = int(r[attempts_col]) + 1
+        return rows
+
+    def _claim_returning(
+        self, conn: Connection, condition: ColumnElement[bool], size: int, values: dict[str, Any], where: Where
+    ) -> list[dict[str, Any]]:
+        """Claim in one statement where the backend can: ``UPDATE ... WHERE key IN (SELECT ...
+        FOR UPDATE SKIP LOCKED LIMIT n) RETURNING *`` (PostgreSQL; SQLite, whose single writer
+        needs no skipping). One round trip instead of a select plus updates by key list."""
+        t = self.table
+        key = t.c[self.key]
+        chosen = dialects.lock_rows(
+            select(key).where(condition, *self._where_clause(where))
+            .order_by(*{t.c[self.order_by]: None, key: None}).limit(size),
+            t, skip_locked=True,
+        )
+        result = conn.execute(update(t).where(key.in_(chosen)).values(values).returning(*t.c))
+        return [dict(r._mapping) for r in result]
 
     def batch(self, handle: dict[str, Any]) -> Batch:
         """Rebuild a :class:`Batch` from :meth:`Batch.handle` (e.g. in another Airflow task)."""
@@ -492,6 +532,23 @@ class EventTable:
     def _fenced(self, token: int, keys: Sequence[Any]) -> ColumnElement[bool]:
         return and_(self._col("token") == token, self._col("state") == CLAIMED)
 
+    def _raise_lost(self, missing: int, keys: Sequence[Any], lost: list[Any]) -> None:
+        raise LeaseLost(
+            f"{missing} of {len(set(keys))} rows of {self.qualified_name!r} are no longer held by this "
+            f"batch (lease expired and they were re-claimed or reaped): {describe_keys(lost)}; nothing was "
+            "completed and the transaction was rolled back",
+            keys=lost,
+        )
+
+    def _without_token(self, conn: Connection, token: int, keys: Sequence[Any]) -> list[Any]:
+        """Keys that no longer carry ``token`` (someone else re-claimed or reset them)."""
+        t = self.table
+        held: set[Any] = set()
+        for chunk in _chunks(keys):
+            held.update(r[0] for r in conn.execute(
+                select(t.c[self.key]).where(t.c[self.key].in_(chunk), self._col("token") == token)))
+        return [k for k in keys if k not in held]
+
     def _held_lost(self, conn: Connection, token: int, keys: Sequence[Any]) -> list[Any]:
         """Keys not claimed under ``token`` right now (done already, re-claimed or reset)."""
         t = self.table
@@ -504,14 +561,24 @@ class EventTable:
             )
         return [k for k in keys if k not in held]
 
-    def _complete(self, conn: Connection, token: int, keys: Sequence[Any]) -> int:
+    def _complete(self, conn: Connection, token: int, keys: Sequence[Any], *, whole: bool = False) -> int:
         """Mark ``keys`` done if, and only if, every one is still claimed under ``token``.
 
-        Runs in a savepoint so that on a mismatch the rows this call already marked are put back
-        before the held rows are told apart from the lost ones; the caller's transaction is then
-        rolled back by the LeaseLost raised here.
+        ``whole``: ``keys`` are all the batch's unsettled rows, so one ``UPDATE ... WHERE token``
+        marks them without sending the keys. Rows of the batch that lost the token (re-claimed,
+        reaped) are then exactly the keys that no longer carry it. For part of a batch the keys
+        are named, in a savepoint, so that on a mismatch the rows this call marked are put back
+        before the held rows are told apart from the lost ones. Either way a mismatch raises
+        LeaseLost and the caller's transaction rolls back.
         """
         t = self.table
+        if whole:
+            n = int(conn.execute(update(t).where(self._fenced(token, keys)).values({
+                f"{self.prefix}state": DONE, f"{self.prefix}done_at": dialects.db_now(),
+                f"{self.prefix}expires_at": None, f"{self.prefix}error": None})).rowcount)
+            if n != len(set(keys)):
+                self._raise_lost(len(set(keys)) - n, keys, self._without_token(conn, token, keys))
+            return n
         n = 0
         savepoint = conn.begin_nested()
         for chunk in _chunks(keys):
@@ -524,13 +591,7 @@ class EventTable:
             savepoint.commit()
         else:
             savepoint.rollback()
-            lost = self._held_lost(conn, token, keys)
-            raise LeaseLost(
-                f"{len(set(keys)) - n} of {len(set(keys))} rows of {self.qualified_name!r} are no longer held by this "
-                f"batch (lease expired and they were re-claimed or reaped): {describe_keys(lost)}; nothing was "
-                "completed and the transaction was rolled back",
-                keys=lost,
-            )
+            self._raise_lost(len(set(keys)) - n, keys, self._held_lost(conn, token, keys))
         return n
 
     def _fail(self, token: int, keys: Sequence[Any], attempts: dict[Any, int], reason: str) -> int:
