@@ -28,7 +28,9 @@ def stress(url: str, namespace: str, worker: str, seed: int, rounds: int, out: s
             time.sleep(rng.uniform(0, 0.03))
             with ct.slot(resource, holder=f"{worker}-{i}", slots=slots, mode=mode, lease=30, timeout=300) as lease:
                 start = time.time()
-                time.sleep(rng.uniform(0.001, 0.04))
+                # Shared holds are longer, so that shared holders really overlap (which the test
+                # checks, or it would prove nothing about capacity > 1).
+                time.sleep(rng.uniform(0.03, 0.15) if mode == "shared" else rng.uniform(0.001, 0.04))
                 end = time.time()
                 record = dict(worker=worker, resource=resource, mode=mode, slots=slots, start=start, end=end,
                               ticket=lease.ticket, token=lease.token)

@@ -60,7 +60,7 @@ def test_every_dialect_renders_ddl_and_clock(dialect: str) -> None:
 
 
 def test_clock_per_dialect() -> None:
-    assert "clock_timestamp()" in render("postgresql")
+    assert "statement_timestamp()" in render("postgresql")
     assert "UTC_TIMESTAMP(6)" in render("mysql")
     assert "SYSUTCDATETIME()" in render("mssql")
     assert "SYSTIMESTAMP" in render("oracle")

@@ -443,24 +443,29 @@ class EventTable:
         }
 
         def fn(conn: Connection) -> Optional[Batch]:
-            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
+            # The database clock goes into the statements as an expression (one value per
+            # statement), except on the key-list path, which needs the value for its second step.
+            one_statement = dialects.update_returning(conn.dialect, self.ct.db.dialect_name)
+            now: Any = dialects.db_now() if one_statement else float(conn.scalar(select(dialects.db_now())) or 0)
             values = dict(marks, **{f"{self.prefix}expires_at": now + lease_s})
             # Expired claims first: they are older work, and must not starve behind new events.
             claimed = self._claim_by_keys(conn, self.expired_claims(now), size, values, where)
             need = size - len(claimed)
             if need > 0:
-                if dialects.update_returning(conn.dialect, self.ct.db.dialect_name):
+                if one_statement:
                     claimed += self._claim_returning(conn, self.due_pending(now), need, values, where)
                 else:
                     claimed += self._claim_by_keys(conn, self.due_pending(now), need, values, where)
             if not claimed:
                 return None
             claimed.sort(key=lambda r: (r[self.order_by], r[self.key]))
+            expires = max(float(r[f"{self.prefix}expires_at"] or 0) for r in claimed) if one_statement \
+                else float(now) + lease_s
             return Batch(
                 self, owner, token,
                 rows=[{c: r[c] for c in user_cols} for r in claimed],
                 attempts={r[self.key]: int(r[attempts_col]) for r in claimed},
-                claimed_at=now, _expires_at=now + lease_s,
+                claimed_at=expires - lease_s, _expires_at=expires,
             )
 
         return self.ct.db.run(fn)
@@ -488,8 +493,13 @@ class EventTable:
         rows = [r for r in rows if r[self.key] not in set(poisoned)]
         for chunk in _chunks([r[self.key] for r in rows], dialects.max_in_list(self.ct.db.dialect_name)):
             conn.execute(update(t).where(key.in_(chunk)).values(values))
+        expires_col = f"{self.prefix}expires_at"
+        expires = values[expires_col]
+        if rows and not isinstance(expires, (int, float)):  # an expression of the database clock
+            expires = conn.scalar(select(t.c[expires_col]).where(key == rows[0][self.key]))
         for r in rows:
             r[attempts_col] = int(r[attempts_col]) + 1
+            r[expires_col] = expires
         return rows
 
     def _claim_returning(
