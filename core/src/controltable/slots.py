@@ -45,8 +45,11 @@ DEFAULT_WAITER_TTL = 30.0
 MAX_POLL_INTERVAL = 2.0
 #: The longest the first waiter in a queue sleeps between polls.
 HEAD_POLL_INTERVAL = 0.1
-#: With push wake-ups (PostgreSQL), polls are only a fallback and can be this far apart.
+#: With push wake-ups (PostgreSQL), polls are only a fallback for a lost notification (and keep
+#: the waiter's queue entry alive): the head of the queue polls at most this often...
 PUSH_POLL_INTERVAL = 1.0
+#: ...and waiters further back this often (never beyond a quarter of their ``waiter_ttl``).
+PUSH_IDLE_POLL_INTERVAL = 5.0
 
 
 def slot_key(resource: str) -> str:
@@ -328,10 +331,11 @@ class SlotEngine:
             # so it polls often (short handoffs); waiters far back poll rarely (cheap idling).
             # With push wake-ups the poll is only the fallback for a lost notification.
             place = max(outcome.position.values() or [1])
-            cap = HEAD_POLL_INTERVAL if place <= 1 else HEAD_POLL_INTERVAL * 2 * place
             if self.ct._wakeups.active:
-                cap = max(cap, PUSH_POLL_INTERVAL)
-            delay = min(delay * 1.5, max_poll, cap)
+                cap = PUSH_POLL_INTERVAL if place <= 1 else min(PUSH_IDLE_POLL_INTERVAL, ttl / 4.0)
+            else:
+                cap = min(max_poll, HEAD_POLL_INTERVAL if place <= 1 else HEAD_POLL_INTERVAL * 2 * place)
+            delay = min(delay * 1.5, cap)
             sleep = delay * (0.5 + random.random())
             if deadline is not None:
                 sleep = min(sleep, max(deadline - now, 0.0))
