@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from airflow.sdk import BaseOperator, Context
+from airflow.sdk import Context
 
 from airflow_controltable.exceptions import ControlTableConfigError
-from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
+from airflow_controltable.operators.base import ControlTableBaseOperator
 from airflow_controltable.utils import airflow_errors, load_handles, task_instance_holder
 
 
@@ -23,25 +23,8 @@ def _check_positive(name: str, value: Any) -> int:
     return value
 
 
-class _EventOperator(BaseOperator):
+class _EventOperator(ControlTableBaseOperator):
     """Connection plumbing shared by the batch operators."""
-
-    def __init__(
-        self,
-        *,
-        conn_id: str = DEFAULT_CONN_ID,
-        namespace: Optional[str] = None,
-        control_schema: Optional[str] = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.conn_id = conn_id
-        self.namespace = namespace
-        self.control_schema = control_schema
-
-    def _table(self) -> Any:
-        hook = ControlTableHook(self.conn_id, namespace=self.namespace, schema=self.control_schema)
-        return hook.get_control_table()
 
     def _batch(self, handle: dict[str, Any]) -> Any:
         """Rebuild a claimed batch from its handle (which carries the table, key and schema)."""

@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from airflow.sdk import BaseOperator, Context
+from airflow.sdk import Context
 
-from airflow_controltable.exceptions import ControlTableConfigError
-from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
+from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID
+from airflow_controltable.operators.base import ControlTableBaseOperator
 from airflow_controltable.utils import airflow_errors, dag_run_holder
 
 
-class ReleaseSlotOperator(BaseOperator):
+class ReleaseSlotOperator(ControlTableBaseOperator):
     """Release (or withdraw from the queue) whatever ``holder`` has on ``resource``; returns rows removed.
 
     Releasing a slot that is no longer held (already released, or its lease ran out) is not an
@@ -40,24 +40,15 @@ class ReleaseSlotOperator(BaseOperator):
         control_schema: Optional[str] = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(conn_id=conn_id, namespace=namespace, control_schema=control_schema, **kwargs)
         self.resource = resource
         self.holder = holder
-        self.conn_id = conn_id
-        self.namespace = namespace
-        self.control_schema = control_schema
 
     def execute(self, context: Context) -> int:
         holder = self.holder or dag_run_holder(context)
-        hook = ControlTableHook(self.conn_id, namespace=self.namespace, schema=self.control_schema)
         with airflow_errors():
-            table = hook.get_control_table()
-            if not table.status([self.resource]):
-                raise ControlTableConfigError(
-                    f"resource {self.resource!r} does not exist in namespace {table.namespace!r}; check the name "
-                    "(it must match the SlotSensor's) and the connection/namespace"
-                )
-            removed = table.release(self.resource, holder)
+            # An unknown resource raises (most likely a typo that would leave the real slot held).
+            removed = self._table().release(self.resource, holder)
         if removed:
             self.log.info("released %r held by %r (%d row(s))", self.resource, holder, removed)
         else:

@@ -10,30 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from airflow.sdk import BaseOperator, Context
+from airflow.sdk import Context
 
 from airflow_controltable.exceptions import ControlTableConfigError
-from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
+from airflow_controltable.operators.base import ControlTableBaseOperator
 from airflow_controltable.utils import airflow_errors, load_handles, task_instance_holder
 
 
-class _WorkListOperator(BaseOperator):
-    def __init__(
-        self,
-        *,
-        conn_id: str = DEFAULT_CONN_ID,
-        namespace: Optional[str] = None,
-        control_schema: Optional[str] = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.conn_id = conn_id
-        self.namespace = namespace
-        self.control_schema = control_schema
-
-    def _table(self) -> Any:
-        hook = ControlTableHook(self.conn_id, namespace=self.namespace, schema=self.control_schema)
-        return hook.get_control_table()
+class _WorkListOperator(ControlTableBaseOperator):
+    """Shared by the work list operators."""
 
     def _item(self, handle: dict[str, Any]) -> Any:
         try:
