@@ -95,3 +95,64 @@ def test_worklist_allocator_wakes_when_the_order_finishes(backend_url: str, name
     assert got[0][0] - done < 1.0, "the allocator slept through the notification"
     ct.close()
     other.close()
+
+
+def test_waiting_claim_wakes_when_a_producer_notifies(backend_url: str, namespace: str) -> None:
+    from sqlalchemy import Column, Integer, MetaData, Table
+
+    ct = ControlTable(backend_url, namespace=namespace)
+    md = MetaData()
+    t = Table(f"ev_{namespace[-8:]}", md, Column("id", Integer, primary_key=True))
+    md.create_all(ct.engine)
+    try:
+        ev = ct.events(t.name, key="id")
+        ev.prepare()
+        got: list[tuple[float, int]] = []
+
+        def claimer() -> None:
+            other = ControlTable(backend_url, namespace=namespace)
+            batch = other.events(t.name, key="id").claim(10, owner="waiter", wait=30, max_poll_interval=10)
+            got.append((time.monotonic(), len(batch) if batch else 0))
+            if batch:
+                batch.complete()
+            other.close()
+
+        th = threading.Thread(target=claimer)
+        th.start()
+        time.sleep(3.0)  # the claimer's back-off has grown to seconds by now
+        assert not got
+        with ct.engine.begin() as conn:
+            conn.execute(t.insert(), [{"id": i} for i in range(1, 6)])
+        produced = time.monotonic()
+        ev.notify()
+        th.join(30)
+        assert got and got[0][1] == 5
+        assert got[0][0] - produced < 1.0, "the waiting claim slept through the producer's notification"
+    finally:
+        md.drop_all(ct.engine)
+        ct.close()
+
+
+@pytest.mark.backends("sqlite", "mysql")
+def test_waiting_claim_polls_where_there_is_no_push(backend_url: str, namespace: str) -> None:
+    from sqlalchemy import Column, Integer, MetaData, Table
+
+    ct = ControlTable(backend_url, namespace=namespace)
+    ct.install()
+    md = MetaData()
+    t = Table(f"ev_{namespace[-8:]}", md, Column("id", Integer, primary_key=True))
+    md.create_all(ct.engine)
+    try:
+        ev = ct.events(t.name, key="id")
+        ev.prepare()
+        t0 = time.monotonic()
+        assert ev.claim(5, owner="w", wait=0.5) is None
+        assert time.monotonic() - t0 >= 0.45
+        with ct.engine.begin() as conn:
+            conn.execute(t.insert(), [{"id": 1}])
+        batch = ev.claim(5, owner="w", wait=5)
+        assert batch is not None and batch.keys == [1]
+        batch.complete()
+    finally:
+        md.drop_all(ct.engine)
+        ct.close()

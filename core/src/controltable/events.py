@@ -10,7 +10,9 @@ statement, so a worker whose lease ran out can never mark rows another worker re
 from __future__ import annotations
 
 import logging
+import random
 import secrets
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -425,9 +427,48 @@ class EventTable:
         return dialects.limit_locked(stmt, self.ct.db.dialect_name, size)
 
     def claim(
-        self, size: int = 100, *, owner: Optional[str] = None, lease: Optional[float] = None, where: Where = None
+        self,
+        size: int = 100,
+        *,
+        owner: Optional[str] = None,
+        lease: Optional[float] = None,
+        where: Where = None,
+        wait: Optional[float] = None,
+        poll_interval: float = 0.05,
+        max_poll_interval: float = 5.0,
     ) -> Optional[Batch]:
-        """Claim up to ``size`` claimable rows for ``owner``; ``None`` when nothing is claimable."""
+        """Claim up to ``size`` claimable rows for ``owner``; ``None`` when nothing is claimable.
+
+        ``wait`` (seconds) keeps trying until rows are claimable or the time is up, backing off
+        from ``poll_interval`` to ``max_poll_interval`` between attempts, and waking early on
+        PostgreSQL when rows are given back (release, fail) or a producer calls :meth:`notify`.
+        """
+        if wait is None:
+            return self._claim_once(size, owner, lease, where)
+        budget = check_seconds("wait", wait, allow_zero=True)
+        assert budget is not None
+        deadline = time.monotonic() + budget
+        delay = poll_interval
+        while True:
+            since = self.ct._wakeups.mark([self.wakeup_key])
+            batch = self._claim_once(size, owner, lease, where)
+            left = deadline - time.monotonic()
+            if batch is not None or left <= 0:
+                return batch
+            self.ct._wait_for_wakeup([self.wakeup_key], min(delay * (0.5 + random.random()), left), since)
+            delay = min(delay * 1.5, max_poll_interval)
+
+    def notify(self) -> None:
+        """Tell waiting claimers that new rows arrived (PostgreSQL; elsewhere they poll).
+
+        For producers: call after inserting events, so that ``claim(wait=...)`` wakes at once
+        instead of at its next poll.
+        """
+        self.ct.db.run(lambda conn: self.ct._notify(conn, [self.wakeup_key]))
+
+    def _claim_once(
+        self, size: int, owner: Optional[str], lease: Optional[float], where: Where
+    ) -> Optional[Batch]:
         size = check_positive_int("size", size)
         owner = check_name("owner", owner) if owner is not None else default_holder()
         lease_s = check_seconds("lease", lease) if lease is not None else self.lease
