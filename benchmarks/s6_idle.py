@@ -4,9 +4,10 @@ polling and with push wake-ups, counted by PostgreSQL itself.
 The counter is ``xact_commit + xact_rollback`` of the benchmark's own database in
 ``pg_stat_database`` (``pg_stat_statements`` is used instead when the server has it loaded),
 read at the start and end of a window after a warm-up, minus our own reads. Waiters queue on one
-resource of capacity 1 held by this process; claimers loop ``events.claim()`` on an empty table
-with a back-off (the loop users write today: the core has no waiting claim). Each group runs in
-its own 20 spawned processes, one group at a time.
+resource of capacity 1 held by this process; claimers wait in ``events.claim(wait=...)`` on an
+empty table (back-off capped at 2 s when polling; with push it may grow to 10 s, since producers
+announce new rows with ``events.notify()``). Each group runs in its own 20 spawned processes, one
+group at a time.
 """
 
 from __future__ import annotations

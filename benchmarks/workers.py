@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import os
-import random
 import secrets
 import time
 from datetime import timedelta
@@ -230,11 +229,11 @@ def idle_waiter(url: str, namespace: str, resource: str, phases: Any, reports: A
 
 
 def idle_claimer(url: str, table: str, phases: Any, reports: Any) -> None:
-    """What a user writes today to wait for events: claim, and back off while nothing comes.
+    """An idle claimer: ``events.claim(wait=...)`` on an empty table.
 
-    The core has no waiting claim. With ``push`` the sleep is a wait on the table's wake-up key
-    (notified when rows are released or failed back, not when the user inserts new rows), so the
-    back-off cannot be longer than with polling without delaying new events.
+    Polling: push disabled, back-off capped at 2 s (new events are seen within 2 s). Push: the
+    back-off may grow to 10 s, because producers announce new rows with ``events.notify()`` (and
+    rows given back by release or fail notify too), which wakes the claim at once.
     """
     while True:
         phase = phases.get()
@@ -246,18 +245,10 @@ def idle_claimer(url: str, table: str, phases: Any, reports: Any) -> None:
         events = ct.events(table, key="event_id")
         reports.put("started")
         deadline = time.monotonic() + seconds
-        delay = 0.05
-        while time.monotonic() < deadline:
-            batch = events.claim(size=100, owner=f"idle-{os.getpid()}")
+        while (left := deadline - time.monotonic()) > 0:
+            batch = events.claim(size=100, owner=f"idle-{os.getpid()}", wait=left,
+                                 max_poll_interval=10.0 if push else 2.0)
             if batch is not None:
                 batch.complete()
-                delay = 0.05
-                continue
-            delay = min(delay * 1.5, 2.0)
-            sleep = min(delay * (0.5 + random.random()), max(deadline - time.monotonic(), 0.0))
-            if push:
-                ct._wait_for_wakeup([events.wakeup_key], sleep)
-            else:
-                time.sleep(sleep)
         ct.close()
         reports.put("finished")
