@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Optional, TypeVar, Union
 
 from sqlalchemy import create_engine, select
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
 from . import dialects
 from .errors import ConfigurationError, DatabaseUnavailableError, NotInstalledError
@@ -184,14 +184,25 @@ class Database:
         return self.run(lambda c: float(c.scalar(select(dialects.db_now())) or 0.0))
 
     def ping(self) -> None:
-        """Connect once, turning any failure into :class:`DatabaseUnavailableError`."""
+        """Connect once, turning any failure into :class:`DatabaseUnavailableError`.
+
+        Uses the raw driver connection so that no transaction is begun: on SQLite every
+        SQLAlchemy transaction starts with BEGIN IMMEDIATE, which would wait for a writer.
+        """
         try:
-            with self.engine.connect() as conn:
-                conn.scalar(select(dialects.db_now()))
-        except DBAPIError as exc:
+            raw = self.engine.raw_connection()
+        except Exception as exc:  # raw_connection() passes the driver's own errors through unwrapped
             raise DatabaseUnavailableError(f"cannot reach the database at {self.safe_url}: {_short(exc)}") from exc
-        except SQLAlchemyError as exc:  # pragma: no cover - e.g. bad pool configuration
-            raise DatabaseUnavailableError(f"cannot use the database at {self.safe_url}: {exc}") from exc
+        try:
+            cursor = raw.cursor()
+            cursor.execute("SELECT 1 FROM DUAL" if self.engine.dialect.name == "oracle" else "SELECT 1")
+            cursor.fetchall()
+            cursor.close()
+        except Exception as exc:
+            raw.invalidate()
+            raise DatabaseUnavailableError(f"cannot use the database at {self.safe_url}: {_short(exc)}") from exc
+        finally:
+            raw.close()
 
 
 def _short(exc: BaseException) -> str:
