@@ -21,17 +21,22 @@ SPAWN = mp.get_context("spawn")
 
 # -- drain workers (scenarios 1, 2 and 7) ------------------------------------------------------------
 def _drain(ct: ControlTable, table: str, batch: int, owner: str, duration: Optional[float]) -> tuple[int, int]:
-    """Claim and complete batches until the table is empty or ``duration`` seconds passed."""
+    """Claim and complete batches until the table is empty or ``duration`` seconds passed.
+
+    The loop users write: ``complete_and_claim`` completes a batch and claims the next one in one
+    transaction (one commit per batch).
+    """
     events = ct.events(table, key="event_id")
     start = time.monotonic()
     rows = batches = 0
-    while duration is None or time.monotonic() - start < duration:
-        claimed = events.claim(size=batch, owner=owner)
-        if claimed is None:
-            break
-        claimed.complete()
+    claimed = events.claim(size=batch, owner=owner)
+    while claimed is not None:
         rows += len(claimed)
         batches += 1
+        if duration is not None and time.monotonic() - start >= duration:
+            claimed.complete()
+            break
+        claimed = claimed.complete_and_claim(batch)
     return rows, batches
 
 
