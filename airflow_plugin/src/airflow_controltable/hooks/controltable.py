@@ -208,3 +208,19 @@ def clear_cache() -> None:
             table.close()
         _CACHE.clear()
         _CACHE_PID.clear()
+
+
+class UsesControlTable:
+    """Mixin for operators, sensors and triggers: open the control table their arguments name.
+
+    Subclasses store ``conn_id``, ``namespace`` and ``control_schema`` in ``__init__`` (operators
+    do no work there); ``_table()`` opens it when the work runs.
+    """
+
+    conn_id: str
+    namespace: Optional[str]
+    control_schema: Optional[str]
+
+    def _table(self) -> Any:
+        return ControlTableHook(self.conn_id, namespace=self.namespace, schema=self.control_schema).get_control_table()
+

@@ -6,10 +6,10 @@ from typing import Any, Optional
 
 from airflow.sdk import BaseOperator
 
-from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
+from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
 
 
-class ControlTableBaseOperator(BaseOperator):
+class ControlTableBaseOperator(UsesControlTable, BaseOperator):
     """Stores the connection arguments (``__init__`` does no work); ``_table()`` opens it in ``execute``."""
 
     def __init__(
@@ -24,7 +24,3 @@ class ControlTableBaseOperator(BaseOperator):
         self.conn_id = conn_id
         self.namespace = namespace
         self.control_schema = control_schema
-
-    def _table(self) -> Any:
-        hook = ControlTableHook(self.conn_id, namespace=self.namespace, schema=self.control_schema)
-        return hook.get_control_table()

@@ -9,12 +9,12 @@ from typing import Any, Optional
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 
 from airflow_controltable.exceptions import ControlTableConfigError
-from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
+from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
 from airflow_controltable.triggers.controltable import PendingEventsTrigger
 from airflow_controltable.utils import airflow_errors
 
 
-class PendingEventsSensor(BaseSensorOperator):
+class PendingEventsSensor(UsesControlTable, BaseSensorOperator):
     """Succeed (pushing the pending count) once ``min_events`` rows of ``table`` are claimable.
 
     Works in ``poke``, ``reschedule`` and deferrable form. It only counts; claiming is
@@ -54,9 +54,8 @@ class PendingEventsSensor(BaseSensorOperator):
     def _count(self) -> int:
         if isinstance(self.min_events, bool) or not isinstance(self.min_events, int) or self.min_events < 1:
             raise ControlTableConfigError(f"min_events must be a whole number >= 1, got {self.min_events!r}")
-        hook = ControlTableHook(self.conn_id, namespace=self.namespace, schema=self.control_schema)
         with airflow_errors():
-            events = hook.get_control_table().events(
+            events = self._table().events(
                 self.table, key=self.key, order_by=self.order_by, schema=self.schema
             )
             return events.pending_count()

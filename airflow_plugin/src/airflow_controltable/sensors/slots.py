@@ -15,14 +15,14 @@ from typing import Any, Optional
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 
 from airflow_controltable.exceptions import ControlTableConfigError, ControlTableLeaseLost
-from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
+from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
 from airflow_controltable.triggers.controltable import SlotTrigger, lease_payload
 from airflow_controltable.utils import DEFAULT_SLOT_LEASE, airflow_errors, dag_run_holder
 
 SLOT_MODES = ("exclusive", "shared")
 
 
-class SlotSensor(BaseSensorOperator):
+class SlotSensor(UsesControlTable, BaseSensorOperator):
     """Wait for ``slots`` of ``resource`` and acquire them; push the lease (with its fencing token) to XCom.
 
     :param resource: the resource name (templated). It must exist (``set_capacity``).
@@ -73,9 +73,6 @@ class SlotSensor(BaseSensorOperator):
         self.deferrable = deferrable
 
     # -- helpers ------------------------------------------------------------------------------
-    def _hook(self) -> ControlTableHook:
-        return ControlTableHook(self.conn_id, namespace=self.namespace, schema=self.control_schema)
-
     def _holder(self, context: Context) -> str:
         return self.holder or dag_run_holder(context)
 
@@ -95,7 +92,7 @@ class SlotSensor(BaseSensorOperator):
 
     def _try(self, context: Context) -> Optional[dict[str, Any]]:
         with airflow_errors():
-            lease = self._hook().get_control_table().try_acquire(
+            lease = self._table().try_acquire(
                 self.resource, holder=self._holder(context), slots=self.slots, mode=self.slot_mode,
                 lease=self.lease, waiter_ttl=self._ttl(),
             )
@@ -144,7 +141,7 @@ class SlotSensor(BaseSensorOperator):
             message = (event or {}).get("message", "no event")
             raise ControlTableConfigError(f"waiting for a slot of {self.resource!r} failed: {message}")
         with airflow_errors():
-            lease = self._hook().get_control_table().find_lease(event["resource"], event["holder"])
+            lease = self._table().find_lease(event["resource"], event["holder"])
         if lease is None:
             raise ControlTableLeaseLost(
                 f"the slot of {event['resource']!r} granted to {event['holder']!r} (token {event['token']}) is no "

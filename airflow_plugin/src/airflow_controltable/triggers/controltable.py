@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
+from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
 from controltable import DatabaseUnavailableError
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ def lease_payload(lease: Any) -> dict[str, Any]:
     }
 
 
-class _ControlTableTrigger(BaseTrigger):
+class _ControlTableTrigger(UsesControlTable, BaseTrigger):
     """Shared plumbing: the connection arguments and a thread-run database call."""
 
     def __init__(
@@ -59,9 +59,6 @@ class _ControlTableTrigger(BaseTrigger):
             "control_schema": self.control_schema,
             "poll_interval": self.poll_interval,
         }
-
-    def _table(self) -> Any:
-        return ControlTableHook(self.conn_id, namespace=self.namespace, schema=self.control_schema).get_control_table()
 
     async def _poll(self) -> AsyncIterator[Any]:
         """Yield the result of ``self._check()`` until it is not None; errors become error events."""
