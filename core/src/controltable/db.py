@@ -17,13 +17,13 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
 from . import dialects
+from .defaults import DEFAULT_URL  # noqa: F401 - re-exported
 from .errors import ConfigurationError, DatabaseUnavailableError, NotInstalledError
 
 log = logging.getLogger("controltable")
 
 T = TypeVar("T")
 
-DEFAULT_URL = "sqlite:///controltable.db"
 
 _DRIVER_EXTRAS = {
     "psycopg": "postgres",

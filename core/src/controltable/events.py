@@ -42,6 +42,7 @@ from sqlalchemy.schema import CreateColumn, DDLElement
 from sqlalchemy.sql.elements import ColumnElement
 
 from . import dialects
+from .defaults import DEFAULT_BATCH_LEASE  # noqa: F401 - re-exported
 from .errors import ConfigurationError, LeaseLost, NotInstalledError, describe_keys
 from .renewal import BackgroundRenewal
 from .schema import EpochSeconds
@@ -55,7 +56,6 @@ log = logging.getLogger("controltable")
 
 PENDING, CLAIMED, DONE, ERROR = 0, 1, 2, 3
 STATE_NAMES = {PENDING: "pending", CLAIMED: "claimed", DONE: "done", ERROR: "error"}
-DEFAULT_BATCH_LEASE = 900.0
 _CHUNK = 900
 #: After a claim found no expired claims, the same EventTable object looks again only after this.
 EXPIRED_CHECK_INTERVAL = 1.0  # stay under Oracle's 1000-item IN lists and SQL Server's 2100 parameters

@@ -24,12 +24,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import oracle
 
+from .defaults import NAME_LENGTH, NAMESPACE_LENGTH  # noqa: F401 - re-exported
+
 #: Bumped whenever the control tables change; ``install()`` records it in the meta table and
 #: later releases migrate from the recorded version.
 SCHEMA_VERSION = 1
 
-NAME_LENGTH = 200
-NAMESPACE_LENGTH = 100
 
 #: Epoch seconds need double precision: MySQL's plain FLOAT is single precision (about two
 #: minutes of resolution at today's epoch). FLOAT(53) is a double on every backend.

@@ -29,6 +29,7 @@ from sqlalchemy import and_, delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from . import dialects
+from .defaults import DEFAULT_LEASE, DEFAULT_WAITER_TTL  # noqa: F401 - re-exported
 from .errors import AcquireTimeout, ConfigurationError, LeaseLost, UnknownResourceError
 from .renewal import BackgroundRenewal
 from .validation import check_mode, check_name, check_seconds, normalize_request
@@ -38,10 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("controltable")
 
-DEFAULT_LEASE = 300.0
-#: How long a waiter's queue entry survives without a poll. A waiter polls at most every
-#: ``waiter_ttl / 4`` seconds, so only a dead waiter's entry ever expires.
-DEFAULT_WAITER_TTL = 30.0
+# A waiter polls at most every ``waiter_ttl / 4`` seconds, so only a dead waiter's entry ever expires.
 MAX_POLL_INTERVAL = 2.0
 #: The longest the first waiter in a queue sleeps between polls.
 HEAD_POLL_INTERVAL = 0.1

@@ -18,6 +18,7 @@ from sqlalchemy import and_, case, delete, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 
 from . import dialects
+from .defaults import DEFAULT_ITEM_LEASE  # noqa: F401 - re-exported
 from .errors import ConfigurationError, ControlTableError, LeaseLost
 from .renewal import BackgroundRenewal
 from .slots import default_holder, utc
@@ -28,7 +29,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 NEW, ACTIVE, DONE, ERROR = "new", "active", "done", "error"
 UNFINISHED = (NEW, ACTIVE, ERROR)
-DEFAULT_ITEM_LEASE = 600.0
 _INSERT_CHUNK = 500
 
 
