@@ -39,6 +39,7 @@ from dagster_controltable import (
     ControlTableResource,
     build_batch_op,
     build_worklist_op,
+    controltable_run_cleanup_sensor,
     pending_events_sensor,
 )
 
@@ -197,6 +198,7 @@ def work_through_steps() -> None:
 defs = Definitions(
     assets=[demo_events, orders_report, customers_report],
     jobs=[warehouse_reports, drain_demo_events, emit_events, work_through_steps],
-    sensors=[demo_events_sensor],
+    # The cleanup sensor withdraws the slots and queue places of cancelled and failed runs.
+    sensors=[demo_events_sensor, controltable_run_cleanup_sensor()],
     resources={"controltable": controltable},
 )

@@ -7,7 +7,7 @@ run dies instead of leaking.
 
 from .ops import build_batch_op, build_worklist_op
 from .resource import ControlTableResource, StepIdentity, as_failure, batch_metadata, current_step
-from .sensors import pending_events_sensor
+from .sensors import controltable_run_cleanup_sensor, pending_events_sensor
 from .version import __version__
 
 try:  # the registry Dagster's own integration libraries report themselves to
@@ -25,6 +25,7 @@ __all__ = [
     "batch_metadata",
     "build_batch_op",
     "build_worklist_op",
+    "controltable_run_cleanup_sensor",
     "current_step",
     "pending_events_sensor",
 ]

@@ -183,7 +183,7 @@ def build_worklist_op(
                 done.append({"id": item.id, "order": item.order, "token": item.token})
                 context.log.info(f"completed work item {item.id} (order {item.order}, token {item.token})")
         except (LeaseLost, ControlTableError, SQLAlchemyError) as exc:
-            raise resource._fail(exc, f"working through {worklist!r}") from exc
+            raise resource.failure(exc, f"working through {worklist!r}") from exc
         orders = sorted({d["order"] for d in done})
         return Output(
             {"worklist": worklist, "items": len(done), "orders": orders, "done": done[:_MAX_KEYS]},

@@ -10,6 +10,7 @@ naming the fix, instead of a traceback from deep inside SQLAlchemy.
 """
 
 import logging
+import os
 import re
 import time
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar, Union
 from dagster import (
     ConfigurableResource,
     DagsterInvariantViolationError,
+    DagsterRunStatus,
     Failure,
     InitResourceContext,
     MetadataValue,
@@ -39,6 +41,7 @@ from controltable import (
     ResourceStatus,
     UnknownResourceError,
 )
+from controltable.defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_WAITER_TTL
 
 try:  # only for type hints: these classes are reached through ControlTable.events()/worklist()
     from controltable.events import Batch, EventTable
@@ -50,9 +53,13 @@ log = logging.getLogger("dagster_controltable")
 
 T = TypeVar("T")
 
-#: The core's default slot lease; repeated here so the resource's config shows a number.
-DEFAULT_LEASE = 300.0
 WAIT_MODES = ("block", "retry")
+#: ``slot(wait="retry")``: seconds between a busy step's retries, and how many retries before it fails.
+DEFAULT_RETRY_INTERVAL = 30.0
+DEFAULT_MAX_RETRIES = 120
+#: A run in one of these states will never pick up a grant: its requests can be withdrawn.
+RUN_ENDED_BADLY = frozenset({DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED, DagsterRunStatus.FAILURE})
+_AHEAD_SHOWN = 5
 _HOLDER_LIMIT = 200
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -60,11 +67,26 @@ _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
 class StepIdentity:
     """Who is asking, as far as Dagster tells: run id, step key, retry number and a logger."""
 
-    def __init__(self, run_id: Optional[str], step_key: Optional[str], retry_number: int, logger: Any) -> None:
+    def __init__(self, run_id: Optional[str], step_key: Optional[str], retry_number: int, logger: Any,
+                 context: Any = None) -> None:
         self.run_id = run_id
         self.step_key = step_key
         self.retry_number = retry_number
         self.log = logger
+        self.context = context
+
+    @property
+    def attempt(self) -> Optional[int]:
+        """The step's attempt (retry number + 1), passed to the core so a retry gets a higher fencing token.
+
+        ``None`` outside a step: the core then treats every request of a holder as the same attempt.
+        """
+        return self.retry_number + 1 if self.run_id is not None else None
+
+    @property
+    def run_prefix(self) -> Optional[str]:
+        """``dagster:<run id>:``: the start of every holder id of this run's steps."""
+        return run_holder_prefix(self.run_id) if self.run_id is not None else None
 
     @property
     def holder(self) -> Optional[str]:
@@ -75,8 +97,13 @@ class StepIdentity:
         """
         if self.run_id is None:
             return None
-        text = f"dagster:{self.run_id}:{self.step_key or 'run'}"
+        text = f"{run_holder_prefix(self.run_id)}{self.step_key or 'run'}"
         return _UNSAFE.sub("_", text)[:_HOLDER_LIMIT]
+
+
+def run_holder_prefix(run_id: str) -> str:
+    """The prefix every holder id of run ``run_id`` starts with (what withdrawing a whole run matches)."""
+    return _UNSAFE.sub("_", f"dagster:{run_id}:")
 
 
 def current_step() -> StepIdentity:
@@ -95,7 +122,7 @@ def current_step() -> StepIdentity:
         step_key: Optional[str] = ctx.get_step_execution_context().step.key
     except Exception:  # pragma: no cover - framework-author API; fall back to the op name
         step_key = ctx.op.name
-    return StepIdentity(ctx.run_id, step_key, int(ctx.retry_number), ctx.log)
+    return StepIdentity(ctx.run_id, step_key, int(ctx.retry_number), ctx.log, ctx)
 
 
 def as_failure(exc: BaseException, action: str, *, url: str = "", namespace: str = "") -> Failure:
@@ -183,24 +210,73 @@ class ControlTableResource(ConfigurableResource):
     default_lease: float = Field(default=DEFAULT_LEASE, description="Seconds a slot lease lasts between renewals; "
                                  "a holder that dies frees its slot after at most this long.")
     prefix: str = Field(default="ct_", description="Name prefix of the control tables.")
+    connect_timeout: Optional[float] = Field(
+        default=None, description="Seconds to wait for a connection to the control-table database before the "
+                                  "step fails (default: the core's). A hung server fails the step within it.")
+    statement_timeout: Optional[float] = Field(
+        default=None, description="Seconds one control-table statement may run before it is cancelled "
+                                  "(default: the core's).")
 
     _ct: Optional[ControlTable] = PrivateAttr(default=None)
     _setup_error: Optional[BaseException] = PrivateAttr(default=None)
     _checked: bool = PrivateAttr(default=False)
     _events: dict[tuple[Any, ...], EventTable] = PrivateAttr(default_factory=dict)
+    # (resource name, holder) of every request this process made and has not released: what
+    # teardown withdraws when the run was cancelled or failed.
+    _entries: dict[tuple[str, str], None] = PrivateAttr(default_factory=dict)
+    _run_id: Optional[str] = PrivateAttr(default=None)
+    _namespace_note: Optional[str] = PrivateAttr(default=None)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def setup_for_execution(self, context: InitResourceContext) -> None:
         """Create the engine once for this process; a bad URL is reported at the step that uses it.
 
         Nothing connects here: resource initialisation errors are reported by Dagster away from
-        the step, while a ``Failure`` raised by the step names the op and the fix.
+        the step, while a ``Failure`` raised by the step names the op and the fix. A namespace
+        that differs from the code location's definitions (run config that gave only ``url``
+        resets the others to their defaults) is noted here and warned about in the step log.
         """
+        self._run_id = context.run_id
+        self._namespace_note = namespace_override_note(self.namespace, context)
+        if self._namespace_note and context.log is not None:
+            context.log.warning(self._namespace_note)
         self._open()
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
-        """Dispose the engine, so a run process leaves no pooled connections behind."""
-        self.close()
+        """Withdraw this process's queue places and slots if the run was cancelled or failed; dispose the engine.
+
+        With the in-process executor this process ran every step of the run, so a step waiting
+        between retries (``wait="retry"``) leaves the queue the moment the run is cancelled. A
+        step process of the multiprocess executor withdraws only its own requests; the
+        :func:`controltable_run_cleanup_sensor` covers the rest.
+        """
+        try:
+            self.withdraw_if_run_ended(context.instance)
+        finally:
+            self.close()
+
+    def withdraw_if_run_ended(self, instance: Any) -> int:
+        """Withdraw this process's requests when the run is canceling, canceled or failed; returns how many."""
+        if not self._entries or self._run_id is None or self._ct is None or instance is None:
+            return 0
+        try:
+            run = instance.get_run_by_id(self._run_id)
+        except Exception as exc:  # no status: leave the entries to the sensor or their TTL
+            log.warning("controltable: could not read the status of run %s: %s", self._run_id, exc)
+            return 0
+        if run is None or run.status not in RUN_ENDED_BADLY:
+            return 0
+        withdrawn = 0
+        for name, who in list(self._entries):
+            try:
+                withdrawn += self._ct.release(name, who)
+            except Exception as exc:  # best effort: the sensor or the TTL removes it otherwise
+                log.warning("controltable: could not withdraw %s from %r: %s", who, name, exc)
+            self._entries.pop((name, who), None)
+        if withdrawn:
+            log.info("controltable: run %s is %s: withdrew %d slot request(s)", self._run_id,
+                     run.status.value, withdrawn)
+        return withdrawn
 
     def close(self) -> None:
         if self._ct is not None:
@@ -214,10 +290,16 @@ class ControlTableResource(ConfigurableResource):
         if self._ct is not None:
             return
         try:
-            self._ct = ControlTable(self.url, namespace=self.namespace, schema=self.schema_, prefix=self.prefix)
+            self._ct = ControlTable(self.url, namespace=self.namespace, schema=self.schema_, prefix=self.prefix,
+                                    **self._timeouts())
             self._setup_error = None
         except (ControlTableError, SQLAlchemyError, ImportError) as exc:
             self._setup_error = exc
+
+    def _timeouts(self) -> dict[str, float]:
+        """The timeouts given in the config (the core's defaults apply to the others)."""
+        given = {"connect_timeout": self.connect_timeout, "statement_timeout": self.statement_timeout}
+        return {k: float(v) for k, v in given.items() if v is not None}
 
     @property
     def safe_url(self) -> str:
@@ -226,8 +308,15 @@ class ControlTableResource(ConfigurableResource):
             return str(self._ct.engine.url.render_as_string(hide_password=True))
         return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", self.url)
 
-    def _fail(self, exc: BaseException, action: str) -> Failure:
+    def failure(self, exc: BaseException, action: str) -> Failure:
+        """The ``Failure`` for ``exc`` hit while doing ``action``, naming this control table and the fix.
+
+        For ops and sensors built on the resource that call the core directly and want the
+        same messages as the resource's own methods.
+        """
         return as_failure(exc, action, url=self.safe_url, namespace=self.namespace)
+
+    _fail = failure  # the name used inside this module
 
     def _call(self, action: str, fn: Callable[[], T]) -> T:
         """Run one core call, translating its errors into a ``Failure`` naming ``action``."""
@@ -243,6 +332,11 @@ class ControlTableResource(ConfigurableResource):
         if self._setup_error is not None:
             raise self._fail(self._setup_error, "opening the control table")
         assert self._ct is not None
+        if self._namespace_note is not None:
+            step = current_step()
+            if step.run_id is not None:
+                step.log.warning(self._namespace_note)
+                self._namespace_note = None
         if not self._checked:
             # now() goes through the core's error translation (an unreachable database becomes
             # DatabaseUnavailableError); installed_version() then tells a missing installation.
@@ -293,22 +387,25 @@ class ControlTableResource(ConfigurableResource):
         *,
         holder: Optional[str] = None,
         slots: int = 1,
-        mode: str = "exclusive",
+        mode: str = DEFAULT_MODE,
         timeout: Optional[float] = None,
         lease: Optional[float] = None,
-        waiter_ttl: float = 30.0,
+        waiter_ttl: float = DEFAULT_WAITER_TTL,
     ) -> Lease:
         """Wait (FIFO) for slots and return the :class:`Lease`; release it yourself (or use ``with``).
 
         Prefer :meth:`slot`, which also renews the lease. ``holder`` defaults to the step's
-        identity, so a retried step re-acquiring gets the lease it already has.
+        identity, so a retried step re-acquiring gets the lease it already has (with a higher
+        fencing token: the step's retry number is passed as the attempt).
         """
         ct = self.control_table
-        who = holder or self.default_holder()
+        step = current_step()
+        who = holder or step.holder
         names = _names(resource)
+        self._track(resource, who)
         try:
             return ct.acquire(resource, holder=who, slots=slots, mode=mode, timeout=timeout,
-                              lease=lease or self.default_lease, waiter_ttl=waiter_ttl)
+                              lease=lease or self.default_lease, waiter_ttl=waiter_ttl, attempt=step.attempt)
         except (ControlTableError, SQLAlchemyError) as exc:
             raise self._fail(exc, f"acquiring {names}") from exc
         except BaseException:  # interrupted (run cancelled) while queued: give the place up now
@@ -322,7 +419,27 @@ class ControlTableResource(ConfigurableResource):
         who = holder or self.default_holder()
         if who is None:
             raise Failure(description="release() outside a step needs an explicit holder=")
+        self._entries.pop((resource, who), None)
         return self._call(f"releasing {resource!r}", lambda: ct.release(resource, who))
+
+    def release_run(self, run_id: str, *, namespace: Optional[str] = None) -> int:
+        """Withdraw every slot held and queue place taken by the steps of run ``run_id``; returns how many.
+
+        Matches holder ids ``dagster:<run id>:*`` (the steps' default holders) in this resource's
+        namespace (or ``namespace``, e.g. one the run's config gave), and grants whoever can then
+        run. What the cleanup sensor calls for a run that was cancelled or failed; idempotent.
+        Never call it for a run that is still running: its steps would lose their slots.
+        """
+        action = f"withdrawing the requests of run {run_id}"
+        if namespace is None or namespace == self.namespace:
+            ct = self.control_table
+            return self._call(action, lambda: ct.release_holders(run_holder_prefix(run_id)))
+        try:
+            with ControlTable(self.url, namespace=namespace, schema=self.schema_, prefix=self.prefix,
+                              **self._timeouts()) as other:
+                return other.release_holders(run_holder_prefix(run_id))
+        except (ControlTableError, SQLAlchemyError) as exc:
+            raise as_failure(exc, action, url=self.safe_url, namespace=namespace) from exc
 
     @contextmanager
     def slot(
@@ -331,13 +448,13 @@ class ControlTableResource(ConfigurableResource):
         *,
         holder: Optional[str] = None,
         slots: int = 1,
-        mode: str = "exclusive",
+        mode: str = DEFAULT_MODE,
         timeout: Optional[float] = None,
         lease: Optional[float] = None,
         waiter_ttl: Optional[float] = None,
         wait: str = "block",
-        retry_interval: float = 30.0,
-        max_retries: int = 120,
+        retry_interval: float = DEFAULT_RETRY_INTERVAL,
+        max_retries: int = DEFAULT_MAX_RETRIES,
     ) -> Iterator[Lease]:
         """Hold slots of ``resource`` for the ``with`` block, renewing the lease in the background.
 
@@ -345,14 +462,20 @@ class ControlTableResource(ConfigurableResource):
         forever). ``wait="retry"`` polls once and, if the slot is busy, raises
         :class:`dagster.RetryRequested` so the step gives back its worker and Dagster resources
         while it waits; the queue place is kept between retries because the holder (run id +
-        step key) is the same on every retry, for ``waiter_ttl`` seconds (default: twice the
-        retry interval plus a minute). After ``max_retries`` the step fails and leaves the queue.
+        step key) is the same on every retry, for ``waiter_ttl`` seconds (default: the retry
+        interval plus 30 s, see :func:`retry_waiter_ttl`). A step at the head of the queue is
+        retried sooner (:func:`head_retry_interval`) and a grant made for it waits for it for a
+        whole ``retry_interval``; further back, a grant waits only the core's short pickup time,
+        so an absent waiter never idles the slot for long. After ``max_retries`` the step fails
+        and leaves the queue.
 
-        The slot is released when the block exits, also when it raises; if the run is killed,
-        the lease expires after ``lease`` seconds. A lease lost while the block ran fails the
-        step (the work may have overlapped with another holder). Re-acquiring with the same
-        holder returns the same lease, so two nested blocks on one resource in one step need
-        distinct ``holder=`` values.
+        The slot is released when the block exits, also when it raises; a cancelled or failed
+        run's requests are withdrawn by the resource's teardown and
+        :func:`controltable_run_cleanup_sensor`; if the run is killed, the lease expires after
+        ``lease`` seconds. A lease lost while the block ran fails the step (the work may have
+        overlapped with another holder). Each retry of the step gets a higher fencing token.
+        The wait (seconds, queue position, who was ahead) goes to the step log and, for ops and
+        assets with one output, into its output metadata.
         """
         if wait not in WAIT_MODES:
             raise Failure(description=f"slot(wait={wait!r}) must be one of {', '.join(WAIT_MODES)}")
@@ -361,19 +484,32 @@ class ControlTableResource(ConfigurableResource):
         who = holder or step.holder
         names = _names(resource)
         lease_s = lease or self.default_lease
-        started = time.monotonic()
         if wait == "retry":
-            granted = self._try_or_retry(ct, resource, who, step, slots=slots, mode=mode, lease=lease_s,
-                                         waiter_ttl=waiter_ttl, retry_interval=retry_interval,
-                                         max_retries=max_retries)
+            granted, wait_s, position = self._try_or_retry(
+                ct, resource, who, step, slots=slots, mode=mode, lease=lease_s, waiter_ttl=waiter_ttl,
+                retry_interval=retry_interval, max_retries=max_retries)
         else:
-            granted = self._block(ct, resource, who, step, slots=slots, mode=mode, timeout=timeout, lease=lease_s,
-                                  waiter_ttl=waiter_ttl if waiter_ttl is not None else 30.0)
+            granted, wait_s, position = self._block(
+                ct, resource, who, step, slots=slots, mode=mode, timeout=timeout, lease=lease_s,
+                waiter_ttl=waiter_ttl if waiter_ttl is not None else DEFAULT_WAITER_TTL)
         step.log.info(
             f"controltable: holding {names} ({mode}, {slots} slot(s)) as {granted.holder!r}, fencing token "
-            f"{granted.token}, after waiting {time.monotonic() - started:.1f} s"
+            f"{granted.token}, after waiting {wait_s:.1f} s"
+            + (f" from queue position {position}" if position else " (granted at once)")
         )
-        granted.start_renewing()
+        _add_output_metadata(step, {
+            "controltable/wait_seconds": MetadataValue.float(round(wait_s, 3)),
+            "controltable/queue_position": MetadataValue.int(position or 0),
+            "controltable/token": MetadataValue.int(int(granted.token)),
+            "controltable/holder": MetadataValue.text(granted.holder),
+            f"controltable/slot/{'+'.join(_names_list(resource))}": MetadataValue.json({
+                "resources": dict(granted.resources), "mode": granted.mode, "tokens": dict(granted.tokens),
+                "holder": granted.holder, "wait_seconds": round(wait_s, 3), "queue_position": position or 0,
+                "attempt": step.attempt, "namespace": self.namespace}),
+        })
+        # In a step process of the multiprocess executor the run worker is the parent: if it is
+        # killed, nobody will finish the run, so renewal stops and the lease runs out.
+        granted.start_renewing(stop_when_orphaned=in_step_subprocess())
         try:
             yield granted
         except BaseException:
@@ -382,6 +518,8 @@ class ControlTableResource(ConfigurableResource):
             except Exception as exc:  # e.g. the database went away: the lease expires on its own
                 log.warning("controltable: could not release %s after an error in the block: %s", names, exc)
             raise
+        finally:
+            self._untrack(resource, granted.holder)
         try:
             granted.__exit__(None, None, None)
         except LeaseLost as exc:
@@ -393,61 +531,139 @@ class ControlTableResource(ConfigurableResource):
     def _block(
         self, ct: ControlTable, resource: Union[str, Mapping[str, int]], who: Optional[str], step: StepIdentity,
         *, slots: int, mode: str, timeout: Optional[float], lease: float, waiter_ttl: float,
-    ) -> Lease:
+    ) -> tuple[Lease, float, Optional[int]]:
         names = _names(resource)
+        started = time.monotonic()
+        position: Optional[int] = None
+        self._track(resource, who)
         if who is not None:  # one poll first, to tell the user where they stand before waiting
             first = self._call(f"acquiring {names}", lambda: ct.try_acquire(
-                resource, holder=who, slots=slots, mode=mode, lease=lease, waiter_ttl=waiter_ttl))
+                resource, holder=who, slots=slots, mode=mode, lease=lease, waiter_ttl=waiter_ttl,
+                attempt=step.attempt))
             if first is not None:
-                return first
-            step.log.info(f"controltable: waiting for {names}: {self._describe_queue(ct, resource)}")
+                return first, time.monotonic() - started, None
+            position, where = self._where(ct, resource, who)
+            step.log.info(f"controltable: waiting for {names}: {where}")
         try:
-            return ct.acquire(resource, holder=who, slots=slots, mode=mode, timeout=timeout, lease=lease,
-                              waiter_ttl=waiter_ttl)
+            granted = ct.acquire(resource, holder=who, slots=slots, mode=mode, timeout=timeout, lease=lease,
+                                 waiter_ttl=waiter_ttl, attempt=step.attempt)
         except (ControlTableError, SQLAlchemyError) as exc:
             raise self._fail(exc, f"waiting for {names}") from exc
         except BaseException:  # the run was cancelled while we waited: leave the queue at once
             if who is not None:
                 self._withdraw(ct, resource, who)
             raise
+        return granted, time.monotonic() - started, position
 
     def _try_or_retry(
         self, ct: ControlTable, resource: Union[str, Mapping[str, int]], who: Optional[str], step: StepIdentity,
         *, slots: int, mode: str, lease: float, waiter_ttl: Optional[float], retry_interval: float,
         max_retries: int,
-    ) -> Lease:
+    ) -> tuple[Lease, float, Optional[int]]:
         names = _names(resource)
         if who is None:
             raise Failure(description=(
-                f"slot({names}, wait='retry') needs a holder that is the same on every retry; outside a "
-                "step pass holder= explicitly"))
-        ttl = waiter_ttl if waiter_ttl is not None else 2 * retry_interval + 60.0
+                f"slot({names}, wait='retry') needs a step identity to keep its queue place across retries; "
+                "use it inside an op/asset or pass holder= explicitly"))
+        ttl = waiter_ttl if waiter_ttl is not None else retry_waiter_ttl(retry_interval)
         if ttl <= retry_interval:
             raise Failure(description=(
                 f"waiter_ttl ({ttl:g} s) must be longer than retry_interval ({retry_interval:g} s), or the queue "
                 "place expires between retries"))
+        # Where this step stands decides how long a grant made for it may wait: at the head the
+        # next retry comes soon and the grant waits a whole retry interval; further back a grant
+        # waits only the core's short default, then passes on. A new request is the head if
+        # nobody waits yet.
+        before = self._wait_infos(ct, resource, who)
+        at_head = all(i.position <= 1 for i in before) if before else self._nobody_waiting(ct, resource)
+        pickup = retry_interval if at_head else None
+        self._track(resource, who)
         granted = self._call(f"acquiring {names}", lambda: ct.try_acquire(
-            resource, holder=who, slots=slots, mode=mode, lease=lease, waiter_ttl=ttl))
+            resource, holder=who, slots=slots, mode=mode, lease=lease, waiter_ttl=ttl, attempt=step.attempt,
+            **({"pickup": pickup} if pickup is not None else {})))
+        waited = self._waited(ct, before)
         if granted is not None:
-            return granted
-        queue = self._describe_queue(ct, resource)
+            # the position it had at its previous try (0: a grant was waiting for it; it waited all the same)
+            return granted, waited, (max(i.position for i in before) or 1) if before else None
+        position, where = self._where(ct, resource, who)
         if step.retry_number >= max_retries:
             self._withdraw(ct, resource, who)
             raise Failure(
-                description=(f"{names} was still busy after {max_retries} retries {retry_interval:g} s apart "
-                             f"({queue}); raise max_retries or the capacity, or see `controltable status`"),
+                description=(f"{names} was still busy after {max_retries} retries ({where}); raise max_retries or "
+                             "the capacity, or see `controltable status`"),
                 allow_retries=False,
             )
-        step.log.info(f"controltable: {names} busy ({queue}); retrying the step in {retry_interval:g} s "
-                      f"(retry {step.retry_number + 1} of {max_retries}), keeping the queue place")
-        raise RetryRequested(max_retries=max_retries, seconds_to_wait=retry_interval)
+        seconds = (head_retry_interval(retry_interval, new_process=in_step_subprocess()) if position == 1
+                   else retry_interval)
+        step.log.info(f"controltable: {names} busy: {where}; retrying the step in {seconds:g} s "
+                      f"(retry {step.retry_number + 1} of {max_retries}, waited {waited:.1f} s so far), "
+                      "keeping the queue place")
+        raise RetryRequested(max_retries=max_retries, seconds_to_wait=seconds)
+
+    def _wait_infos(self, ct: ControlTable, resource: Union[str, Mapping[str, int]], who: str) -> list[Any]:
+        """The core's wait information of ``who`` on each resource (empty if it has no entry yet)."""
+        infos = []
+        for name in _names_list(resource):
+            try:
+                info = ct.wait_info(name, who)
+            except (ControlTableError, SQLAlchemyError) as exc:
+                raise self._fail(exc, f"reading the queue of {name!r}") from exc
+            if info is not None:
+                infos.append(info)
+        return infos
+
+    def _nobody_waiting(self, ct: ControlTable, resource: Union[str, Mapping[str, int]]) -> bool:
+        try:
+            return all(not [w for w in st.waiters if not w.expired] for st in ct.status(_names_list(resource)))
+        except (ControlTableError, SQLAlchemyError) as exc:
+            raise self._fail(exc, f"reading the queue of {_names(resource)}") from exc
+
+    def _waited(self, ct: ControlTable, infos: list[Any]) -> float:
+        """Seconds since the earliest ``waiting_since`` among ``infos`` on the database clock (0 if none)."""
+        since = [i.waiting_since for i in infos if getattr(i, "waiting_since", None) is not None]
+        if not since:
+            return 0.0
+        try:
+            now = ct.now()
+        except (ControlTableError, SQLAlchemyError):
+            return 0.0
+        return max(0.0, now - min(_timestamp(t) for t in since))
+
+    def _where(self, ct: ControlTable, resource: Union[str, Mapping[str, int]], who: str) -> tuple[Optional[int], str]:
+        """(queue position, "position 3 behind dagster:<run>:load and airflow:<dag>:<run>; 'r' 1/1 used")."""
+        try:
+            infos = {name: ct.wait_info(name, who) for name in _names_list(resource)}
+        except Exception as exc:  # the position is only for the log line and metadata
+            return None, f"position unavailable ({exc})"
+        parts = []
+        worst: Optional[int] = None
+        for name, info in infos.items():
+            if info is None:
+                parts.append(f"{name!r}: not queued")
+                continue
+            if info.state == "granted":
+                parts.append(f"{name!r}: granted, waiting for pickup")
+                continue
+            worst = info.position if worst is None else max(worst, info.position)
+            parts.append(f"{name!r}: position {info.position} behind {_ahead_text(list(info.ahead))}")
+        return worst, "; ".join(parts) + f" ({self._describe_queue(ct, resource)})"
+
+    def _track(self, resource: Union[str, Mapping[str, int]], who: Optional[str]) -> None:
+        if who is not None:
+            for name in _names_list(resource):
+                self._entries[(name, who)] = None
+
+    def _untrack(self, resource: Union[str, Mapping[str, int]], who: Optional[str]) -> None:
+        for name in _names_list(resource):
+            self._entries.pop((name, str(who)), None)
 
     def _withdraw(self, ct: ControlTable, resource: Union[str, Mapping[str, int]], who: str) -> None:
-        for name in ([resource] if isinstance(resource, str) else list(resource)):
+        for name in _names_list(resource):
             try:
                 ct.release(name, who)
             except Exception as exc:  # best effort: the waiter entry expires on its own anyway
                 log.warning("controltable: could not withdraw %s from %r: %s", who, name, exc)
+            self._entries.pop((name, who), None)
 
     def _describe_queue(self, ct: ControlTable, resource: Union[str, Mapping[str, int]]) -> str:
         try:
@@ -566,6 +782,91 @@ def batch_metadata(batch: Batch, *, max_keys: int = 100) -> dict[str, MetadataVa
         "controltable/keys": MetadataValue.json({"keys": keys[:max_keys], "truncated": len(keys) > max_keys}),
         "controltable/owner": MetadataValue.text(batch.owner),
     }
+
+
+def in_step_subprocess() -> bool:
+    """True in a step process the run worker started with ``multiprocessing`` (the multiprocess executor).
+
+    Such a process lives only for its run: once its parent (the run worker) is gone it is an
+    orphan whose work nobody will record. A run worker itself (in-process executor) is not one:
+    its parent is the code server, which may be restarted while runs go on.
+    """
+    import multiprocessing
+
+    return multiprocessing.parent_process() is not None
+
+
+def retry_waiter_ttl(retry_interval: float) -> float:
+    """How long a retry-mode step's queue place survives without a retry: one interval plus 30 s.
+
+    The place must outlive the gap between two tries (the interval plus the time Dagster needs
+    to start the step again); it need not cover more, because a cancelled or failed run's places
+    are withdrawn by the resource's teardown and the cleanup sensor rather than left to expire.
+    """
+    return retry_interval + 30.0
+
+
+def head_retry_interval(retry_interval: float, *, new_process: bool = False) -> float:
+    """The wait before the next try of a retry-mode step at the head of the queue.
+
+    The head is next to be granted; retrying it sooner keeps a freed slot from idling for a
+    whole retry interval (the grant made for it waits up to ``retry_interval`` for the pickup).
+    In the run worker (in-process executor) a try costs one query, so the head tries every
+    second; that also bounds how long a cancelled run's teardown waits, because Dagster's
+    in-process executor sleeps through a retry wait before it notices the cancellation. Where
+    each try starts a new step process (``new_process``, the multiprocess executor) the head
+    tries every tenth of the interval, 1 to 5 s.
+    """
+    if not new_process:
+        return min(retry_interval, 1.0)
+    return min(retry_interval, max(1.0, min(5.0, retry_interval / 10.0)))
+
+
+def namespace_override_note(namespace: str, context: Any) -> Optional[str]:
+    """A warning if this run's namespace differs from the one the code location's definitions give.
+
+    Dagster replaces a Pythonic resource's whole configuration when run config names the
+    resource, so run config with only ``url`` silently resets ``namespace`` to "default": the
+    run then queues in another namespace and shares no limit with the rest.
+    """
+    try:
+        defined = context.resource_def.config_schema.as_field().default_value
+    except Exception:  # no definition defaults (a resource built by hand): nothing to compare
+        return None
+    if not isinstance(defined, Mapping):
+        return None
+    value = defined.get("namespace", "default")
+    if isinstance(value, Mapping) and "env" in value:  # EnvVar in the definitions
+        value = os.environ.get(str(value["env"]), value)
+    if not isinstance(value, str) or value == namespace:
+        return None
+    return (f"controltable: this run uses namespace {namespace!r}, but the code location's definitions give "
+            f"{value!r}. Run config that configures this resource replaces its whole configuration, so fields "
+            f"it leaves out fall back to their defaults: this run does not share limits with runs in "
+            f"{value!r}. Give `namespace` in the run config too (or set it only in the definitions).")
+
+
+def _ahead_text(ahead: list[str]) -> str:
+    """ "a", "a and b", "a, b and c", "a, b, c, d, e and 7 more"."""
+    if not ahead:
+        return "nobody"
+    if len(ahead) > _AHEAD_SHOWN:
+        return ", ".join(ahead[:_AHEAD_SHOWN]) + f" and {len(ahead) - _AHEAD_SHOWN} more"
+    return ahead[0] if len(ahead) == 1 else ", ".join(ahead[:-1]) + " and " + ahead[-1]
+
+
+def _add_output_metadata(step: StepIdentity, metadata: dict[str, Any]) -> None:
+    """Add to the step's output metadata when Dagster allows it (one output); the log line has it anyway."""
+    if step.context is None:
+        return
+    try:
+        step.context.add_output_metadata(metadata)
+    except Exception as exc:  # several outputs, no output, or outside an op: metadata is optional
+        log.debug("controltable: no output metadata for the slot: %s", exc)
+
+
+def _timestamp(value: Any) -> float:
+    return float(value.timestamp()) if hasattr(value, "timestamp") else float(value)
 
 
 def _jsonable(value: Any) -> Any:

@@ -7,10 +7,13 @@ was not saved (the same cursor gives the same run key, and Dagster drops duplica
 new backlog (new events) gets a new key. If the requested run finished and claimable events of
 the same backlog are left (it failed and the back-off passed, or it processed only part), the
 backlog is requested once more under the next sequence number.
+
+``controltable_run_cleanup_sensor``: withdraw the slots and queue places of cancelled and failed runs.
 """
 
 import json
 import time
+from datetime import datetime, timezone
 from typing import Any, Mapping, Optional, Union
 
 from dagster import (
@@ -25,12 +28,11 @@ from dagster import (
     SkipReason,
     sensor,
 )
-from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
 from controltable import ControlTableError
 
-from .resource import ControlTableResource, as_failure
+from .resource import ControlTableResource
 
 RUN_KEY_TAG = "dagster/run_key"
 IN_FLIGHT = {
@@ -45,27 +47,38 @@ IN_FLIGHT = {
 
 def _backlog(resource: ControlTableResource, table: str, key: str, order_by: Optional[str],
              schema: Optional[str]) -> tuple[int, Any]:
-    """How many events are claimable now, and the newest claimable key (the backlog's signature)."""
+    """How many events are claimable now, and the newest claimable position (the backlog's signature)."""
     events = resource.events(table, key=key, order_by=order_by, schema=schema)
-    ct = resource.control_table
     try:
-        count = events.pending_count()
-        if count == 0:
-            return 0, None
-        t = events.table
-        now = ct.now()
-        stmt = (
-            select(t.c[events.key])
-            .where(events.claimable(now))
-            .order_by(t.c[events.order_by].desc(), t.c[events.key].desc())
-            .limit(1)
-        )
-        with ct.engine.connect() as conn:
-            newest = conn.scalar(stmt)
-        return count, newest
+        return events.backlog()
     except (ControlTableError, SQLAlchemyError) as exc:
-        raise as_failure(exc, f"counting claimable events of {table!r}", url=resource.safe_url,
-                         namespace=resource.namespace) from exc
+        raise resource.failure(exc, f"counting claimable events of {table!r}") from exc
+
+
+def _waiting_for(resource: ControlTableResource, table: str, key: str, order_by: Optional[str],
+                 schema: Optional[str], claimable: int) -> str:
+    """What the rest of the backlog waits for, for a skip reason a user can act on.
+
+    Events that are not claimable are either claimed by a running batch (they come back if its
+    lease runs out), backing off after a failed attempt, or in the error state (they wait for a
+    person: ``controltable events retry-errors``).
+    """
+    try:
+        st = resource.events(table, key=key, order_by=order_by, schema=schema).stats()
+    except Exception as exc:  # the skip reason is informational; the next tick tries again
+        return f"details unavailable ({type(exc).__name__})"
+    backing_off = max(st.pending - max(claimable - st.expired, 0), 0)
+    parts = []
+    if st.claimed:
+        live = st.claimed - st.expired
+        parts.append(f"{live} claimed by running batches" + (f", {st.expired} with expired claims (claimable)"
+                                                             if st.expired else ""))
+    if backing_off:
+        parts.append(f"{backing_off} backing off after a failed attempt")
+    if st.error:
+        parts.append(f"{st.error} in error after their last attempt (retry them with `controltable events "
+                     f"retry-errors {table} --key {key}` or EventTable.retry_errors())")
+    return "; ".join(parts) if parts else "nothing else pending"
 
 
 def _run_for_key(context: SensorEvaluationContext, run_key: str) -> Optional[Any]:
@@ -129,7 +142,8 @@ def pending_events_sensor(
         resource: ControlTableResource = resources.get(resource_key) or getattr(context.resources, resource_key)
         count, newest = _backlog(resource, table, key, order_by, schema)
         if count < min_events:
-            return SkipReason(f"{count} claimable event(s) in {table!r}, fewer than min_events={min_events}")
+            return SkipReason(f"{count} claimable event(s) in {table!r}, fewer than min_events={min_events}; "
+                              f"others: {_waiting_for(resource, table, key, order_by, schema, count)}")
         signature = json.dumps(newest if isinstance(newest, (int, float, str, bool)) else str(newest))
         cursor = _load_cursor(context.cursor)
         seq = int(cursor.get("seq", 0))
@@ -162,3 +176,95 @@ def pending_events_sensor(
         return SensorResult(run_requests=[request], cursor=new_cursor)
 
     return _pending_events
+
+
+#: Run states whose slot requests the cleanup sensor withdraws (the run will never use them again).
+CLEANUP_STATUSES = (DagsterRunStatus.CANCELED, DagsterRunStatus.FAILURE)
+#: Seconds the cleanup sensor looks back before its cursor, so runs updated in the same instant as
+#: the last one seen (or written late by another process) are not missed; they are looked at again
+#: and skipped by run id.
+_CLEANUP_OVERLAP = 60.0
+
+
+def controltable_run_cleanup_sensor(
+    *,
+    name: str = "controltable_run_cleanup",
+    resource_key: str = "controltable",
+    minimum_interval_seconds: int = 5,
+    lookback: float = 3600.0,
+    max_runs: int = 500,
+    default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
+    description: Optional[str] = None,
+) -> SensorDefinition:
+    """A sensor that withdraws every slot and queue place of a cancelled or failed run at once.
+
+    A step waiting between retries (``slot(wait="retry")``) has no process that could leave the
+    queue when its run is cancelled; a step whose run worker was killed cannot release either.
+    Without this sensor their entries stay until their waiter TTL or lease runs out, and strict
+    FIFO holds everyone behind them (other Dagster instances, Airflow, shell jobs included). The
+    sensor looks at runs that became CANCELED or FAILURE since its last tick and calls
+    :meth:`ControlTableResource.release_run` for each (holder ids ``dagster:<run id>:*``), in the
+    resource's namespace and, if the run's config gave the resource another namespace, in that
+    one too. Dagster evaluates sensors every few seconds at best (``minimum_interval_seconds``);
+    the resource's own teardown withdraws a run's requests at once where it can (in-process
+    executor, cancelled steps). ``lookback`` bounds the first tick's look into the past.
+    """
+
+    @sensor(
+        name=name,
+        minimum_interval_seconds=minimum_interval_seconds,
+        required_resource_keys={resource_key},
+        default_status=default_status,
+        description=description or ("Withdraws the controltable slots and queue places of cancelled and failed "
+                                    "runs."),
+    )
+    def _cleanup(context: SensorEvaluationContext, **resources: Any) -> SkipReason:
+        resource: ControlTableResource = resources.get(resource_key) or getattr(context.resources, resource_key)
+        cursor = _load_cursor(context.cursor)
+        now = time.time()
+        last = float(cursor.get("updated", now - lookback))
+        seen = set(cursor.get("seen", []))
+        records = context.instance.get_run_records(
+            filters=RunsFilter(statuses=list(CLEANUP_STATUSES),
+                               updated_after=datetime.fromtimestamp(last - _CLEANUP_OVERLAP, tz=timezone.utc)),
+            order_by="update_timestamp", ascending=True, limit=max_runs,
+        )
+        withdrawn: dict[str, int] = {}
+        newest = last
+        recent: list[tuple[float, str]] = []
+        for record in records:
+            run = record.dagster_run
+            updated = record.update_timestamp.timestamp()
+            newest = max(newest, updated)
+            recent.append((updated, run.run_id))
+            if run.run_id in seen:
+                continue
+            count = resource.release_run(run.run_id)
+            other = _run_namespace(run, resource_key)
+            if other is not None and other != resource.namespace:
+                count += resource.release_run(run.run_id, namespace=other)
+            if count:
+                withdrawn[run.run_id] = count
+                context.log.info(f"controltable: run {run.run_id} is {run.status.value}: withdrew {count} slot "
+                                 "request(s)")
+        keep = [run_id for updated, run_id in recent if updated >= newest - _CLEANUP_OVERLAP]
+        context.update_cursor(json.dumps({"updated": newest, "seen": keep[-max_runs:]}))
+        if withdrawn:
+            runs = ", ".join(f"{run_id} ({n})" for run_id, n in withdrawn.items())
+            return SkipReason(f"withdrew the slot requests of cancelled/failed runs: {runs}")
+        return SkipReason(f"no slot requests of cancelled or failed runs to withdraw ({len(records)} such run(s) "
+                          "looked at)")
+
+    return _cleanup
+
+
+def _run_namespace(run: Any, resource_key: str) -> Optional[str]:
+    """The namespace a run's own config gave the resource (Dagster resets it to "default" if left out)."""
+    try:
+        config = (run.run_config or {}).get("resources", {}).get(resource_key, {})
+    except AttributeError:
+        return None
+    if not isinstance(config, Mapping) or "config" not in config:
+        return None
+    value = config["config"].get("namespace", "default") if isinstance(config["config"], Mapping) else None
+    return value if isinstance(value, str) else None

@@ -1,0 +1,307 @@
+"""The integration in a running Dagster deployment: daemon, queued runs, GraphQL, PostgreSQL storage.
+
+Two Dagster instances (each its own DAGSTER_HOME and throwaway storage database, code server,
+daemon and webserver; see ``ct_dagster_live/harness.py``) share one control table on PostgreSQL. Runs are
+launched and terminated through GraphQL and checked from their own records (intervals written
+inside the hold) and the control table:
+
+- six queued runs on a capacity-1 slot never overlap, and their tokens follow grant order;
+- terminating a holding run and a waiting run frees the slot and the queue place at once, in
+  both wait modes; a retry-mode waiter of the multiprocess executor is withdrawn by the cleanup
+  sensor;
+- a SIGKILLed run worker's orphaned step stops renewing, so the slot comes back within the lease;
+- the events sensor with producers inserting: every event done exactly once, one run per backlog;
+- the second instance's runs and the first's never overlap on the shared slot.
+
+Needs PostgreSQL (CONTROLTABLE_TEST_POSTGRES_URL): skipped without it, a failure when
+CONTROLTABLE_TEST_REQUIRE names postgres (the root conftest checks that). Bounded to a few minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ct_dagster_live.harness import STORAGE_SCHEME, Deployment, ThrowawayDatabase, create_event_tables, wait_until
+from sqlalchemy import MetaData, Table, func, insert, select
+
+from controltable import ControlTable
+from controltable.checks import Interval, violations
+
+pytestmark = [pytest.mark.timeout(900)]
+
+#: How fast a terminated run's slot and queue place must be gone (the product's promise).
+WITHDRAW_BOUND = 2.0
+
+
+@pytest.fixture(scope="module")
+def live_url() -> str:
+    url = os.environ.get("CONTROLTABLE_TEST_POSTGRES_URL")
+    if not url:
+        if "postgres" in os.environ.get("CONTROLTABLE_TEST_REQUIRE", ""):
+            pytest.fail("PostgreSQL is required (CONTROLTABLE_TEST_REQUIRE), CONTROLTABLE_TEST_POSTGRES_URL unset")
+        pytest.skip("the live Dagster tests need PostgreSQL (CONTROLTABLE_TEST_POSTGRES_URL)")
+    return url
+
+
+@pytest.fixture(scope="module")
+def live(live_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The control table (own namespace), the event table, and the first deployment, started."""
+    namespace = f"live_{uuid.uuid4().hex[:10]}"
+    events = f"live_ev_{uuid.uuid4().hex[:8]}"
+    records = tmp_path_factory.mktemp("live_records")
+    ct = ControlTable(live_url, namespace=namespace)
+    ct.install()
+    create_event_tables(ct.engine, events)
+    ct.events(events, key="id").prepare()
+    env = {"CONTROLTABLE_URL": live_url, "CONTROLTABLE_NAMESPACE": namespace, "LIVE_RECORDS": str(records),
+           "LIVE_EVENT_TABLE": events}
+    state: dict[str, Any] = {"ct": ct, "env": env, "records": records, "events": events, "deployments": [],
+                             "databases": [], "url": live_url, "orphans": []}
+    try:
+        state["one"] = _deploy(state, "one", tmp_path_factory, LIVE_EVENTS_SENSOR="1")
+        yield state
+    finally:
+        for dep in state["deployments"]:
+            dep.stop()
+        for pid in state["orphans"]:  # step processes a test left running on purpose
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for db in state["databases"]:
+            db.drop()
+        with ct.engine.begin() as conn:
+            for name in (f"{events}_log", events):
+                Table(name, MetaData()).drop(conn, checkfirst=True)
+        ct.close()
+
+
+def _deploy(state: dict[str, Any], label: str, factory: pytest.TempPathFactory, **env: str) -> Deployment:
+    db = ThrowawayDatabase(state["url"], label)
+    state["databases"].append(db)
+    dep = Deployment(factory.mktemp(f"dagster_home_{label}"), db.url(STORAGE_SCHEME), {**state["env"], **env})
+    state["deployments"].append(dep)
+    try:
+        dep.start()
+    except Exception:
+        for name in dep.procs:
+            print(f"--- {label} {name}.log\n{dep.log_tail(name)}")
+        raise
+    return dep
+
+
+@pytest.fixture(scope="module")
+def second(live: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Deployment:
+    """Another Dagster instance (own DAGSTER_HOME and storage) on the same control table."""
+    return _deploy(live, "two", tmp_path_factory)
+
+
+def _held(live: dict[str, Any], run_ids: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for path in Path(live["records"]).glob("held_*.json"):
+        record = json.loads(path.read_text())
+        if record["run_id"] in run_ids:
+            out.append(record)
+    return out
+
+
+def _holding(live: dict[str, Any], run_id: str) -> dict[str, Any] | None:
+    for path in Path(live["records"]).glob(f"holding_{run_id}_*.json"):
+        return dict(json.loads(path.read_text()))
+    return None
+
+
+def _entries(ct: ControlTable, resource: str) -> tuple[list[str], list[str]]:
+    (st,) = ct.status([resource])
+    return [h.holder for h in st.holders], [w.holder for w in st.waiters]
+
+
+def _check_intervals(records: list[dict[str, Any]], resource: str, capacity: int) -> None:
+    intervals = [Interval(worker=r["holder"], resource=resource, mode=r["mode"], slots=r["slots"], start=r["start"],
+                          end=r["end"], ticket=r["ticket"], token=r["token"]) for r in records]
+    assert violations(intervals, {resource: capacity}) == []
+    by_start = sorted(records, key=lambda r: r["start"])
+    tokens = [r["token"] for r in by_start]
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens), f"tokens out of grant order: {tokens}"
+
+
+def _hold(resource: str, hold: float, **extra: Any) -> dict[str, Any]:
+    return {"resource": resource, "hold": hold, **extra}
+
+
+SENSOR_TICKS = """query { sensorsOrError(repositorySelector: {repositoryLocationName: "live",
+                                                              repositoryName: "__repository__"}) {
+    __typename ... on Sensors { results { name sensorState { status ticks(limit: 5) { status skipReason
+                                                                                   error { message } } } } }
+    ... on PythonError { message } } }"""
+
+
+def test_webserver_and_daemon_run_on_the_postgres_storage(live: dict[str, Any]) -> None:
+    """The supported storage URL: the webserver reads sensor state and ticks (schedule storage)."""
+    dep: Deployment = live["one"]
+    assert dep.storage_url.startswith(f"{STORAGE_SCHEME}://")
+    query = SENSOR_TICKS
+
+    def ticked() -> Any:
+        result = dep.graphql(query)["sensorsOrError"]
+        assert result["__typename"] == "Sensors", result
+        states = {s["name"]: s["sensorState"] for s in result["results"]}
+        return states if all(st["ticks"] for st in states.values()) else None
+
+    states = wait_until(ticked, 120, "a tick of every sensor", interval=2.0)
+    assert set(states) == {"controltable_run_cleanup", f"{live['events']}_pending_events"}
+    for state in states.values():
+        assert state["status"] == "RUNNING"
+        assert all(t["status"] != "FAILURE" for t in state["ticks"]), state["ticks"]
+
+
+def test_six_queued_runs_on_a_capacity_one_slot(live: dict[str, Any]) -> None:
+    ct: ControlTable = live["ct"]
+    dep: Deployment = live["one"]
+    ct.set_capacity("six", 1)
+    runs = [dep.submit("hold_job", _hold("six", 1.0)) for _ in range(6)]
+    dep.wait_for_runs(runs, {"SUCCESS"}, timeout=300)
+    records = _held(live, runs)
+    assert len(records) == 6
+    _check_intervals(records, "six", 1)
+    assert _entries(ct, "six") == ([], [])
+
+
+@pytest.mark.parametrize("wait", ["block", "retry"])
+def test_terminate_a_waiting_and_a_holding_run(live: dict[str, Any], wait: str) -> None:
+    ct: ControlTable = live["ct"]
+    dep: Deployment = live["one"]
+    resource = f"term_{wait}"
+    ct.set_capacity(resource, 1)
+    config = _hold(resource, 300.0, wait=wait, retry_interval=20.0)
+    holder_run = dep.submit("hold_job", config)
+    wait_until(lambda: _holding(live, holder_run), 120, "the first run to hold the slot")
+    waiter_run = dep.submit("hold_job", config)
+    wait_until(lambda: any(w.startswith(f"dagster:{waiter_run}:") for w in _entries(ct, resource)[1]), 120,
+               "the second run to queue")
+    if wait == "retry":  # the step has given up its worker and sits in the queue between retries
+        wait_until(lambda: "STEP_UP_FOR_RETRY" in dep.run_logs([waiter_run]), 60, "the step's retry")
+
+    started = time.monotonic()
+    dep.terminate(waiter_run)
+    wait_until(lambda: not any(w.startswith(f"dagster:{waiter_run}:") for w in _entries(ct, resource)[1]),
+               30, "the waiting run's queue place to go", interval=0.05)
+    withdrawn_after = time.monotonic() - started
+    assert _entries(ct, resource)[0] == [f"dagster:{holder_run}:hold"]
+
+    started = time.monotonic()
+    dep.terminate(holder_run)
+    wait_until(lambda: _entries(ct, resource) == ([], []), 30, "the holding run's slot to be freed",
+               interval=0.05)
+    freed_after = time.monotonic() - started
+    dep.wait_for_runs([holder_run, waiter_run], {"CANCELED"}, timeout=120)
+    print(f"{wait}: waiting run's place gone after {withdrawn_after:.2f} s, slot freed after {freed_after:.2f} s")
+    assert withdrawn_after <= WITHDRAW_BOUND
+    assert freed_after <= WITHDRAW_BOUND
+
+
+def test_cleanup_sensor_withdraws_a_retry_waiter_of_the_multiprocess_executor(live: dict[str, Any]) -> None:
+    """A step between retries has no process; the cleanup sensor withdraws its place at its next tick."""
+    ct: ControlTable = live["ct"]
+    dep: Deployment = live["one"]
+    resource = "term_mp"
+    ct.set_capacity(resource, 1)
+    ct.acquire(resource, holder="shell:blocker", lease=300)
+    config = _hold(resource, 1.0, wait="retry", retry_interval=60.0)
+    run = dep.submit("hold_job_mp", config)
+    wait_until(lambda: "STEP_UP_FOR_RETRY" in dep.run_logs([run]), 120, "the step's retry")
+    assert any(w.startswith(f"dagster:{run}:") for w in _entries(ct, resource)[1])
+    started = time.monotonic()
+    dep.terminate(run)
+    dep.wait_for_runs([run], {"CANCELED"}, timeout=60)
+    wait_until(lambda: not _entries(ct, resource)[1], 60, "the cleanup sensor to withdraw the place", interval=0.1)
+    print(f"retry waiter of a multiprocess run withdrawn {time.monotonic() - started:.2f} s after terminateRun")
+    ct.release(resource, "shell:blocker")
+
+
+def test_sigkilled_run_worker_frees_the_slot_within_the_lease(live: dict[str, Any]) -> None:
+    ct: ControlTable = live["ct"]
+    dep: Deployment = live["one"]
+    resource = "killed"
+    lease = 6.0
+    ct.set_capacity(resource, 1)
+    run = dep.submit("hold_job_mp", _hold(resource, 300.0, lease=lease))
+    holding = wait_until(lambda: _holding(live, run), 120, "the step to hold the slot")
+    live["orphans"].append(holding["pid"])
+    assert holding["ppid"] != holding["pid"]  # the multiprocess executor: the step runs in a child process
+    os.kill(holding["ppid"], signal.SIGKILL)  # the run worker
+    killed = time.monotonic()
+    wait_until(lambda: _entries(ct, resource)[0] == [], lease + 20, "the slot to come back", interval=0.1)
+    back_after = time.monotonic() - killed
+    print(f"slot back {back_after:.2f} s after the run worker was killed (lease {lease:g} s)")
+    assert back_after <= lease + 3.0  # the lease, plus the orphan check's tick
+
+
+def test_events_sensor_with_producers(live: dict[str, Any]) -> None:
+    ct: ControlTable = live["ct"]
+    dep: Deployment = live["one"]
+    name = live["events"]
+    table = Table(name, MetaData(), autoload_with=ct.engine)
+    producers, per_producer = 3, 40
+
+    def produce(n: int) -> None:
+        for i in range(per_producer):
+            with ct.engine.begin() as conn:
+                conn.execute(insert(table), [{"id": n * 1000 + i, "payload": f"p{n}"}])
+            time.sleep(0.15)
+
+    threads = [threading.Thread(target=produce, args=(n,)) for n in range(1, producers + 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    total = producers * per_producer
+    events = ct.events(name, key="id")
+    try:
+        wait_until(lambda: events.stats().done == total, 240, f"all {total} events done", interval=1.0)
+    except AssertionError:
+        from dagster import RunsFilter
+
+        runs = [r.run_id for r in dep.instance.get_runs(filters=RunsFilter(job_name="drain_job"))]
+        print(events.stats(), dep.graphql(SENSOR_TICKS), dep.run_logs(runs[:3]), dep.log_tail("daemon"))
+        raise
+    log = Table(f"{name}_log", MetaData(), autoload_with=ct.engine)
+    with ct.engine.connect() as conn:
+        counts = dict(conn.execute(select(log.c.event_id, func.count()).group_by(log.c.event_id)).all())
+    assert len(counts) == total and set(counts.values()) == {1}, "an event was processed twice or never"
+
+    from dagster import RunsFilter
+
+    records = dep.instance.get_run_records(filters=RunsFilter(job_name="drain_job"))
+    assert records, "the sensor requested no run"
+    by_backlog: dict[str, list[Any]] = {}
+    for r in records:
+        by_backlog.setdefault(r.dagster_run.tags["controltable/backlog"], []).append(r)
+    for backlog, rs in by_backlog.items():  # a backlog is requested again only once its run has ended
+        spans = sorted((r.start_time or 0, r.end_time or time.time()) for r in rs)
+        for (_, end), (start, _) in zip(spans, spans[1:]):
+            assert start >= end, f"two runs at once for backlog {backlog}"
+    keys = [r.dagster_run.tags.get("dagster/run_key") for r in records]
+    assert len(keys) == len(set(keys))
+
+
+def test_second_instance_shares_the_slot(live: dict[str, Any], second: Deployment) -> None:
+    ct: ControlTable = live["ct"]
+    one: Deployment = live["one"]
+    ct.set_capacity("cross", 1)
+    runs_one = [one.submit("hold_job", _hold("cross", 1.0)) for _ in range(3)]
+    runs_two = [second.submit("hold_job", _hold("cross", 1.0)) for _ in range(3)]
+    one.wait_for_runs(runs_one, {"SUCCESS"}, timeout=300)
+    second.wait_for_runs(runs_two, {"SUCCESS"}, timeout=300)
+    records = _held(live, runs_one + runs_two)
+    assert len(records) == 6
+    _check_intervals(records, "cross", 1)

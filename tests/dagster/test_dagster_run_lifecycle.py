@@ -1,0 +1,293 @@
+"""Slots that end with the run, retry-mode handover, attempts, wait metadata and the namespace warning.
+
+In-process (``execute_in_process`` and sensor contexts on an ephemeral instance) on every backend;
+``test_dagster_live.py`` checks the same behaviour in a running deployment.
+"""
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from dagster import (
+    DagsterInstance,
+    DagsterRunStatus,
+    OpExecutionContext,
+    RetryPolicy,
+    RetryRequested,
+    SkipReason,
+    build_sensor_context,
+    job,
+    op,
+)
+
+from dagster_controltable import ControlTableResource, controltable_run_cleanup_sensor, pending_events_sensor
+from dagster_controltable.resource import head_retry_interval, retry_waiter_ttl
+
+pytestmark = pytest.mark.backends("sqlite", "postgres", "mysql")
+
+
+@op
+def noop() -> None:
+    pass
+
+
+@job
+def noop_job() -> None:
+    noop()
+
+
+def _run_in(instance: DagsterInstance, status: DagsterRunStatus, run_config: Any = None) -> str:
+    from dagster._core.storage.dagster_run import DagsterRun
+
+    run = instance.add_run(DagsterRun(job_name=noop_job.name, run_config=run_config or {}))
+    if status == DagsterRunStatus.CANCELED:
+        instance.report_run_canceled(run)
+    elif status == DagsterRunStatus.FAILURE:
+        instance.report_run_failed(run)
+    elif status == DagsterRunStatus.STARTED:
+        instance.handle_run_event(run.run_id, _started(run))
+    return run.run_id
+
+
+def _started(run: Any) -> Any:
+    from dagster._core.events import DagsterEvent, DagsterEventType
+
+    return DagsterEvent(event_type_value=DagsterEventType.RUN_START.value, job_name=run.job_name)
+
+
+def _queue(ct: Any, resource: str) -> tuple[list[str], list[str]]:
+    (st,) = ct.status([resource])
+    return [h.holder for h in st.holders], [w.holder for w in st.waiters]
+
+
+def test_cleanup_sensor_withdraws_cancelled_and_failed_runs_only(ct: Any, resource: ControlTableResource) -> None:
+    ct.set_capacity("warehouse", 1)
+    sensor = controltable_run_cleanup_sensor()
+    with DagsterInstance.ephemeral() as instance:
+        cancelled = _run_in(instance, DagsterRunStatus.CANCELED)
+        failed = _run_in(instance, DagsterRunStatus.FAILURE)
+        running = _run_in(instance, DagsterRunStatus.STARTED)
+        ct.acquire("warehouse", holder=f"dagster:{cancelled}:load", lease=60)
+        assert ct.try_acquire("warehouse", holder=f"dagster:{failed}:load", waiter_ttl=60) is None
+        assert ct.try_acquire("warehouse", holder=f"dagster:{running}:load", waiter_ttl=60) is None
+        with build_sensor_context(instance=instance, resources={"controltable": resource}) as ctx:
+            result = sensor(ctx)
+            assert isinstance(result, SkipReason)
+            assert cancelled in (result.skip_message or "") and failed in (result.skip_message or "")
+            # only the running run's request is left, and it gets the freed slot
+            holders, waiters = _queue(ct, "warehouse")
+            assert set(holders + waiters) == {f"dagster:{running}:load"}
+            assert ct.try_acquire("warehouse", holder=f"dagster:{running}:load", waiter_ttl=60) is not None
+            again = sensor(ctx)  # the cursor moved past these runs
+            assert "no slot requests" in (again.skip_message or "")
+    ct.release("warehouse", f"dagster:{running}:load")
+    resource.close()
+
+
+def test_cleanup_sensor_follows_a_namespace_from_run_config(ct: Any, backend_url: str, namespace: str) -> None:
+    """A run whose config reset the namespace (only `url` given) is cleaned in "default" + its namespace."""
+    other = f"{namespace}_x"
+    from controltable import ControlTable
+
+    with ControlTable(backend_url, namespace=other) as elsewhere, DagsterInstance.ephemeral() as instance:
+        elsewhere.install()
+        elsewhere.set_capacity("warehouse", 1)
+        run_config = {"resources": {"controltable": {"config": {"url": backend_url, "namespace": other}}}}
+        run_id = _run_in(instance, DagsterRunStatus.CANCELED, run_config)
+        elsewhere.acquire("warehouse", holder=f"dagster:{run_id}:load", lease=60)
+        resource = ControlTableResource(url=backend_url, namespace=namespace)
+        with build_sensor_context(instance=instance, resources={"controltable": resource}) as ctx:
+            controltable_run_cleanup_sensor()(ctx)
+        assert _queue(elsewhere, "warehouse") == ([], [])
+        resource.close()
+
+
+def test_teardown_withdraws_the_requests_of_a_cancelled_run(ct: Any, resource: ControlTableResource) -> None:
+    """In-process executor: a step waiting between retries leaves the queue when the run is cancelled."""
+    ct.set_capacity("warehouse", 1)
+    blocker = ct.acquire("warehouse", holder="shell-job")
+    instance = DagsterInstance.ephemeral()
+    seen: dict[str, Any] = {}
+
+    @op
+    def polite(context: OpExecutionContext, controltable: ControlTableResource) -> None:
+        seen["run_id"] = context.run_id
+        if context.retry_number >= 1:  # the run was cancelled while the step waited between retries
+            instance.report_run_canceling(instance.get_run_by_id(context.run_id))
+            return
+        with controltable.slot("warehouse", wait="retry", retry_interval=0.2):
+            pass
+
+    @job
+    def polite_job() -> None:
+        polite()
+
+    try:
+        polite_job.execute_in_process(resources={"controltable": resource}, instance=instance, raise_on_error=False)
+        assert _queue(ct, "warehouse") == (["shell-job"], [])
+    finally:
+        blocker.release()
+        instance.dispose()
+
+
+def test_teardown_keeps_the_queue_place_of_a_running_run(ct: Any, resource: ControlTableResource) -> None:
+    ct.set_capacity("warehouse", 1)
+    blocker = ct.acquire("warehouse", holder="shell-job")
+    with DagsterInstance.ephemeral() as instance:
+        run_id = _run_in(instance, DagsterRunStatus.STARTED)
+        control = resource.control_table
+        resource._run_id = run_id
+        resource._track("warehouse", f"dagster:{run_id}:load")
+        assert control.try_acquire("warehouse", holder=f"dagster:{run_id}:load", waiter_ttl=60) is None
+        assert resource.withdraw_if_run_ended(instance) == 0
+        assert _queue(ct, "warehouse")[1] == [f"dagster:{run_id}:load"]
+        instance.report_run_canceled(instance.get_run_by_id(run_id))
+        assert resource.withdraw_if_run_ended(instance) == 1
+        assert _queue(ct, "warehouse") == (["shell-job"], [])
+    blocker.release()
+    resource.close()
+
+
+def test_retry_mode_at_the_head_retries_sooner(ct: Any, resource: ControlTableResource) -> None:
+    assert head_retry_interval(30) == 1 and head_retry_interval(0.5) == 0.5
+    assert head_retry_interval(30, new_process=True) == 3 and head_retry_interval(300, new_process=True) == 5
+    assert retry_waiter_ttl(30) == 60
+    ct.set_capacity("warehouse", 1)
+    blocker = ct.acquire("warehouse", holder="shell-job")
+    ahead = None
+    try:
+        with pytest.raises(RetryRequested) as first, resource.slot("warehouse", holder="step-a", wait="retry",
+                                                                 retry_interval=30):
+            pass
+        assert first.value.seconds_to_wait == 1  # at the head: next try soon
+        ahead = "step-a"
+        with pytest.raises(RetryRequested) as second, resource.slot("warehouse", holder="step-b", wait="retry",
+                                                                  retry_interval=30):
+            pass
+        assert second.value.seconds_to_wait == 30  # behind step-a: the whole interval
+        info = ct.wait_info("warehouse", "step-b")
+        assert info.position == 2 and list(info.ahead) == ["shell-job", "step-a"] or info.ahead[-1] == "step-a"
+    finally:
+        blocker.release()
+        for who in ("step-a", "step-b"):
+            ct.release("warehouse", who)
+        resource.close()
+    assert ahead == "step-a"
+
+
+def test_a_granted_head_waiter_picks_up_at_its_next_retry(ct: Any, resource: ControlTableResource) -> None:
+    """The grant made for a head waiter in retry mode waits for it (pickup = the retry interval)."""
+    ct.set_capacity("warehouse", 1)
+    blocker = ct.acquire("warehouse", holder="shell-job")
+    try:
+        with pytest.raises(RetryRequested), resource.slot("warehouse", holder="step-a", wait="retry",
+                                                          retry_interval=30):
+            pass
+        with pytest.raises(RetryRequested), resource.slot("warehouse", holder="step-a", wait="retry",
+                                                          retry_interval=30):
+            pass  # second try: at the head, so the request now carries a long pickup
+    finally:
+        blocker.release()  # grants step-a on its behalf
+    time.sleep(1.0)
+    assert ct.try_acquire("warehouse", holder="newcomer", waiter_ttl=10) is None  # the grant waits for step-a
+    with resource.slot("warehouse", holder="step-a", wait="retry", retry_interval=30) as lease:
+        assert lease.holder == "step-a"
+    ct.release("warehouse", "newcomer")
+    resource.close()
+
+
+def test_each_retry_of_a_step_gets_a_higher_token(ct: Any, resource: ControlTableResource) -> None:
+    ct.set_capacity("warehouse", 1)
+    tokens: list[int] = []
+
+    @op(retry_policy=RetryPolicy(max_retries=1))
+    def flaky(context: OpExecutionContext, controltable: ControlTableResource) -> None:
+        lease = controltable.acquire("warehouse")  # held across the retry (no release on failure)
+        tokens.append(lease.token)
+        if context.retry_number == 0:
+            raise ValueError("first attempt fails")
+        controltable.release("warehouse")
+
+    @job
+    def flaky_job() -> None:
+        flaky()
+
+    result = flaky_job.execute_in_process(resources={"controltable": resource}, raise_on_error=False)
+    assert result.success
+    assert len(tokens) == 2 and tokens[1] > tokens[0]
+    assert _queue(ct, "warehouse") == ([], [])
+
+
+def test_wait_goes_into_the_log_and_output_metadata(ct: Any, resource: ControlTableResource) -> None:
+    ct.set_capacity("warehouse", 1)
+    blocker = ct.acquire("warehouse", holder="airflow:nightly:run1")
+
+    @op
+    def report(controltable: ControlTableResource) -> int:
+        with controltable.slot("warehouse") as lease:
+            return lease.token
+
+    @job
+    def report_job() -> None:
+        report()
+
+    threading.Timer(1.0, blocker.release).start()
+    with DagsterInstance.ephemeral() as instance:
+        result = report_job.execute_in_process(resources={"controltable": resource}, instance=instance)
+        assert result.success
+        (output,) = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
+        metadata = output.step_output_data.metadata
+        assert metadata["controltable/queue_position"].value == 1
+        assert metadata["controltable/wait_seconds"].value >= 0.5
+        assert metadata["controltable/holder"].value == f"dagster:{result.run_id}:report"
+        messages = [r.user_message for r in instance.all_logs(result.run_id)]
+        assert any("position 1 behind airflow:nightly:run1" in m for m in messages), messages
+
+
+def test_namespace_reset_by_run_config_is_warned_about(ct: Any, backend_url: str, namespace: str) -> None:
+    from dagster import Definitions
+
+    ct.set_capacity("warehouse", 1)
+
+    @op
+    def load(controltable: ControlTableResource) -> str:
+        return controltable.namespace
+
+    @job
+    def load_job() -> None:
+        load()
+
+    defs = Definitions(jobs=[load_job],
+                       resources={"controltable": ControlTableResource(url=backend_url, namespace=namespace)})
+    with DagsterInstance.ephemeral() as instance:
+        job_def = defs.resolve_job_def("load_job")
+        plain = job_def.execute_in_process(instance=instance)
+        assert plain.output_for_node("load") == namespace
+        assert not any("namespace" in (r.user_message or "") and "warn" in str(r.level).lower()
+                       for r in instance.all_logs(plain.run_id) if r.level >= 30)
+        reset = job_def.execute_in_process(
+            instance=instance, run_config={"resources": {"controltable": {"config": {"url": backend_url}}}})
+        assert reset.output_for_node("load") == "default"
+        warnings = [r.user_message for r in instance.all_logs(reset.run_id) if r.level >= 30]
+        assert any(f"definitions give {namespace!r}" in m and "namespace 'default'" in m for m in warnings), warnings
+
+
+def test_events_sensor_skip_reason_says_what_the_backlog_waits_for(ct: Any, resource: ControlTableResource,
+                                                                   make_events: Any) -> None:
+    table = make_events(6)
+    events = ct.events(table, key="id")
+    claimed = events.claim(2, owner="worker-1", lease=60)
+    failing = events.claim(1, owner="worker-2", lease=60)
+    failing.fail("boom")  # backs off
+    sensor = pending_events_sensor(noop_job, table=table, key="id", min_events=10)
+    with DagsterInstance.ephemeral() as instance, build_sensor_context(
+            instance=instance, resources={"controltable": resource}) as ctx:
+        result = sensor(ctx)
+    assert isinstance(result, SkipReason)
+    message = result.skip_message or ""
+    assert "fewer than min_events=10" in message
+    assert "2 claimed by running batches" in message
+    assert "backing off" in message or "in error" in message
+    claimed.release()
+    resource.close()
