@@ -150,8 +150,7 @@ def test_teardown_keeps_the_queue_place_of_a_running_run(ct: Any, resource: Cont
 
 
 def test_retry_mode_at_the_head_retries_sooner(ct: Any, resource: ControlTableResource) -> None:
-    assert head_retry_interval(30) == 1 and head_retry_interval(0.5) == 0.5
-    assert head_retry_interval(30, new_process=True) == 3 and head_retry_interval(300, new_process=True) == 5
+    assert head_retry_interval(30) == 3 and head_retry_interval(0.5) == 0.5 and head_retry_interval(300) == 5
     assert retry_waiter_ttl(30) == 60
     ct.set_capacity("warehouse", 1)
     blocker = ct.acquire("warehouse", holder="shell-job")
@@ -160,7 +159,7 @@ def test_retry_mode_at_the_head_retries_sooner(ct: Any, resource: ControlTableRe
         with pytest.raises(RetryRequested) as first, resource.slot("warehouse", holder="step-a", wait="retry",
                                                                  retry_interval=30):
             pass
-        assert first.value.seconds_to_wait == 1  # at the head: next try soon
+        assert first.value.seconds_to_wait == 3  # at the head: next try soon
         ahead = "step-a"
         with pytest.raises(RetryRequested) as second, resource.slot("warehouse", holder="step-b", wait="retry",
                                                                   retry_interval=30):
@@ -232,7 +231,14 @@ def test_wait_goes_into_the_log_and_output_metadata(ct: Any, resource: ControlTa
     def report_job() -> None:
         report()
 
-    threading.Timer(1.0, blocker.release).start()
+    def release_once_queued() -> None:  # let the step queue, wait a little, then free the slot
+        deadline = time.monotonic() + 60
+        while not _queue(ct, "warehouse")[1] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.6)
+        blocker.release()
+
+    threading.Thread(target=release_once_queued, daemon=True).start()
     with DagsterInstance.ephemeral() as instance:
         result = report_job.execute_in_process(resources={"controltable": resource}, instance=instance)
         assert result.success

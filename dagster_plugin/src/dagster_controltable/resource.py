@@ -10,8 +10,10 @@ naming the fix, instead of a traceback from deep inside SQLAlchemy.
 """
 
 import logging
+import math
 import os
 import re
+import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar, Union
@@ -60,6 +62,9 @@ DEFAULT_MAX_RETRIES = 120
 #: A run in one of these states will never pick up a grant: its requests can be withdrawn.
 RUN_ENDED_BADLY = frozenset({DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED, DagsterRunStatus.FAILURE})
 _AHEAD_SHOWN = 5
+#: How often the between-retries watcher looks for an interrupt, and reads the run status.
+_WATCH_TICK = 0.1
+_WATCH_STATUS_EVERY = 2.0
 _HOLDER_LIMIT = 200
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -68,12 +73,16 @@ class StepIdentity:
     """Who is asking, as far as Dagster tells: run id, step key, retry number and a logger."""
 
     def __init__(self, run_id: Optional[str], step_key: Optional[str], retry_number: int, logger: Any,
-                 context: Any = None) -> None:
+                 context: Any = None, *, own_process: bool = False) -> None:
         self.run_id = run_id
         self.step_key = step_key
         self.retry_number = retry_number
         self.log = logger
         self.context = context
+        #: The step runs in a process of its own that the run's orchestrator started (multiprocess
+        #: executor, step launchers): the process lives only for this try of the step, and its
+        #: parent is the run worker. False in the run worker itself (in-process executor).
+        self.own_process = own_process
 
     @property
     def attempt(self) -> Optional[int]:
@@ -119,10 +128,14 @@ def current_step() -> StepIdentity:
     if ctx is None:
         return StepIdentity(None, None, 0, log)
     try:
-        step_key: Optional[str] = ctx.get_step_execution_context().step.key
+        step_context = ctx.get_step_execution_context()
+        step_key: Optional[str] = step_context.step.key
+        # An orchestrator in another process handles this step's retries ("deferred"): the step
+        # runs in a process of its own (the multiprocess executor's child, a step launcher's pod).
+        own_process = bool(step_context.retry_mode.deferred)
     except Exception:  # pragma: no cover - framework-author API; fall back to the op name
-        step_key = ctx.op.name
-    return StepIdentity(ctx.run_id, step_key, int(ctx.retry_number), ctx.log, ctx)
+        step_key, own_process = ctx.op.name, False
+    return StepIdentity(ctx.run_id, step_key, int(ctx.retry_number), ctx.log, ctx, own_process=own_process)
 
 
 def as_failure(exc: BaseException, action: str, *, url: str = "", namespace: str = "") -> Failure:
@@ -225,6 +238,11 @@ class ControlTableResource(ConfigurableResource):
     # teardown withdraws when the run was cancelled or failed.
     _entries: dict[tuple[str, str], None] = PrivateAttr(default_factory=dict)
     _run_id: Optional[str] = PrivateAttr(default=None)
+    _instance: Any = PrivateAttr(default=None)
+    _log: Any = PrivateAttr(default=None)
+    _watcher: Optional[threading.Thread] = PrivateAttr(default=None)
+    _watch_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _between_retries: bool = PrivateAttr(default=False)
     _namespace_note: Optional[str] = PrivateAttr(default=None)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -237,6 +255,8 @@ class ControlTableResource(ConfigurableResource):
         resets the others to their defaults) is noted here and warned about in the step log.
         """
         self._run_id = context.run_id
+        self._instance = context.instance
+        self._log = context.log
         self._namespace_note = namespace_override_note(self.namespace, context)
         if self._namespace_note and context.log is not None:
             context.log.warning(self._namespace_note)
@@ -255,16 +275,25 @@ class ControlTableResource(ConfigurableResource):
         finally:
             self.close()
 
-    def withdraw_if_run_ended(self, instance: Any) -> int:
-        """Withdraw this process's requests when the run is canceling, canceled or failed; returns how many."""
+    def withdraw_if_run_ended(self, instance: Any, *, retries: int = 0, when: str = "at teardown") -> int:
+        """Withdraw this process's requests when the run is canceling, canceled or failed; returns how many.
+
+        ``retries``: read the status again (every 0.1 s) while it does not say so yet, for a
+        caller that knows a termination is on its way (an interrupt arrived).
+        """
         if not self._entries or self._run_id is None or self._ct is None or instance is None:
             return 0
-        try:
-            run = instance.get_run_by_id(self._run_id)
-        except Exception as exc:  # no status: leave the entries to the sensor or their TTL
-            log.warning("controltable: could not read the status of run %s: %s", self._run_id, exc)
-            return 0
-        if run is None or run.status not in RUN_ENDED_BADLY:
+        for attempt in range(retries + 1):
+            try:
+                run = instance.get_run_by_id(self._run_id)
+            except Exception as exc:  # no status: leave the entries to the sensor or their TTL
+                log.warning("controltable: could not read the status of run %s: %s", self._run_id, exc)
+                return 0
+            if run is not None and run.status in RUN_ENDED_BADLY:
+                break
+            if attempt < retries:
+                time.sleep(_WATCH_TICK)
+        else:
             return 0
         withdrawn = 0
         for name, who in list(self._entries):
@@ -274,8 +303,8 @@ class ControlTableResource(ConfigurableResource):
                 log.warning("controltable: could not withdraw %s from %r: %s", who, name, exc)
             self._entries.pop((name, who), None)
         if withdrawn:
-            log.info("controltable: run %s is %s: withdrew %d slot request(s)", self._run_id,
-                     run.status.value, withdrawn)
+            (self._log or log).info(f"controltable: run {self._run_id} is {run.status.value}: withdrew {withdrawn} "
+                                    f"slot request(s) {when}")
         return withdrawn
 
     def close(self) -> None:
@@ -479,6 +508,8 @@ class ControlTableResource(ConfigurableResource):
         """
         if wait not in WAIT_MODES:
             raise Failure(description=f"slot(wait={wait!r}) must be one of {', '.join(WAIT_MODES)}")
+        with self._watch_lock:  # a try is running: the between-retries watcher stands down
+            self._between_retries = False
         ct = self.control_table
         step = current_step()
         who = holder or step.holder
@@ -509,7 +540,7 @@ class ControlTableResource(ConfigurableResource):
         })
         # In a step process of the multiprocess executor the run worker is the parent: if it is
         # killed, nobody will finish the run, so renewal stops and the lease runs out.
-        granted.start_renewing(stop_when_orphaned=in_step_subprocess())
+        _start_renewing(granted, stop_when_orphaned=step.own_process)
         try:
             yield granted
         except BaseException:
@@ -586,19 +617,63 @@ class ControlTableResource(ConfigurableResource):
             # the position it had at its previous try (0: a grant was waiting for it; it waited all the same)
             return granted, waited, (max(i.position for i in before) or 1) if before else None
         position, where = self._where(ct, resource, who)
-        if step.retry_number >= max_retries:
+        # The budget is time (max_retries whole intervals), not Dagster retries: a step at the
+        # head tries more often than once an interval and must not use its budget up faster.
+        budget = max_retries * retry_interval
+        head = head_retry_interval(retry_interval)
+        cap = max_retries * max(1, math.ceil(retry_interval / head))
+        if waited >= budget or step.retry_number >= cap:
             self._withdraw(ct, resource, who)
             raise Failure(
-                description=(f"{names} was still busy after {max_retries} retries ({where}); raise max_retries or "
-                             "the capacity, or see `controltable status`"),
+                description=(f"{names} was still busy after {waited:.0f} s of retries (max_retries={max_retries} x "
+                             f"retry_interval={retry_interval:g} s; {where}); raise max_retries or the capacity, "
+                             "or see `controltable status`"),
                 allow_retries=False,
             )
-        seconds = (head_retry_interval(retry_interval, new_process=in_step_subprocess()) if position == 1
-                   else retry_interval)
+        seconds = head if position == 1 else retry_interval
         step.log.info(f"controltable: {names} busy: {where}; retrying the step in {seconds:g} s "
-                      f"(retry {step.retry_number + 1} of {max_retries}, waited {waited:.1f} s so far), "
-                      "keeping the queue place")
-        raise RetryRequested(max_retries=max_retries, seconds_to_wait=seconds)
+                      f"(retry {step.retry_number + 1}, waited {waited:.1f} s of {budget:g} s), keeping the queue "
+                      "place")
+        if not step.own_process:
+            with self._watch_lock:
+                self._between_retries = True
+            self._watch_run_between_retries()
+        raise RetryRequested(max_retries=cap, seconds_to_wait=seconds)
+
+    def _watch_run_between_retries(self) -> None:
+        """Withdraw this run's queue places the moment it is cancelled while its steps wait to retry.
+
+        In the run worker (in-process executor) Dagster sleeps through a retry wait and notices a
+        cancellation only when the sleep ends. A daemon thread watches meanwhile: Dagster's
+        termination arrives as an interrupt this process records, and the run's status is read
+        every few seconds in case it arrives another way; on CANCELING/CANCELED/FAILURE the
+        thread withdraws what this process asked for. It ends when nothing is left to watch.
+        """
+        if self._instance is None or (self._watcher is not None and self._watcher.is_alive()):
+            return
+        self._watcher = threading.Thread(target=self._watch_loop, name="controltable-run-watch", daemon=True)
+        self._watcher.start()
+
+    def _watch_loop(self) -> None:
+        last_check = time.monotonic()
+        while self._between_retries and self._entries and self._ct is not None:
+            time.sleep(_WATCH_TICK)
+            interrupted = _interrupt_received()
+            if not interrupted and time.monotonic() - last_check < _WATCH_STATUS_EVERY:
+                continue
+            last_check = time.monotonic()
+            # Under the lock, and only while no try is running: a step that is trying (or holds)
+            # handles its own cancellation, and must never lose a slot it works under.
+            with self._watch_lock:
+                if not self._between_retries:
+                    return
+                try:
+                    when = "on its termination signal" if interrupted else "between retries"
+                    if self.withdraw_if_run_ended(self._instance, retries=3 if interrupted else 0, when=when):
+                        return
+                except Exception as exc:  # the teardown and the cleanup sensor remain
+                    log.warning("controltable: watching run %s failed: %s", self._run_id, exc)
+                    return
 
     def _wait_infos(self, ct: ControlTable, resource: Union[str, Mapping[str, int]], who: str) -> list[Any]:
         """The core's wait information of ``who`` on each resource (empty if it has no entry yet)."""
@@ -784,18 +859,6 @@ def batch_metadata(batch: Batch, *, max_keys: int = 100) -> dict[str, MetadataVa
     }
 
 
-def in_step_subprocess() -> bool:
-    """True in a step process the run worker started with ``multiprocessing`` (the multiprocess executor).
-
-    Such a process lives only for its run: once its parent (the run worker) is gone it is an
-    orphan whose work nobody will record. A run worker itself (in-process executor) is not one:
-    its parent is the code server, which may be restarted while runs go on.
-    """
-    import multiprocessing
-
-    return multiprocessing.parent_process() is not None
-
-
 def retry_waiter_ttl(retry_interval: float) -> float:
     """How long a retry-mode step's queue place survives without a retry: one interval plus 30 s.
 
@@ -806,19 +869,14 @@ def retry_waiter_ttl(retry_interval: float) -> float:
     return retry_interval + 30.0
 
 
-def head_retry_interval(retry_interval: float, *, new_process: bool = False) -> float:
-    """The wait before the next try of a retry-mode step at the head of the queue.
+def head_retry_interval(retry_interval: float) -> float:
+    """The wait before the next try of a retry-mode step at the head of the queue: a tenth, 1 to 5 s.
 
     The head is next to be granted; retrying it sooner keeps a freed slot from idling for a
     whole retry interval (the grant made for it waits up to ``retry_interval`` for the pickup).
-    In the run worker (in-process executor) a try costs one query, so the head tries every
-    second; that also bounds how long a cancelled run's teardown waits, because Dagster's
-    in-process executor sleeps through a retry wait before it notices the cancellation. Where
-    each try starts a new step process (``new_process``, the multiprocess executor) the head
-    tries every tenth of the interval, 1 to 5 s.
+    Not faster than once a second: every try is a step retry in Dagster's event log (and, with
+    the multiprocess executor, a new step process).
     """
-    if not new_process:
-        return min(retry_interval, 1.0)
     return min(retry_interval, max(1.0, min(5.0, retry_interval / 10.0)))
 
 
@@ -863,6 +921,25 @@ def _add_output_metadata(step: StepIdentity, metadata: dict[str, Any]) -> None:
         step.context.add_output_metadata(metadata)
     except Exception as exc:  # several outputs, no output, or outside an op: metadata is optional
         log.debug("controltable: no output metadata for the slot: %s", exc)
+
+
+def _start_renewing(lease: Lease, *, stop_when_orphaned: bool) -> None:
+    try:
+        lease.start_renewing(stop_when_orphaned=stop_when_orphaned)  # type: ignore[call-arg]
+    except TypeError:  # a core without orphan detection in its renewer
+        lease.start_renewing()
+
+
+def _interrupt_received() -> bool:
+    """Whether Dagster recorded an interrupt (its termination signal) that it has not acted on yet."""
+    try:
+        from dagster._utils.interrupts import check_captured_interrupt
+    except ImportError:  # pragma: no cover - private API moved; the status check still works
+        return False
+    try:
+        return bool(check_captured_interrupt())
+    except Exception:  # pragma: no cover
+        return False
 
 
 def _timestamp(value: Any) -> float:
