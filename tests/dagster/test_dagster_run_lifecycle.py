@@ -297,3 +297,46 @@ def test_events_sensor_skip_reason_says_what_the_backlog_waits_for(ct: Any, reso
     assert "backing off" in message or "in error" in message
     claimed.release()
     resource.close()
+
+
+def test_run_worker_withdraws_a_retry_waiter_when_its_run_is_cancelled(ct: Any, resource: ControlTableResource) -> None:
+    """In-process executor: while Dagster sleeps through the retry wait, the resource notices the cancel."""
+    ct.set_capacity("warehouse", 1)
+    blocker = ct.acquire("warehouse", holder="shell-job")
+    instance = DagsterInstance.ephemeral()
+    seen: dict[str, Any] = {}
+
+    @op
+    def polite(context: OpExecutionContext, controltable: ControlTableResource) -> None:
+        seen["run_id"] = context.run_id
+        if context.retry_number >= 1:
+            seen["retried_at"] = time.monotonic()
+            return
+        with controltable.slot("warehouse", wait="retry", retry_interval=60):  # at the head: retry in 5 s
+            pass
+
+    @job
+    def polite_job() -> None:
+        polite()
+
+    runner = threading.Thread(target=lambda: polite_job.execute_in_process(
+        resources={"controltable": resource}, instance=instance, raise_on_error=False))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not _queue(ct, "warehouse")[1] or "run_id" not in seen:
+            assert time.monotonic() < deadline, "the step never queued"
+            time.sleep(0.05)
+        instance.report_run_canceling(instance.get_run_by_id(seen["run_id"]))
+        cancelled = time.monotonic()
+        while _queue(ct, "warehouse")[1]:
+            assert time.monotonic() - cancelled < 30, "the waiter was never withdrawn"
+            time.sleep(0.05)
+        withdrawn = time.monotonic()
+        runner.join(timeout=60)
+        assert withdrawn < seen["retried_at"], "withdrawn only when the retry wait ended"
+        messages = [r.user_message for r in instance.all_logs(seen["run_id"])]
+        assert any("withdrew 1 slot request(s) between retries" in m for m in messages), messages
+    finally:
+        blocker.release()
+        instance.dispose()
