@@ -131,14 +131,22 @@ def init(obj: CT) -> None:
 @click.option("--events-table", default="events", show_default=True, help="Event table name to show claims for.")
 @click.option("--key", default="event_id", show_default=True, help="Its unique key column.")
 @click.option("--order-by", default=None, help="Its claim-order column (default: the key).")
+@click.option("--server-version", default=None,
+              help="Server version to compile for, e.g. 16 (SQL Server 2022) or 23 (Oracle 23ai); "
+                   "default: SQL Server 2019 (15), Oracle 19c, PostgreSQL 15, MySQL 8.0.")
 @click.pass_obj
 @handled
-def sql(obj: CT, dialect: str, events_table: str, key: str, order_by: Optional[str]) -> None:
-    """Print the DDL and every statement the engine runs, for a DBA to review or pre-create."""
-    from .sqlscript import render
+def sql(obj: CT, dialect: str, events_table: str, key: str, order_by: Optional[str],
+        server_version: Optional[str]) -> None:
+    """Print the DDL and every statement the engine runs, for a DBA to review or pre-create.
+
+    The global --prefix and --schema apply to every statement (the control tables'), as they do
+    at run time.
+    """
+    from .sqlscript import parse_version, render
 
     click.echo(render(dialect, prefix=obj.prefix, schema=obj.schema, events_table=events_table, key=key,
-                      order_by=order_by), nl=False)
+                      order_by=order_by, server_version=parse_version(server_version)), nl=False)
 
 
 # -- capacity ----------------------------------------------------------------------------------------

@@ -307,7 +307,7 @@ def _analyze_oracle(element: AnalyzeTable, compiler: Any, **kw: Any) -> str:
 
     def quoted(name: str) -> str:
         # DBMS_STATS takes names as strings; a double-quoted one is taken exactly as stored.
-        return str(compiler.render_literal_value(f'"{dialect.denormalize_name(name)}"', String()))
+        return str(compiler.sql_compiler.render_literal_value(f'"{dialect.denormalize_name(name)}"', String()))
 
     owner = quoted(element.table.schema) if element.table.schema else "USER"
     return (f"BEGIN DBMS_STATS.GATHER_TABLE_STATS(ownname => {owner}, "
