@@ -6,7 +6,7 @@ documentation is a test over the compiled SQL, and the printed scripts are golde
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -22,7 +22,7 @@ REGENERATE = ".venv/bin/python -m controltable.sqlscript core/sql"
 LARGE = 2500  # a batch larger than SQL Server's per-statement row cap, twice over
 
 
-@lru_cache(maxsize=None)
+@cache
 def sections(dialect: str, order_by: str | None = None, large: int = 0) -> tuple[tuple[str, tuple[str, ...]], ...]:
     return tuple((t, tuple(s)) for t, s in captured_statements(dialect, order_by=order_by, large_batch=large))
 
