@@ -10,6 +10,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+import sqlalchemy
 from click.testing import CliRunner
 
 from controltable.cli import cli
@@ -37,6 +38,8 @@ def statements(dialect: str, *title_starts: str, order_by: str | None = None, la
 
 # -- golden files ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("dialect", GOLDEN_DIALECTS)
+@pytest.mark.skipif(sqlalchemy.__version__.startswith("1."), reason="the golden files are printed by SQLAlchemy 2, "
+                    "whose compilers differ in details (quoting, bind names) from 1.4's")
 def test_printed_sql_matches_the_reviewed_golden_file(dialect: str) -> None:
     path = GOLDEN / f"{dialect}.sql"
     assert path.exists(), f"{path} is missing; create it with: {REGENERATE}"

@@ -525,9 +525,7 @@ class EventTable:
                 with engine.connect() as conn:
                     if autocommit:
                         conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-                    for setting in before:
-                        conn.exec_driver_sql(setting)
-                    conn.commit()
+                    _run_each(conn, before, autocommit)
                     try:
                         if autocommit:
                             if stmt.name in self._invalid_indexes(conn):
@@ -537,9 +535,7 @@ class EventTable:
                             with conn.begin():
                                 conn.execute(ddl)
                     finally:
-                        for setting in after:
-                            conn.exec_driver_sql(setting)
-                        conn.commit()
+                        _run_each(conn, after, autocommit)
             except DBAPIError as exc:
                 if dialects.is_lock_timeout(exc):
                     rest = [text] + [str((CreateIndex(s) if isinstance(s, Index) else s).compile(
@@ -1087,6 +1083,16 @@ class EventTable:
             f"{self.prefix}state": PENDING, f"{self.prefix}owner": None, f"{self.prefix}token": None,
             f"{self.prefix}expires_at": None, f"{self.prefix}available_at": None, f"{self.prefix}attempts": 0,
             f"{self.prefix}error": None, f"{self.prefix}done_at": None})).rowcount))
+
+
+def _run_each(conn: Connection, statements: list[str], autocommit: bool) -> None:
+    """Session settings around a DDL statement, each in its own transaction (SQLAlchemy 1.4 too)."""
+    for statement in statements:
+        if autocommit:
+            conn.exec_driver_sql(statement)
+        else:
+            with conn.begin():
+                conn.exec_driver_sql(statement)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -65,7 +65,7 @@ def dialect_for(name: str, server_version: Optional[Sequence[int]] = None) -> Di
         d._supports_nvarchar_max = version >= (9,)
     elif name == "oracle":
         d.supports_identity_columns = version >= (12,)
-        d._supports_offset_fetch = d.enable_offset_fetch and version >= (12,)
+        d._supports_offset_fetch = getattr(d, "enable_offset_fetch", True) and version >= (12,)
         d.supports_native_boolean = version >= (23,)
     elif name == "postgresql":
         d.supports_identity_columns = version >= (10,)
