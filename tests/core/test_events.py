@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
-from sqlalchemy import Column, Integer, MetaData, String, Table, UniqueConstraint, func, insert, select, update
+from sqlalchemy import Column, Integer, MetaData, String, Table, UniqueConstraint, func, insert, select, text, update
 
 from controltable import ConfigurationError, LeaseLost, NotInstalledError
 
@@ -603,3 +603,51 @@ def test_fail_messages_fit_the_error_column(ct: Any, events_table: Callable[...,
     batch.fail("é" * 5000)  # 2 bytes each: cut to whole characters within the column's size
     stored = _rows(ct, t.name)[1]["ct_error"]
     assert set(stored) == {"é"} and 0 < len(stored) <= 2000
+
+
+# -- prepare(): one DDL per transaction, online where offered, statistics, busy tables ----------------
+def test_prepare_runs_each_statement_then_refreshes_statistics(
+    ct: Any, events_table: Callable[..., Table], backend: str
+) -> None:
+    t = events_table(50)
+    ev = ct.events(t.name, key="id")
+    done = ev.prepare()
+    assert sum(s.startswith("ALTER TABLE") for s in done) == 8
+    analyze = {"sqlite": f"ANALYZE {t.name}", "postgres": f"ANALYZE {t.name}", "mysql": f"ANALYZE TABLE {t.name}"}
+    assert done[-1] == analyze[backend]
+    if backend == "postgres":
+        assert any(s.startswith("CREATE INDEX CONCURRENTLY") for s in done), "PostgreSQL builds indexes online"
+        with ct.engine.connect() as conn:
+            analyzed = conn.execute(text("SELECT last_analyze FROM pg_stat_user_tables WHERE relname = :n"),
+                                    {"n": t.name}).scalar()
+        assert analyzed is not None, "prepare() must leave the table analyzed"
+    assert ev.prepare() == [], "prepare() is idempotent and analyzes only after a change"
+    batch = ev.claim(10, owner="w")
+    assert batch is not None and len(batch) == 10
+
+
+def test_prepare_on_a_busy_table_fails_clearly_with_the_ddl(
+    ct: Any, events_table: Callable[..., Table], backend: str
+) -> None:
+    if backend == "sqlite":
+        pytest.skip("SQLite waits for its single writer (busy_timeout); no per-statement DDL lock timeout")
+    t = events_table(5)
+    ev = ct.events(t.name, key="id")
+    from sqlalchemy import create_engine
+
+    from controltable.events import TableBusyError
+
+    other = create_engine(ct.engine.url)
+    try:
+        with other.connect() as conn:
+            trans = conn.begin()
+            conn.execute(select(func.count()).select_from(t))  # holds a lock the ALTER must wait for
+            with pytest.raises(TableBusyError) as info:
+                ev.prepare(lock_timeout=1)
+            trans.rollback()
+        message = str(info.value)
+        assert "Retry later" in message and "ALTER TABLE" in message and t.name in message
+    finally:
+        other.dispose()
+    assert ev.prepare(), "after the other session finished, prepare() goes through"
+    assert ev.claim(5, owner="w") is not None
