@@ -635,7 +635,7 @@ def test_prepare_on_a_busy_table_fails_clearly_with_the_ddl(
     ev = ct.events(t.name, key="id")
     from sqlalchemy import create_engine
 
-    from controltable.events import TableBusyError
+    from controltable import TableBusyError
 
     other = create_engine(ct.engine.url)
     try:

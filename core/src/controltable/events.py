@@ -506,6 +506,7 @@ class EventTable:
         from sqlalchemy.exc import DBAPIError
         from sqlalchemy.schema import CreateIndex, DropIndex
 
+        lock_timeout = check_positive_int("lock_timeout", lock_timeout)
         stmts = self.prepare_statements(
             filtered_indexes=filtered_indexes, disable_lock_escalation=disable_lock_escalation)
         engine = self.ct.db.engine
