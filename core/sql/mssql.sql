@@ -197,7 +197,9 @@ FROM events
 WHERE events.ct_state = 0 ORDER BY events.event_id;
 
 -- ===== events retry_errors =====
-UPDATE events SET ct_state=:ct_state, ct_available_at=:ct_available_at, ct_attempts=:ct_attempts, ct_error=:ct_error WHERE events.ct_state = 3;
+SELECT TOP 1000 events.event_id 
+FROM events WITH (UPDLOCK, ROWLOCK) 
+WHERE events.ct_state = 3 ORDER BY events.event_id;
 
 -- ===== worklist populate =====
 SELECT ct_worklist.last_token 
