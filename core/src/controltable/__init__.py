@@ -10,7 +10,7 @@ from .errors import (
     NotInstalledError,
     UnknownResourceError,
 )
-from .events import Batch, EventStats, EventTable
+from .events import Batch, EventStats, EventTable, TableBusyError
 from .slots import Entry, Lease, ResourceStatus, WaitInfo
 from .worklist import Item, WorkList, WorkListBlocked, WorkListStatus
 
@@ -34,6 +34,7 @@ __all__ = [
     "LeaseLost",
     "NotInstalledError",
     "ResourceStatus",
+    "TableBusyError",
     "UnknownResourceError",
     "WaitInfo",
     "__version__",
