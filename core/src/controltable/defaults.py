@@ -29,3 +29,11 @@ DEFAULT_WAITER_TTL = 30.0
 DEFAULT_BATCH_LEASE = 900.0
 #: A work item's lease (seconds).
 DEFAULT_ITEM_LEASE = 600.0
+
+# -- background renewal ----------------------------------------------------------------------------
+#: Whether a background renewer stops (letting its lease expire) when its process is orphaned.
+#: Off for the core (a ``nohup`` job outlives its shell on purpose); the Airflow and Dagster
+#: adapters turn it on for their worker processes, whose supervisor owns the outcome.
+STOP_RENEWING_WHEN_ORPHANED = False
+#: How often (seconds) a renewer that watches for orphaning or an ``alive()`` callback looks.
+ORPHAN_CHECK_INTERVAL = 1.0

@@ -4,6 +4,11 @@ Allocation locks the work list's row, so two workers can never both decide "orde
 finished" from a stale view: the race seed 003's own log shows (a 300 and a 400 task starting
 together) cannot happen. Completion needs no lock: it can only make the lowest unfinished order
 move forward, and an allocation that ran just before it merely saw the older, stricter state.
+
+Every operation is safe to run twice across a lost COMMIT reply: a retried allocation finds the
+item its first attempt stamped, and a retried complete/fail recognises "already done by this
+token" (fencing tokens are never reissued), so a dropped connection costs neither an orphaned
+item nor a false LeaseLost.
 """
 
 from __future__ import annotations
@@ -205,9 +210,18 @@ class WorkList:
         lease_s = check_seconds("lease", lease) if lease is not None else self.lease
         assert lease_s is not None
         t = self.t
+        # What the last attempt wrote, known to this client before its COMMIT was sent: if the
+        # reply to that COMMIT is lost, the retry looks for exactly this allocation (the item
+        # id, its fencing token and the database-clock instant it was stamped with) and returns
+        # it, instead of allocating a second item and orphaning the first for its lease.
+        attempted: list[tuple[int, int, float]] = []
 
         def fn(conn: Connection) -> Optional[Item]:
             lock = self._ensure(conn)
+            if attempted:
+                found = self._find_allocation(conn, owner, *attempted[-1])
+                if found is not None:
+                    return found
             # The clock is read once the lock is held, so started_at is never before the
             # finished_at of the item whose completion this allocation waited for.
             now = float(conn.scalar(select(dialects.db_now())) or 0.0)
@@ -229,10 +243,31 @@ class WorkList:
             conn.execute(update(t).where(t.c.id == row.id).values(
                 state=ACTIVE, owner=owner, token=token, attempts=t.c.attempts + 1, started_at=now,
                 finished_at=None, expires_at=now + lease_s))
+            attempted.append((int(row.id), token, now))
             return Item(self, int(row.id), json.loads(row.payload), int(row.exec_order), int(row.priority), owner,
                         token, int(row.attempts) + 1, now + lease_s, lease_s)
 
         return self.ct.db.run(fn)
+
+    def _find_allocation(self, conn: Connection, owner: str, item_id: int, token: int,
+                         started_at: float) -> Optional[Item]:
+        """The item an earlier attempt of this allocation committed, if it did (else ``None``).
+
+        A fencing token is handed out once per work list only when its transaction commits, so
+        a row still active under this token, owner and start instant can only be that attempt's.
+        """
+        t = self.t
+        row = conn.execute(select(t).where(
+            self._mine(), t.c.id == item_id, t.c.token == token, t.c.owner == owner,
+            t.c.started_at == started_at, t.c.state == ACTIVE)).first()
+        if row is None:
+            return None
+        return self._item(row)
+
+    def _item(self, row: Any) -> Item:
+        lease_s = float(row.expires_at - row.started_at) if row.expires_at and row.started_at else self.lease
+        return Item(self, int(row.id), json.loads(row.payload), int(row.exec_order), int(row.priority),
+                    str(row.owner), int(row.token), int(row.attempts), float(row.expires_at or 0), lease_s)
 
     def items(
         self, owner: Optional[str] = None, *, lease: Optional[float] = None, poll: float = 0.5,
@@ -275,15 +310,23 @@ class WorkList:
             count = int(conn.execute(
                 update(t).where(t.c.id == item.id, t.c.token == item.token, t.c.state == ACTIVE).values(values)
             ).rowcount)
+            if count == 0 and state != NEW:
+                # Already done by this token: the first attempt's COMMIT went through and only
+                # its reply was lost (or the caller finished the item twice). The token is never
+                # handed out again, so the row can only be in this state by our own hand.
+                count = int(conn.scalar(select(func.count()).select_from(t).where(
+                    t.c.id == item.id, t.c.token == item.token, t.c.state == state)) or 0)
+                return count
             self.ct._notify(conn, [self.wakeup_key])
             return count
 
-        if self.ct.db.run(fn, idempotent=state != ERROR) != 1:
+        # Every finish is idempotent across a lost COMMIT reply (see above), so it is retried.
+        if self.ct.db.run(fn) != 1:
             if state == NEW:
                 return
             raise LeaseLost(
                 f"work item {item.id} of {self.name!r} is no longer held under token {item.token} "
-                "(its lease expired and it was re-allocated or reset)"
+                "(its lease expired and it was re-allocated or reset); its work may have run twice"
             )
 
     def _renew(self, item: Item, seconds: float) -> float:
@@ -345,9 +388,7 @@ class WorkList:
             raise LeaseLost(f"work item {item_id} of {self.name!r} is {row.state}, not allocated")
         if token is not None and int(row.token) != int(token):
             raise LeaseLost(f"work item {item_id} of {self.name!r} was re-allocated (token {row.token}, not {token})")
-        return Item(self, int(row.id), json.loads(row.payload), int(row.exec_order), int(row.priority),
-                    str(row.owner), int(row.token), int(row.attempts), float(row.expires_at or 0),
-                    float(row.expires_at - row.started_at) if row.expires_at and row.started_at else self.lease)
+        return self._item(row)
 
     def reset_all(self) -> int:
         """Every item back to new (seed 004's reset_all)."""
