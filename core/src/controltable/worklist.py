@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
 
 from sqlalchemy import and_, case, delete, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
 from . import dialects
 from .defaults import DEFAULT_ITEM_LEASE  # noqa: F401 - re-exported
@@ -152,9 +153,14 @@ class WorkList:
         )
         row = conn.execute(stmt).first()
         if row is None:
-            conn.execute(
-                insert(w).values(namespace=self.ns, name=self.name, last_token=0, created_at=dialects.db_now())
-            )
+            # Two first allocations of a new list may both find no row: the loser's INSERT fails
+            # on the primary key inside a savepoint, and it locks the winner's row instead.
+            try:
+                with conn.begin_nested():
+                    conn.execute(insert(w).values(
+                        namespace=self.ns, name=self.name, last_token=0, created_at=dialects.db_now()))
+            except IntegrityError:
+                pass
             row = conn.execute(stmt).first()
         return row
 
