@@ -115,3 +115,27 @@ def test_finish_under_a_lost_lease_still_raises(ct: ControlTable) -> None:
         first.complete()
     with pytest.raises(LeaseLost):
         first.fail("late")
+
+
+def test_first_uses_of_a_new_list_from_many_threads_do_not_collide(ct: ControlTable) -> None:
+    """The list's row is created on first use; racing creators must not fail on its primary key."""
+    import threading
+
+    wl = ct.worklist("born-racing")
+    barrier = threading.Barrier(6)
+    failures: list[BaseException] = []
+
+    def fill() -> None:
+        barrier.wait()
+        try:
+            wl.populate([{"n": i} for i in range(5)])
+        except BaseException as exc:  # collected for the assertion below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=fill) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert wl.status().total("new") == 30
