@@ -91,7 +91,8 @@ def connect_args(url: Any, *, connect_timeout: float, statement_timeout: Optiona
             out["expire_time"] = max(1, int(math.ceil(defaults.KEEPALIVE_IDLE / 60)))
     elif backend == "sqlite":
         out["timeout"] = busy_timeout(statement_timeout)
-    return {k: v for k, v in out.items() if k not in taken}
+    # The URL's own settings win; ``options`` was merged with the URL's above.
+    return {k: v for k, v in out.items() if k not in taken or k == "options"}
 
 
 def on_connect(dialect: Any, dbapi_conn: Any, *, statement_timeout: Optional[float], url: Any) -> None:

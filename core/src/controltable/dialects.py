@@ -145,7 +145,10 @@ def prepare_engine(engine: Engine, *, busy_timeout: float = 60.0) -> Engine:
         _configure_sqlite(engine, busy_timeout)
         return engine
     if name in ("postgresql", "mysql", "mssql", "oracle"):
-        if str(getattr(engine.dialect, "isolation_level", None) or "").upper() == "READ COMMITTED":
+        dialect = engine.dialect
+        # SQLAlchemy 2 keeps create_engine(isolation_level=...) here, 1.4 on the dialect itself.
+        on_connect = getattr(dialect, "_on_connect_isolation_level", None) or getattr(dialect, "isolation_level", None)
+        if str(on_connect or "").upper() == "READ COMMITTED":
             return engine
         return engine.execution_options(isolation_level="READ COMMITTED")
     raise_unsupported(name)

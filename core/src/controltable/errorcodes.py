@@ -277,6 +277,12 @@ def _is_psycopg_connect_failure(orig: BaseException) -> bool:
     return type(orig).__module__.startswith("psycopg") and str(orig).startswith("connection failed:")
 
 
+def _is_a(orig: BaseException, names: tuple[str, ...]) -> bool:
+    """Whether a DB-API class of that name is among ``orig``'s bases (psycopg's ConnectionTimeout
+    is an OperationalError)."""
+    return any(cls.__name__ in names for cls in type(orig).__mro__)
+
+
 def classify_postgresql(exc: BaseException) -> Kind:
     code = sqlstate(exc)
     if code is not None:
@@ -284,7 +290,7 @@ def classify_postgresql(exc: BaseException) -> Kind:
     orig = driver_error(exc)
     # No SQLSTATE: libpq failed to connect ("connection failed: ..." in psycopg 3) or lost the
     # connection; psycopg2 says so with an OperationalError / InterfaceError without a pgcode.
-    if _is_psycopg_connect_failure(orig) or type(orig).__name__ in ("OperationalError", "InterfaceError"):
+    if _is_psycopg_connect_failure(orig) or _is_a(orig, ("OperationalError", "InterfaceError")):
         text = str(orig)
         for pattern, kind in _PG_CONNECT_TEXT:
             if pattern.search(text):
@@ -360,12 +366,13 @@ _BY_DIALECT = {
 def classify(exc: BaseException, dialect_name: Optional[str] = None) -> Kind:
     """The :class:`Kind` of a driver error (raw, or wrapped by SQLAlchemy).
 
-    ``dialect_name`` picks the code table; without it the driver is told from the exception's
-    module, so errors raised outside SQLAlchemy (a pool hook, a raw connection) are classified too.
+    The code table is picked by the driver the exception comes from (its module), so errors
+    raised outside SQLAlchemy (a pool hook, a raw connection) are classified too; ``dialect_name``
+    is the fallback for exceptions of unknown origin.
     """
     orig = driver_error(exc)
-    name = dialect_name or _dialect_of(orig)
-    if isinstance(orig, UnicodeError):
+    name = _dialect_of(orig) or dialect_name
+    if isinstance(orig, (UnicodeError, OverflowError)):  # a value the driver cannot encode or store
         return Kind.BAD_VALUE
     fn = _BY_DIALECT.get(name or "")
     kind = fn(exc) if fn is not None else Kind.OTHER

@@ -85,7 +85,10 @@ def describe_keys(keys: Iterable[object], limit: int = 10) -> str:
 # -- never print a password -------------------------------------------------------------------
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^\s:/@'\"]*):[^\s'\"]*@")
 _BARE_CREDENTIALS = re.compile(r"(?P<user>[^\s:/@'\"=]+):(?!//)[^\s@'\"]+@(?=[^\s@'\"]*$|[^\s@'\"]*[\s'\"])")
-_PASSWORD_PARAM = re.compile(r"(?i)\b(?P<key>password|passwd|pwd)(?P<sep>\s*[=:]\s*)(?P<q>['\"]?)[^\s&;'\",)]*")
+_PASSWORD_PARAM = re.compile(
+    r"(?i)(?:(?<![A-Za-z0-9])|(?<=%3B)|(?<=%26)|(?<=%20))(?P<key>password|passwd|pwd)"
+    r"(?P<sep>\s*(?:[=:]|%3D)\s*)(?P<q>['\"]?)[^\s&;'\",)]*"
+)
 MASK = "***"
 
 
