@@ -9,6 +9,7 @@ from sqlalchemy import insert, inspect, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from .db import DEFAULT_URL, Database
+from .defaults import CONNECT_TIMEOUT, STATEMENT_TIMEOUT
 from .errors import ConfigurationError, NotInstalledError
 from .schema import SCHEMA_VERSION, ControlSchema, build_schema
 from .slots import DEFAULT_LEASE, DEFAULT_WAITER_TTL, Lease, ResourceStatus, SlotEngine
@@ -25,7 +26,10 @@ class ControlTable:
 
     One object per process is enough: it owns a connection pool and is safe to share between
     threads. ``namespace`` separates deployments that share a database; ``schema`` and
-    ``prefix`` say where the control tables live.
+    ``prefix`` say where the control tables live. ``connect_timeout`` and ``statement_timeout``
+    (seconds; ``statement_timeout=None`` keeps the server's own) bound every wait on the
+    database, so a silent or black-holed server fails with :class:`DatabaseUnavailableError`
+    instead of hanging (see :mod:`controltable.connect` for what each backend gets).
     """
 
     def __init__(
@@ -35,13 +39,15 @@ class ControlTable:
         namespace: str = "default",
         schema: Optional[str] = None,
         prefix: str = "ct_",
+        connect_timeout: float = CONNECT_TIMEOUT,
+        statement_timeout: Optional[float] = STATEMENT_TIMEOUT,
     ) -> None:
         self.namespace = check_namespace(namespace)
         self.schema = check_identifier("schema", schema) if schema is not None else None
         if not isinstance(prefix, str) or (prefix and not prefix.replace("_", "a").isalnum()):
             raise ConfigurationError(f"prefix {prefix!r} must be letters, digits and underscores, e.g. 'ct_'")
         self.prefix = prefix
-        self.db = Database(url_or_engine)
+        self.db = Database(url_or_engine, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
         self.tables: ControlSchema = build_schema(prefix, self.schema)
         self._slots = SlotEngine(self)
         self._wakeups = Wakeups(self.db, self.namespace, f"{prefix}wakeup")

@@ -28,7 +28,7 @@ from .defaults import DEFAULT_ITEM_LEASE  # noqa: F401 - re-exported
 from .errors import ConfigurationError, ControlTableError, LeaseLost
 from .renewal import BackgroundRenewal
 from .slots import default_holder, utc
-from .validation import check_name, check_seconds
+from .validation import check_name, check_order, check_poll_interval, check_priority, check_seconds
 
 if TYPE_CHECKING:  # pragma: no cover
     from .control import ControlTable
@@ -177,10 +177,7 @@ class WorkList:
 
         Payloads are checked for JSON first, so a bad one adds nothing. Returns the count added.
         """
-        if isinstance(order, bool) or not isinstance(order, int):
-            raise ConfigurationError(f"order must be a whole number, got {order!r}")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ConfigurationError(f"priority must be a whole number, got {priority!r}")
+        order, priority = check_order(order), check_priority(priority)
         encoded = []
         for i, payload in enumerate(payloads):
             try:
@@ -283,7 +280,9 @@ class WorkList:
 
         Raises :class:`WorkListBlocked` when only errored items stand in the way.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
+        poll = check_poll_interval("poll", poll)
+        deadline = None if wait is None else time.monotonic() + wait
         while True:
             since = self.ct._wakeups.mark([self.wakeup_key])
             item = self.allocate(owner, lease)
