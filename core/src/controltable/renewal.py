@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable, Optional
 
 from .defaults import ORPHAN_CHECK_INTERVAL, STOP_RENEWING_WHEN_ORPHANED
@@ -78,19 +79,17 @@ class Renewer(threading.Thread):
     def run(self) -> None:
         watching = self.parent_pid is not None or self.alive is not None
         step = min(self.interval, ORPHAN_CHECK_INTERVAL) if watching else self.interval
-        next_renewal = self.interval
-        waited = 0.0
-        while not self._stop_event.wait(step):
-            waited += step
+        next_renewal = time.monotonic() + self.interval
+        while not self._stop_event.wait(max(min(step, next_renewal - time.monotonic()), 0.0)):
             reason = self._reason_to_stop()
             if reason is not None:
                 self.stopped_because = reason
                 log.warning("controltable: stopped renewing %s: %s; the lease will expire", self.name, reason)
                 self.target.lost = LeaseLost(f"renewal stopped because {reason}; the lease was left to expire")
                 return
-            if waited + 1e-9 < next_renewal:
+            if time.monotonic() < next_renewal:
                 continue
-            next_renewal = waited + self.interval
+            next_renewal = time.monotonic() + self.interval
             try:
                 self.target.renew()
             except LeaseLost as exc:
