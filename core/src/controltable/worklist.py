@@ -69,7 +69,10 @@ class Item(BackgroundRenewal):
                 "order": self.order, "payload": self.payload}
 
     def complete(self) -> None:
-        """Mark done. Raises :class:`LeaseLost` if the lease expired and the item was re-allocated."""
+        """Mark done. Raises :class:`LeaseLost` if the lease expired and the item was re-allocated.
+
+        Safe to retry: an item already done under this item's token counts as completed.
+        """
         self.stop_renewing()
         self.worklist._finish(self, DONE, None)
 
@@ -207,7 +210,8 @@ class WorkList:
         """Hand out one item of the lowest order that still has unfinished items, or ``None``.
 
         ``None`` means: everything is done, or the current order's remaining items are all being
-        worked on (or errored). :meth:`status` tells which.
+        worked on (or errored). :meth:`status` tells which. When the reply to the allocation's
+        COMMIT is lost, the retry returns the item that COMMIT allocated, not a second one.
         """
         owner = check_name("owner", owner) if owner is not None else default_holder()
         lease_s = check_seconds("lease", lease) if lease is not None else self.lease
