@@ -22,17 +22,21 @@ CREATE TABLE ct_request (
 	enqueued_at FLOAT(53) NOT NULL, 
 	granted_at FLOAT(53) NULL, 
 	expires_at FLOAT(53) NOT NULL, 
+	ticket BIGINT NOT NULL DEFAULT 0, 
+	attempt INTEGER NULL, 
+	pickup_seconds FLOAT(53) NULL, 
 	PRIMARY KEY (id), 
 	CONSTRAINT ct_request_holder_uq UNIQUE (namespace, resource, holder)
 );
 CREATE INDEX ct_request_key_ix ON ct_request (request_key);
-CREATE INDEX ct_request_queue_ix ON ct_request (namespace, resource, id);
+CREATE INDEX ct_request_state_ix ON ct_request (namespace, resource, state, ticket);
 CREATE TABLE ct_resource (
 	namespace NVARCHAR(100) COLLATE Latin1_General_100_BIN2 NOT NULL, 
 	name NVARCHAR(200) COLLATE Latin1_General_100_BIN2 NOT NULL, 
 	capacity INTEGER NOT NULL, 
 	last_token BIGINT NOT NULL, 
 	created_at FLOAT(53) NOT NULL, 
+	last_ticket BIGINT NOT NULL DEFAULT 0, 
 	CONSTRAINT ct_resource_pk PRIMARY KEY (namespace, name)
 );
 CREATE TABLE ct_work_item (
@@ -69,39 +73,43 @@ WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at) VALUES (:namespace, :name, :capacity, :last_token, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0));
 
 -- ===== acquire: lock the resource row, reap expired entries, read the queue, grant =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket 
 FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
-SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now, ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at 
+SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now, ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt 
 FROM ct_resource LEFT OUTER JOIN ct_request ON ct_request.namespace = ct_resource.namespace AND ct_request.resource = ct_resource.name 
-WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name IN (:name_1_1) ORDER BY ct_request.id;
+WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name IN (:name_1_1) ORDER BY ct_request.ticket;
+UPDATE ct_resource SET last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 UPDATE ct_resource SET last_token=:last_token WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
-INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, token, lease_seconds, enqueued_at, granted_at, expires_at) OUTPUT inserted.id VALUES (:namespace, :resource, :holder, :request_key, :slots, :mode, :state, :token, :lease_seconds, :enqueued_at, :granted_at, :expires_at);
+INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, token, lease_seconds, enqueued_at, granted_at, expires_at, ticket, attempt, pickup_seconds) OUTPUT inserted.id VALUES (:namespace, :resource, :holder, :request_key, :slots, :mode, :state, :token, :lease_seconds, :enqueued_at, :granted_at, :expires_at, :ticket, :attempt, :pickup_seconds);
 
 -- ===== try_acquire while held: enqueue or refresh a waiter =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket 
 FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
-SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now, ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at 
+SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now, ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt 
 FROM ct_resource LEFT OUTER JOIN ct_request ON ct_request.namespace = ct_resource.namespace AND ct_request.resource = ct_resource.name 
-WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name IN (:name_1_1) ORDER BY ct_request.id;
-INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at) OUTPUT inserted.id VALUES (:namespace, :resource, :holder, :request_key, :slots, :mode, :state, :lease_seconds, :enqueued_at, :expires_at);
+WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name IN (:name_1_1) ORDER BY ct_request.ticket;
+UPDATE ct_resource SET last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds) OUTPUT inserted.id VALUES (:namespace, :resource, :holder, :request_key, :slots, :mode, :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds);
 
 -- ===== renew a lease (fenced by the request key) =====
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
 UPDATE ct_request SET lease_seconds=:lease_seconds, expires_at=:expires_at WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'granted' AND ct_request.expires_at >= :expires_at_1;
 
 -- ===== release a lease =====
+SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
+DELETE FROM ct_request WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'granted' AND ct_request.expires_at >= :expires_at_1;
 DELETE FROM ct_request WHERE ct_request.request_key = :request_key_1;
 
 -- ===== status =====
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
-SELECT ct_resource.namespace, ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.created_at 
+SELECT ct_resource.namespace, ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.created_at, ct_resource.last_ticket 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 ORDER BY ct_resource.name;
-SELECT ct_request.id, ct_request.namespace, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.lease_seconds, ct_request.enqueued_at, ct_request.granted_at, ct_request.expires_at 
+SELECT ct_request.id, ct_request.namespace, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.lease_seconds, ct_request.enqueued_at, ct_request.granted_at, ct_request.expires_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 ORDER BY ct_request.id;
+WHERE ct_request.namespace = :namespace_1 ORDER BY ct_request.resource, ct_request.ticket;
 
 -- ===== reap expired holders and waiters =====
 DELETE FROM ct_request WHERE ct_request.namespace = :namespace_1 AND ct_request.expires_at < (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0);
@@ -189,7 +197,9 @@ FROM events
 WHERE events.ct_state = 0 ORDER BY events.event_id;
 
 -- ===== events retry_errors =====
-UPDATE events SET ct_state=:ct_state, ct_available_at=:ct_available_at, ct_attempts=:ct_attempts, ct_error=:ct_error WHERE events.ct_state = 3;
+SELECT TOP 1000 events.event_id 
+FROM events WITH (UPDLOCK, ROWLOCK) 
+WHERE events.ct_state = 3 ORDER BY events.event_id;
 
 -- ===== worklist populate =====
 SELECT ct_worklist.last_token 

@@ -22,16 +22,20 @@ CREATE TABLE ct_request (
 	enqueued_at FLOAT NOT NULL, 
 	granted_at FLOAT, 
 	expires_at FLOAT NOT NULL, 
+	ticket BIGINT DEFAULT 0 NOT NULL, 
+	attempt INTEGER, 
+	pickup_seconds FLOAT, 
 	CONSTRAINT ct_request_holder_uq UNIQUE (namespace, resource, holder)
 );
 CREATE INDEX ct_request_key_ix ON ct_request (request_key);
-CREATE INDEX ct_request_queue_ix ON ct_request (namespace, resource, id);
+CREATE INDEX ct_request_state_ix ON ct_request (namespace, resource, state, ticket);
 CREATE TABLE ct_resource (
 	namespace VARCHAR(100) NOT NULL, 
 	name VARCHAR(200) NOT NULL, 
 	capacity INTEGER NOT NULL, 
 	last_token BIGINT NOT NULL, 
 	created_at FLOAT NOT NULL, 
+	last_ticket BIGINT DEFAULT 0 NOT NULL, 
 	CONSTRAINT ct_resource_pk PRIMARY KEY (namespace, name)
 );
 CREATE TABLE ct_work_item (
@@ -67,39 +71,43 @@ WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at) VALUES (?, ?, ?, ?, ((julianday('now') - 2440587.5) * 86400.0));
 
 -- ===== acquire: lock the resource row, reap expired entries, read the queue, grant =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket 
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
-SELECT ((julianday('now') - 2440587.5) * 86400.0) AS now, ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at 
+SELECT ((julianday('now') - 2440587.5) * 86400.0) AS now, ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt 
 FROM ct_resource LEFT OUTER JOIN ct_request ON ct_request.namespace = ct_resource.namespace AND ct_request.resource = ct_resource.name 
-WHERE ct_resource.namespace = ? AND ct_resource.name IN (?) ORDER BY ct_request.id;
+WHERE ct_resource.namespace = ? AND ct_resource.name IN (?) ORDER BY ct_request.ticket;
+UPDATE ct_resource SET last_ticket=? WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 UPDATE ct_resource SET last_token=? WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
-INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, token, lease_seconds, enqueued_at, granted_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
+INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, token, lease_seconds, enqueued_at, granted_at, expires_at, ticket, attempt, pickup_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
 
 -- ===== try_acquire while held: enqueue or refresh a waiter =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket 
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
-SELECT ((julianday('now') - 2440587.5) * 86400.0) AS now, ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at 
+SELECT ((julianday('now') - 2440587.5) * 86400.0) AS now, ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt 
 FROM ct_resource LEFT OUTER JOIN ct_request ON ct_request.namespace = ct_resource.namespace AND ct_request.resource = ct_resource.name 
-WHERE ct_resource.namespace = ? AND ct_resource.name IN (?) ORDER BY ct_request.id;
-INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
+WHERE ct_resource.namespace = ? AND ct_resource.name IN (?) ORDER BY ct_request.ticket;
+UPDATE ct_resource SET last_ticket=? WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
+INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
 
 -- ===== renew a lease (fenced by the request key) =====
 SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
 UPDATE ct_request SET lease_seconds=?, expires_at=? WHERE ct_request.request_key = ? AND ct_request.state = 'granted' AND ct_request.expires_at >= ?;
 
 -- ===== release a lease =====
+SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
+DELETE FROM ct_request WHERE ct_request.request_key = ? AND ct_request.state = 'granted' AND ct_request.expires_at >= ?;
 DELETE FROM ct_request WHERE ct_request.request_key = ?;
 
 -- ===== status =====
 SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
-SELECT ct_resource.namespace, ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.created_at 
+SELECT ct_resource.namespace, ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.created_at, ct_resource.last_ticket 
 FROM ct_resource 
 WHERE ct_resource.namespace = ? ORDER BY ct_resource.name;
-SELECT ct_request.id, ct_request.namespace, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.lease_seconds, ct_request.enqueued_at, ct_request.granted_at, ct_request.expires_at 
+SELECT ct_request.id, ct_request.namespace, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.lease_seconds, ct_request.enqueued_at, ct_request.granted_at, ct_request.expires_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds 
 FROM ct_request 
-WHERE ct_request.namespace = ? ORDER BY ct_request.id;
+WHERE ct_request.namespace = ? ORDER BY ct_request.resource, ct_request.ticket;
 
 -- ===== reap expired holders and waiters =====
 DELETE FROM ct_request WHERE ct_request.namespace = ? AND ct_request.expires_at < ((julianday('now') - 2440587.5) * 86400.0);

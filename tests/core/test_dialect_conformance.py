@@ -136,6 +136,13 @@ def test_mssql_no_claim_or_completion_statement_touches_more_rows_than_the_cap()
     assert sizes and max(sizes) <= MSSQL_ROWS_PER_STATEMENT and LARGE % max(sizes) in sizes, sizes
 
 
+def test_mssql_admin_updates_page_by_key_under_the_cap() -> None:
+    stmts = statements("mssql", "events retry_errors")
+    assert any(s.startswith(f"SELECT TOP {MSSQL_ROWS_PER_STATEMENT} events.event_id") for s in stmts), stmts
+    updates = [s for s in stmts if s.startswith("UPDATE events")]  # none when no row is in error
+    assert all(" IN (" in s and _rows_named(s) <= MSSQL_ROWS_PER_STATEMENT for s in updates)
+
+
 def test_mssql_claims_seek_and_skip_locked_rows() -> None:
     claim = [s for s in statements("mssql", "events claim") if s.startswith("SELECT TOP")]
     assert claim and all("WITH (UPDLOCK, ROWLOCK, READPAST, FORCESEEK)" in s for s in claim)
@@ -216,3 +223,25 @@ def test_sql_prefix_and_schema_name_only_the_given_tables(dialect: str) -> None:
         bare = ref.split(".")[-1].strip('"')
         keyword = bare.upper() in ("STATISTICS", "SKIP", "NOWAIT", "OF")  # UPDATE STATISTICS, FOR UPDATE SKIP
         assert keyword or ref.startswith(("ops.", '"ops".')) or bare in ("events", "DUAL"), f"statement names {ref}"
+
+
+def test_oracle_claim_cursor_fetches_no_more_than_the_batch(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from sqlalchemy import Column, Integer, MetaData, Table
+
+    from controltable import ControlTable, dialects
+    from controltable.events import PENDING
+
+    ct = ControlTable(f"sqlite:///{tmp_path / 'c.db'}")
+    md = MetaData()
+    Table("ev", md, Column("id", Integer, primary_key=True))
+    md.create_all(ct.db.engine)
+    ev = ct.events("ev", key="id")
+    ev.prepare()
+    stmt = ev.claim_statement(7, ev._is(PENDING))
+    assert stmt.get_execution_options()[dialects.FETCH_ROWS_OPTION] == 7
+    cursor = SimpleNamespace(arraysize=100, prefetchrows=2)  # python-oracledb's defaults
+    dialects.apply_fetch_limit(cursor, SimpleNamespace(execution_options=stmt.get_execution_options()))
+    assert (cursor.arraysize, cursor.prefetchrows) == (7, 7)
+    ct.close()

@@ -635,7 +635,7 @@ def test_prepare_on_a_busy_table_fails_clearly_with_the_ddl(
     ev = ct.events(t.name, key="id")
     from sqlalchemy import create_engine
 
-    from controltable.events import TableBusyError
+    from controltable import TableBusyError
 
     other = create_engine(ct.engine.url)
     try:
@@ -651,3 +651,26 @@ def test_prepare_on_a_busy_table_fails_clearly_with_the_ddl(
         other.dispose()
     assert ev.prepare(), "after the other session finished, prepare() goes through"
     assert ev.claim(5, owner="w") is not None
+
+
+def test_capped_backends_page_admin_updates_by_key(
+    ct: Any, events_table: Callable[..., Table], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SQL Server path (row cap per statement), run here with a cap of 3 rows."""
+    from controltable import dialects
+
+    t = events_table(10)
+    ev = ct.events(t.name, key="id", max_attempts=1)
+    ev.prepare()
+    batch = ev.claim(10, owner="w")
+    assert batch is not None
+    monkeypatch.setattr(dialects, "rows_per_statement", lambda name: 3)
+    assert batch.fail("boom") == 10
+    assert ev.stats().error == 10
+    assert ev.retry_errors() == 10 and ev.stats().pending == 10
+    again = ev.claim(4, owner="w")  # chunks of 3 rows per claim statement
+    assert again is not None and again.keys == [1, 2, 3, 4]
+    assert again.complete() == 4 and ev.stats().done == 4
+    assert ev.reset() == 10
+    stats = ev.stats()
+    assert stats.pending == 10 and stats.done == 0

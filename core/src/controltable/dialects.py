@@ -124,13 +124,18 @@ def enable_fetch_limits(engine: Engine) -> None:
 
     @event.listens_for(engine, "before_cursor_execute")
     def _limit(conn: Any, cursor: Any, statement: Any, parameters: Any, context: Any, executemany: bool) -> None:
-        n = context.execution_options.get(FETCH_ROWS_OPTION) if context is not None else None
-        if n:
-            cursor.arraysize = n
-            if hasattr(cursor, "prefetchrows"):
-                cursor.prefetchrows = n
+        apply_fetch_limit(cursor, context)
 
     setattr(engine, _FETCH_LIMITS, True)
+
+
+def apply_fetch_limit(cursor: Any, context: Any) -> None:
+    """Set the cursor's ``arraysize`` and ``prefetchrows`` from :func:`limit_fetch`'s option."""
+    n = context.execution_options.get(FETCH_ROWS_OPTION) if context is not None else None
+    if n:
+        cursor.arraysize = n
+        if hasattr(cursor, "prefetchrows"):
+            cursor.prefetchrows = n
 
 
 def rows_per_statement(dialect_name: str) -> Optional[int]:
