@@ -182,6 +182,16 @@ class Database:
         return isinstance(exc, (UnicodeError, OverflowError)) or errorcodes.is_driver_error(exc)
 
     @contextmanager
+    def translating(self) -> Iterator[None]:
+        """Translate database errors raised in the block (for direct engine use: DDL, reflection)."""
+        try:
+            yield
+        except Exception as exc:
+            if not self.is_database_error(exc):
+                raise
+            raise self.translate(exc) from exc
+
+    @contextmanager
     def begin(self) -> Iterator[Connection]:
         """One transaction, no retries: for work whose effects must not be repeated."""
         try:
