@@ -498,3 +498,13 @@ def test_a_silent_server_fails_within_the_connect_timeout(silent_port: int, driv
         assert took < connect_timeout * 3 + 10, (name, took)
         assert "pw-silent-9" not in str(info.value)
     ct.close()
+
+
+def test_connection_settings_the_driver_refuses_are_configuration_errors(tmp_path: Path) -> None:
+    exc = psycopg_error(None, 'invalid connection option "bogus"', name="ProgrammingError")
+    assert classify(exc, "postgresql") is Kind.CONFIGURATION
+    pytest.importorskip("psycopg")
+    with pytest.raises(ConfigurationError, match="refused the connection settings"):
+        ControlTable("postgresql+psycopg://u:pw@127.0.0.1:1/db?bogus=1", connect_timeout=2).ping()
+    with pytest.raises(ConfigurationError, match="refused the connection settings"):
+        ControlTable("postgresql+psycopg://u:pw@127.0.0.1:1/db?bogus=1", connect_timeout=2).set_capacity("r", 1)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, func, inspect, select  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
@@ -346,3 +346,50 @@ def _stderr(result: Any) -> str:
         return str(result.stderr)
     except (ValueError, AttributeError):  # older click mixes stderr into output
         return ""
+
+
+URL_SHAPES = [
+    "{name}://u:{pw}@127.0.0.1:1/db",
+    "postgresql+psycopg://u:{pw}@127.0.0.1:1/{name}",
+    "postgresql+psycopg://u:{pw}@127.0.0.1:1/db?{name}=1",
+    "mysql+pymysql://{name}:{pw}@127.0.0.1:1/db",
+    "mysql+pymysql://u:{pw}@127.0.0.1:{name}/db",
+    "u:{pw}@{name}",
+    "{name}u:{pw}@h/db",
+]
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True)
+@given(name=HOSTILE_TEXT.filter(lambda s: "\x00" not in s and PASSWORD not in s), shape=st.sampled_from(URL_SHAPES),
+       via_env=st.booleans(), command=st.sampled_from([["init"], ["status"], ["capacity", "list"]]))
+def test_hostile_urls_never_print_the_password(name: str, shape: str, via_env: bool, command: list[str]) -> None:
+    from click.testing import CliRunner
+
+    from controltable import cli as cli_module
+
+    url = shape.format(name=name, pw=PASSWORD)
+    if via_env:
+        assume(_encodable(url))  # an environment variable cannot hold a lone surrogate
+    runner = CliRunner()
+    args = ["--connect-timeout", "2", *command]
+    previous = signal.signal(signal.SIGALRM, _hung)
+    signal.setitimer(signal.ITIMER_REAL, CALL_BOUND * 2)
+    try:
+        if via_env:
+            result = runner.invoke(cli_module.cli, args, env={"CONTROLTABLE_URL": url}, catch_exceptions=True)
+        else:
+            result = runner.invoke(cli_module.cli, ["--url", url, *args], catch_exceptions=True)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    output = result.output + _stderr(result)
+    assert result.exit_code in (2, 4), (url, result.exit_code, output, result.exception)
+    assert PASSWORD not in output, output
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -244,6 +244,8 @@ class Database:
                     trans.commit()
                     return result
             except Exception as exc:
+                if not connected and isinstance(exc, (TypeError, ValueError)) and not isinstance(exc, UnicodeError):
+                    raise self.bad_settings(exc) from exc
                 if not self.is_database_error(exc):
                     raise
                 kind = errorcodes.classify(exc, self.engine.dialect.name)
@@ -263,6 +265,13 @@ class Database:
                 time.sleep(pause)
                 delay = min(delay * 2, 2.0)
                 attempt += 1
+
+    def bad_settings(self, exc: BaseException) -> ConfigurationError:
+        """The driver refused the connection settings before reaching the server."""
+        return ConfigurationError(
+            f"the driver refused the connection settings of {self.safe_url}: {self.short(exc)}; check the "
+            "options in the URL's query string (and connect_args of an engine passed in)"
+        )
 
     def short(self, exc: BaseException) -> str:
         """The first line of the driver's message, password masked."""
@@ -337,6 +346,8 @@ class Database:
                 f"the database rejected a value: {short}; a name, number or text passed in does not fit "
                 "its column (too long, out of range, or characters the database cannot store)"
             )
+        if kind is Kind.CONFIGURATION:
+            return self.bad_settings(exc)
         if kind is Kind.CONFLICT:
             return ConflictError(
                 f"a concurrent change made the same row first: {short}; retry the call"
@@ -359,6 +370,8 @@ class Database:
         try:
             raw = self.engine.raw_connection()
         except Exception as exc:  # raw_connection() passes the driver's own errors through unwrapped
+            if isinstance(exc, (TypeError, ValueError)) and not isinstance(exc, UnicodeError):
+                raise self.bad_settings(exc) from exc
             raise self.translate(exc, default=Kind.UNAVAILABLE) from exc
         try:
             cursor = raw.cursor()
