@@ -508,3 +508,14 @@ def test_connection_settings_the_driver_refuses_are_configuration_errors(tmp_pat
         ControlTable("postgresql+psycopg://u:pw@127.0.0.1:1/db?bogus=1", connect_timeout=2).ping()
     with pytest.raises(ConfigurationError, match="refused the connection settings"):
         ControlTable("postgresql+psycopg://u:pw@127.0.0.1:1/db?bogus=1", connect_timeout=2).set_capacity("r", 1)
+
+
+@pytest.mark.parametrize("driver", ["postgresql+psycopg", "mysql+pymysql"])
+def test_a_deadline_shortens_the_connect_timeout(silent_port: int, driver: str) -> None:
+    pytest.importorskip("psycopg" if "psycopg" in driver else "pymysql")
+    db = Database(f"{driver}://u@127.0.0.1:{silent_port}/db", connect_timeout=60)
+    start = time.monotonic()
+    with pytest.raises(DatabaseUnavailableError):
+        db.run(lambda c: c.exec_driver_sql("SELECT 1").scalar(), deadline=time.monotonic() + 2)
+    assert time.monotonic() - start < 20  # the deadline (2 s, libpq rounds to whole seconds), not 60 s
+    db.dispose()
