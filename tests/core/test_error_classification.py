@@ -409,6 +409,8 @@ def test_postgres_unknown_role_missing_database_and_no_privileges() -> None:
             ct.set_capacity("w", 1)
         with pytest.raises(PermissionDeniedError):
             ct.status()
+        with pytest.raises(PermissionDeniedError):
+            ct.install()
         ct.close()
     finally:
         with admin.connect() as conn:
