@@ -336,6 +336,10 @@ def test_connect_args_per_driver() -> None:
     assert ora["tcp_connect_timeout"] == 4.0 and ora["expire_time"] >= 1
     lite = ct_connect.connect_args(make_url("sqlite:///x.db"), connect_timeout=4, statement_timeout=None)
     assert lite == {"timeout": 60.0}
+    # Kept on the Database for connections opened outside the pool (the wake-up listener).
+    db = Database("mysql+pymysql://u@127.0.0.1:1/db", connect_timeout=7)
+    assert db.connect_args["connect_timeout"] == 7
+    assert Database(db.engine).connect_args == {}  # an engine passed in keeps its own settings
 
 
 def test_timeouts_are_validated(tmp_path: Path) -> None:

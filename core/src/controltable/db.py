@@ -169,6 +169,13 @@ class Database:
             url_or_engine, connect_timeout=self.connect_timeout, statement_timeout=self.statement_timeout,
             deadline=lambda: getattr(self._local, "deadline", None),
         )
+        #: The driver keyword arguments connections get (timeouts, keepalives), for connections
+        #: opened outside the pool (the wake-up listener): ``cparams.update(db.connect_args)``.
+        self.connect_args: dict[str, Any] = (
+            {} if isinstance(url_or_engine, Engine) and self.engine.dialect.name != "sqlite"
+            else connect.connect_args(self.engine.url, connect_timeout=self.connect_timeout,
+                                      statement_timeout=self.statement_timeout)
+        )
         #: Set only by ``controltable sql``: build statements for this dialect while running on SQLite.
         self.target_dialect: Optional[str] = None
         dbapi = getattr(self.engine.dialect, "loaded_dbapi", None) or getattr(self.engine.dialect, "dbapi", None)
