@@ -336,6 +336,10 @@ def test_connect_args_per_driver() -> None:
     assert ora["tcp_connect_timeout"] == 4.0 and ora["expire_time"] >= 1
     lite = ct_connect.connect_args(make_url("sqlite:///x.db"), connect_timeout=4, statement_timeout=None)
     assert lite == {"timeout": 60.0}
+    # Kept on the Database for connections opened outside the pool (the wake-up listener).
+    db = Database("mysql+pymysql://u@127.0.0.1:1/db", connect_timeout=7)
+    assert db.connect_args["connect_timeout"] == 7
+    assert Database(db.engine).connect_args == {}  # an engine passed in keeps its own settings
 
 
 def test_timeouts_are_validated(tmp_path: Path) -> None:
@@ -409,6 +413,8 @@ def test_postgres_unknown_role_missing_database_and_no_privileges() -> None:
             ct.set_capacity("w", 1)
         with pytest.raises(PermissionDeniedError):
             ct.status()
+        with pytest.raises(PermissionDeniedError):
+            ct.install()
         ct.close()
     finally:
         with admin.connect() as conn:
@@ -498,3 +504,24 @@ def test_a_silent_server_fails_within_the_connect_timeout(silent_port: int, driv
         assert took < connect_timeout * 3 + 10, (name, took)
         assert "pw-silent-9" not in str(info.value)
     ct.close()
+
+
+def test_connection_settings_the_driver_refuses_are_configuration_errors(tmp_path: Path) -> None:
+    exc = psycopg_error(None, 'invalid connection option "bogus"', name="ProgrammingError")
+    assert classify(exc, "postgresql") is Kind.CONFIGURATION
+    pytest.importorskip("psycopg")
+    with pytest.raises(ConfigurationError, match="refused the connection settings"):
+        ControlTable("postgresql+psycopg://u:pw@127.0.0.1:1/db?bogus=1", connect_timeout=2).ping()
+    with pytest.raises(ConfigurationError, match="refused the connection settings"):
+        ControlTable("postgresql+psycopg://u:pw@127.0.0.1:1/db?bogus=1", connect_timeout=2).set_capacity("r", 1)
+
+
+@pytest.mark.parametrize("driver", ["postgresql+psycopg", "mysql+pymysql"])
+def test_a_deadline_shortens_the_connect_timeout(silent_port: int, driver: str) -> None:
+    pytest.importorskip("psycopg" if "psycopg" in driver else "pymysql")
+    db = Database(f"{driver}://u@127.0.0.1:{silent_port}/db", connect_timeout=60)
+    start = time.monotonic()
+    with pytest.raises(DatabaseUnavailableError):
+        db.run(lambda c: c.exec_driver_sql("SELECT 1").scalar(), deadline=time.monotonic() + 2)
+    assert time.monotonic() - start < 20  # the deadline (2 s, libpq rounds to whole seconds), not 60 s
+    db.dispose()

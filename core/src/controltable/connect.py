@@ -125,3 +125,18 @@ def on_connect(dialect: Any, dbapi_conn: Any, *, statement_timeout: Optional[flo
         dbapi_conn.timeout = max(1, int(math.ceil(statement_timeout)))
     elif name == "oracle" and statement_timeout and hasattr(dbapi_conn, "call_timeout"):
         dbapi_conn.call_timeout = _ms(statement_timeout)
+
+
+def clamp_connect_timeout(url: Any, cparams: dict[str, Any], seconds: float) -> None:
+    """Shorten the connect timeout in ``cparams`` to ``seconds`` (a caller's deadline is nearer)."""
+    backend, driver = url.get_backend_name(), url.get_driver_name()
+    if backend == "postgresql" and "connect_timeout" in cparams:
+        cparams["connect_timeout"] = min(int(cparams["connect_timeout"]), max(2, int(math.ceil(seconds))))
+    elif backend == "mysql" and driver == "pymysql":
+        for key in ("connect_timeout", "read_timeout", "write_timeout"):
+            if cparams.get(key):
+                cparams[key] = min(float(cparams[key]), max(seconds, 0.5))
+    elif backend == "mssql" and "timeout" in cparams:
+        cparams["timeout"] = min(int(cparams["timeout"]), max(1, int(math.ceil(seconds))))
+    elif backend == "oracle" and "tcp_connect_timeout" in cparams:
+        cparams["tcp_connect_timeout"] = min(float(cparams["tcp_connect_timeout"]), max(seconds, 0.5))

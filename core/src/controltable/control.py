@@ -93,7 +93,8 @@ class ControlTable:
         statements printed by ``controltable sql`` and the engine then needs DML rights only.
         """
         self.db.ping()
-        self.tables.metadata.create_all(self.db.engine, checkfirst=True)
+        with self.db.translating():  # e.g. no CREATE privilege: PermissionDeniedError, not a driver error
+            self.tables.metadata.create_all(self.db.engine, checkfirst=True)
         meta = self.tables.meta
 
         def read(conn: Connection) -> Optional[int]:
@@ -134,7 +135,9 @@ class ControlTable:
     def installed_version(self) -> Optional[int]:
         """The recorded schema version, or None when the control tables are missing."""
         self.db.ping()
-        if not inspect(self.db.engine).has_table(self.tables.meta.name, schema=self.schema):
+        with self.db.translating():
+            present = inspect(self.db.engine).has_table(self.tables.meta.name, schema=self.schema)
+        if not present:
             return None
         meta = self.tables.meta
         value = self.db.run(lambda c: c.scalar(select(meta.c.value).where(meta.c.key == "schema_version")))

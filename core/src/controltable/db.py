@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import random
+import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, TypeVar, Union
@@ -59,8 +61,12 @@ def make_engine(
     *,
     connect_timeout: float = CONNECT_TIMEOUT,
     statement_timeout: Optional[float] = STATEMENT_TIMEOUT,
+    deadline: Optional[Callable[[], Optional[float]]] = None,
 ) -> Engine:
     """Create (or adopt) the engine and configure it for coordination work.
+
+    ``deadline`` (a callable returning a :func:`time.monotonic` deadline or ``None``) lets a
+    caller with a ``timeout=`` shorten the connect timeout of connections opened on its behalf.
 
     An engine created here gets the timeouts, keepalives and READ COMMITTED isolation level on
     every new connection (:mod:`controltable.connect`). An engine passed in is the caller's:
@@ -89,13 +95,16 @@ def make_engine(
         if url.get_backend_name() == "sqlite":
             engine = _sqlite_engine(url, statement_timeout)
         else:
-            engine = _server_engine(url, connect_timeout, statement_timeout)
+            engine = _server_engine(url, connect_timeout, statement_timeout, deadline)
     if engine.dialect.name not in dialects.SUPPORTED_DIALECTS:
         dialects.raise_unsupported(engine.dialect.name)
     return dialects.prepare_engine(engine, busy_timeout=connect.busy_timeout(statement_timeout))
 
 
-def _server_engine(url: Any, connect_timeout: float, statement_timeout: Optional[float]) -> Engine:
+def _server_engine(
+    url: Any, connect_timeout: float, statement_timeout: Optional[float],
+    deadline: Optional[Callable[[], Optional[float]]] = None,
+) -> Engine:
     try:
         args = connect.connect_args(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
         engine = create_engine(
@@ -115,6 +124,14 @@ def _server_engine(url: Any, connect_timeout: float, statement_timeout: Optional
         raise ConfigurationError(f"the URL {safe_url(url)!r} cannot be used: {redact(exc, [url.password])}") from None
     hook = functools.partial(connect.on_connect, engine.dialect, statement_timeout=statement_timeout, url=url)
     event.listen(engine, "connect", lambda dbapi_conn, record: hook(dbapi_conn))
+    if deadline is not None:
+
+        def clamp(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+            until = deadline()
+            if until is not None:
+                connect.clamp_connect_timeout(url, cparams, max(until - time.monotonic(), 0.0))
+
+        event.listen(engine, "do_connect", clamp)
     return engine
 
 
@@ -147,8 +164,17 @@ class Database:
         self.retries = check_retries(retries)
         self.connect_timeout = check_timeout_setting("connect_timeout", connect_timeout, allow_none=False)
         self.statement_timeout = check_timeout_setting("statement_timeout", statement_timeout, allow_none=True)
+        self._local = threading.local()
         self.engine = make_engine(
-            url_or_engine, connect_timeout=self.connect_timeout, statement_timeout=self.statement_timeout
+            url_or_engine, connect_timeout=self.connect_timeout, statement_timeout=self.statement_timeout,
+            deadline=lambda: getattr(self._local, "deadline", None),
+        )
+        #: The driver keyword arguments connections get (timeouts, keepalives), for connections
+        #: opened outside the pool (the wake-up listener): ``cparams.update(db.connect_args)``.
+        self.connect_args: dict[str, Any] = (
+            {} if isinstance(url_or_engine, Engine) and self.engine.dialect.name != "sqlite"
+            else connect.connect_args(self.engine.url, connect_timeout=self.connect_timeout,
+                                      statement_timeout=self.statement_timeout)
         )
         #: Set only by ``controltable sql``: build statements for this dialect while running on SQLite.
         self.target_dialect: Optional[str] = None
@@ -182,6 +208,16 @@ class Database:
         return isinstance(exc, (UnicodeError, OverflowError)) or errorcodes.is_driver_error(exc)
 
     @contextmanager
+    def translating(self) -> Iterator[None]:
+        """Translate database errors raised in the block (for direct engine use: DDL, reflection)."""
+        try:
+            yield
+        except Exception as exc:
+            if not self.is_database_error(exc):
+                raise
+            raise self.translate(exc) from exc
+
+    @contextmanager
     def begin(self) -> Iterator[Connection]:
         """One transaction, no retries: for work whose effects must not be repeated."""
         try:
@@ -209,11 +245,22 @@ class Database:
         ``deadline`` (a :func:`time.monotonic` value) bounds the retries: no new attempt starts
         after it, and back-off sleeps end at it, so a caller with a ``timeout=`` gets its answer
         (the error) in time. One attempt is itself bounded by the connect and statement
-        timeouts. A connection attempt that used up the whole connect timeout (a server that
-        accepts and never answers) is not retried: the caller hears after one connect timeout.
+        timeouts, and a connection opened for it waits at most until the deadline (the connect
+        timeout is shortened). A connection attempt that used up the whole connect timeout (a
+        server that accepts and never answers) is not retried: the caller hears after one
+        connect timeout.
 
         Every failure leaves as a :class:`~controltable.errors.ControlTableError`.
         """
+        previous = getattr(self._local, "deadline", None)
+        if deadline is not None:
+            self._local.deadline = deadline if previous is None else min(deadline, previous)
+        try:
+            return self._run(fn, idempotent, deadline)
+        finally:
+            self._local.deadline = previous
+
+    def _run(self, fn: Callable[[Connection], T], idempotent: bool, deadline: Optional[float]) -> T:
         delay = 0.05
         attempt = 0
         while True:
@@ -234,13 +281,17 @@ class Database:
                     trans.commit()
                     return result
             except Exception as exc:
+                if not connected and isinstance(exc, (TypeError, ValueError)) and not isinstance(exc, UnicodeError):
+                    raise self.bad_settings(exc) from exc
                 if not self.is_database_error(exc):
                     raise
                 kind = errorcodes.classify(exc, self.engine.dialect.name)
                 lost = bool(getattr(exc, "connection_invalidated", False)) or kind is Kind.UNAVAILABLE
                 retry = kind is Kind.TRANSIENT or (lost and (idempotent or not committing))
                 now = time.monotonic()
-                if lost and not connected and now - started >= self.connect_timeout * 0.9:
+                if lost and not connected and now - started >= min(
+                    self.connect_timeout, (deadline - started) if deadline is not None else math.inf
+                ) * 0.9:
                     retry = False  # a server that does not answer: one connect timeout is the answer
                 if deadline is not None and now + delay * 0.5 >= deadline:
                     retry = False
@@ -253,6 +304,13 @@ class Database:
                 time.sleep(pause)
                 delay = min(delay * 2, 2.0)
                 attempt += 1
+
+    def bad_settings(self, exc: BaseException) -> ConfigurationError:
+        """The driver refused the connection settings before reaching the server."""
+        return ConfigurationError(
+            f"the driver refused the connection settings of {self.safe_url}: {self.short(exc)}; check the "
+            "options in the URL's query string (and connect_args of an engine passed in)"
+        )
 
     def short(self, exc: BaseException) -> str:
         """The first line of the driver's message, password masked."""
@@ -327,6 +385,8 @@ class Database:
                 f"the database rejected a value: {short}; a name, number or text passed in does not fit "
                 "its column (too long, out of range, or characters the database cannot store)"
             )
+        if kind is Kind.CONFIGURATION:
+            return self.bad_settings(exc)
         if kind is Kind.CONFLICT:
             return ConflictError(
                 f"a concurrent change made the same row first: {short}; retry the call"
@@ -349,6 +409,8 @@ class Database:
         try:
             raw = self.engine.raw_connection()
         except Exception as exc:  # raw_connection() passes the driver's own errors through unwrapped
+            if isinstance(exc, (TypeError, ValueError)) and not isinstance(exc, UnicodeError):
+                raise self.bad_settings(exc) from exc
             raise self.translate(exc, default=Kind.UNAVAILABLE) from exc
         try:
             cursor = raw.cursor()

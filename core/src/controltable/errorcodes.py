@@ -43,6 +43,9 @@ class Kind(enum.Enum):
     BAD_VALUE = "bad value"
     #: A unique constraint was violated (usually a concurrent insert of the same row).
     CONFLICT = "conflict"
+    #: The driver refused the connection settings (an unknown option in the URL's query string,
+    #: a malformed value): nothing reached the server.
+    CONFIGURATION = "configuration"
     #: Anything else.
     OTHER = "other"
 
@@ -296,6 +299,8 @@ def classify_postgresql(exc: BaseException) -> Kind:
             if pattern.search(text):
                 return kind
         return Kind.UNAVAILABLE
+    if _is_a(orig, ("ProgrammingError",)):  # libpq refused the conninfo before connecting
+        return Kind.CONFIGURATION
     return Kind.OTHER
 
 

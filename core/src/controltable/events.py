@@ -355,7 +355,8 @@ class EventTable:
     def _reflect(self) -> Table:
         self.ct.db.ping()
         try:
-            return Table(self.name, MetaData(schema=self.schema), autoload_with=self.ct.db.engine)
+            with self.ct.db.translating():
+                return Table(self.name, MetaData(schema=self.schema), autoload_with=self.ct.db.engine)
         except NoSuchTableError as exc:
             raise ConfigurationError(
                 f"event table {self.qualified_name!r} does not exist in {self.ct.db.safe_url}; "
