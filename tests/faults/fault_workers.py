@@ -81,15 +81,27 @@ def slots(args: argparse.Namespace) -> int:
     ct = ControlTable(args.url, namespace=args.namespace)
     rng = random.Random(args.seed)
     i = 0
+    request: Optional[tuple[str, str, int]] = None
     while not stop.exists():
-        i += 1
-        resource = rng.choice(["cap1", "cap3"])
-        mode = "exclusive" if rng.random() < 0.35 else "shared"
-        n = rng.choice([1, 1, 2]) if mode == "shared" and resource == "cap3" else 1
+        if request is None:
+            # A new request; after a failed acquire the same one (same holder) is retried, which
+            # keeps its place in the queue: a new holder would queue behind the old entry until
+            # that entry's waiter_ttl ran out.
+            i += 1
+            resource = rng.choice(["cap1", "cap3"])
+            mode = "exclusive" if rng.random() < 0.35 else "shared"
+            request = (resource, mode, rng.choice([1, 1, 2]) if mode == "shared" and resource == "cap3" else 1)
+        resource, mode, n = request
         lease: Optional[Any] = None
         try:
             lease = ct.acquire(resource, holder=f"{args.name}-{i}", slots=n, mode=mode, lease=args.lease,
                                timeout=60)
+        except Exception as exc:
+            log.error("acquire", exc)
+            time.sleep(0.2)
+            continue
+        request = None
+        try:
             start = time.time()  # after acquire returned
             time.sleep(rng.uniform(0.02, 0.1) if mode == "shared" else rng.uniform(0.001, 0.03))
             end = time.time()  # before the lease is checked and released
