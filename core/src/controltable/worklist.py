@@ -17,7 +17,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 from sqlalchemy import and_, case, delete, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
@@ -32,6 +32,8 @@ from .validation import check_name, check_order, check_poll_interval, check_prio
 
 if TYPE_CHECKING:  # pragma: no cover
     from .control import ControlTable
+
+T = TypeVar("T")
 
 NEW, ACTIVE, DONE, ERROR = "new", "active", "done", "error"
 UNFINISHED = (NEW, ACTIVE, ERROR)
@@ -156,16 +158,26 @@ class WorkList:
         )
         row = conn.execute(stmt).first()
         if row is None:
-            # Two first allocations of a new list may both find no row: the loser's INSERT fails
-            # on the primary key inside a savepoint, and it locks the winner's row instead.
-            try:
-                with conn.begin_nested():
-                    conn.execute(insert(w).values(
-                        namespace=self.ns, name=self.name, last_token=0, created_at=dialects.db_now()))
-            except IntegrityError:
-                pass
+            # Two first uses of a new list may both find no row; the loser's INSERT fails on the
+            # primary key and :meth:`_run` runs its transaction again, which then finds the row.
+            conn.execute(
+                insert(w).values(namespace=self.ns, name=self.name, last_token=0, created_at=dialects.db_now())
+            )
             row = conn.execute(stmt).first()
         return row
+
+    def _run(self, fn: Callable[[Connection], T], *, idempotent: bool = True) -> T:
+        """Run a transaction that begins with :meth:`_ensure`, once more if it lost the race to create the row.
+
+        The first attempt rolled back entirely (the failed INSERT aborts it), so the second run
+        starts clean and finds the winner's row.
+        """
+        try:
+            return self.ct.db.run(fn, idempotent=idempotent)
+        except ControlTableError as exc:
+            if not isinstance(exc.__cause__, IntegrityError):
+                raise
+            return self.ct.db.run(fn, idempotent=idempotent)
 
     # -- filling ----------------------------------------------------------------------------------
     def populate(
@@ -203,7 +215,7 @@ class WorkList:
             self.ct._notify(conn, [self.wakeup_key])
             return len(encoded)
 
-        return self.ct.db.run(fn, idempotent=False)
+        return self._run(fn, idempotent=False)
 
     # -- working ----------------------------------------------------------------------------------
     def allocate(self, owner: Optional[str] = None, lease: Optional[float] = None) -> Optional[Item]:
@@ -254,7 +266,7 @@ class WorkList:
             return Item(self, int(row.id), json.loads(row.payload), int(row.exec_order), int(row.priority), owner,
                         token, int(row.attempts) + 1, now + lease_s, lease_s)
 
-        return self.ct.db.run(fn)
+        return self._run(fn)
 
     def _find_allocation(self, conn: Connection, owner: str, item_id: int, token: int,
                          started_at: float) -> Optional[Item]:
