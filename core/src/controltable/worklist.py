@@ -241,10 +241,15 @@ class WorkList:
                 found = self._find_allocation(conn, owner, *attempted[-1])
                 if found is not None:
                     return found
-            # The clock is read once the lock is held, so started_at is never before the
-            # finished_at of the item whose completion this allocation waited for.
-            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
-            current = conn.scalar(select(func.min(t.c.exec_order)).where(self._mine(), t.c.state.in_(UNFINISHED)))
+            # The clock is read in the same statement that sees which orders are finished: a
+            # completion's finished_at is stamped before its COMMIT, and a statement sees only
+            # COMMITs from before it started, so started_at is never before the finished_at of
+            # any item of a lower order (reading the clock first left a window where it was).
+            head = conn.execute(
+                select(func.min(t.c.exec_order).label("current"), dialects.db_now().label("now"))
+                .where(self._mine(), t.c.state.in_(UNFINISHED))
+            ).one()
+            now, current = float(head.now), head.current
             if current is None:
                 return None
             row = conn.execute(
