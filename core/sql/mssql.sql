@@ -213,8 +213,7 @@ INSERT INTO ct_work_item (namespace, worklist, exec_order, priority, payload, st
 SELECT ct_worklist.last_token 
 FROM ct_worklist WITH (UPDLOCK, ROWLOCK) 
 WHERE ct_worklist.namespace = :namespace_1 AND ct_worklist.name = :name_1;
-SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
-SELECT min(ct_work_item.exec_order) AS min_1 
+SELECT min(ct_work_item.exec_order) AS [current], (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = :namespace_1 AND ct_work_item.worklist = :worklist_1 AND ct_work_item.state IN ('new', 'active', 'error');
 SELECT TOP 1 ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts 

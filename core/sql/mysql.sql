@@ -210,8 +210,7 @@ INSERT INTO ct_work_item (namespace, worklist, exec_order, priority, payload, st
 SELECT ct_worklist.last_token 
 FROM ct_worklist 
 WHERE ct_worklist.namespace = %s AND ct_worklist.name = %s FOR UPDATE;
-SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
-SELECT min(ct_work_item.exec_order) AS min_1 
+SELECT min(ct_work_item.exec_order) AS current, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS now 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = %s AND ct_work_item.worklist = %s AND ct_work_item.state IN ('new', 'active', 'error');
 SELECT ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts 

@@ -205,8 +205,7 @@ INSERT INTO ct_work_item (namespace, worklist, exec_order, priority, payload, st
 SELECT ct_worklist.last_token 
 FROM ct_worklist 
 WHERE ct_worklist.namespace = :namespace_1 AND ct_worklist.name = :name_1 FOR UPDATE;
-SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
-SELECT min(ct_work_item.exec_order) AS min_1 
+SELECT min(ct_work_item.exec_order) AS "current", (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = :namespace_1 AND ct_work_item.worklist = :worklist_1 AND ct_work_item.state IN ('new', 'active', 'error');
 SELECT ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts 

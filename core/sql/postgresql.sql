@@ -206,8 +206,7 @@ INSERT INTO ct_work_item (namespace, worklist, exec_order, priority, payload, st
 SELECT ct_worklist.last_token 
 FROM ct_worklist 
 WHERE ct_worklist.namespace = %(namespace_1)s::VARCHAR AND ct_worklist.name = %(name_1)s::VARCHAR FOR UPDATE;
-SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
-SELECT min(ct_work_item.exec_order) AS min_1 
+SELECT min(ct_work_item.exec_order) AS current, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS now 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = %(namespace_1)s::VARCHAR AND ct_work_item.worklist = %(worklist_1)s::VARCHAR AND ct_work_item.state IN ('new', 'active', 'error');
 SELECT ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts 

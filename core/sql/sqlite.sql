@@ -204,8 +204,7 @@ INSERT INTO ct_work_item (namespace, worklist, exec_order, priority, payload, st
 SELECT ct_worklist.last_token 
 FROM ct_worklist 
 WHERE ct_worklist.namespace = ? AND ct_worklist.name = ?;
-SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
-SELECT min(ct_work_item.exec_order) AS min_1 
+SELECT min(ct_work_item.exec_order) AS current, ((julianday('now') - 2440587.5) * 86400.0) AS now 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = ? AND ct_work_item.worklist = ? AND ct_work_item.state IN ('new', 'active', 'error');
 SELECT ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts 

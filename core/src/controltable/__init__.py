@@ -3,11 +3,18 @@
 from .control import ControlTable
 from .errors import (
     AcquireTimeout,
+    AuthenticationError,
     ConfigurationError,
+    ConflictError,
     ControlTableError,
+    DatabaseBusyError,
+    DatabaseMissingError,
     DatabaseUnavailableError,
     LeaseLost,
     NotInstalledError,
+    PermissionDeniedError,
+    StatementTimeoutError,
+    UnexpectedDatabaseError,
     UnknownResourceError,
 )
 from .events import Batch, EventStats, EventTable, TableBusyError
@@ -18,6 +25,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AcquireTimeout",
+    "AuthenticationError",
+    "ConflictError",
+    "DatabaseBusyError",
+    "DatabaseMissingError",
+    "PermissionDeniedError",
+    "StatementTimeoutError",
+    "UnexpectedDatabaseError",
     "Batch",
     "EventStats",
     "EventTable",

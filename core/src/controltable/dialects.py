@@ -408,22 +408,30 @@ def is_lock_timeout(exc: BaseException) -> bool:
     )
 
 
-def prepare_engine(engine: Engine) -> Engine:
+def prepare_engine(engine: Engine, *, busy_timeout: float = 60.0) -> Engine:
     """Return an engine configured the way the coordination logic needs.
 
     * Server backends run at READ COMMITTED, so a statement run after a row lock was granted sees
       every change committed by the previous lock holder (MySQL's default REPEATABLE READ would
-      show a stale snapshot). ``execution_options`` makes a view on the caller's engine that
-      shares its pool without changing the caller's engine.
+      show a stale snapshot). Engines controltable creates set it once per new connection
+      (``create_engine(isolation_level=...)``, see :mod:`controltable.connect`); for an engine
+      passed in by the caller that does not already use it, ``execution_options`` makes a view
+      that shares the caller's pool without changing the caller's engine (SQLAlchemy then sets
+      it on each checkout).
     * SQLite starts every transaction with ``BEGIN IMMEDIATE`` so that two processes never both
-      read the queue and then fight over the upgrade to a write lock, and waits for the lock
-      instead of failing at once.
+      read the queue and then fight over the upgrade to a write lock, and waits up to
+      ``busy_timeout`` seconds for the lock instead of failing at once.
     """
     name = engine.dialect.name
     if name == "sqlite":
-        _configure_sqlite(engine)
+        _configure_sqlite(engine, busy_timeout)
         return engine
     if name in ("postgresql", "mysql", "mssql", "oracle"):
+        dialect = engine.dialect
+        # SQLAlchemy 2 keeps create_engine(isolation_level=...) here, 1.4 on the dialect itself.
+        on_connect = getattr(dialect, "_on_connect_isolation_level", None) or getattr(dialect, "isolation_level", None)
+        if str(on_connect or "").upper() == "READ COMMITTED":
+            return engine
         return engine.execution_options(isolation_level="READ COMMITTED")
     raise_unsupported(name)
     return engine  # pragma: no cover
@@ -440,17 +448,17 @@ def raise_unsupported(name: str) -> None:
 _SQLITE_CONFIGURED = "_controltable_sqlite_configured"
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def _configure_sqlite(engine: Engine, busy_timeout: float = 60.0) -> None:
     if getattr(engine, _SQLITE_CONFIGURED, False):
         return
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, record: Any) -> None:
-        # Let SQLAlchemy, not the driver, emit BEGIN; wait up to 60 s for the write lock.
+        # Let SQLAlchemy, not the driver, emit BEGIN; wait up to busy_timeout for the write lock.
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         try:
-            cur.execute("PRAGMA busy_timeout = 60000")
+            cur.execute(f"PRAGMA busy_timeout = {max(1, int(busy_timeout * 1000))}")  # a validated number
             cur.execute("PRAGMA journal_mode = WAL")
             cur.execute("PRAGMA synchronous = NORMAL")
         finally:

@@ -46,7 +46,16 @@ from .errors import ConfigurationError, ControlTableError, LeaseLost, NotInstall
 from .renewal import BackgroundRenewal
 from .schema import EpochSeconds
 from .slots import default_holder, utc
-from .validation import check_identifier, check_name, check_positive_int, check_seconds
+from .validation import (
+    check_batch_size,
+    check_identifier,
+    check_name,
+    check_poll_interval,
+    check_positive_int,
+    check_seconds,
+    check_where,
+    where_clause,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .control import ControlTable
@@ -242,7 +251,7 @@ class Batch(BackgroundRenewal):
         next batch gets ``lease`` or, by default, this batch's own lease length.
         """
         events = self.events
-        n = check_positive_int("size", size) if size is not None else max(len(self.rows), 1)
+        n = check_batch_size(size) if size is not None else max(len(self.rows), 1)
         lease_s = check_seconds("lease", lease) if lease is not None else self.lease_seconds
         assert lease_s is not None
         todo = self._unsettled()
@@ -319,7 +328,7 @@ class EventTable:
         self.max_backoff = check_seconds("max_backoff", max_backoff, allow_zero=True) or 0.0
         self.lease = check_seconds("lease", lease) or DEFAULT_BATCH_LEASE
         self.prefix = check_identifier("column_prefix", column_prefix + "x")[:-1]
-        self._where = where
+        self._where = check_where(where)
         self._table: Optional[Table] = None
         #: SQL Server: whether the claim index exists, so claims may demand an index seek.
         self._seekable = False
@@ -346,7 +355,8 @@ class EventTable:
     def _reflect(self) -> Table:
         self.ct.db.ping()
         try:
-            return Table(self.name, MetaData(schema=self.schema), autoload_with=self.ct.db.engine)
+            with self.ct.db.translating():
+                return Table(self.name, MetaData(schema=self.schema), autoload_with=self.ct.db.engine)
         except NoSuchTableError as exc:
             raise ConfigurationError(
                 f"event table {self.qualified_name!r} does not exist in {self.ct.db.safe_url}; "
@@ -575,7 +585,7 @@ class EventTable:
         for w in (self._where, where):
             if w is None:
                 continue
-            out.append(w(self.table) if callable(w) else w)
+            out.append(where_clause(w, self.table))
         return out
 
     def expired_claims(self, now: Any) -> ColumnElement[bool]:
@@ -635,15 +645,18 @@ class EventTable:
         from ``poll_interval`` to ``max_poll_interval`` between attempts, and waking early on
         PostgreSQL when rows are given back (release, fail) or a producer calls :meth:`notify`.
         """
+        check_where(where)
         if wait is None:
             return self._claim_once(size, owner, lease, where)
         budget = check_seconds("wait", wait, allow_zero=True)
+        poll_interval = check_poll_interval("poll_interval", poll_interval)
+        max_poll_interval = check_poll_interval("max_poll_interval", max_poll_interval)
         assert budget is not None
         deadline = time.monotonic() + budget
         delay = poll_interval
         while True:
             since = self.ct._wakeups.mark([self.wakeup_key])
-            batch = self._claim_once(size, owner, lease, where)
+            batch = self._claim_once(size, owner, lease, where, deadline=deadline)
             left = deadline - time.monotonic()
             if batch is not None or left <= 0:
                 return batch
@@ -659,18 +672,19 @@ class EventTable:
         self.ct.db.run(lambda conn: self.ct._notify(conn, [self.wakeup_key]))
 
     def _claim_once(
-        self, size: int, owner: Optional[str], lease: Optional[float], where: Where
+        self, size: int, owner: Optional[str], lease: Optional[float], where: Where,
+        deadline: Optional[float] = None,
     ) -> Optional[Batch]:
-        size = check_positive_int("size", size)
+        size = check_batch_size(size)
         owner = check_name("owner", owner) if owner is not None else default_holder()
         lease_s = check_seconds("lease", lease) if lease is not None else self.lease
         assert lease_s is not None
         self.table  # noqa: B018 - reflect (and check) the table before the transaction, not inside it
-        return self._claim_run(size, owner, lease_s, where)
+        return self._claim_run(size, owner, lease_s, where, deadline=deadline)
 
     def _claim_run(
         self, size: int, owner: str, lease_s: float, where: Where,
-        complete: Optional[tuple[int, list[Any]]] = None,
+        complete: Optional[tuple[int, list[Any]]] = None, deadline: Optional[float] = None,
     ) -> Optional[Batch]:
         """Run a claim (after completing ``complete = (token, keys)`` in the same transaction).
 
@@ -692,7 +706,7 @@ class EventTable:
                 self._complete(conn, complete[0], complete[1], whole=True)
             return self._claim_in(conn, size, owner, lease_s, where, token=token)
 
-        return self.ct.db.run(fn)
+        return self.ct.db.run(fn, deadline=deadline)
 
     def _batch_with_token(self, conn: Connection, token: int, owner: str, lease_s: float) -> Optional[Batch]:
         """The batch an earlier, committed attempt of this claim made, or None if none did."""
