@@ -47,14 +47,14 @@ def _slot(controltable: ControlTableResource) -> None:
         pass
 
 
-@pytest.mark.parametrize(
-    "url",
-    ["postgresql+psycopg://postgres@127.0.0.1:1/test", "sqlite:////nonexistent-dir/sub/controltable.db"],
-    ids=["postgres-refused", "sqlite-no-directory"],
-)
-def test_unreachable_url(url: str) -> None:
-    error = _run_op(_slot, ControlTableResource(url=url))
+def test_unreachable_url() -> None:
+    error = _run_op(_slot, ControlTableResource(url="postgresql+psycopg://postgres@127.0.0.1:1/test"))
     _assert_clear(error, "unreachable", "check the `url`")
+
+
+def test_sqlite_file_in_a_missing_directory() -> None:
+    error = _run_op(_slot, ControlTableResource(url="sqlite:////nonexistent-dir/sub/controltable.db"))
+    _assert_clear(error, "database missing", "directory exists", "`url`")
 
 
 def test_url_that_is_not_a_url() -> None:
@@ -141,3 +141,51 @@ def test_bad_wait_mode(tmp_path: Path) -> None:
         pass
     resource.close()
 
+
+def _postgres_url() -> str:
+    import os
+
+    url = os.environ.get("CONTROLTABLE_TEST_POSTGRES_URL")
+    if not url:
+        pytest.skip("needs PostgreSQL (CONTROLTABLE_TEST_POSTGRES_URL)")
+    return url
+
+
+def test_unknown_postgres_role_says_so() -> None:
+    from sqlalchemy.engine import make_url
+
+    url = make_url(_postgres_url()).set(username="ct_no_such_role")
+    error = _run_op(_slot, ControlTableResource(url=url.render_as_string(hide_password=False)))
+    _assert_clear(error, "ct_no_such_role")
+    assert "not installed" not in error.message and "controltable init" not in error.message
+    assert "login" in error.message.lower() or "authentication" in error.message.lower()
+
+
+def test_missing_database_says_so() -> None:
+    from sqlalchemy.engine import make_url
+
+    url = make_url(_postgres_url()).set(database="ct_no_such_database")
+    error = _run_op(_slot, ControlTableResource(url=url.render_as_string(hide_password=False)))
+    _assert_clear(error, "ct_no_such_database")
+    assert "not installed" not in error.message
+    assert "database" in error.message.lower() and "missing" in error.message.lower()
+
+
+def test_hung_server_fails_within_the_connect_timeout() -> None:
+    """A server that accepts the TCP connection and never answers: the step fails within connect_timeout."""
+    import socket
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)  # the kernel completes the handshake; nobody ever answers the startup packet
+    port = listener.getsockname()[1]
+    try:
+        resource = ControlTableResource(url=f"postgresql+psycopg://postgres@127.0.0.1:{port}/test", connect_timeout=2)
+        started = time.monotonic()
+        error = _run_op(_slot, resource)
+        elapsed = time.monotonic() - started
+    finally:
+        listener.close()
+    _assert_clear(error, "unreachable")
+    assert elapsed < 30, f"took {elapsed:.1f} s with connect_timeout=2"

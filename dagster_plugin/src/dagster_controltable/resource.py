@@ -33,14 +33,19 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from controltable import (
     AcquireTimeout,
+    AuthenticationError,
     ConfigurationError,
     ControlTable,
     ControlTableError,
+    DatabaseBusyError,
+    DatabaseMissingError,
     DatabaseUnavailableError,
     Lease,
     LeaseLost,
     NotInstalledError,
+    PermissionDeniedError,
     ResourceStatus,
+    StatementTimeoutError,
     UnknownResourceError,
 )
 from controltable.defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_WAITER_TTL
@@ -147,9 +152,29 @@ def as_failure(exc: BaseException, action: str, *, url: str = "", namespace: str
     where = f" (control table at {url}, namespace {namespace!r})" if url else ""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     retries: Optional[bool] = False
-    if isinstance(exc, DatabaseUnavailableError):
-        fix = ("check the `url` of ControlTableResource (e.g. EnvVar('CONTROLTABLE_URL')), that the database "
-               "server is running and reachable from this process, and the credentials")
+    if isinstance(exc, AuthenticationError):
+        fix = ("check the user and password in the `url` of ControlTableResource (e.g. EnvVar('CONTROLTABLE_URL')); "
+               "the database refused the login, so retrying cannot help")
+        kind = "control-table login failed (authentication)"
+    elif isinstance(exc, DatabaseMissingError):
+        fix = ("create the database (or fix its name in the `url` of ControlTableResource), then create the control "
+               "tables once with `controltable init --url ...`")
+        kind = "control-table database missing"
+    elif isinstance(exc, StatementTimeoutError):
+        fix = ("a statement ran past statement_timeout: look for long locks on the control tables, or raise "
+               "`statement_timeout` of ControlTableResource")
+        retries = True
+        kind = "control-table statement timed out"
+    elif isinstance(exc, DatabaseBusyError):
+        fix = "the database kept rolling back on locks; the step may be retried"
+        retries = True
+        kind = "control-table database busy"
+    elif isinstance(exc, PermissionDeniedError):
+        fix = "grant the database user the privileges named above on the control tables (or event table)"
+        kind = "permission denied on the control tables"
+    elif isinstance(exc, DatabaseUnavailableError):
+        fix = ("check the `url` of ControlTableResource (e.g. EnvVar('CONTROLTABLE_URL')) and that the database "
+               "server is running and reachable from this process; `connect_timeout` bounds the wait")
         retries = True
         kind = "control-table database unreachable"
     elif isinstance(exc, NotInstalledError) and "event table" in first:
@@ -540,7 +565,7 @@ class ControlTableResource(ConfigurableResource):
         })
         # In a step process of the multiprocess executor the run worker is the parent: if it is
         # killed, nobody will finish the run, so renewal stops and the lease runs out.
-        _start_renewing(granted, stop_when_orphaned=step.own_process)
+        granted.start_renewing(stop_when_orphaned=step.own_process)
         try:
             yield granted
         except BaseException:
@@ -921,13 +946,6 @@ def _add_output_metadata(step: StepIdentity, metadata: dict[str, Any]) -> None:
         step.context.add_output_metadata(metadata)
     except Exception as exc:  # several outputs, no output, or outside an op: metadata is optional
         log.debug("controltable: no output metadata for the slot: %s", exc)
-
-
-def _start_renewing(lease: Lease, *, stop_when_orphaned: bool) -> None:
-    try:
-        lease.start_renewing(stop_when_orphaned=stop_when_orphaned)  # type: ignore[call-arg]
-    except TypeError:  # a core without orphan detection in its renewer
-        lease.start_renewing()
 
 
 def _interrupt_received() -> bool:
