@@ -17,7 +17,7 @@ from .errors import (
     UnexpectedDatabaseError,
     UnknownResourceError,
 )
-from .events import Batch, EventStats, EventTable
+from .events import Batch, EventStats, EventTable, TableBusyError
 from .slots import Entry, Lease, ResourceStatus, WaitInfo
 from .worklist import Item, WorkList, WorkListBlocked, WorkListStatus
 
@@ -48,6 +48,7 @@ __all__ = [
     "LeaseLost",
     "NotInstalledError",
     "ResourceStatus",
+    "TableBusyError",
     "UnknownResourceError",
     "WaitInfo",
     "__version__",

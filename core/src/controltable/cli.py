@@ -216,14 +216,22 @@ def init(obj: CT) -> None:
 @click.option("--events-table", default="events", show_default=True, help="Event table name to show claims for.")
 @click.option("--key", default="event_id", show_default=True, help="Its unique key column.")
 @click.option("--order-by", default=None, help="Its claim-order column (default: the key).")
+@click.option("--server-version", default=None,
+              help="Server version to compile for, e.g. 16 (SQL Server 2022) or 23 (Oracle 23ai); "
+                   "default: SQL Server 2019 (15), Oracle 19c, PostgreSQL 15, MySQL 8.0.")
 @click.pass_obj
 @handled
-def sql(obj: CT, dialect: str, events_table: str, key: str, order_by: Optional[str]) -> None:
-    """Print the DDL and every statement the engine runs, for a DBA to review or pre-create."""
-    from .sqlscript import render
+def sql(obj: CT, dialect: str, events_table: str, key: str, order_by: Optional[str],
+        server_version: Optional[str]) -> None:
+    """Print the DDL and every statement the engine runs, for a DBA to review or pre-create.
+
+    The global --prefix and --schema apply to every statement (the control tables'), as they do
+    at run time.
+    """
+    from .sqlscript import parse_version, render
 
     click.echo(render(dialect, prefix=obj.prefix, schema=obj.schema, events_table=events_table, key=key,
-                      order_by=order_by), nl=False)
+                      order_by=order_by, server_version=parse_version(server_version)), nl=False)
 
 
 # -- capacity ----------------------------------------------------------------------------------------
@@ -457,20 +465,31 @@ def _event_options(fn: F) -> F:
 @events.command("prepare")
 @_event_options
 @click.option("--dry-run", is_flag=True, help="Print the DDL without running it.")
+@click.option("--filtered-indexes", is_flag=True,
+              help="SQL Server: filtered claim indexes (smaller; but writers whose session has QUOTED_IDENTIFIER "
+                   "or ANSI_NULLS OFF then fail on this table).")
+@click.option("--disable-lock-escalation", is_flag=True,
+              help="SQL Server: ALTER TABLE ... SET (LOCK_ESCALATION = DISABLE).")
 @click.pass_obj
 @handled
 def events_prepare(obj: CT, table: str, key: str, order_by: Optional[str], table_schema: Optional[str],
-                   dry_run: bool) -> None:
-    """Add the claim columns and claim index to TABLE (only what is missing)."""
+                   dry_run: bool, filtered_indexes: bool, disable_lock_escalation: bool) -> None:
+    """Add the claim columns and claim indexes to TABLE (only what is missing), then refresh its statistics."""
     ev = obj.get().events(table, key=key, order_by=order_by, schema=table_schema)
+    options = {"filtered_indexes": filtered_indexes, "disable_lock_escalation": disable_lock_escalation}
     if dry_run:
         from sqlalchemy.schema import CreateIndex, DDLElement
 
-        for stmt in ev.prepare_statements():
+        from .dialects import AnalyzeTable
+
+        stmts = ev.prepare_statements(**options)
+        if stmts:
+            stmts.append(AnalyzeTable(ev._reflect()))
+        for stmt in stmts:
             ddl = stmt if isinstance(stmt, DDLElement) else CreateIndex(stmt)
             click.echo(f"{str(ddl.compile(dialect=obj.get().engine.dialect)).strip()};")
         return
-    done = ev.prepare()
+    done = ev.prepare(**options)
     for line in done:
         console.print(f"ran: {line}", highlight=False)
     console.print(f"{table} is ready for claiming" + ("" if done else " (nothing to change)"))

@@ -91,3 +91,15 @@ MAX_CONNECT_TIMEOUT = 3600.0
 MAX_STATEMENT_TIMEOUT = 86400.0
 #: The most transaction retries.
 MAX_RETRIES = 100
+
+# -- statements per dialect ----------------------------------------------------------------------
+#: The most rows one claim or completion statement touches on SQL Server. A statement that takes
+#: about 5,000 locks on one table or index escalates to a table lock (ROWLOCK does not prevent
+#: it); an event row changed by a claim holds a key lock in the table and in each claim index.
+MSSQL_ROWS_PER_STATEMENT = 1000
+#: How long ``prepare()`` waits for the lock its DDL needs on a busy table (seconds) before it
+#: gives up with an error that says to retry or run the printed DDL in a quiet moment.
+DDL_LOCK_TIMEOUT = 30
+#: The server versions ``controltable sql`` compiles for when none is given (what a connected
+#: engine would detect): SQL Server 2019, Oracle 19c.
+SQL_SERVER_VERSIONS = {"mssql": (15, 0), "oracle": (19, 0), "postgresql": (15, 0), "mysql": (8, 0), "sqlite": (3, 40)}
