@@ -674,3 +674,34 @@ def test_capped_backends_page_admin_updates_by_key(
     assert ev.reset() == 10
     stats = ev.stats()
     assert stats.pending == 10 and stats.done == 0
+
+
+def test_threads_sharing_one_event_table_reflect_it_once(ct: Any, events_table: Callable[..., Table]) -> None:
+    """Many threads making the first claim through one EventTable object at once all succeed."""
+    import threading
+
+    t = events_table(200)
+    ct.events(t.name, key="id").prepare()
+    events = ct.events(t.name, key="id")  # a fresh object: nothing reflected yet
+    barrier = threading.Barrier(16)
+    got: list[Any] = []
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            barrier.wait()
+            batch = events.claim(size=5, owner=f"w{i}", lease=60)
+            if batch is not None:
+                got.append(batch)
+                batch.complete()
+        except BaseException as exc:  # recorded for the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert errors == []
+    keys = [k for b in got for k in b.keys]
+    assert len(got) == 16 and len(keys) == len(set(keys)) == 80

@@ -25,7 +25,7 @@ from hypothesis import strategies as st  # noqa: E402
 from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, func, inspect, select  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
-from controltable import ControlTable, ControlTableError, Lease  # noqa: E402
+from controltable import ControlTable, ControlTableError, Lease, LeaseLost  # noqa: E402
 from controltable.schema import SCHEMA_VERSION  # noqa: E402
 
 PASSWORD = "Hyp0thesis-pw-" + uuid.uuid4().hex[:6]
@@ -149,7 +149,10 @@ def _call(state: dict[str, Any], fn: Callable[[], Any]) -> None:
     ct: ControlTable = state["ct"]
     ct.status()  # whatever a call stored, the namespace stays readable
     if isinstance(value, Lease) or hasattr(value, "release") and hasattr(value, "keys"):
-        value.release()
+        try:
+            value.release()
+        except LeaseLost:  # a valid but tiny lease ran out before the release: reported, as it must be
+            pass
     assert PASSWORD not in repr(ct)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import secrets
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -330,6 +331,9 @@ class EventTable:
         self.prefix = check_identifier("column_prefix", column_prefix + "x")[:-1]
         self._where = check_where(where)
         self._table: Optional[Table] = None
+        # One reflection at a time: threads sharing this object (claimers in a pool) would
+        # otherwise reflect concurrently through one engine, which SQLAlchemy does not support.
+        self._reflect_lock = threading.Lock()
         #: SQL Server: whether the claim index exists, so claims may demand an index seek.
         self._seekable = False
         self._next_expired_check = 0.0
@@ -392,6 +396,12 @@ class EventTable:
     @property
     def table(self) -> Table:
         """The reflected table; raises :class:`NotInstalledError` if ``prepare()`` was not run."""
+        if self._table is None:
+            with self._reflect_lock:
+                return self._load_table()
+        return self._table
+
+    def _load_table(self) -> Table:
         if self._table is None:
             table = self._reflect()
             self._check_columns(table)
