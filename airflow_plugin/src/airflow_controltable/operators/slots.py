@@ -96,7 +96,10 @@ class HoldSlotMixin:
     """
 
     slot_template_fields: Sequence[str] = ("resource", "holder")
+    #: The lease while the work runs (None otherwise).
     slot_lease: Any = None
+    #: True when this run of the task waited for the slot deferred and resumed when granted.
+    slot_resumed: bool = False
 
     def __init__(
         self,
@@ -190,6 +193,7 @@ class HoldSlotMixin:
 
     def execute_in_slot(self, context: Context, event: Optional[dict[str, Any]] = None) -> Any:
         """Resume after the trigger granted the slot: take the grant over and run the work under it."""
+        self.slot_resumed = True
         status = (event or {}).get("status")
         if status == "timeout":
             raise ControlTableAirflowError(
@@ -359,7 +363,9 @@ class ReleaseSlotOperator(ControlTableBaseOperator):
 
     def covered_task_ids(self, context: Context) -> list[str]:
         """Task ids of the run between this teardown's setups and itself (all its upstream if it has no setup)."""
-        task: Any = context["task"]
+        task: Any = context.get("task")
+        if task is None or getattr(task, "dag", None) is None:
+            return []
         upstream = set(task.get_flat_relative_ids(upstream=True))
         dag = task.dag
         setups = [dag.get_task(t) for t in upstream if getattr(dag.get_task(t), "is_setup", False)]
@@ -375,7 +381,7 @@ class ReleaseSlotOperator(ControlTableBaseOperator):
         """Block until the covered tasks ran to an end and were killed; ``deadline`` is a ``time.monotonic()`` value."""
         ti: Any = context["ti"]
         task_ids = self.covered_task_ids(context)
-        if not task_ids:
+        if not task_ids or not hasattr(ti, "get_task_states"):
             return
         states: dict[str, Any] = {}
         while True:

@@ -123,6 +123,12 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
         except Exception:
             return False
 
+    async def _interval(self, subscribed: bool) -> float:
+        """Seconds until the next check unless a push comes first."""
+        if subscribed and await self._push_active():
+            return self.refresh_interval
+        return self.poll_interval
+
     async def _wait(self) -> AsyncIterator[dict[str, Any]]:
         """Yield the first non-None result of ``self._check()``; errors become error events."""
         loop = asyncio.get_running_loop()
@@ -144,8 +150,7 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
                 if result is not None:
                     yield result
                     return
-                interval = self.refresh_interval if remove is not None and await self._push_active() else (
-                    self.poll_interval)
+                interval = await self._interval(remove is not None)
                 if self.deadline is not None:
                     left = self.deadline - time.time()
                     if left <= 0:
@@ -252,7 +257,11 @@ class SlotTrigger(_ControlTableTrigger):
 
 
 class PendingEventsTrigger(_ControlTableTrigger):
-    """Wait until at least ``min_events`` rows of an event table are claimable (woken by producers' pushes)."""
+    """Wait until at least ``min_events`` rows of an event table are claimable.
+
+    Checks every ``poll_interval``, and at once when a producer pushes (``EventTable.notify()``)
+    or a batch is given back.
+    """
 
     def __init__(
         self,
@@ -289,6 +298,10 @@ class PendingEventsTrigger(_ControlTableTrigger):
                 **self._conn_kwargs(),
             },
         )
+
+    async def _interval(self, subscribed: bool) -> float:
+        # Rows inserted by a producer that does not call ``notify()`` push nothing: always poll too.
+        return self.poll_interval
 
     def _events(self) -> Any:
         return self._shared_table().events(self.table, key=self.key, order_by=self.order_by, schema=self.schema)
