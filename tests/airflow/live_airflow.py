@@ -27,11 +27,22 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import Boolean, Column, Float, Integer, MetaData, String, Table, create_engine, text
 from sqlalchemy.engine import make_url
 
 HERE = Path(__file__).resolve().parent
 COMPONENTS = ("scheduler", "triggerer", "dag-processor", "api-server")
+
+
+def live_intervals(namespace: str) -> Table:
+    """The table the live DAGs record their loads in (``ct_live_dags.intervals``, created by the harness user)."""
+    return Table(
+        f"live_intervals_{namespace}", MetaData(),
+        Column("id", Integer, primary_key=True, autoincrement=True), Column("pattern", String(20), nullable=False),
+        Column("run_id", String(250), nullable=False), Column("try_number", Integer, nullable=False),
+        Column("token", Integer), Column("deferred", Boolean, nullable=False), Column("granted", Float),
+        Column("started", Float, nullable=False), Column("finished", Float), Column("closed", Boolean, nullable=False),
+    )
 
 
 def free_port() -> int:
@@ -111,7 +122,9 @@ class LiveAirflow:
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
             "AIRFLOW__DAG_PROCESSOR__PRINT_STATS_INTERVAL": "600",
             "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
-            "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "1",
+            # Airflow's default order of magnitude: a task marked failed is SIGTERMed at the next heartbeat
+            # and SIGKILLed 5 s later, the window a teardown must not release in.
+            "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "10",
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
             "AIRFLOW_CONN_CONTROLTABLE_DEFAULT": json.dumps(
                 {"conn_type": "controltable", "extra": {"url": control_url, "namespace": namespace}}

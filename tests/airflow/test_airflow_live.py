@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live_airflow import LiveAirflow, postgres_reachable
+from live_airflow import LiveAirflow, live_intervals, postgres_reachable
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select
 
 from controltable import ControlTable
@@ -47,6 +47,8 @@ def live() -> Iterator[tuple[LiveAirflow, ControlTable]]:
     namespace = f"live_{uuid.uuid4().hex[:10]}"
     ct = ControlTable(url, namespace=namespace)
     ct.install()
+    intervals = intervals_table(ct)
+    intervals.create(ct.engine, checkfirst=True)
     airflow = LiveAirflow(server_url=url, control_url=url, namespace=namespace, dag_files=[DAGS])
     try:
         airflow.start()
@@ -54,19 +56,14 @@ def live() -> Iterator[tuple[LiveAirflow, ControlTable]]:
         yield airflow, ct
     finally:
         airflow.stop()
+        intervals.drop(ct.engine, checkfirst=True)
         ct.close()
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
 def intervals_table(ct: ControlTable) -> Table:
-    from sqlalchemy import Boolean, Float
+    return live_intervals(ct.namespace)
 
-    return Table(
-        f"live_intervals_{ct.namespace}", MetaData(),
-        Column("id", Integer, primary_key=True), Column("pattern", String(20)), Column("run_id", String(250)),
-        Column("try_number", Integer), Column("token", Integer), Column("deferred", Boolean),
-        Column("started", Float), Column("finished", Float), Column("closed", Boolean),
-    )
 
 #: The loads' progress stamp period (ct_live_dags.HEARTBEAT): a load that did not close its record
 #: may have worked this long after its last stamp.
@@ -240,3 +237,5 @@ def test_teardown_waits_for_a_load_marked_failed(live: tuple[LiveAirflow, Contro
     check_exclusive(rows, "sensorres")
     assert rows[0]["finished"] - started["started"] < 50
     assert rows[1]["token"] > before >= rows[0]["token"]
+    print(f"\nsensor + teardown, run marked failed: the killed load's last sign of life came "
+          f"{rows[1]['started'] - rows[0]['finished']:.2f} s before the next load started")

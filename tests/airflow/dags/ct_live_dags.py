@@ -33,6 +33,7 @@ intervals = Table(
     Column("try_number", Integer, nullable=False),
     Column("token", Integer, nullable=True),
     Column("deferred", Boolean, nullable=False),
+    Column("granted", Float, nullable=True),
     Column("started", Float, nullable=False),
     Column("finished", Float, nullable=True),
     Column("closed", Boolean, nullable=False, default=False),
@@ -47,7 +48,7 @@ def _engine() -> Any:
     return ControlTableHook().get_control_table().engine
 
 
-def record_work(pattern: str, token: Any, deferred: bool, seconds: float) -> dict[str, Any]:
+def record_work(pattern: str, token: Any, deferred: bool, seconds: float, granted: Any = None) -> dict[str, Any]:
     """The pretend load: record the start, work ``seconds`` stamping progress, record the end (also on a kill)."""
     context = get_current_context()
     engine = _engine()
@@ -58,7 +59,8 @@ def record_work(pattern: str, token: Any, deferred: bool, seconds: float) -> dic
     with engine.begin() as conn:
         row_id = conn.execute(insert(intervals).values(
             pattern=pattern, run_id=context["run_id"], try_number=context["ti"].try_number,
-            token=token, deferred=deferred, started=time.time(), finished=time.time(), closed=False,
+            token=token, deferred=deferred, granted=granted.timestamp() if granted is not None else None,
+            started=time.time(), finished=time.time(), closed=False,
         )).inserted_primary_key[0]
     stamp = update(intervals).where(intervals.c.id == row_id)
     try:
@@ -80,7 +82,8 @@ with DAG("ct_live_slot", schedule=None, start_date=datetime(2024, 1, 1), catchup
     def load(lease: Any = None) -> dict[str, Any]:
         context = get_current_context()
         deferred = bool(getattr(context["task"], "slot_resumed", False))
-        return record_work("deferrable", lease.token, deferred, float(context["params"]["seconds"]))
+        return record_work("deferrable", lease.token, deferred, float(context["params"]["seconds"]),
+                           granted=lease.granted_at)
 
     load()
 
@@ -106,7 +109,9 @@ with DAG("ct_live_sensor", schedule=None, start_date=datetime(2024, 1, 1), catch
         context = get_current_context()
         return record_work("sensor", lease["token"], False, float(context["params"]["seconds"]))
 
-    release = ReleaseSlotOperator(task_id="release", resource="{{ params.resource }}")
+    # CT_LIVE_TEARDOWN_WAIT=0 turns the teardown's wait off: the test then sees the overlap it prevents.
+    release = ReleaseSlotOperator(task_id="release", resource="{{ params.resource }}",
+                                  wait_for_work=os.environ.get("CT_LIVE_TEARDOWN_WAIT", "1") == "1")
     work(acquire.output) >> release.as_teardown(setups=acquire)
 
 
