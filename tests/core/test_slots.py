@@ -249,7 +249,7 @@ def test_waiter_is_granted_after_release(ct: ControlTable) -> None:
 def test_status_shows_holders_and_waiters(ct: ControlTable) -> None:
     ct.set_capacity("w", 1)
     holder = ct.acquire("w", holder="holder", timeout=0, lease=100)
-    ct.try_acquire("w", holder="w1")
+    ct.try_acquire("w", holder="w1", mode="exclusive")
     ct.try_acquire("w", holder="w2", mode="shared")
     (st,) = ct.status(["w"])
     assert [h.holder for h in st.holders] == ["holder"]

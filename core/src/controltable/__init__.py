@@ -11,7 +11,7 @@ from .errors import (
     UnknownResourceError,
 )
 from .events import Batch, EventStats, EventTable
-from .slots import Entry, Lease, ResourceStatus
+from .slots import Entry, Lease, ResourceStatus, WaitInfo
 from .worklist import Item, WorkList, WorkListBlocked, WorkListStatus
 
 __version__ = "0.1.0"
@@ -35,5 +35,6 @@ __all__ = [
     "NotInstalledError",
     "ResourceStatus",
     "UnknownResourceError",
+    "WaitInfo",
     "__version__",
 ]

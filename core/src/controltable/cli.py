@@ -27,6 +27,7 @@ from rich.table import Table
 
 from .control import ControlTable
 from .db import DEFAULT_URL
+from .defaults import DEFAULT_MODE
 from .errors import (
     AcquireTimeout,
     ConfigurationError,
@@ -231,16 +232,18 @@ def reap(obj: CT) -> None:
 @click.argument("resource")
 @click.option("--holder", required=True, help="Who holds the slot; release with the same holder.")
 @click.option("--slots", default=1, show_default=True, type=int)
-@click.option("--shared", is_flag=True, help="Shared mode (default: exclusive).")
+@click.option("--shared/--exclusive", "shared", default=DEFAULT_MODE == "shared", show_default=False,
+              help="Counting slot beside other holders (default), or --exclusive to run alone.")
+@click.option("--attempt", type=int, default=None, help="Attempt number (a retry gets a new token).")
 @click.option("--timeout", type=float, default=None, help="Seconds to wait (default: forever; 0: try once).")
 @click.option("--lease", type=float, default=300.0, show_default=True, help="Lease seconds; renew with `renew`.")
 @click.pass_obj
 @handled
-def acquire(obj: CT, resource: str, holder: str, slots: int, shared: bool, timeout: Optional[float],
-            lease: float) -> None:
+def acquire(obj: CT, resource: str, holder: str, slots: int, shared: bool, attempt: Optional[int],
+            timeout: Optional[float], lease: float) -> None:
     """Wait for and take a slot; prints the fencing token. Exit 3 on timeout."""
     got = obj.get().acquire(resource, holder=holder, slots=slots, mode="shared" if shared else "exclusive",
-                            timeout=timeout, lease=lease)
+                            timeout=timeout, lease=lease, attempt=attempt)
     click.echo(got.token)
 
 
@@ -275,7 +278,9 @@ def renew(obj: CT, resource: str, holder: str, lease: Optional[float]) -> None:
 @click.option("--resource", "resources", multiple=True, required=True,
               help="Resource to hold (repeat for several, all-or-nothing); NAME or NAME:SLOTS.")
 @click.option("--slots", default=1, show_default=True, type=int, help="Slots when one resource is named.")
-@click.option("--shared", is_flag=True, help="Shared mode (default: exclusive).")
+@click.option("--shared/--exclusive", "shared", default=DEFAULT_MODE == "shared", show_default=False,
+              help="Counting slot beside other holders (default), or --exclusive to run alone.")
+@click.option("--attempt", type=int, default=None, help="Attempt number (a retry gets a new token).")
 @click.option("--holder", default=None, help="Holder id (default: host:pid:random).")
 @click.option("--timeout", type=float, default=None, help="Seconds to wait (default: forever). Exit 3 on timeout.")
 @click.option("--lease", type=float, default=60.0, show_default=True,
@@ -283,8 +288,8 @@ def renew(obj: CT, resource: str, holder: str, lease: Optional[float]) -> None:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_obj
 @handled
-def run(obj: CT, resources: tuple[str, ...], slots: int, shared: bool, holder: Optional[str],
-        timeout: Optional[float], lease: float, command: tuple[str, ...]) -> None:
+def run(obj: CT, resources: tuple[str, ...], slots: int, shared: bool, attempt: Optional[int],
+        holder: Optional[str], timeout: Optional[float], lease: float, command: tuple[str, ...]) -> None:
     """Hold a slot while COMMAND runs (flock(1) for the whole fleet); exits with COMMAND's code.
 
     The lease is renewed in the background; SIGTERM/SIGINT are passed to COMMAND and the slot is
@@ -303,7 +308,7 @@ def run(obj: CT, resources: tuple[str, ...], slots: int, shared: bool, holder: O
                 fail(f"--resource {spec!r}: slots after ':' must be a whole number", EXIT_USAGE)
     ct = obj.get()
     lease_obj = ct.acquire(request, holder=holder, mode="shared" if shared else "exclusive", timeout=timeout,
-                           lease=lease)
+                           lease=lease, attempt=attempt)
     lease_obj.start_renewing()
     env = dict(os.environ, CONTROLTABLE_TOKEN=str(lease_obj.token), CONTROLTABLE_HOLDER=lease_obj.holder)
     try:

@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Union
 
 from sqlalchemy import insert, inspect, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from .db import DEFAULT_URL, Database
+from .defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_PICKUP, DEFAULT_WAITER_TTL
 from .errors import ConfigurationError, NotInstalledError
+from .migrations import UPGRADES
 from .schema import SCHEMA_VERSION, ControlSchema, build_schema
-from .slots import DEFAULT_LEASE, DEFAULT_WAITER_TTL, Lease, ResourceStatus, SlotEngine
-from .validation import check_identifier, check_name, check_namespace, check_positive_int
+from .slots import Lease, ResourceStatus, SlotEngine, WaitInfo, holder_key, slot_key
+from .validation import (
+    check_identifier,
+    check_name,
+    check_namespace,
+    check_positive_int,
+    check_seconds,
+    normalize_request,
+)
 from .wakeups import Wakeups
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -75,27 +84,36 @@ class ControlTable:
         self.tables.metadata.create_all(self.db.engine, checkfirst=True)
         meta = self.tables.meta
 
-        def record(conn: Connection) -> int:
+        def read(conn: Connection) -> Optional[int]:
             found = conn.scalar(select(meta.c.value).where(meta.c.key == "schema_version"))
-            if found is None:
-                conn.execute(insert(meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
-                return SCHEMA_VERSION
-            version = int(found)
-            if version > SCHEMA_VERSION:
-                raise NotInstalledError(
-                    f"the control tables have schema version {version}, newer than this controltable "
-                    f"({SCHEMA_VERSION}); upgrade the controltable package"
-                )
-            if version < SCHEMA_VERSION:  # pragma: no cover - first migration arrives with version 2
-                conn.execute(update(meta).where(meta.c.key == "schema_version").values(value=str(SCHEMA_VERSION)))
-            return SCHEMA_VERSION
+            return None if found is None else int(found)
 
-        try:
-            return self.db.run(record)
-        except Exception as exc:
-            if "unique" in str(exc).lower() or "duplicate" in str(exc).lower():  # a concurrent install
-                return SCHEMA_VERSION
-            raise
+        version = self.db.run(read)
+        if version is None:
+            try:
+                self.db.run(lambda c: c.execute(insert(meta).values(key="schema_version", value=str(SCHEMA_VERSION))))
+            except Exception as exc:
+                if "unique" not in str(exc).lower() and "duplicate" not in str(exc).lower():
+                    raise
+                version = self.db.run(read)  # a concurrent install recorded it first
+        if version is not None and version > SCHEMA_VERSION:
+            raise NotInstalledError(
+                f"the control tables have schema version {version}, newer than this controltable "
+                f"({SCHEMA_VERSION}); upgrade the controltable package"
+            )
+        if version is not None and version < SCHEMA_VERSION:
+            for step in range(version, SCHEMA_VERSION):
+                UPGRADES[step](self.db.engine, self.tables)
+                self.db.run(self._record_version(step + 1))
+        return SCHEMA_VERSION
+
+    def _record_version(self, version: int) -> Callable[[Connection], None]:
+        meta = self.tables.meta
+
+        def fn(conn: Connection) -> None:
+            conn.execute(update(meta).where(meta.c.key == "schema_version").values(value=str(version)))
+
+        return fn
 
     def ping(self) -> None:
         """Connect once; raises :class:`DatabaseUnavailableError` naming the URL if that fails."""
@@ -125,22 +143,28 @@ class ControlTable:
         *,
         holder: Optional[str] = None,
         slots: int = 1,
-        mode: str = "exclusive",
+        mode: str = DEFAULT_MODE,
         timeout: Optional[float] = None,
         lease: float = DEFAULT_LEASE,
         waiter_ttl: float = DEFAULT_WAITER_TTL,
         poll_interval: float = 0.05,
+        attempt: Optional[int] = None,
+        pickup: float = DEFAULT_PICKUP,
     ) -> Lease:
         """Wait in FIFO order for ``slots`` of ``resource`` (or a mapping of several) and take them.
 
-        ``mode="exclusive"`` runs alone on the resource; ``mode="shared"`` runs beside other
-        shared holders up to the capacity. ``timeout=None`` waits forever, ``0`` tries once;
-        on timeout the queue entry is withdrawn and :class:`AcquireTimeout` raised. Acquiring
-        again with the same ``holder`` returns the lease it already has.
+        ``mode="shared"`` (the default) counts: up to ``capacity`` slots are held at once, as
+        with an Airflow pool. ``mode="exclusive"`` runs alone on the resource (a writer lock).
+        ``timeout=None`` waits forever, ``0`` tries once; on timeout the queue entry is withdrawn
+        and :class:`AcquireTimeout` raised. Acquiring again with the same ``holder`` returns the
+        lease it already has. ``attempt`` (e.g. a task's try number) marks a new attempt of the
+        same work: a higher attempt gets the same grant with a new, higher fencing token; a lower
+        one than recorded raises :class:`LeaseLost`. A grant made on this request's behalf while
+        it waits must be picked up within ``pickup`` seconds, else it passes to the next in line.
         """
         return self._slots.acquire(
             resource, holder=holder, slots=slots, mode=mode, timeout=timeout, lease=lease,
-            waiter_ttl=waiter_ttl, poll_interval=poll_interval,
+            waiter_ttl=waiter_ttl, poll_interval=poll_interval, attempt=attempt, pickup=pickup,
         )
 
     def try_acquire(
@@ -149,18 +173,23 @@ class ControlTable:
         *,
         holder: str,
         slots: int = 1,
-        mode: str = "exclusive",
+        mode: str = DEFAULT_MODE,
         lease: float = DEFAULT_LEASE,
         waiter_ttl: float = DEFAULT_WAITER_TTL,
+        attempt: Optional[int] = None,
+        pickup: float = DEFAULT_PICKUP,
     ) -> Optional[Lease]:
         """Poll once: return the lease if granted now, else ``None`` and *keep the place in the queue*.
 
         For callers that wait outside this process (Airflow sensors in reschedule mode, triggers):
         call again with the same ``holder`` within ``waiter_ttl`` seconds to keep the place; the
         entry expires after that. Withdraw with :meth:`release`. Idempotent like :meth:`acquire`.
+        Pass a ``pickup`` longer than the interval between calls: a grant made on this request's
+        behalf in between waits that long for the next call.
         """
         return self._slots.try_acquire(
-            resource, holder=holder, slots=slots, mode=mode, lease=lease, waiter_ttl=waiter_ttl
+            resource, holder=holder, slots=slots, mode=mode, lease=lease, waiter_ttl=waiter_ttl,
+            attempt=attempt, pickup=pickup,
         )
 
     @contextmanager
@@ -170,10 +199,12 @@ class ControlTable:
         *,
         holder: Optional[str] = None,
         slots: int = 1,
-        mode: str = "exclusive",
+        mode: str = DEFAULT_MODE,
         timeout: Optional[float] = None,
         lease: float = DEFAULT_LEASE,
         waiter_ttl: float = DEFAULT_WAITER_TTL,
+        attempt: Optional[int] = None,
+        pickup: float = DEFAULT_PICKUP,
     ) -> Iterator[Lease]:
         """Hold a slot for the duration of a ``with`` block, renewing its lease in the background.
 
@@ -181,7 +212,7 @@ class ControlTable:
         own exception, if any, takes precedence).
         """
         lease_obj = self.acquire(resource, holder=holder, slots=slots, mode=mode, timeout=timeout,
-                                 lease=lease, waiter_ttl=waiter_ttl)
+                                 lease=lease, waiter_ttl=waiter_ttl, attempt=attempt, pickup=pickup)
         lease_obj.start_renewing()
         with lease_obj:
             yield lease_obj
@@ -193,6 +224,20 @@ class ControlTable:
     def release(self, resource: str, holder: str) -> int:
         """Release (or withdraw) whatever ``holder`` has on ``resource``; returns rows removed (0 if none)."""
         return self._slots.release_holder(check_name("resource", resource), check_name("holder", holder))
+
+    def release_holders(self, prefix: str) -> int:
+        """Release every holder and withdraw every waiter whose holder id starts with ``prefix``.
+
+        For teardown of a whole scope (all tasks of a DAG run, all steps of a Dagster run): use
+        holder ids that start with the scope, e.g. ``f"{dag_id}/{run_id}/"``. The prefix is
+        matched literally. Whoever can run then is granted. Returns the requests removed.
+        """
+        prefix = check_name("holder prefix", prefix)
+        return self._slots.release_holders(prefix)
+
+    def wait_info(self, resource: str, holder: str) -> Optional[WaitInfo]:
+        """Where ``holder`` stands on ``resource`` (state, position, who is ahead), or None."""
+        return self._slots.wait_info(check_name("resource", resource), check_name("holder", holder))
 
     def status(self, resources: Optional[list[str]] = None) -> list[ResourceStatus]:
         """Resources with capacity, holders and waiters (who, since when, lease expiry)."""
@@ -228,6 +273,38 @@ class ControlTable:
         return WorkList(self, check_name("work list", name))
 
     # -- wake-ups ------------------------------------------------------------------------------------
+    def wakeup_keys(self, resource: Union[str, Mapping[str, int]], holder: Optional[str] = None) -> list[str]:
+        """The wake-up keys that concern a slot request (for adapters that wait outside ``acquire``).
+
+        With ``holder``: the keys pushed when that request may have been granted. Without: the
+        keys pushed on every change of the resources' queues.
+        """
+        names = sorted(normalize_request(resource, 1))
+        if holder is None:
+            return [slot_key(n) for n in names]
+        return [holder_key(names[0], check_name("holder", holder))] + [slot_key(n) for n in names]
+
+    def add_wakeup_listener(self, keys: list[str], callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` (from the listener thread) on every push for one of ``keys``.
+
+        One listener connection per ``ControlTable`` serves all its users. Returns a function
+        that removes the callback. Without push (not PostgreSQL) the callback is never called:
+        poll, e.g. every few seconds, as the fallback. Async code bridges with
+        ``loop.call_soon_threadsafe``.
+        """
+        return self._wakeups.add_listener(list(keys), callback)
+
+    def wait_for_wakeup(self, keys: list[str], seconds: float) -> bool:
+        """Block up to ``seconds`` or until a push for one of ``keys``; True if woken by a push."""
+        wait = check_seconds("seconds", seconds, allow_zero=True)
+        assert wait is not None
+        return self._wakeups.wait(list(keys), wait)
+
+    @property
+    def push_active(self) -> bool:
+        """Whether pushes are being received now (PostgreSQL with psycopg); else callers must poll."""
+        return self._wakeups.active
+
     def _notify(self, conn: Connection, keys: list[str]) -> None:
         """Inside ``conn``'s transaction: wake waiters of ``keys`` when it commits (PostgreSQL)."""
         self._wakeups.notify(conn, keys)

@@ -23,6 +23,9 @@ DEFAULT_MODE = "shared"
 DEFAULT_LEASE = 300.0
 #: How long a waiter's queue entry survives without a poll.
 DEFAULT_WAITER_TTL = 30.0
+#: How long a grant made on a waiter's behalf (by whoever freed the capacity) waits to be picked
+#: up before it lapses and passes to the next in line: a dead waiter delays its queue by this much.
+DEFAULT_PICKUP = 10.0
 
 # -- event batches and work items ----------------------------------------------------------------
 #: A claimed batch's lease (seconds).

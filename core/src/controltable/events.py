@@ -301,6 +301,10 @@ class EventTable:
         """Wake-up key for claimers of this table (rows given back by release or fail)."""
         return f"events:{self.qualified_name}"
 
+    def wakeup_keys(self) -> list[str]:
+        """The wake-up keys pushed when rows may be claimable again (see ``ControlTable.add_wakeup_listener``)."""
+        return [self.wakeup_key]
+
     @property
     def qualified_name(self) -> str:
         return f"{self.schema}.{self.name}" if self.schema else self.name

@@ -13,6 +13,7 @@ from sqlalchemy import (
     BigInteger,
     Column,
     Float,
+    Identity,
     Index,
     Integer,
     MetaData,
@@ -21,6 +22,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects import oracle
 
@@ -28,7 +30,10 @@ from .defaults import NAME_LENGTH, NAMESPACE_LENGTH  # noqa: F401 - re-exported
 
 #: Bumped whenever the control tables change; ``install()`` records it in the meta table and
 #: later releases migrate from the recorded version.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: What each version added, for the migration in ``ControlTable.install()``:
+#: 2 - per-resource queue tickets (``resource.last_ticket``, ``request.ticket``), attempts and
+#:     pickup deadlines on requests, the (state, ticket) queue index, identities for Oracle.
 
 
 #: Epoch seconds need double precision: MySQL's plain FLOAT is single precision (about two
@@ -37,6 +42,14 @@ EpochSeconds = Float(precision=53).with_variant(oracle.BINARY_DOUBLE(), "oracle"
 
 # SQLite only makes INTEGER PRIMARY KEY columns auto-increment.
 _Id = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def _identity() -> Identity:
+    """An ordered identity: Oracle needs one for ids omitted from inserts (other backends ignore ORDER)."""
+    try:
+        return Identity(oracle_order=True)  # type: ignore[call-arg]  # SQLAlchemy 2.1 spelling
+    except TypeError:  # pragma: no cover - SQLAlchemy 1.4 / 2.0
+        return Identity(order=True)
 
 
 @dataclass(frozen=True)
@@ -73,14 +86,15 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
         # Fencing counter: the token of the latest grant; strictly increases per resource.
         Column("last_token", BigInteger, nullable=False, default=0),
         Column("created_at", EpochSeconds, nullable=False),
+        # Queue ticket counter: bumped under this row's lock, so ticket order is exactly the order
+        # in which requests entered the queue, on every backend (identities may be unordered).
+        Column("last_ticket", BigInteger, nullable=False, server_default=text("0")),
         PrimaryKeyConstraint("namespace", "name", name=f"{prefix}resource_pk"),
     )
     request = Table(
         f"{prefix}request",
         md,
-        # The queue ticket. Assigned while the requested resources' rows are locked, so ticket
-        # order is the order in which requests entered every queue they share.
-        Column("id", _Id, primary_key=True, autoincrement=True),
+        Column("id", _Id, _identity(), primary_key=True, autoincrement=True),
         Column("namespace", String(NAMESPACE_LENGTH), nullable=False),
         Column("resource", String(NAME_LENGTH), nullable=False),
         Column("holder", String(NAME_LENGTH), nullable=False),
@@ -94,8 +108,17 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
         Column("enqueued_at", EpochSeconds, nullable=False),
         Column("granted_at", EpochSeconds, nullable=True),
         Column("expires_at", EpochSeconds, nullable=False),
+        # The queue ticket, from the resource's counter (taken under its lock). A multi-resource
+        # request takes one ticket per resource, all while holding every resource's lock.
+        Column("ticket", BigInteger, nullable=False, server_default=text("0")),
+        # The caller's attempt number (a retried task): a higher attempt gets a new token in place.
+        Column("attempt", Integer, nullable=True),
+        # How long a grant made on this waiter's behalf waits to be picked up (NULL: the default).
+        Column("pickup_seconds", EpochSeconds, nullable=True),
         UniqueConstraint("namespace", "resource", "holder", name=f"{prefix}request_holder_uq"),
-        Index(f"{prefix}request_queue_ix", "namespace", "resource", "id"),
+        # The queue and the holders of a resource, in ticket order: a grant pass reads only the
+        # head of the waiting queue and the (at most capacity) holders through it.
+        Index(f"{prefix}request_state_ix", "namespace", "resource", "state", "ticket"),
         Index(f"{prefix}request_key_ix", "request_key"),
         sqlite_autoincrement=True,
     )
@@ -111,7 +134,7 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
     item = Table(
         f"{prefix}work_item",
         md,
-        Column("id", _Id, primary_key=True, autoincrement=True),
+        Column("id", _Id, _identity(), primary_key=True, autoincrement=True),
         Column("namespace", String(NAMESPACE_LENGTH), nullable=False),
         Column("worklist", String(NAME_LENGTH), nullable=False),
         Column("exec_order", Integer, nullable=False),

@@ -29,7 +29,7 @@ from sqlalchemy import and_, delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from . import dialects
-from .defaults import DEFAULT_LEASE, DEFAULT_WAITER_TTL  # noqa: F401 - re-exported
+from .defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_PICKUP, DEFAULT_WAITER_TTL  # noqa: F401 - re-exported
 from .errors import AcquireTimeout, ConfigurationError, LeaseLost, UnknownResourceError
 from .renewal import BackgroundRenewal
 from .validation import check_mode, check_name, check_seconds, normalize_request
@@ -51,12 +51,31 @@ PUSH_IDLE_POLL_INTERVAL = 5.0
 
 
 def slot_key(resource: str) -> str:
-    """The wake-up key of a resource's queue."""
+    """The wake-up key of a resource's queue (pushed on every change of the queue)."""
     return f"slot:{resource}"
+
+
+def holder_key(resource: str, holder: str) -> str:
+    """The wake-up key of one request: pushed when it is granted or becomes the head of its queue.
+
+    A multi-resource request is keyed by its first resource in name order.
+    """
+    return f"slot:{resource}\x1e{holder}"
 
 
 def utc(ts: Optional[float]) -> Optional[datetime]:
     return None if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc)
+
+
+def check_attempt(value: object) -> Optional[int]:
+    """An attempt number (a task's try number): None or a whole number from 0 up."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(f"attempt must be a whole number such as the task's try number, got {value!r}")
+    if value < 0 or value > 2**31 - 1:
+        raise ConfigurationError(f"attempt must be between 0 and {2**31 - 1}, got {value}")
+    return value
 
 
 def default_holder() -> str:
@@ -73,6 +92,21 @@ class _Outcome:
     granted_at: Optional[float]
     position: dict[str, int]
     ticket: int = 0
+    attempt: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What a caller asked for, checked; ``key`` is chosen here, before the first transaction."""
+
+    parts: dict[str, int]
+    holder: str
+    mode: str
+    lease: float
+    ttl: float
+    pickup: float
+    attempt: Optional[int]
+    key: str
 
 
 class Lease(BackgroundRenewal):
@@ -95,8 +129,11 @@ class Lease(BackgroundRenewal):
         expires_at: float,
         granted_at: Optional[float],
         ticket: int = 0,
+        attempt: Optional[int] = None,
     ) -> None:
         self._ct = ct
+        #: The caller's attempt number this grant belongs to (None when none was given).
+        self.attempt = attempt
         #: The queue ticket (FIFO position); grants follow ticket order, so tokens do too.
         self.ticket = ticket
         self.resources = resources
@@ -212,6 +249,23 @@ class Entry:
 
 
 @dataclass
+class WaitInfo:
+    """Where one request stands in its queue, for logs ("position 3 behind X and Y") and metadata."""
+
+    resource: str
+    holder: str
+    state: str  # "waiting" | "granted"
+    #: 1 is the head of the queue; 0 once granted.
+    position: int
+    #: The holders and waiters ahead of it (holders first, then waiters in queue order).
+    ahead: list[str]
+    waiting_since: Optional[datetime]
+    #: The fencing token once granted.
+    token: Optional[int]
+    expires_at: Optional[datetime] = None
+
+
+@dataclass
 class ResourceStatus:
     """A resource with its capacity, current holders and queue."""
 
@@ -298,21 +352,26 @@ class SlotEngine:
         lease: float,
         waiter_ttl: float,
         poll_interval: float,
+        attempt: Optional[int] = None,
+        pickup: float = DEFAULT_PICKUP,
     ) -> Lease:
         parts = normalize_request(resource, slots)
         mode = check_mode(mode)
         holder = check_name("holder", holder) if holder is not None else default_holder()
         lease_s = check_seconds("lease", lease)
         ttl = check_seconds("waiter_ttl", waiter_ttl)
+        pick = check_seconds("pickup", pickup)
         wait = check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
-        assert lease_s is not None and ttl is not None
+        att = check_attempt(attempt)
+        assert lease_s is not None and ttl is not None and pick is not None
         deadline = None if wait is None else time.monotonic() + wait
         max_poll = min(MAX_POLL_INTERVAL, ttl / 4.0)
         delay = min(poll_interval, max_poll)
+        req = _Request(parts, holder, mode, lease_s, ttl, pick, att, uuid.uuid4().hex)
 
         keys = [slot_key(n) for n in parts]
         since = self.ct._wakeups.mark(keys)
-        outcome = self.db.run(lambda c: self._attempt(c, parts, holder, mode, lease_s, ttl))
+        outcome = self.db.run(lambda c: self._attempt(c, req))
         while not outcome.granted:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
@@ -339,18 +398,22 @@ class SlotEngine:
                 sleep = min(sleep, max(deadline - now, 0.0))
             self.ct._wait_for_wakeup(keys, sleep, since)
             since = self.ct._wakeups.mark(keys)
-            outcome = self.db.run(lambda c: self._attempt(c, parts, holder, mode, lease_s, ttl))
+            outcome = self.db.run(lambda c: self._attempt(c, req))
+        return self._lease(req, outcome)
+
+    def _lease(self, req: _Request, outcome: _Outcome) -> Lease:
         return Lease(
             self.ct,
-            resources=parts,
-            mode=mode,
-            holder=holder,
+            resources=req.parts,
+            mode=req.mode,
+            holder=req.holder,
             request_key=outcome.request_key,
             tokens=outcome.tokens,
-            lease_seconds=lease_s,
+            lease_seconds=req.lease,
             expires_at=outcome.expires_at,
             granted_at=outcome.granted_at,
             ticket=outcome.ticket,
+            attempt=outcome.attempt,
         )
 
     def try_acquire(
@@ -362,6 +425,8 @@ class SlotEngine:
         mode: str,
         lease: float,
         waiter_ttl: float,
+        attempt: Optional[int] = None,
+        pickup: float = DEFAULT_PICKUP,
     ) -> Optional[Lease]:
         """One poll that keeps the queue entry when not granted (for sensors and triggers)."""
         parts = normalize_request(resource, slots)
@@ -369,15 +434,14 @@ class SlotEngine:
         holder = check_name("holder", holder)
         lease_s = check_seconds("lease", lease)
         ttl = check_seconds("waiter_ttl", waiter_ttl)
-        assert lease_s is not None and ttl is not None
-        outcome = self.db.run(lambda c: self._attempt(c, parts, holder, mode, lease_s, ttl))
+        pick = check_seconds("pickup", pickup)
+        att = check_attempt(attempt)
+        assert lease_s is not None and ttl is not None and pick is not None
+        req = _Request(parts, holder, mode, lease_s, ttl, pick, att, uuid.uuid4().hex)
+        outcome = self.db.run(lambda c: self._attempt(c, req))
         if not outcome.granted:
             return None
-        return Lease(
-            self.ct, resources=parts, mode=mode, holder=holder, request_key=outcome.request_key,
-            tokens=outcome.tokens, lease_seconds=lease_s, expires_at=outcome.expires_at,
-            granted_at=outcome.granted_at, ticket=outcome.ticket,
-        )
+        return self._lease(req, outcome)
 
     def _lock_resources(self, conn: Connection, names: list[str]) -> dict[str, Any]:
         """Lock the resource rows in name order (so multi-resource requests cannot deadlock)."""
@@ -386,7 +450,7 @@ class SlotEngine:
         for name in sorted(names):
             row = conn.execute(
                 dialects.lock_rows(
-                    select(r.c.name, r.c.capacity, r.c.last_token).where(
+                    select(r.c.name, r.c.capacity, r.c.last_token, r.c.last_ticket).where(
                         r.c.namespace == self.ns, r.c.name == name
                     ),
                     r,
@@ -413,10 +477,10 @@ class SlotEngine:
         joined = r.outerjoin(q, and_(q.c.namespace == r.c.namespace, q.c.resource == r.c.name))
         result = conn.execute(
             select(dialects.db_now().label("now"), q.c.id, q.c.resource, q.c.holder, q.c.request_key, q.c.slots,
-                   q.c.mode, q.c.state, q.c.token, q.c.expires_at, q.c.granted_at)
+                   q.c.mode, q.c.state, q.c.token, q.c.expires_at, q.c.granted_at, q.c.ticket, q.c.attempt)
             .select_from(joined)
             .where(r.c.namespace == self.ns, r.c.name.in_(names))
-            .order_by(q.c.id)
+            .order_by(q.c.ticket)
         ).all()
         now = float(result[0].now)
         rows = []
@@ -430,11 +494,18 @@ class SlotEngine:
             rows.append(row)
         return rows, now
 
-    def _attempt(
-        self, conn: Connection, parts: dict[str, int], holder: str, mode: str, lease_s: float, ttl: float
-    ) -> _Outcome:
+    def _bump_tokens(self, conn: Connection, res: dict[str, Any], names: list[str]) -> dict[str, int]:
+        r = self.t.resource
+        tokens: dict[str, int] = {}
+        for name in names:
+            tokens[name] = int(res[name].last_token) + 1
+            conn.execute(update(r).where(r.c.namespace == self.ns, r.c.name == name).values(last_token=tokens[name]))
+        return tokens
+
+    def _attempt(self, conn: Connection, req: _Request) -> _Outcome:
         """One poll: enqueue (or find our entry), reap, and grant if we are first and fit."""
         q, r = self.t.request, self.t.resource
+        parts, holder, mode = req.parts, req.holder, req.mode
         names = sorted(parts)
         res = self._lock_resources(conn, names)
         for name, k in parts.items():
@@ -445,6 +516,7 @@ class SlotEngine:
                 )
         rows, now = self._read_queues(conn, names)
         mine = {row.resource: row for row in rows if row.holder == holder}
+        attempt = req.attempt
         if mine:
             wanted = {(n, k, mode) for n, k in parts.items()}
             have = {(row.resource, row.slots, row.mode) for row in mine.values()}
@@ -455,24 +527,42 @@ class SlotEngine:
                     f"request {sorted(wanted)}; release it first or use another holder id"
                 )
             key = keys.pop()
+            recorded = max((int(row.attempt) for row in mine.values() if row.attempt is not None), default=None)
+            if attempt is not None and recorded is not None and attempt < recorded:
+                raise LeaseLost(
+                    f"holder {holder!r} on {', '.join(repr(n) for n in names)} was superseded by attempt "
+                    f"{recorded}; attempt {attempt} must stop (a newer attempt of the same work runs)"
+                )
+            newer = attempt is not None and (recorded is None or attempt > recorded)
+            if not newer:
+                attempt = recorded
             if all(row.state == "granted" for row in mine.values()):
-                # Idempotent re-acquire: the same lease, extended.
-                expires = now + lease_s
-                conn.execute(update(q).where(q.c.request_key == key).values(expires_at=expires, lease_seconds=lease_s))
-                return _Outcome(True, key, {row.resource: int(row.token) for row in mine.values()},
-                                expires, float(min(row.granted_at for row in mine.values())), {},
-                                min(int(row.id) for row in mine.values()))
+                # Idempotent re-acquire: the same lease, extended; a newer attempt gets new tokens.
+                expires = now + req.lease
+                values: dict[str, Any] = dict(expires_at=expires, lease_seconds=req.lease, attempt=attempt)
+                if newer:
+                    tokens = self._bump_tokens(conn, res, names)
+                    for name in names:
+                        conn.execute(update(q).where(q.c.id == mine[name].id).values(token=tokens[name], **values))
+                else:
+                    tokens = {row.resource: int(row.token) for row in mine.values()}
+                    conn.execute(update(q).where(q.c.request_key == key).values(**values))
+                return _Outcome(True, key, {n: tokens[n] for n in parts}, expires,
+                                float(min(row.granted_at for row in mine.values())), {},
+                                min(int(row.ticket) for row in mine.values()), attempt)
+            my_tickets = {row.resource: int(row.ticket) for row in mine.values()}
             my_ids = {row.resource: int(row.id) for row in mine.values()}
         else:
-            key = uuid.uuid4().hex
+            key = req.key
+            my_tickets = {}
             my_ids = {}
 
         position: dict[str, int] = {}
         eligible = True
         for name in names:
             queue = [row for row in rows if row.resource == name]
-            my_id = my_ids.get(name)
-            ahead = [row for row in queue if row.state == "waiting" and (my_id is None or row.id < my_id)]
+            mine_t = my_tickets.get(name)
+            ahead = [row for row in queue if row.state == "waiting" and (mine_t is None or row.ticket < mine_t)]
             holders = [row for row in queue if row.state == "granted"]
             position[name] = len(ahead) + 1
             if ahead:
@@ -484,39 +574,40 @@ class SlotEngine:
                 excl = any(row.mode == "exclusive" for row in holders)
                 eligible = eligible and not excl and used + parts[name] <= res[name].capacity
 
-        if eligible:
-            tokens: dict[str, int] = {}
+        if not my_ids:  # enqueue: one ticket per resource, from its counter, under its lock
             for name in names:
-                tokens[name] = int(res[name].last_token) + 1
-                conn.execute(
-                    update(r).where(r.c.namespace == self.ns, r.c.name == name).values(last_token=tokens[name])
-                )
-            values = dict(state="granted", granted_at=now, expires_at=now + lease_s, lease_seconds=lease_s)
+                my_tickets[name] = int(res[name].last_ticket) + 1
+                conn.execute(update(r).where(r.c.namespace == self.ns, r.c.name == name)
+                             .values(last_ticket=my_tickets[name]))
+
+        if eligible:
+            tokens = self._bump_tokens(conn, res, names)
+            values = dict(state="granted", granted_at=now, expires_at=now + req.lease, lease_seconds=req.lease,
+                          attempt=attempt)
             if my_ids:
                 for name in names:
                     conn.execute(update(q).where(q.c.id == my_ids[name]).values(token=tokens[name], **values))
             else:
                 for name in names:
-                    result = conn.execute(insert(q).values(
+                    conn.execute(insert(q).values(
                         namespace=self.ns, resource=name, holder=holder, request_key=key, slots=parts[name],
-                        mode=mode, token=tokens[name], enqueued_at=now, **values))
-                    pk = result.inserted_primary_key
-                    assert pk is not None
-                    my_ids[name] = int(pk[0])
+                        mode=mode, token=tokens[name], enqueued_at=now, ticket=my_tickets[name],
+                        pickup_seconds=req.pickup, **values))
             if any(row.state == "waiting" and row.holder != holder for row in rows):
                 self.ct._notify(conn, [slot_key(n) for n in names])  # the next in line may fit too
             ordered = {n: tokens[n] for n in parts}
-            return _Outcome(True, key, ordered, now + lease_s, now, {}, min(my_ids.values()))
+            return _Outcome(True, key, ordered, now + req.lease, now, {}, min(my_tickets.values()), attempt)
 
-        expires = now + ttl
+        expires = now + req.ttl
         if my_ids:
-            conn.execute(update(q).where(q.c.request_key == key).values(expires_at=expires))
+            conn.execute(update(q).where(q.c.request_key == key).values(expires_at=expires, attempt=attempt))
         else:
             for name in names:
                 conn.execute(insert(q).values(
                     namespace=self.ns, resource=name, holder=holder, request_key=key, slots=parts[name], mode=mode,
-                    state="waiting", lease_seconds=lease_s, enqueued_at=now, expires_at=expires))
-        return _Outcome(False, key, {}, expires, None, position)
+                    state="waiting", lease_seconds=req.lease, enqueued_at=now, expires_at=expires,
+                    ticket=my_tickets[name], attempt=attempt, pickup_seconds=req.pickup))
+        return _Outcome(False, key, {}, expires, None, position, min(my_tickets.values()), attempt)
 
     def _withdraw(self, request_key: str) -> Optional[_Outcome]:
         """Leave the queue after a timeout; if we were granted meanwhile, return that grant."""
@@ -527,7 +618,7 @@ class SlotEngine:
             conn.execute(delete(q).where(q.c.request_key == request_key, q.c.state == "waiting"))
             self.ct._notify(conn, [slot_key(n) for n in names])
             rows = conn.execute(
-                select(q.c.id, q.c.resource, q.c.token, q.c.expires_at, q.c.granted_at).where(
+                select(q.c.id, q.c.resource, q.c.token, q.c.expires_at, q.c.granted_at, q.c.ticket, q.c.attempt).where(
                     q.c.request_key == request_key, q.c.state == "granted"
                 )
             ).all()
@@ -535,7 +626,7 @@ class SlotEngine:
                 return None
             return _Outcome(True, request_key, {row.resource: int(row.token) for row in rows},
                             float(rows[0].expires_at), float(rows[0].granted_at), {},
-                            min(int(row.id) for row in rows))
+                            min(int(row.ticket) for row in rows), rows[0].attempt)
 
         return self.db.run(fn)
 
@@ -566,20 +657,42 @@ class SlotEngine:
         return expires
 
     def release(self, lease: Lease) -> None:
+        """Delete the lease's rows; a lease that already expired is lost even if nobody reaped it yet.
+
+        Retry-safe: the request key was chosen by the client, so when a retry (after a COMMIT whose
+        reply was lost) finds no rows while the lease could not yet have expired, the first
+        COMMIT is what removed them and the release succeeded.
+        """
         q = self.t.request
         n = len(lease.resources)
+        runs = 0
 
-        def fn(conn: Connection) -> int:
-            count = int(conn.execute(delete(q).where(q.c.request_key == lease.request_key)).rowcount)
+        def fn(conn: Connection) -> tuple[int, int, float]:
+            nonlocal runs
+            runs += 1
+            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
+            live = int(conn.execute(
+                delete(q).where(q.c.request_key == lease.request_key, q.c.state == "granted", q.c.expires_at >= now)
+            ).rowcount)
+            stale = int(conn.execute(delete(q).where(q.c.request_key == lease.request_key)).rowcount)
             self.ct._notify(conn, [slot_key(name) for name in lease.resources])
-            return count
+            return live, stale, now
 
-        rowcount = self.db.run(fn)
-        if rowcount != n:
+        live, stale, now = self.db.run(fn)
+        if live == n:
+            return
+        if live == 0 and stale == 0 and runs > 1 and now < lease._expires_at:
+            return  # our first COMMIT went through; its reply was lost
+        if stale:
             raise LeaseLost(
-                f"lease of {lease.holder!r} on {lease._names()} had already expired and been reaped when it "
-                "was released; work done after the expiry may have overlapped with another holder"
+                f"lease of {lease.holder!r} on {lease._names()} had expired when it was released (at "
+                f"{lease.expires_at.isoformat()}); work done after the expiry may have overlapped with another "
+                "holder. Renew more often than the lease length or ask for a longer lease"
             )
+        raise LeaseLost(
+            f"lease of {lease.holder!r} on {lease._names()} had already expired and been reaped when it "
+            "was released; work done after the expiry may have overlapped with another holder"
+        )
 
     def is_held(self, lease: Lease) -> bool:
         q = self.t.request
@@ -620,6 +733,60 @@ class SlotEngine:
 
         return self.db.run(fn)
 
+    def release_holders(self, prefix: str) -> int:
+        """Release every holder and withdraw every waiter whose holder id starts with ``prefix``.
+
+        For run-status sensors and teardown of a whole scope (a DAG run, a Dagster run). The
+        prefix is matched literally (``%`` and ``_`` are escaped). Returns the requests removed.
+        """
+        q = self.t.request
+
+        def fn(conn: Connection) -> int:
+            match = and_(q.c.namespace == self.ns, q.c.holder.startswith(prefix, autoescape=True))
+            rows = conn.execute(select(q.c.resource, q.c.request_key).where(match)).all()
+            if not rows:
+                return 0
+            conn.execute(delete(q).where(match))
+            self.ct._notify(conn, sorted({slot_key(row.resource) for row in rows}))
+            return len({row.request_key for row in rows})
+
+        return self.db.run(fn)
+
+    def wait_info(self, resource: str, holder: str) -> Optional[WaitInfo]:
+        """Where ``holder`` stands on ``resource``: None when it neither holds nor waits."""
+        q = self.t.request
+
+        def fn(conn: Connection) -> tuple[float, Optional[Any], list[Any]]:
+            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
+            mine = conn.execute(
+                select(q).where(q.c.namespace == self.ns, q.c.resource == resource, q.c.holder == holder)
+            ).first()
+            if mine is None or mine.state == "granted":
+                return now, mine, []
+            ahead = conn.execute(
+                select(q.c.holder, q.c.state, q.c.expires_at)
+                .where(q.c.namespace == self.ns, q.c.resource == resource,
+                       (q.c.state == "granted") | (q.c.ticket < mine.ticket))
+                .order_by(q.c.state, q.c.ticket)  # "granted" sorts before "waiting"
+            ).all()
+            return now, mine, list(ahead)
+
+        now, mine, ahead = self.db.run(fn)
+        if mine is None or float(mine.expires_at) < now:
+            return None
+        live = [row for row in ahead if float(row.expires_at) >= now]
+        waiting_ahead = sum(1 for row in live if row.state == "waiting")
+        return WaitInfo(
+            resource=resource,
+            holder=holder,
+            state=str(mine.state),
+            position=0 if mine.state == "granted" else waiting_ahead + 1,
+            ahead=[str(row.holder) for row in live],
+            waiting_since=utc(float(mine.enqueued_at)),
+            token=None if mine.token is None or mine.state != "granted" else int(mine.token),
+            expires_at=utc(float(mine.expires_at)),
+        )
+
     def find_lease(self, resource: str, holder: str) -> Optional[Lease]:
         """The live lease ``holder`` has on ``resource``, rebuilt from the table (for other processes)."""
         q = self.t.request
@@ -632,7 +799,7 @@ class SlotEngine:
             )
             if key is None:
                 return []
-            return list(conn.execute(select(q).where(q.c.request_key == key).order_by(q.c.id)).all())
+            return list(conn.execute(select(q).where(q.c.request_key == key).order_by(q.c.resource)).all())
 
         rows = self.db.run(fn)
         if not rows:
@@ -647,7 +814,8 @@ class SlotEngine:
             lease_seconds=float(rows[0].lease_seconds),
             expires_at=float(rows[0].expires_at),
             granted_at=float(rows[0].granted_at),
-            ticket=int(rows[0].id),
+            ticket=int(rows[0].ticket),
+            attempt=None if rows[0].attempt is None else int(rows[0].attempt),
         )
 
     # -- observing ---------------------------------------------------------------------------
@@ -657,7 +825,7 @@ class SlotEngine:
         def fn(conn: Connection) -> tuple[float, list[Any], list[Any]]:
             now = float(conn.scalar(select(dialects.db_now())) or 0.0)
             rs = select(r).where(r.c.namespace == self.ns).order_by(r.c.name)
-            qs = select(q).where(q.c.namespace == self.ns).order_by(q.c.id)
+            qs = select(q).where(q.c.namespace == self.ns).order_by(q.c.resource, q.c.ticket)
             if names:
                 rs = rs.where(r.c.name.in_(names))
                 qs = qs.where(q.c.resource.in_(names))

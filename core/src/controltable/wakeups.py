@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
@@ -40,6 +40,7 @@ class Wakeups:
         self._stop = threading.Event()
         #: Notifications received (for tests and benchmarks).
         self.received = 0
+        self._listeners: dict[str, list[Callable[[], None]]] = {}
 
     # -- sending -------------------------------------------------------------------------------
     def notify(self, conn: Connection, keys: Iterable[str]) -> None:
@@ -78,6 +79,37 @@ class Wakeups:
                 if left <= 0:
                     return False
                 self._cond.wait(left)
+
+    def add_listener(self, keys: list[str], callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` from the listener thread on a push for any of ``keys``; returns a remover."""
+        with self._cond:
+            for key in keys:
+                self._listeners.setdefault(key, []).append(callback)
+        if self.enabled:
+            self._ensure_listener()
+
+        def remove() -> None:
+            with self._cond:
+                for key in keys:
+                    found = self._listeners.get(key, [])
+                    if callback in found:
+                        found.remove(callback)
+                    if not found:
+                        self._listeners.pop(key, None)
+
+        return remove
+
+    def _deliver(self, key: str) -> None:
+        with self._cond:
+            self.received += 1
+            self._seq[key] = self._seq.get(key, 0) + 1
+            self._cond.notify_all()
+            callbacks = list(self._listeners.get(key, ()))
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # a faulty callback must not kill the listener of everyone else
+                log.exception("controltable: wake-up callback for %r failed", key)
 
     # -- the listener thread -----------------------------------------------------------------------
     def _ensure_listener(self) -> None:
@@ -118,11 +150,7 @@ class Wakeups:
                     for note in raw.notifies(timeout=1.0):
                         if not note.payload.startswith(prefix):
                             continue
-                        key = note.payload[len(prefix):]
-                        with self._cond:
-                            self.received += 1
-                            self._seq[key] = self._seq.get(key, 0) + 1
-                            self._cond.notify_all()
+                        self._deliver(note.payload[len(prefix):])
             except Exception as exc:  # the connection dropped: poll until it is back
                 self._listening.clear()
                 log.warning("controltable: wake-up listener lost its connection (%s); polling meanwhile", exc)

@@ -1,0 +1,110 @@
+"""Upgrades of installed control tables from an older schema version, step by step, each step idempotent.
+
+``ControlTable.install()`` runs them. Every DDL statement runs in its own transaction (a DDL
+holds a schema lock on the table until it commits) and is skipped when an earlier or concurrent
+run already applied it, so two processes installing at once, or an upgrade interrupted half-way,
+both end in the same tables. Statements are built by pure functions from the declared tables:
+identifiers are quoted by the dialect, no user value is ever formatted into SQL.
+
+Upgrade with the old release's workers stopped: a v1 worker does not know the ticket counter.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from sqlalchemy import Column, Index, Table, func, inspect, select, text, update
+from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.sql.elements import TextClause
+
+from .schema import ControlSchema, build_schema
+
+log = logging.getLogger("controltable")
+
+_ALREADY = ("already exists", "duplicate", "exists", "ora-01430", "ora-00955", "ora-01408")
+
+
+def add_column_sql(table: Table, column: Column, dialect: Dialect) -> TextClause:
+    """``ALTER TABLE t ADD c type [DEFAULT d] [NOT NULL]`` for ``dialect``, from the declared column."""
+    prep = dialect.identifier_preparer
+    coltype = column.type.compile(dialect=dialect)
+    default = ""
+    if column.server_default is not None:
+        arg: object = getattr(column.server_default, "arg", None)
+        default = f" DEFAULT {getattr(arg, 'text', arg)}"
+    null = "" if column.nullable else " NOT NULL"
+    keyword = "ADD" if dialect.name in ("oracle", "mssql") else "ADD COLUMN"
+    return text(f"ALTER TABLE {prep.format_table(table)} {keyword} {prep.quote(column.name)} {coltype}{default}{null}")
+
+
+def _columns(conn: Connection, table: Table) -> set[str]:
+    return {c["name"].lower() for c in inspect(conn).get_columns(table.name, schema=table.schema)}
+
+
+def _indexes(conn: Connection, table: Table) -> set[str]:
+    return {str(i["name"]).lower() for i in inspect(conn).get_indexes(table.name, schema=table.schema) if i["name"]}
+
+
+def _ddl(engine: object, step: Callable[[Connection], None]) -> None:
+    """One DDL step in its own transaction; a concurrent installer having done it already is fine."""
+    try:
+        with engine.begin() as conn:  # type: ignore[attr-defined]
+            step(conn)
+    except Exception as exc:
+        if any(m in str(exc).lower() for m in _ALREADY):
+            return
+        raise
+
+
+def upgrade_v1_to_v2(engine: object, tables: ControlSchema) -> None:
+    """Tickets from the per-resource counter, attempts and pickup deadlines, the (state, ticket) index."""
+    r, q = tables.resource, tables.request
+    dialect: Dialect = engine.dialect  # type: ignore[attr-defined]
+    for table, name in ((r, "last_ticket"), (q, "ticket"), (q, "attempt"), (q, "pickup_seconds")):
+
+        def add(conn: Connection, table: Table = table, name: str = name) -> None:
+            if name not in _columns(conn, table):
+                conn.execute(add_column_sql(table, table.c[name], dialect))
+
+        _ddl(engine, add)
+
+    def backfill(conn: Connection) -> None:
+        # v1 tickets were the request ids (one sequence for all resources): keep their order.
+        conn.execute(update(q).where(q.c.ticket == 0).values(ticket=q.c.id))
+        top = (
+            select(func.coalesce(func.max(q.c.ticket), 0))
+            .where(q.c.namespace == r.c.namespace, q.c.resource == r.c.name)
+            .scalar_subquery()
+        )
+        conn.execute(update(r).values(last_ticket=top))
+
+    with engine.begin() as conn:  # type: ignore[attr-defined]
+        backfill(conn)
+
+    new_index = next(i for i in q.indexes if i.name and i.name.endswith("request_state_ix"))
+
+    def create_index(conn: Connection) -> None:
+        if str(new_index.name).lower() not in _indexes(conn, q):
+            new_index.create(conn)
+
+    _ddl(engine, create_index)
+
+    # The v1 queue index (namespace, resource, id) is superseded; built on a scratch copy of the
+    # tables so that it never becomes part of the declared schema.
+    scratch = build_schema(q.name[: -len("request")], q.schema).request
+    old_name = q.name[: -len("request")] + "request_queue_ix"
+    old = Index(old_name, scratch.c.namespace, scratch.c.resource, scratch.c.id)
+
+    def drop_old(conn: Connection) -> None:
+        if old_name.lower() in _indexes(conn, q):
+            old.drop(conn)
+
+    try:
+        _ddl(engine, drop_old)
+    except Exception as exc:  # harmless to keep: only costs a little on inserts
+        log.warning("controltable: could not drop the old index %s (%s); it is unused now", old_name, exc)
+
+
+#: ``from_version -> step`` bringing the tables to ``from_version + 1``.
+UPGRADES: dict[int, Callable[[object, ControlSchema], None]] = {1: upgrade_v1_to_v2}
