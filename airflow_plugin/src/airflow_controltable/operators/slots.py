@@ -31,7 +31,7 @@ from datetime import timedelta
 from typing import Any, Optional
 
 from airflow.providers.standard.operators.python import PythonOperator
-from airflow.sdk import Context
+from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowTaskTerminated
 
 from airflow_controltable.exceptions import (
@@ -73,7 +73,7 @@ class ControlTableTaskKilled(AirflowTaskTerminated):
     """Raised into the work by ``on_kill`` so that the slot is released only after the work stopped."""
 
 
-class HoldSlotMixin:
+class HoldSlotMixin(BaseOperator):
     """Hold a slot of ``resource`` while the operator's own ``execute`` runs; wait for it deferred.
 
     Put it in front of an operator class: ``class LoadWithSlot(HoldSlotMixin, SQLExecuteQueryOperator)``.
