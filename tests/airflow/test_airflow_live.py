@@ -142,6 +142,7 @@ def test_run_marked_failed_while_its_load_holds_the_slot(live: tuple[LiveAirflow
     (second,) = start_runs(airflow, "ct_live_slot", 1, resource="failres", seconds=1)
     LiveAirflow.wait_until(lambda: airflow.task_states("ct_live_slot").get((second, "load", -1)) == "deferred",
                            120, "the second run to defer")
+    marked = time.time()
     airflow.api("PATCH", f"/dags/ct_live_slot/dagRuns/{first}", {"state": "failed"})
     states = airflow.wait_for_runs("ct_live_slot", [first, second], 180)
     assert states == {first: "failed", second: "success"}
@@ -150,8 +151,9 @@ def test_run_marked_failed_while_its_load_holds_the_slot(live: tuple[LiveAirflow
     check_exclusive(rows, "failres")
     killed = rows[0]
     assert killed["finished"] - started["started"] < 50, "the first load was stopped, not run to its end"
-    print(f"\nmarked failed: the killed load stopped {rows[1]['started'] - killed['finished']:.2f} s before the "
-          "next load started")
+    print(f"\nrecommended pattern, run marked failed: the killed load stopped {killed['finished'] - marked:.1f} s "
+          f"after the mark (closed: {killed['closed']}); the next load started "
+          f"{rows[1]['started'] - marked:.1f} s after it")
 
 
 def test_cleared_run_gets_a_higher_token_and_never_overlaps(live: tuple[LiveAirflow, ControlTable]) -> None:
@@ -229,6 +231,7 @@ def test_teardown_waits_for_a_load_marked_failed(live: tuple[LiveAirflow, Contro
     started = wait_started(ct, first)
     (second,) = start_runs(airflow, "ct_live_sensor", 1, resource="sensorres", seconds=1)
     before = ct.status(["sensorres"])[0].last_token
+    marked = time.time()
     airflow.api("PATCH", f"/dags/ct_live_sensor/dagRuns/{first}", {"state": "failed"})
     states = airflow.wait_for_runs("ct_live_sensor", [first, second], 240)
     assert states[second] == "success", states
@@ -237,5 +240,6 @@ def test_teardown_waits_for_a_load_marked_failed(live: tuple[LiveAirflow, Contro
     check_exclusive(rows, "sensorres")
     assert rows[0]["finished"] - started["started"] < 50
     assert rows[1]["token"] > before >= rows[0]["token"]
-    print(f"\nsensor + teardown, run marked failed: the killed load's last sign of life came "
-          f"{rows[1]['started'] - rows[0]['finished']:.2f} s before the next load started")
+    print(f"\nsensor + teardown, run marked failed: the killed load stopped {rows[0]['finished'] - marked:.1f} s "
+          f"after the mark (closed: {rows[0]['closed']}); the next load started {rows[1]['started'] - marked:.1f} s "
+          "after it")
