@@ -91,6 +91,7 @@ class LiveAirflow:
         self.metadata_url = meta.render_as_string(hide_password=False)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._token: Optional[str] = None
+        self._meta_engine: Any = None
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")},
             "AIRFLOW_HOME": str(self.home),
@@ -178,6 +179,8 @@ class LiveAirflow:
     def stop(self) -> None:
         for name in list(self.procs):
             self.stop_component(name)
+        if self._meta_engine is not None:
+            self._meta_engine.dispose()
         for _ in range(5):
             try:
                 self._admin(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
@@ -208,17 +211,24 @@ class LiveAirflow:
                 self._token = json.loads(resp.read())["access_token"]
         return self._token
 
-    def api(self, method: str, path: str, body: Optional[dict[str, Any]] = None) -> Any:
+    def api(self, method: str, path: str, body: Optional[dict[str, Any]] = None, tries: int = 3) -> Any:
+        """One REST call; a timeout (a busy api-server on a loaded machine) is retried for reads only."""
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"{self.base}/api/v2{path}", data=data, method=method)
-        req.add_header("Content-Type", "application/json")
-        req.add_header("Authorization", f"Bearer {self.token()}")
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"{method} {path} -> {exc.code}: {exc.read()[:2000]!r}") from exc
-        return json.loads(raw) if raw else None
+        for attempt in range(1, tries + 1):
+            req = urllib.request.Request(f"{self.base}/api/v2{path}", data=data, method=method)
+            req.add_header("Content-Type", "application/json")
+            req.add_header("Authorization", f"Bearer {self.token()}")
+            try:
+                with urllib.request.urlopen(req, timeout=60) as resp:
+                    raw = resp.read()
+                return json.loads(raw) if raw else None
+            except urllib.error.HTTPError as exc:
+                raise RuntimeError(f"{method} {path} -> {exc.code}: {exc.read()[:2000]!r}") from exc
+            except (TimeoutError, urllib.error.URLError):
+                if method != "GET" or attempt == tries:
+                    raise
+                time.sleep(1)
+        raise AssertionError("unreachable")
 
     def wait_for_dags(self, dag_ids: Iterable[str], timeout: float = 120.0) -> None:
         def parsed() -> bool:
@@ -236,6 +246,11 @@ class LiveAirflow:
     def run_state(self, dag_id: str, run_id: str) -> str:
         return str(self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"])
 
+    def run_states(self, dag_id: str) -> dict[str, str]:
+        """run_id -> state of every run of ``dag_id`` (one metadata query, light on a busy deployment)."""
+        rows = self.metadata("SELECT run_id, state FROM dag_run WHERE dag_id = :d", d=dag_id)
+        return {r["run_id"]: str(r["state"]) for r in rows}
+
     def wait_for_runs(self, dag_id: str, run_ids: Iterable[str], timeout: float, sampler: Any = None) -> dict[str, str]:
         """Wait until the runs are finished; returns run_id -> state. ``sampler()`` is called every loop."""
         pending = set(run_ids)
@@ -244,8 +259,9 @@ class LiveAirflow:
         while pending:
             if sampler is not None:
                 sampler()
+            current = self.run_states(dag_id)
             for run_id in list(pending):
-                state = self.run_state(dag_id, run_id)
+                state = current.get(run_id)
                 if state in ("success", "failed"):
                     states[run_id] = state
                     pending.discard(run_id)
@@ -257,12 +273,11 @@ class LiveAirflow:
 
     # -- the metadata database -------------------------------------------------------------------------
     def metadata(self, sql: str, **params: Any) -> list[dict[str, Any]]:
-        engine = create_engine(self.metadata_url)
-        try:
-            with engine.connect() as conn:
-                return [dict(r._mapping) for r in conn.execute(text(sql), params)]
-        finally:
-            engine.dispose()
+        """Read the metadata database (the harness's own reads; the DAGs never touch it)."""
+        if self._meta_engine is None:
+            self._meta_engine = create_engine(self.metadata_url, pool_size=1)
+        with self._meta_engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(text(sql), params)]
 
     def task_states(self, dag_id: str) -> dict[tuple[str, str, int], str]:
         rows = self.metadata(
