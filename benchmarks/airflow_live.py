@@ -57,10 +57,13 @@ def measure(airflow: LiveAirflow, ct: ControlTable, pattern: str, runs: int, sec
     ct.set_capacity(resource, CAPACITY)
     t0 = time.time()
     run_ids = [airflow.trigger(dag_id, {"resource": resource, "seconds": seconds}) for _ in range(runs)]
-    airflow.wait_for_runs(dag_id, run_ids, timeout=max(600.0, runs * seconds * 2))
+    states = airflow.wait_for_runs(dag_id, run_ids, timeout=max(600.0, runs * seconds * 2))
     rows = _intervals(ct, run_ids)
-    if len(rows) != runs:
-        raise SystemExit(f"{pattern}: {len(rows)} loads recorded for {runs} runs")
+    failed = sorted(r for r, s in states.items() if s != "success")
+    for run_id in failed[:3]:  # say why, from the task's own log
+        for log in sorted(airflow.home.glob(f"logs/dag_id={dag_id}/run_id={run_id}/**/*.log")):
+            print(f"   failed run {run_id}, {log.name}:\n{log.read_text(errors='replace')[-3000:]}")
+    rows = [r for r in rows if r["run_id"] not in failed]
     wall = max(r["finished"] for r in rows) - t0
     starts = sorted(r["started"] for r in rows)
     ends = sorted(r["finished"] for r in rows)
@@ -89,6 +92,7 @@ def measure(airflow: LiveAirflow, ct: ControlTable, pattern: str, runs: int, sec
         "release_to_grant_max": max(release_to_grant) if release_to_grant else float("nan"),
         "idle_per_grant": statistics.fmean(idle) if idle else float("nan"),
         "deferred": sum(1 for r in rows if r["deferred"]),
+        "failed": len(failed),
     }
 
 
@@ -121,22 +125,23 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"-- {pattern}: {runs} runs x {seconds:.0f} s loads, capacity {CAPACITY}", flush=True)
                 results.append(measure(airflow, ct, pattern, runs, seconds))
                 r = results[-1]
-                print(f"   wall {r['wall']:.1f} s (ideal {r['ideal']:.0f} s)", flush=True)
+                print(f"   wall {r['wall']:.1f} s (ideal {r['ideal']:.0f} s), failed runs {r['failed']}", flush=True)
     finally:
         airflow.stop()
         table.drop(ct.engine, checkfirst=True)
         ct.close()
 
     print("\n| loads | pattern | runs | wall s | wall / pool | load end -> next start p50 s | "
-          "release -> next grant p50 (max) s | slot idle per grant s | waited deferred |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "release -> next grant p50 (max) s | slot idle per grant s | waited deferred | failed runs |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         pool = next(x for x in results if x["pattern"] == "pool" and x["seconds"] == r["seconds"])
         rtg = (f"{r['release_to_grant_p50']:.3f} ({r['release_to_grant_max']:.3f})"
                if r["pattern"] == "controltable" else "-")
         print(f"| {r['seconds']:.0f} s | {r['pattern']} | {r['runs']} | {r['wall']:.1f} | "
               f"{r['wall'] / pool['wall']:.2f} | {r['end_to_start_p50']:.2f} | {rtg} | "
-              f"{r['idle_per_grant']:.2f} | {r['deferred'] if r['pattern'] == 'controltable' else '-'} |")
+              f"{r['idle_per_grant']:.2f} | {r['deferred'] if r['pattern'] == 'controltable' else '-'} | "
+              f"{r['failed']} |")
 
 
 if __name__ == "__main__":

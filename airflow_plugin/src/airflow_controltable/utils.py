@@ -56,6 +56,13 @@ DEFAULT_REFRESH_INTERVAL = 30.0
 #: Poll interval of a trigger on a backend without push (seconds).
 DEFAULT_TRIGGER_POLL_INTERVAL = 2.0
 
+#: Seconds after a task defers before its trigger may fire. Airflow 3.3's scheduler fails a task
+#: whose trigger fired so fast that the task was queued again before the scheduler processed the
+#: exit of the process that deferred ("finished with state success, but the task instance's state
+#: attribute is queued"); with push wake-ups a grant can come that fast. The grant is held meanwhile,
+#: so this only delays grants that arrive within seconds of the deferral.
+DEFAULT_RESUME_SETTLE = 5.0
+
 SLOT_MODES = ("exclusive", "shared")
 
 MAX_ID = 200

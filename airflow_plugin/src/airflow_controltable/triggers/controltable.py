@@ -60,6 +60,7 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
         poll_interval: float = 5.0,
         refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
         deadline: Optional[float] = None,
+        not_before: Optional[float] = None,
     ) -> None:
         super().__init__()
         self.conn_id = conn_id
@@ -69,6 +70,8 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
         self.refresh_interval = max(float(refresh_interval), self.poll_interval)
         #: Wall-clock (epoch seconds) after which the trigger gives up with a "timeout" event.
         self.deadline = deadline
+        #: Wall-clock (epoch seconds) before which no event is fired (see ``DEFAULT_RESUME_SETTLE``).
+        self.not_before = not_before
         self._ct: Any = None
         #: How the last wake-ups came (for tests and logs): checks made, and how many a push caused.
         self.checks = 0
@@ -82,6 +85,7 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
             "poll_interval": self.poll_interval,
             "refresh_interval": self.refresh_interval,
             "deadline": self.deadline,
+            "not_before": self.not_before,
         }
 
     def _shared_table(self) -> Any:
@@ -148,6 +152,8 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
                     yield {"status": "error", "message": f"{type(exc).__name__}: {exc}"}
                     return
                 if result is not None:
+                    if self.not_before is not None and self.not_before > time.time():
+                        await asyncio.sleep(self.not_before - time.time())
                     yield result
                     return
                 interval = await self._interval(remove is not None)
@@ -196,9 +202,11 @@ class SlotTrigger(_ControlTableTrigger):
         refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
         deadline: Optional[float] = None,
         withdraw_on_timeout: bool = True,
+        not_before: Optional[float] = None,
     ) -> None:
         super().__init__(conn_id=conn_id, namespace=namespace, control_schema=control_schema,
-                         poll_interval=poll_interval, refresh_interval=refresh_interval, deadline=deadline)
+                         poll_interval=poll_interval, refresh_interval=refresh_interval, deadline=deadline,
+                         not_before=not_before)
         self.resource = resource
         self.holder = holder
         self.slots = slots
