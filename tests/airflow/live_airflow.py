@@ -271,6 +271,16 @@ class LiveAirflow:
             time.sleep(0.3)
         return states
 
+    def task_logs(self, dag_id: str, run_id: str, tail: int = 3000) -> str:
+        """The task (and trigger) logs of one run, for assertion messages."""
+        out = []
+        for log in sorted(self.home.glob(f"logs/dag_id={dag_id}/run_id={run_id}/**/*.log")):
+            out.append(f"--- {log.relative_to(self.home)}\n{log.read_text(errors='replace')[-tail:]}")
+        sched = [line for line in self.logs("scheduler", tail=2_000_000).splitlines()
+                 if run_id in line and ("error" in line.lower() or "FAILED" in line or "mismatch" in line)]
+        out.append("--- scheduler:\n" + "\n".join(sched[-10:]))
+        return "\n".join(out)
+
     # -- the metadata database -------------------------------------------------------------------------
     def metadata(self, sql: str, **params: Any) -> list[dict[str, Any]]:
         """Read the metadata database (the harness's own reads; the DAGs never touch it)."""

@@ -116,7 +116,8 @@ def test_six_runs_on_one_slot_defer_and_hand_over_in_grant_order(live: tuple[Liv
                 seen_deferred.add(run_id)
 
     states = airflow.wait_for_runs("ct_live_slot", runs, 300, sampler=sample)
-    assert set(states.values()) == {"success"}, states
+    assert set(states.values()) == {"success"}, [airflow.task_logs("ct_live_slot", r) for r in runs
+                                                 if states[r] != "success"]
     rows = recorded(ct, runs)
     assert sorted(r["run_id"] for r in rows) == sorted(runs), "each run loads exactly once"
     check_exclusive(rows, "cap1")
@@ -145,7 +146,7 @@ def test_run_marked_failed_while_its_load_holds_the_slot(live: tuple[LiveAirflow
     marked = time.time()
     airflow.api("PATCH", f"/dags/ct_live_slot/dagRuns/{first}", {"state": "failed"})
     states = airflow.wait_for_runs("ct_live_slot", [first, second], 180)
-    assert states == {first: "failed", second: "success"}
+    assert states == {first: "failed", second: "success"}, airflow.task_logs("ct_live_slot", second)
     rows = recorded(ct, [first, second])
     assert [r["run_id"] for r in rows] == [first, second]
     check_exclusive(rows, "failres")

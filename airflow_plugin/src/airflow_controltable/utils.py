@@ -60,8 +60,9 @@ DEFAULT_TRIGGER_POLL_INTERVAL = 2.0
 #: whose trigger fired so fast that the task was queued again before the scheduler processed the
 #: exit of the process that deferred ("finished with state success, but the task instance's state
 #: attribute is queued"); with push wake-ups a grant can come that fast. The grant is held meanwhile,
-#: so this only delays grants that arrive within seconds of the deferral.
-DEFAULT_RESUME_SETTLE = 5.0
+#: so this only delays grants that arrive within seconds of the deferral. Measured on a loaded
+#: machine: 5 s was not always enough. ``[controltable] resume_settle`` overrides it.
+DEFAULT_RESUME_SETTLE = 10.0
 
 SLOT_MODES = ("exclusive", "shared")
 
@@ -94,6 +95,20 @@ def deployment_id() -> str:
         return str(conf.get("controltable", "deployment_id", fallback="") or "").strip()
     except Exception:  # no Airflow configuration available (plain Python use)
         return ""
+
+
+def resume_not_before() -> float:
+    """Epoch seconds before which a trigger deferred now may not fire (see ``DEFAULT_RESUME_SETTLE``)."""
+    import time
+
+    settle = DEFAULT_RESUME_SETTLE
+    try:
+        from airflow.sdk import conf
+
+        settle = float(conf.get("controltable", "resume_settle", fallback=str(DEFAULT_RESUME_SETTLE)))
+    except Exception:  # no Airflow configuration available
+        pass
+    return time.time() + max(settle, 0.0)
 
 
 def dag_run_holder(context: Mapping[str, Any]) -> str:

@@ -44,11 +44,11 @@ from airflow_controltable.operators.base import ControlTableBaseOperator
 from airflow_controltable.utils import (
     DEFAULT_DEFERRED_WAITER_TTL,
     DEFAULT_HELD_LEASE,
-    DEFAULT_RESUME_SETTLE,
     DEFAULT_TRIGGER_POLL_INTERVAL,
     airflow_errors,
     check_wait_args,
     dag_run_holder,
+    resume_not_before,
     start_renewing,
     task_instance_holder,
     try_number,
@@ -177,7 +177,7 @@ class HoldSlotMixin(BaseOperator):
                 lease=float(self.lease), waiter_ttl=float(self.waiter_ttl), attempt=try_number(context),
                 pickup=self._pickup(), conn_id=self.conn_id, namespace=self.namespace,
                 control_schema=self.control_schema, poll_interval=float(self.poll_interval), deadline=deadline,
-                not_before=time.time() + DEFAULT_RESUME_SETTLE,
+                not_before=resume_not_before(),
             ),
             method_name="execute_in_slot",
             # Airflow's own deferral timeout is only a backstop: the trigger gives up (and withdraws

@@ -8,7 +8,6 @@ stays held after the sensor finishes until :class:`ReleaseSlotOperator` (a teard
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Optional
@@ -19,12 +18,12 @@ from airflow_controltable.exceptions import ControlTableConfigError, ControlTabl
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
 from airflow_controltable.triggers.controltable import SlotTrigger, lease_payload
 from airflow_controltable.utils import (
-    DEFAULT_RESUME_SETTLE,
     DEFAULT_SLOT_LEASE,
     SLOT_MODES,
     airflow_errors,
     check_wait_args,
     dag_run_holder,
+    resume_not_before,
     try_number,
 )
 from controltable.defaults import DEFAULT_MODE
@@ -139,7 +138,7 @@ class SlotSensor(UsesControlTable, BaseSensorOperator):
                 resource=self.resource, holder=holder, slots=self.slots, slot_mode=self.slot_mode,
                 lease=self.lease, waiter_ttl=self._ttl(), attempt=try_number(context), pickup=self._pickup(),
                 conn_id=self.conn_id, namespace=self.namespace, control_schema=self.control_schema,
-                poll_interval=min(float(self.poke_interval), 5.0), not_before=time.time() + DEFAULT_RESUME_SETTLE,
+                poll_interval=min(float(self.poke_interval), 5.0), not_before=resume_not_before(),
             ),
             method_name="execute_complete",
             timeout=timeout,

@@ -285,9 +285,11 @@ class PendingEventsTrigger(_ControlTableTrigger):
         poll_interval: float = 5.0,
         refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
         deadline: Optional[float] = None,
+        not_before: Optional[float] = None,
     ) -> None:
         super().__init__(conn_id=conn_id, namespace=namespace, control_schema=control_schema,
-                         poll_interval=poll_interval, refresh_interval=refresh_interval, deadline=deadline)
+                         poll_interval=poll_interval, refresh_interval=refresh_interval, deadline=deadline,
+                         not_before=not_before)
         self.table = table
         self.key = key
         self.min_events = int(min_events)
