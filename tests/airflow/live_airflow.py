@@ -187,7 +187,8 @@ class LiveAirflow:
                 break
             except Exception:
                 time.sleep(1)
-        shutil.rmtree(self.home, ignore_errors=True)
+        if not os.environ.get("CT_LIVE_KEEP_HOME"):  # keep the logs for a post-mortem when asked
+            shutil.rmtree(self.home, ignore_errors=True)
 
     def logs(self, name: str, tail: int = 4000) -> str:
         path = self.home / f"{name}.log"
