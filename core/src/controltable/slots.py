@@ -32,7 +32,7 @@ from . import dialects
 from .defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_PICKUP, DEFAULT_WAITER_TTL  # noqa: F401 - re-exported
 from .errors import AcquireTimeout, ConfigurationError, LeaseLost, UnknownResourceError
 from .renewal import BackgroundRenewal
-from .validation import check_mode, check_name, check_seconds, normalize_request
+from .validation import check_mode, check_name, check_poll_interval, check_seconds, normalize_request
 
 if TYPE_CHECKING:  # pragma: no cover
     from .control import ControlTable
@@ -362,6 +362,7 @@ class SlotEngine:
         ttl = check_seconds("waiter_ttl", waiter_ttl)
         pick = check_seconds("pickup", pickup)
         wait = check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
+        poll_interval = check_poll_interval("poll_interval", poll_interval)
         att = check_attempt(attempt)
         assert lease_s is not None and ttl is not None and pick is not None
         deadline = None if wait is None else time.monotonic() + wait
