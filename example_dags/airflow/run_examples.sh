@@ -17,12 +17,12 @@ export AIRFLOW_CONN_CONTROLTABLE_DEFAULT="{\"conn_type\": \"controltable\", \"ex
     || { echo "airflow-provider-controltable is not listed by 'airflow providers list'"; exit 1; }
 "$airflow" dags reserialize > "$home/reserialize.log" 2>&1 || { cat "$home/reserialize.log"; exit 1; }
 listed="$("$airflow" dags list -o plain 2>/dev/null)"
-for dag in controltable_warehouse_slot controltable_event_batches controltable_worklist; do
+for dag in controltable_warehouse_load controltable_warehouse_slot controltable_event_batches controltable_worklist; do
     grep -q "$dag" <<<"$listed" || { echo "$dag not listed by 'airflow dags list'"; exit 1; }
 done
 errors="$("$airflow" dags list-import-errors -o plain 2>/dev/null || true)"
 if grep -q "example_dags" <<<"$errors"; then echo "$errors"; exit 1; fi
-for dag in controltable_warehouse_slot controltable_event_batches controltable_worklist; do
+for dag in controltable_warehouse_load controltable_warehouse_slot controltable_event_batches controltable_worklist; do
     if "$airflow" dags test "$dag" > "$home/$dag.log" 2>&1; then
         echo "ok   airflow dags test $dag"
     else

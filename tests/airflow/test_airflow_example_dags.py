@@ -39,7 +39,9 @@ def live_holders(url: str, resource: str) -> list[str]:
         return [h.holder for st in ct.status([resource]) for h in st.holders if not h.expired]
 
 
-EXAMPLE_IDS = {"controltable_warehouse_slot", "controltable_event_batches", "controltable_worklist"}
+EXAMPLE_IDS = {
+    "controltable_warehouse_load", "controltable_warehouse_slot", "controltable_event_batches", "controltable_worklist"
+}
 
 
 def test_example_dags_parse() -> None:
@@ -65,6 +67,21 @@ def test_warehouse_slot_dag_succeeds_and_releases(control_url: str) -> None:
     with table_for(control_url) as ct, ct.engine.connect() as conn:
         rows = conn.exec_driver_sql("select run_id, fencing_token from example_warehouse_loads").all()
     assert rows == [(dr.run_id, 1)]
+
+
+def test_recommended_pattern_dag_holds_and_releases(control_url: str) -> None:
+    dag = load_example("controltable_warehouse_load").dag
+    dr = dag.test(run_conf={"load_seconds": 0.2})
+    assert dr.state == "success", task_states(dr)
+    assert live_holders(control_url, "warehouse") == []
+    with table_for(control_url) as ct, ct.engine.connect() as conn:
+        rows = conn.exec_driver_sql("select run_id, fencing_token from example_warehouse_loads").all()
+    assert rows == [(dr.run_id, 1)]
+    failed = dag.test(run_conf={"fail": True, "load_seconds": 0.1})
+    assert failed.state == "failed" and task_states(failed)["load"] == ["failed"]
+    assert live_holders(control_url, "warehouse") == []  # released in the failing task's own process
+    with table_for(control_url) as ct:
+        assert ct.status(["warehouse"])[0].last_token == 2
 
 
 def test_failed_load_still_releases_the_slot_in_the_teardown(control_url: str) -> None:
@@ -182,7 +199,7 @@ def test_readme_dag_runs_as_pasted(control_url: str) -> None:
     dag = load_example("readme_nightly_load").dag
     dr = dag.test()
     assert dr.state == "success", task_states(dr)
-    assert task_states(dr)["release_warehouse"] == ["success"]
+    assert task_states(dr)["load"] == ["success"]
     assert live_holders(control_url, "warehouse") == []
     with table_for(control_url) as ct:
         assert ct.status(["warehouse"])[0].last_token == 1

@@ -132,3 +132,58 @@ def test_airflow_providers_list_shows_the_provider(airflow_db: Path) -> None:
     out = subprocess.run([airflow_bin(), "providers", "list"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "airflow-provider-controltable" in out.stdout
+
+
+def test_provider_info_declares_the_connection_form_and_the_task_decorator() -> None:
+    """Airflow 3.2+ builds the form from provider info (no FAB); the schema Airflow ships validates it."""
+    import json as _json
+    from pathlib import Path as _Path
+
+    import airflow
+    import jsonschema
+
+    from airflow_controltable.get_provider_info import get_provider_info
+
+    info = get_provider_info()
+    schema = _json.loads((_Path(airflow.__file__).parent / "provider_info.schema.json").read_text())
+    jsonschema.validate(info, schema)
+    (conn,) = info["connection-types"]
+    assert set(conn["conn-fields"]) >= {"url", "namespace", "schema", "prefix"}
+    assert conn["conn-fields"]["url"]["label"] == "SQLAlchemy URL"
+    assert "host" in conn["ui-field-behaviour"]["hidden-fields"]
+
+    from airflow.providers_manager import ProvidersManager
+
+    pm = ProvidersManager()
+    widgets = pm.connection_form_widgets
+    assert "extra__controltable__url" in widgets and "extra__controltable__namespace" in widgets
+    assert "host" in pm.field_behaviours["controltable"]["hidden_fields"]
+
+    from airflow.sdk import task
+
+    from airflow_controltable.decorators import controltable_slot_task
+
+    assert task.controltable_slot is controltable_slot_task
+
+
+def test_form_extras_and_the_test_button(airflow_db: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from airflow_controltable.hooks.controltable import ControlTableHook
+
+    good = set_connection(monkeypatch, "ct_form", conn_type="controltable",
+                          extra={"extra__controltable__url": f"sqlite:///{tmp_path}/f.db",
+                                 "extra__controltable__namespace": "formns", "schema": ""})
+    table = ControlTableHook(good).get_control_table()
+    assert table.namespace == "formns" and table.schema is None
+    ok, message = ControlTableHook(good).test_connection()
+    assert ok and "not installed yet" in message
+    table.install()
+    ok, message = ControlTableHook(good).test_connection()
+    assert ok and "schema version" in message
+
+    bad_url = set_connection(monkeypatch, "ct_bad_url", conn_type="controltable", extra={"url": "not a url"})
+    ok, message = ControlTableHook(bad_url).test_connection()
+    assert not ok and "SQLAlchemy URL" in message
+    down = set_connection(monkeypatch, "ct_down", conn_type="controltable",
+                          extra={"url": "postgresql+psycopg://nobody@127.0.0.1:1/none"})
+    ok, message = ControlTableHook(down).test_connection()
+    assert not ok and "127.0.0.1" in message and "s3cret" not in message

@@ -234,3 +234,19 @@ def test_long_dag_and_run_ids_give_a_bounded_stable_holder() -> None:
     holder = dag_run_holder(ctx)
     assert len(holder) <= 200 and holder == dag_run_holder(ctx)
     assert holder != dag_run_holder(make_context(dag_id="d" * 250, run_id="scheduled__" + "y" * 240))
+
+
+def test_cleared_run_sensor_gets_a_higher_token_in_place(conn_id: str, ct: Any) -> None:
+    """A new try of the sensor (the run was cleared) keeps the run's grant with a new, higher token."""
+    from controltable import LeaseLost
+
+    ct.set_capacity("warehouse", 1)
+    first = sensor(conn_id).poke(RUN_A).xcom_value
+    ct.try_acquire("warehouse", holder="queued-behind")  # someone waits: no re-queueing behind it
+    retry = make_context(run_id="run_a")
+    retry["ti"].try_number = 2
+    second = sensor(conn_id).poke(retry)
+    assert second.is_done and second.xcom_value["token"] > first["token"]
+    assert holders(ct, "warehouse") == [HOLDER_A]
+    with pytest.raises(LeaseLost, match="superseded|attempt"):
+        ct.try_acquire("warehouse", holder=HOLDER_A, attempt=1)  # the old try's late call is rejected

@@ -1,9 +1,16 @@
-"""Hold a slot for exactly the run of one task: ``slot_held`` (context manager) and ``hold_slot`` (decorator).
+"""TaskFlow forms of holding a slot: ``@task.controltable_slot`` (recommended), ``slot_held`` and ``hold_slot``.
 
-For a single task this beats a sensor plus a release teardown: the lease is short and renewed in
-the background while the task runs, so a dead worker frees the slot within one lease; the slot
-is released when the body finishes or raises, and also from the task's ``on_kill`` (Airflow calls
-it on SIGTERM, e.g. when the task is cleared or marked failed, and on ``execution_timeout``)::
+``@task.controltable_slot("warehouse")`` (registered as a provider task decorator) is the
+deferrable :class:`~airflow_controltable.operators.slots.SlotPythonOperator`: the task waits for
+the slot in the triggerer, then runs the function under it on a worker and releases it when the
+function returns, raises or is killed::
+
+    @task.controltable_slot("warehouse", conn_id="warehouse_db")
+    def load(lease=None):          # optional: the lease, e.g. lease.token for a fencing check
+        ...
+
+``slot_held`` / ``hold_slot`` wait *on the worker* (blocking a worker slot while waiting) inside an
+ordinary task; they stay for code that must take a slot in the middle of a task::
 
     @task(execution_timeout=timedelta(hours=2))
     @hold_slot("warehouse", conn_id="warehouse_db")
@@ -20,13 +27,24 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Callable, Optional, TypeVar, cast
 
+from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_decorator_factory
+
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
-from airflow_controltable.utils import DEFAULT_RENEWED_LEASE, airflow_errors, task_instance_holder, translate
+from airflow_controltable.operators.slots import SlotPythonOperator
+from airflow_controltable.utils import (
+    DEFAULT_RENEWED_LEASE,
+    airflow_errors,
+    start_renewing,
+    task_instance_holder,
+    translate,
+    try_number,
+)
 from controltable import ControlTableError, Lease, LeaseLost
+from controltable.defaults import DEFAULT_MODE
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -46,7 +64,7 @@ def slot_held(
     conn_id: str = DEFAULT_CONN_ID,
     holder: Optional[str] = None,
     slots: int = 1,
-    slot_mode: str = "exclusive",
+    slot_mode: str = DEFAULT_MODE,
     timeout: Optional[float] = None,
     lease: float = DEFAULT_RENEWED_LEASE,
     namespace: Optional[str] = None,
@@ -71,9 +89,10 @@ def slot_held(
     with airflow_errors():
         table = hook.get_control_table()
         log.info("controltable: waiting for %d %s slot(s) of %r as %r", slots, slot_mode, resource, holder)
-        held = table.acquire(resource, holder=holder, slots=slots, mode=slot_mode, timeout=timeout, lease=lease)
+        held = table.acquire(resource, holder=holder, slots=slots, mode=slot_mode, timeout=timeout, lease=lease,
+                             attempt=try_number(context))
     log.info("controltable: acquired %r, fencing token %d", resource, held.token)
-    held.start_renewing()
+    start_renewing(held)
 
     previous_on_kill = task.on_kill
 
@@ -110,3 +129,44 @@ def hold_slot(resource: str, **options: Any) -> Callable[[F], F]:
         return cast(F, wrapper)
 
     return decorate
+
+
+class _SlotDecoratedOperator(DecoratedOperator, SlotPythonOperator):
+    """The operator behind ``@task.controltable_slot``: the function runs under the slot."""
+
+    template_fields: Sequence[str] = ("resource", "holder", "op_args", "op_kwargs")
+    custom_operator_name = "@task.controltable_slot"
+
+    def __init__(self, *, python_callable: Callable[..., Any], op_args: Any, op_kwargs: Any, **kwargs: Any) -> None:
+        super().__init__(
+            kwargs_to_upstream={"python_callable": python_callable, "op_args": op_args, "op_kwargs": op_kwargs},
+            python_callable=python_callable, op_args=op_args, op_kwargs=op_kwargs, **kwargs,
+        )
+
+    def execute_in_slot(self, context: Any, event: Optional[dict[str, Any]] = None) -> Any:
+        return self._handle_output(return_value=super().execute_in_slot(context, event))
+
+
+def controltable_slot_task(
+    resource: Any = None,
+    python_callable: Optional[Callable[..., Any]] = None,
+    multiple_outputs: Optional[bool] = None,
+    **kwargs: Any,
+) -> TaskDecorator:
+    """``@task.controltable_slot("warehouse", ...)``: run the function under a slot, waiting for it deferred.
+
+    Options are :class:`~airflow_controltable.operators.slots.HoldSlotMixin`'s (``slots``,
+    ``slot_mode``, ``lease``, ``wait_timeout``, ``conn_id``, ``namespace``...) and any task option.
+    A function parameter named ``lease`` receives the lease (token, holder, expiry).
+    """
+    if callable(resource) and python_callable is None:  # used bare with resource= as a keyword
+        python_callable, resource = resource, kwargs.pop("resource", None)
+    if resource is None:
+        raise TypeError("@task.controltable_slot needs the resource name: @task.controltable_slot(\"warehouse\")")
+    return task_decorator_factory(
+        python_callable=python_callable,
+        multiple_outputs=multiple_outputs,
+        decorated_operator_class=_SlotDecoratedOperator,
+        resource=resource,
+        **kwargs,
+    )

@@ -53,6 +53,45 @@ def get_provider_info() -> dict[str, Any]:
                 "connection-type": "controltable",
                 "hook-class-name": "airflow_controltable.hooks.controltable.ControlTableHook",
                 "hook-name": "ControlTable",
+                # Airflow 3.2+ reads the form from here (hooks' get_ui_field_behaviour needs the FAB
+                # provider): one URL field, the password kept in the Password field, the rest extras.
+                "ui-field-behaviour": {
+                    "hidden-fields": ["host", "port", "schema", "login"],
+                    "relabeling": {"password": "Password (fills the URL's password)"},
+                    "placeholders": {"password": "optional: kept out of the URL and the extras"},
+                },
+                "conn-fields": {
+                    "url": {
+                        "label": "SQLAlchemy URL",
+                        "description": (
+                            "The control database, e.g. postgresql+psycopg://airflow@db.example:5432/warehouse "
+                            "or sqlite:////var/lib/airflow/controltable.db (no password here: use the Password field)"
+                        ),
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "namespace": {
+                        "label": "Namespace",
+                        "description": "Everyone who must coordinate (Airflow, Dagster, scripts) uses the same one",
+                        "schema": {"type": ["string", "null"], "default": "default"},
+                    },
+                    "schema": {
+                        "label": "Control-table schema",
+                        "description": "Database schema of the control tables (empty: the connection's default)",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "prefix": {
+                        "label": "Table prefix",
+                        "schema": {"type": ["string", "null"], "default": "ct_"},
+                    },
+                    "install": {
+                        "label": "Create the control tables on first use",
+                        "description": "Needs DDL rights; otherwise run `controltable init` once",
+                        "schema": {"type": ["boolean", "null"], "default": False},
+                    },
+                },
             }
+        ],
+        "task-decorators": [
+            {"name": "controltable_slot", "class-name": "airflow_controltable.decorators.controltable_slot_task"}
         ],
     }

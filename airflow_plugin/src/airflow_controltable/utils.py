@@ -6,7 +6,7 @@ import hashlib
 import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Optional
 
 from airflow_controltable.exceptions import (
     ControlTableAirflowError,
@@ -36,6 +36,35 @@ DEFAULT_SLOT_LEASE = 6 * 3600.0
 #: background every third of it while the task runs, so a short lease frees the slot quickly after
 #: a worker dies without delaying anything while it lives.
 DEFAULT_RENEWED_LEASE = 300.0
+
+#: Lease of a slot held by the deferrable slot operator and ``@task.controltable_slot`` while the work
+#: runs: renewed by the task's own process every third of it, so a worker that dies (or a process
+#: that is orphaned) frees the slot within this many seconds, and a trigger's pick-up covers the
+#: time Airflow takes to resume the task on a worker.
+DEFAULT_HELD_LEASE = 60.0
+
+#: How long the queue place of a deferred task survives without a check. It covers the time from
+#: the worker's first try to the trigger's first check (the triggerer picks new triggers up within
+#: seconds) and a triggerer restart; a dead waiter costs nothing meanwhile, since a grant made on
+#: its behalf lapses after ``pickup`` seconds.
+DEFAULT_DEFERRED_WAITER_TTL = 180.0
+
+#: With push wake-ups, a waiting trigger still re-checks this often (seconds) to keep its queue
+#: entry alive and to cover a lost notification; never more than a quarter of the waiter's ttl.
+DEFAULT_REFRESH_INTERVAL = 30.0
+
+#: Poll interval of a trigger on a backend without push (seconds).
+DEFAULT_TRIGGER_POLL_INTERVAL = 2.0
+
+#: Seconds after a task defers before its trigger may fire. Airflow 3.3's scheduler fails a task
+#: whose trigger fired so fast that the task was queued again before the scheduler processed the
+#: exit of the process that deferred ("finished with state success, but the task instance's state
+#: attribute is queued"); with push wake-ups a grant can come that fast. The grant is held meanwhile,
+#: so this only delays grants that arrive within seconds of the deferral. Measured on a loaded
+#: machine: 5 s was not always enough. ``[controltable] resume_settle`` overrides it.
+DEFAULT_RESUME_SETTLE = 10.0
+
+SLOT_MODES = ("exclusive", "shared")
 
 MAX_ID = 200
 
@@ -68,6 +97,20 @@ def deployment_id() -> str:
         return ""
 
 
+def resume_not_before() -> float:
+    """Epoch seconds before which a trigger deferred now may not fire (see ``DEFAULT_RESUME_SETTLE``)."""
+    import time
+
+    settle = DEFAULT_RESUME_SETTLE
+    try:
+        from airflow.sdk import conf
+
+        settle = float(conf.get("controltable", "resume_settle", fallback=str(DEFAULT_RESUME_SETTLE)))
+    except Exception:  # no Airflow configuration available
+        pass
+    return time.time() + max(settle, 0.0)
+
+
 def dag_run_holder(context: Mapping[str, Any]) -> str:
     """The default holder: the DAG run, so any task of the same run can release what another acquired.
 
@@ -88,6 +131,39 @@ def task_instance_holder(context: Mapping[str, Any]) -> str:
     deployment = deployment_id()
     prefix = f"airflow@{deployment}" if deployment else "airflow"
     return bounded_id(prefix, ti.dag_id, ti.run_id, ti.task_id, map_index if map_index is not None else -1)
+
+
+def check_wait_args(slot_mode: Any, resource: Any) -> None:
+    """Reject a bad ``slot_mode`` or resource name before anything waits on it."""
+    if slot_mode not in SLOT_MODES:
+        raise ControlTableConfigError(
+            f"slot_mode must be 'shared' (a counting slot, the default) or 'exclusive' (alone on the resource), "
+            f"got {slot_mode!r} (a sensor's own `mode` is 'poke' or 'reschedule')"
+        )
+    if not resource or not isinstance(resource, str):
+        raise ControlTableConfigError(f"resource must be a non-empty name, got {resource!r}")
+
+
+def try_number(context: Mapping[str, Any]) -> Optional[int]:
+    """The task instance's try number: the core's ``attempt``, so a retry or a cleared run gets a new token.
+
+    Airflow keeps the try number when a deferred task resumes and raises it for a retry or a
+    clear, which is exactly when the old attempt's late writes must be rejectable.
+    """
+    value = getattr(context.get("ti"), "try_number", None)
+    return int(value) if isinstance(value, int) and value >= 1 else None
+
+
+def start_renewing(lease: Any) -> None:
+    """Renew ``lease`` from this process, stopping if the process is orphaned (its supervisor died).
+
+    An orphaned task process is one Airflow has given up on: it may be retried elsewhere, so its
+    slot must come back within one lease rather than be renewed by a process nobody watches.
+    """
+    try:
+        lease.start_renewing(stop_when_orphaned=True)
+    except TypeError:  # a core without orphan detection
+        lease.start_renewing()
 
 
 def translate(exc: ControlTableError) -> ControlTableAirflowError:

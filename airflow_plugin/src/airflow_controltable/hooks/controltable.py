@@ -74,18 +74,8 @@ class ControlTableHook(BaseHook):
         self.prefix = prefix
 
     # -- Airflow UI -------------------------------------------------------------------------------
-    @classmethod
-    def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        """Show only what a control-table connection uses in the connection form."""
-        return {
-            "hidden_fields": ["port", "schema", "login"],
-            "relabeling": {"host": "SQLAlchemy URL"},
-            "placeholders": {
-                "host": "postgresql+psycopg://user@db.example:5432/warehouse",
-                "password": "optional: fills the URL's password",
-                "extra": '{"namespace": "default", "schema": null, "prefix": "ct_"}',
-            },
-        }
+    # The connection form (a URL field; namespace, schema, prefix in extras) is declared in
+    # get_provider_info's "conn-fields" / "ui-field-behaviour", the Airflow 3.2+ way.
 
     # -- resolution -------------------------------------------------------------------------------
     def _connection(self) -> Any:
@@ -106,7 +96,7 @@ class ControlTableHook(BaseHook):
         """Return (SQLAlchemy URL with password, extras that configure the control table)."""
         conn = self._connection()
         if conn.conn_type == CONN_TYPE:
-            extras = dict(conn.extra_dejson or {})
+            extras = _form_extras(conn.extra_dejson or {})
             url = extras.pop("url", None) or conn.host
             if not url or "://" not in str(url):
                 raise ControlTableConnectionError(
@@ -183,10 +173,17 @@ class ControlTableHook(BaseHook):
         return table
 
     def test_connection(self) -> tuple[bool, str]:
-        """Used by the UI's Test button: reach the database and report the installed schema version."""
+        """The UI's Test button: parse the URL, reach the database, report the control tables' state.
+
+        Fails (with the fix) on a missing or malformed URL, an unreachable database or bad
+        credentials, a bad namespace or schema, and control tables newer than this provider.
+        Missing control tables pass with a note, since ``controltable init`` creates them.
+        """
         try:
             table = self.get_control_table()
             version = table.installed_version()
+            if version is not None:
+                table.status()  # the control tables are readable with these rights
         except Exception as exc:
             return False, str(exc)
         if version is None:
@@ -195,6 +192,18 @@ class ControlTableHook(BaseHook):
 
 
 _CACHE_PID: dict[int, int] = {}
+
+
+def _form_extras(extra: dict[str, Any]) -> dict[str, Any]:
+    """The extras, accepting the form's ``extra__controltable__<field>`` names and dropping empty values."""
+    out: dict[str, Any] = {}
+    prefix = f"extra__{CONN_TYPE}__"
+    for key, value in extra.items():
+        name = key[len(prefix):] if key.startswith(prefix) else key
+        if value is None or value == "":
+            continue
+        out.setdefault(name, value)
+    return out
 
 
 def _truthy(value: Any) -> bool:

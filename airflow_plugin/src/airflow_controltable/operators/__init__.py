@@ -1,7 +1,7 @@
 """Operators of the controltable provider."""
 
 from airflow_controltable.operators.events import ClaimBatchOperator, CompleteBatchOperator, FailBatchOperator
-from airflow_controltable.operators.slots import ReleaseSlotOperator
+from airflow_controltable.operators.slots import HoldSlotMixin, ReleaseSlotOperator, SlotPythonOperator
 from airflow_controltable.operators.worklist import (
     AllocateWorkItemOperator,
     CompleteWorkItemOperator,
@@ -15,5 +15,7 @@ __all__ = [
     "CompleteWorkItemOperator",
     "FailBatchOperator",
     "FailWorkItemOperator",
+    "HoldSlotMixin",
     "ReleaseSlotOperator",
+    "SlotPythonOperator",
 ]

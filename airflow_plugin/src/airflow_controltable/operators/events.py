@@ -24,7 +24,34 @@ def _check_positive(name: str, value: Any) -> int:
 
 
 class _EventOperator(ControlTableBaseOperator):
-    """Connection plumbing shared by the batch operators."""
+    """Connection plumbing and retry policy shared by the batch operators.
+
+    :param max_attempts: claims of a row before a failure (or an expired claim) moves it to the
+        error state instead of back to the queue (default: the core's).
+    :param backoff: seconds before a failed row can be claimed again, doubled per attempt.
+    :param max_backoff: the longest back-off (seconds).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_attempts: Optional[int] = None,
+        backoff: Optional[float] = None,
+        max_backoff: Optional[float] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.max_attempts = max_attempts
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+
+    def _policy(self) -> dict[str, Any]:
+        """The retry options given (the core validates and bounds them)."""
+        options = {"max_attempts": self.max_attempts, "backoff": self.backoff, "max_backoff": self.max_backoff}
+        return {k: v for k, v in options.items() if v is not None}
+
+    def _events(self, table: str, key: str, order_by: Optional[str], schema: Optional[str]) -> Any:
+        return self._table().events(table, key=key, order_by=order_by, schema=schema, **self._policy())
 
     def _batch(self, handle: dict[str, Any]) -> Any:
         """Rebuild a claimed batch from its handle (which carries the table, key and schema)."""
@@ -32,10 +59,7 @@ class _EventOperator(ControlTableBaseOperator):
             raise ControlTableConfigError(
                 f"batch handle {handle!r} has no table/key; pass the handles ClaimBatchOperator returned"
             )
-        events = self._table().events(
-            handle["table"], key=handle["key"], order_by=handle.get("order_by"), schema=handle.get("schema")
-        )
-        return events.batch(handle)
+        return self._events(handle["table"], handle["key"], handle.get("order_by"), handle.get("schema")).batch(handle)
 
 
 class ClaimBatchOperator(_EventOperator):
@@ -89,7 +113,7 @@ class ClaimBatchOperator(_EventOperator):
         owner = self.batch_owner or task_instance_holder(context)
         handles: list[dict[str, Any]] = []
         with airflow_errors():
-            events = self._table().events(self.table, key=self.key, order_by=self.order_by, schema=self.schema)
+            events = self._events(self.table, self.key, self.order_by, self.schema)
             if self.prepare:
                 for statement in events.prepare():
                     self.log.info("prepared %r: %s", self.table, statement)
@@ -133,10 +157,12 @@ class CompleteBatchOperator(_EventOperator):
 
 
 class FailBatchOperator(_EventOperator):
-    """Give claimed batches back for a retry after a back-off (or to error after max attempts).
+    """Give claimed batches back for a retry after a back-off, or to the error state after ``max_attempts``.
 
     Typically ``trigger_rule="one_failed"`` after the processing task, so rows return to the queue
-    now instead of when the lease runs out.
+    now instead of when the lease runs out. Use the same ``max_attempts`` / ``backoff`` /
+    ``max_backoff`` as the claiming operator: a poison batch then ends in ``error`` after
+    ``max_attempts`` claims instead of cycling forever.
     """
 
     template_fields: Sequence[str] = ("handle", "reason")

@@ -1,30 +1,332 @@
-"""``ReleaseSlotOperator``: give back what a :class:`SlotSensor` acquired for the DAG run.
+"""Slot operators: hold a slot for exactly the work of one task (``HoldSlotMixin``), and release a run's slot.
 
-Use it as a teardown (``release.as_teardown(setups=acquire)``): Airflow then runs it when the work
-in between fails too, so a failed load never keeps the warehouse slot until the lease runs out.
+The recommended pattern is the task that does the work holding the slot itself
+(``@task.controltable_slot``, :class:`SlotPythonOperator`, or :class:`HoldSlotMixin` in front of any
+operator):
+
+1. when the task starts it asks for the slot (FIFO, ``attempt`` = its try number);
+2. if the slot is not free it *defers*: the wait happens in the triggerer (no worker slot), woken
+   by the database's push notifications;
+3. when granted, the task resumes on a worker and runs the work under the slot, with a short
+   lease that this same process renews;
+4. the same process releases the slot when the work returns, raises, or is killed: on SIGTERM
+   (run or task marked failed, cleared, ``execution_timeout``) ``on_kill`` stops the work by
+   raising in it, and the slot is released once the work's stack has unwound. A process that dies
+   without that (SIGKILL, OOM, a lost worker) stops renewing, and the slot comes back within one
+   lease.
+
+:class:`ReleaseSlotOperator` is the teardown of the sensor + teardown pattern (a slot spanning
+several tasks of a run): it waits until the run's tasks between the sensor and the teardown have
+finished, and for a run whose end was forced (a task or the run marked failed) until Airflow has
+had time to kill their processes, before it hands the slot on.
 """
 
 from __future__ import annotations
 
+import inspect
+import threading
+import time
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any, Optional
 
-from airflow.sdk import Context
+from airflow.providers.standard.operators.python import PythonOperator
+from airflow.sdk import BaseOperator, Context
+from airflow.sdk.exceptions import AirflowTaskTerminated
 
-from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID
+from airflow_controltable.exceptions import (
+    ControlTableAirflowError,
+    ControlTableConfigError,
+    ControlTableLeaseLost,
+)
+from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
 from airflow_controltable.operators.base import ControlTableBaseOperator
-from airflow_controltable.utils import airflow_errors, dag_run_holder
+from airflow_controltable.utils import (
+    DEFAULT_DEFERRED_WAITER_TTL,
+    DEFAULT_HELD_LEASE,
+    DEFAULT_TRIGGER_POLL_INTERVAL,
+    airflow_errors,
+    check_wait_args,
+    dag_run_holder,
+    resume_not_before,
+    start_renewing,
+    task_instance_holder,
+    try_number,
+)
+from controltable import ControlTableError
+from controltable import defaults as core_defaults
+from controltable.defaults import DEFAULT_MODE
+
+#: Seconds a grant made on a deferred task's behalf waits to be picked up by its trigger (covers
+#: the moment between the worker's first try and the trigger's first check, and polling without push).
+DEFAULT_DEFERRED_PICKUP = 20.0
+
+#: States after which a task instance runs no more (its own process reported the end, or the
+#: scheduler / a user ended it).
+FINISHED_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
+
+#: Task-instance states that mean the task ended by itself (its process has exited when it reports
+#: them); any other finished state may have been forced on a process that still runs.
+CLEAN_STATES = frozenset({"success", "skipped", "upstream_failed"})
+
+
+class ControlTableTaskKilled(AirflowTaskTerminated):
+    """Raised into the work by ``on_kill`` so that the slot is released only after the work stopped."""
+
+
+class HoldSlotMixin(BaseOperator):
+    """Hold a slot of ``resource`` while the operator's own ``execute`` runs; wait for it deferred.
+
+    Put it in front of an operator class: ``class LoadWithSlot(HoldSlotMixin, SQLExecuteQueryOperator)``.
+    The wrapped operator must not itself defer. The lease (token, holder, expiry) is in
+    ``self.slot_lease`` while the work runs, e.g. to pass the fencing token to the storage.
+
+    :param resource: the resource name (templated); it must exist (``set_capacity``).
+    :param slots: slots to take (the request's weight).
+    :param slot_mode: ``"shared"`` (default: a counting slot, up to the capacity at once) or
+        ``"exclusive"`` (alone on the resource).
+    :param holder: default: this task instance (dag, run, task, map index). The try number is passed
+        as the core's ``attempt``, so a retry or a cleared run gets a new, higher fencing token.
+    :param lease: seconds; renewed by this task's process every third of it while the work runs.
+    :param wait_timeout: seconds to wait in line before failing (None: no limit); the task's
+        retries apply.
+    :param waiter_ttl: seconds the queue place survives without a check (covers a triggerer restart).
+    :param pickup: seconds a grant made on this task's behalf waits for its trigger to pick it up.
+    :param poll_interval: how often the trigger checks on a backend without push.
+    :param conn_id: a ``controltable`` or SQL connection; ``namespace`` / ``control_schema`` override it.
+    """
+
+    slot_template_fields: Sequence[str] = ("resource", "holder")
+    #: The lease while the work runs (None otherwise).
+    slot_lease: Any = None
+    #: True when this run of the task waited for the slot deferred and resumed when granted.
+    slot_resumed: bool = False
+
+    def __init__(
+        self,
+        *,
+        resource: str,
+        slots: int = 1,
+        slot_mode: str = DEFAULT_MODE,
+        holder: Optional[str] = None,
+        lease: float = DEFAULT_HELD_LEASE,
+        wait_timeout: Optional[float] = None,
+        waiter_ttl: float = DEFAULT_DEFERRED_WAITER_TTL,
+        pickup: float = DEFAULT_DEFERRED_PICKUP,
+        poll_interval: float = DEFAULT_TRIGGER_POLL_INTERVAL,
+        conn_id: str = DEFAULT_CONN_ID,
+        namespace: Optional[str] = None,
+        control_schema: Optional[str] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.resource = resource
+        self.slots = slots
+        self.slot_mode = slot_mode
+        self.holder = holder
+        self.lease = lease
+        self.wait_timeout = wait_timeout
+        self.waiter_ttl = waiter_ttl
+        self.pickup = pickup
+        self.poll_interval = poll_interval
+        self.conn_id = conn_id
+        self.namespace = namespace
+        self.control_schema = control_schema
+        self.slot_lease = None
+        self._working = False
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def _slot_table(self) -> Any:
+        return ControlTableHook(self.conn_id, namespace=self.namespace, schema=self.control_schema).get_control_table()
+
+    def _slot_holder(self, context: Context) -> str:
+        return self.holder or task_instance_holder(context)
+
+    def _pickup(self) -> float:
+        core_pickup = float(getattr(core_defaults, "DEFAULT_PICKUP", 0))
+        return max(float(self.pickup), 3.0 * float(self.poll_interval), core_pickup)
+
+    def _try_slot(self, context: Context) -> Any:
+        holder = self._slot_holder(context)
+        with airflow_errors():
+            return self._slot_table().try_acquire(
+                self.resource, holder=holder, slots=self.slots, mode=self.slot_mode, lease=float(self.lease),
+                waiter_ttl=float(self.waiter_ttl), attempt=try_number(context), pickup=self._pickup(),
+            )
+
+    def _defer_for_slot(self, context: Context) -> None:
+        from airflow_controltable.triggers.controltable import SlotTrigger
+
+        holder = self._slot_holder(context)
+        log = self.log  # type: ignore[attr-defined]
+        try:
+            info = self._slot_table().wait_info(self.resource, holder)
+        except (ControlTableError, AttributeError):
+            info = None
+        if info is not None:
+            log.info(
+                "controltable: waiting for %r as %r at position %s behind %s; deferring to the triggerer",
+                self.resource, holder, info.position, ", ".join(info.ahead[:5]) or "nobody",
+            )
+        else:
+            log.info("controltable: waiting for %r as %r; deferring to the triggerer", self.resource, holder)
+        deadline = time.time() + float(self.wait_timeout) if self.wait_timeout is not None else None
+        self.defer(  # type: ignore[attr-defined]
+            trigger=SlotTrigger(
+                resource=self.resource, holder=holder, slots=self.slots, slot_mode=self.slot_mode,
+                lease=float(self.lease), waiter_ttl=float(self.waiter_ttl), attempt=try_number(context),
+                pickup=self._pickup(), conn_id=self.conn_id, namespace=self.namespace,
+                control_schema=self.control_schema, poll_interval=float(self.poll_interval), deadline=deadline,
+                not_before=resume_not_before(),
+            ),
+            method_name="execute_in_slot",
+            # Airflow's own deferral timeout is only a backstop: the trigger gives up (and withdraws
+            # the queue entry) at the deadline itself.
+            timeout=timedelta(seconds=float(self.wait_timeout) + 120.0) if self.wait_timeout is not None else None,
+        )
+
+    # -- Airflow entry points -----------------------------------------------------------------------
+    def execute(self, context: Context) -> Any:
+        check_wait_args(self.slot_mode, self.resource)
+        lease = self._try_slot(context)
+        if lease is None:
+            self._defer_for_slot(context)  # raises TaskDeferred
+        return self._run_in_slot(context, lease)
+
+    def execute_in_slot(self, context: Context, event: Optional[dict[str, Any]] = None) -> Any:
+        """Resume after the trigger granted the slot: take the grant over and run the work under it."""
+        self.slot_resumed = True
+        status = (event or {}).get("status")
+        if status == "timeout":
+            raise ControlTableAirflowError(
+                f"gave up waiting for a slot of {self.resource!r} after wait_timeout={self.wait_timeout} s; "
+                "raise wait_timeout or the resource's capacity"
+            )
+        if status != "granted":
+            message = (event or {}).get("message", "no event")
+            raise ControlTableConfigError(f"waiting for a slot of {self.resource!r} failed: {message}")
+        lease = self._try_slot(context)  # the same holder and attempt: the same grant, idempotently
+        if lease is None:
+            self.log.warning(  # type: ignore[attr-defined]
+                "controltable: the grant of %r (token %s) lapsed before the task resumed; waiting again",
+                self.resource, event.get("token") if event else None,
+            )
+            self._defer_for_slot(context)
+        return self._run_in_slot(context, lease)
+
+    def resume_execution(self, next_method: str, next_kwargs: Optional[dict[str, Any]], context: Context) -> Any:
+        """On a failed or timed-out trigger, withdraw the queue entry before failing."""
+        if next_method == "__fail__":
+            try:
+                self._slot_table().release(self.resource, self._slot_holder(context))
+            except Exception as exc:
+                self.log.warning("controltable: could not withdraw from %r: %s", self.resource, exc)  # type: ignore[attr-defined]
+        return super().resume_execution(next_method, next_kwargs, context)  # type: ignore[misc]
+
+    def _run_in_slot(self, context: Context, lease: Any) -> Any:
+        log = self.log  # type: ignore[attr-defined]
+        with airflow_errors():
+            lease.renew(float(self.lease))  # the trigger's pick-up may be old: a full lease from now
+        start_renewing(lease)
+        log.info(
+            "controltable: holding %d %s slot(s) of %r as %r, fencing token %d, lease %.0f s (renewed)",
+            lease.slots, lease.mode, lease.resource, lease.holder, lease.token, lease.lease_seconds,
+        )
+        self.slot_lease = lease
+        self._working = True
+        try:
+            result = self._slot_work(context)
+        except BaseException:
+            self._working = False
+            self._release(lease, failed=True)
+            raise
+        finally:
+            self._working = False
+        self._release(lease, failed=False)
+        return result
+
+    def _slot_work(self, context: Context) -> Any:
+        """The wrapped operator's work: the next ``execute`` in the method resolution order."""
+        return super().execute(context)  # type: ignore[misc]
+
+    def _release(self, lease: Any, *, failed: bool) -> None:
+        log = self.log  # type: ignore[attr-defined]
+        lease.stop_renewing()
+        lost = lease.lost
+        try:
+            lease.release()
+            log.info("controltable: released %r (token %d)", lease.resource, lease.token)
+        except ControlTableError as exc:
+            lost = lost or exc
+        finally:
+            self.slot_lease = None
+        if lost is not None:
+            if failed:
+                log.warning("controltable: the lease of %r was lost before the release: %s", lease.resource, lost)
+                return
+            raise ControlTableLeaseLost(
+                f"the slot of {lease.resource!r} (token {lease.token}) was lost while the work ran ({lost}); the work "
+                "may have overlapped with the next holder, whose token is higher. Raise `lease` if renewals are slow"
+            ) from None
+
+    def on_kill(self) -> None:
+        """SIGTERM (marked failed, cleared, timeout): stop the work first, so the release comes after it.
+
+        Airflow's SIGTERM handler calls this in the main thread and then lets the task go on; raising
+        here unwinds the work, and ``_run_in_slot`` releases the slot once it has. Releasing here
+        instead would hand the slot on while the work still writes (Airflow sends SIGKILL only
+        seconds later).
+        """
+        try:
+            super().on_kill()  # type: ignore[misc]
+        finally:
+            if self._working and threading.current_thread() is threading.main_thread():
+                self._working = False
+                raise ControlTableTaskKilled(
+                    f"the task is being killed: stopped the work under the slot of {self.resource!r}; "
+                    "the slot is released now that the work has stopped"
+                )
+
+
+class SlotPythonOperator(HoldSlotMixin, PythonOperator):
+    """Run ``python_callable`` under a slot of ``resource``, waiting for it deferred (see :class:`HoldSlotMixin`).
+
+    Everything of :class:`PythonOperator` works (``op_args``, ``op_kwargs``, context variables by
+    name); a parameter named ``lease`` (give it a default, e.g. ``lease=None``) receives the lease.
+    ``@task.controltable_slot(resource)`` is the TaskFlow form of the same thing.
+    """
+
+    template_fields: Sequence[str] = ("resource", "holder", *PythonOperator.template_fields)
+    ui_color = "#e8f4ea"
+
+    def _slot_work(self, context: Context) -> Any:
+        try:
+            accepts_lease = "lease" in inspect.signature(self.python_callable).parameters
+        except (TypeError, ValueError):
+            accepts_lease = False
+        if accepts_lease and self.op_kwargs.get("lease") is None:
+            self.op_kwargs = {**self.op_kwargs, "lease": self.slot_lease}
+        return super()._slot_work(context)
 
 
 class ReleaseSlotOperator(ControlTableBaseOperator):
-    """Release (or withdraw from the queue) whatever ``holder`` has on ``resource``; returns rows removed.
+    """Release what ``holder`` has on ``resource``, once the work it covered can no longer run; returns rows removed.
 
-    Releasing a slot that is no longer held (already released, or its lease ran out) is not an
-    error: it logs a warning, so re-running the teardown is harmless. A resource that does not exist
-    is an error (most likely a typo that would otherwise leave the real slot held).
+    The teardown of the sensor + teardown pattern. Before releasing, it waits (at most until the
+    slot's lease runs out) until every task instance of this run between the setup (the sensor)
+    and this teardown has finished, read through the Task SDK. If any of them ended in a state
+    that may have been forced on a running process (failed, removed, or the run itself marked
+    failed), it also waits ``kill_grace`` seconds: the time Airflow takes to kill such a process
+    (a supervisor heartbeat to notice, then SIGTERM and SIGKILL 5 s later).
+
+    Releasing a slot that is no longer held is not an error (a warning), so a re-run is harmless;
+    a resource that does not exist is an error (most likely a typo that would leave the slot held).
 
     :param resource: the resource name (templated).
     :param holder: the holder (templated). Default: the DAG run, the sensor's default too.
+    :param wait_for_work: wait as described above (default True).
+    :param kill_grace: seconds; default ``[workers] min_heartbeat_interval`` + 5 s + 3 s margin.
+    :param check_interval: seconds between looks at the task states.
     """
 
     template_fields: Sequence[str] = ("resource", "holder")
@@ -35,6 +337,9 @@ class ReleaseSlotOperator(ControlTableBaseOperator):
         *,
         resource: str,
         holder: Optional[str] = None,
+        wait_for_work: bool = True,
+        kill_grace: Optional[float] = None,
+        check_interval: float = 1.0,
         conn_id: str = DEFAULT_CONN_ID,
         namespace: Optional[str] = None,
         control_schema: Optional[str] = None,
@@ -43,12 +348,82 @@ class ReleaseSlotOperator(ControlTableBaseOperator):
         super().__init__(conn_id=conn_id, namespace=namespace, control_schema=control_schema, **kwargs)
         self.resource = resource
         self.holder = holder
+        self.wait_for_work = wait_for_work
+        self.kill_grace = kill_grace
+        self.check_interval = check_interval
+
+    def _kill_grace(self) -> float:
+        if self.kill_grace is not None:
+            return float(self.kill_grace)
+        try:
+            from airflow.sdk import conf
+
+            heartbeat = float(conf.getint("workers", "min_heartbeat_interval", fallback=5))
+        except Exception:
+            heartbeat = 5.0
+        return heartbeat + 5.0 + 3.0
+
+    def covered_task_ids(self, context: Context) -> list[str]:
+        """Task ids of the run between this teardown's setups and itself (all its upstream if it has no setup)."""
+        task: Any = context.get("task")
+        if task is None or getattr(task, "dag", None) is None:
+            return []
+        upstream = set(task.get_flat_relative_ids(upstream=True))
+        dag = task.dag
+        setups = [dag.get_task(t) for t in upstream if getattr(dag.get_task(t), "is_setup", False)]
+        if not setups:
+            return sorted(upstream)
+        downstream_of_setups: set[str] = set()
+        for setup in setups:
+            downstream_of_setups |= set(setup.get_flat_relative_ids(upstream=False))
+        covered = (upstream & downstream_of_setups) - {s.task_id for s in setups} - {task.task_id}
+        return sorted(t for t in covered if not getattr(dag.get_task(t), "is_teardown", False))
+
+    def wait_until_work_finished(self, context: Context, deadline: float) -> None:
+        """Block until the covered tasks ran to an end and were killed; ``deadline`` is a ``time.monotonic()`` value."""
+        ti: Any = context["ti"]
+        task_ids = self.covered_task_ids(context)
+        if not task_ids or not hasattr(ti, "get_task_states"):
+            return
+        states: dict[str, Any] = {}
+        while True:
+            found = ti.get_task_states(dag_id=ti.dag_id, task_ids=task_ids, run_ids=[ti.run_id])
+            states = {k: (str(v) if v is not None else None) for k, v in (found.get(ti.run_id) or {}).items()}
+            unfinished = sorted(k for k, v in states.items() if v not in FINISHED_STATES)
+            if not unfinished:
+                break
+            if time.monotonic() >= deadline:
+                self.log.warning(
+                    "the slot's lease runs out now; releasing although %s have not finished", ", ".join(unfinished)
+                )
+                return
+            self.log.info("waiting for %s to finish before releasing %r", ", ".join(unfinished), self.resource)
+            time.sleep(min(float(self.check_interval), max(deadline - time.monotonic(), 0.0)))
+        forced = sorted(k for k, v in states.items() if v not in CLEAN_STATES)
+        run_state = None
+        try:
+            run_state = str(ti.get_dagrun_state(dag_id=ti.dag_id, run_id=ti.run_id))
+        except Exception as exc:  # older Task SDK: rely on the task states alone
+            self.log.debug("could not read the run's state: %s", exc)
+        if forced or run_state in ("failed", "DagRunState.FAILED"):
+            grace = min(self._kill_grace(), max(deadline - time.monotonic(), 0.0))
+            self.log.info(
+                "%s ended by force (states %s, run %s): waiting %.0f s for Airflow to kill their processes",
+                ", ".join(forced) or "the run", {k: states[k] for k in forced}, run_state, grace,
+            )
+            time.sleep(grace)
 
     def execute(self, context: Context) -> int:
         holder = self.holder or dag_run_holder(context)
         with airflow_errors():
-            # An unknown resource raises (most likely a typo that would leave the real slot held).
-            removed = self._table().release(self.resource, holder)
+            table = self._table()
+            held = table.find_lease(self.resource, holder)  # also: an unknown resource raises here
+        if held is not None and self.wait_for_work:
+            with airflow_errors():
+                left = held.expires_at.timestamp() - table.now()  # the lease's own (database) clock
+            self.wait_until_work_finished(context, time.monotonic() + left)
+        with airflow_errors():
+            removed = table.release(self.resource, holder)
         if removed:
             self.log.info("released %r held by %r (%d row(s))", self.resource, holder, removed)
         else:
@@ -56,4 +431,7 @@ class ReleaseSlotOperator(ControlTableBaseOperator):
                 "nothing to release: %r holds no slot of %r (already released, never granted, or its lease expired)",
                 holder, self.resource,
             )
-        return removed
+        return int(removed)
+
+
+__all__ = ["ControlTableTaskKilled", "HoldSlotMixin", "ReleaseSlotOperator", "SlotPythonOperator"]

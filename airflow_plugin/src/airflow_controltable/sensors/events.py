@@ -11,7 +11,7 @@ from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 from airflow_controltable.exceptions import ControlTableConfigError
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
 from airflow_controltable.triggers.controltable import PendingEventsTrigger
-from airflow_controltable.utils import airflow_errors
+from airflow_controltable.utils import airflow_errors, resume_not_before
 
 
 class PendingEventsSensor(UsesControlTable, BaseSensorOperator):
@@ -77,6 +77,7 @@ class PendingEventsSensor(UsesControlTable, BaseSensorOperator):
                 table=self.table, key=self.key, min_events=self.min_events, order_by=self.order_by,
                 schema=self.schema, conn_id=self.conn_id, namespace=self.namespace,
                 control_schema=self.control_schema, poll_interval=min(float(self.poke_interval), 30.0),
+                not_before=resume_not_before(),
             ),
             method_name="execute_complete",
             timeout=timeout,

@@ -17,9 +17,18 @@ from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 from airflow_controltable.exceptions import ControlTableConfigError, ControlTableLeaseLost
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
 from airflow_controltable.triggers.controltable import SlotTrigger, lease_payload
-from airflow_controltable.utils import DEFAULT_SLOT_LEASE, airflow_errors, dag_run_holder
+from airflow_controltable.utils import (
+    DEFAULT_SLOT_LEASE,
+    SLOT_MODES,
+    airflow_errors,
+    check_wait_args,
+    dag_run_holder,
+    resume_not_before,
+    try_number,
+)
+from controltable.defaults import DEFAULT_MODE
 
-SLOT_MODES = ("exclusive", "shared")
+__all__ = ["SLOT_MODES", "SlotSensor"]
 
 
 class SlotSensor(UsesControlTable, BaseSensorOperator):
@@ -49,7 +58,7 @@ class SlotSensor(UsesControlTable, BaseSensorOperator):
         *,
         resource: str,
         slots: int = 1,
-        slot_mode: str = "exclusive",
+        slot_mode: str = DEFAULT_MODE,
         holder: Optional[str] = None,
         lease: float = DEFAULT_SLOT_LEASE,
         waiter_ttl: Optional[float] = None,
@@ -82,19 +91,18 @@ class SlotSensor(UsesControlTable, BaseSensorOperator):
         return max(120.0, 4.0 * float(self.poke_interval))
 
     def _check_args(self) -> None:
-        if self.slot_mode not in SLOT_MODES:
-            raise ControlTableConfigError(
-                f"slot_mode must be 'exclusive' or 'shared', got {self.slot_mode!r} (the sensor's own `mode` is "
-                "'poke' or 'reschedule')"
-            )
-        if not self.resource or not isinstance(self.resource, str):
-            raise ControlTableConfigError(f"resource must be a non-empty name, got {self.resource!r}")
+        check_wait_args(self.slot_mode, self.resource)
+
+    def _pickup(self) -> float:
+        """A grant made between two pokes must survive until the next one (plus scheduling delay)."""
+        return max(30.0, 2.0 * float(self.poke_interval) + 10.0)
 
     def _try(self, context: Context) -> Optional[dict[str, Any]]:
+        # attempt = the sensor's try number: a cleared run's sensor (a new try) gets a higher token.
         with airflow_errors():
             lease = self._table().try_acquire(
                 self.resource, holder=self._holder(context), slots=self.slots, mode=self.slot_mode,
-                lease=self.lease, waiter_ttl=self._ttl(),
+                lease=self.lease, waiter_ttl=self._ttl(), attempt=try_number(context), pickup=self._pickup(),
             )
         if lease is None:
             return None
@@ -128,8 +136,9 @@ class SlotSensor(UsesControlTable, BaseSensorOperator):
         self.defer(
             trigger=SlotTrigger(
                 resource=self.resource, holder=holder, slots=self.slots, slot_mode=self.slot_mode,
-                lease=self.lease, waiter_ttl=self._ttl(), conn_id=self.conn_id, namespace=self.namespace,
-                control_schema=self.control_schema, poll_interval=min(float(self.poke_interval), 5.0),
+                lease=self.lease, waiter_ttl=self._ttl(), attempt=try_number(context), pickup=self._pickup(),
+                conn_id=self.conn_id, namespace=self.namespace, control_schema=self.control_schema,
+                poll_interval=min(float(self.poke_interval), 5.0), not_before=resume_not_before(),
             ),
             method_name="execute_complete",
             timeout=timeout,
@@ -150,5 +159,3 @@ class SlotSensor(UsesControlTable, BaseSensorOperator):
         self.log.info("acquired %r for %r in the triggerer, token %s", lease.resource, lease.holder, lease.token)
         return lease_payload(lease)
 
-
-__all__ = ["SlotSensor"]

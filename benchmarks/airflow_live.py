@@ -1,0 +1,148 @@
+"""Airflow benchmark: the recommended slot pattern against a plain Airflow pool, in one real deployment.
+
+``.venv/bin/python -m benchmarks.airflow_live [--short-runs 100] [--long-runs 20]``
+
+Starts scheduler, triggerer, dag-processor and api-server (LocalExecutor, a throwaway PostgreSQL
+metadata database; the harness of ``tests/airflow/live_airflow.py``), then for 1 s loads and for
+30 s loads triggers N runs on a capacity-2 resource twice: with ``@task.controltable_slot`` (wait
+deferred, hold while working) and with a plain Airflow pool of 2 slots. Same deployment, same DAG
+file, same load code, one after the other. Prints per pattern:
+
+* wall time (first trigger -> last load end) and the ratio controltable / pool;
+* load end -> next load start p50 (what a user sees between loads);
+* release -> next grant p50 for grants that waited (controltable only: the slot engine and push);
+* slot idle time per grant: held but not working. controltable: grant -> load start (the resume
+  on a worker); pool: queued -> load start (a pool slot counts from the moment the task is queued).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "airflow"))
+
+from live_airflow import LiveAirflow, live_intervals  # noqa: E402
+
+from controltable import ControlTable  # noqa: E402
+
+DAGS = ROOT / "tests" / "airflow" / "dags" / "ct_live_dags.py"
+DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+CAPACITY = 2
+
+
+def _p50(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _intervals(ct: ControlTable, run_ids: list[str]) -> list[dict[str, Any]]:
+    table = live_intervals(ct.namespace)  # the table the DAGs write
+    with ct.engine.connect() as conn:
+        rows = conn.execute(select(table).where(table.c.run_id.in_(run_ids)).order_by(table.c.started))
+        return [dict(r._mapping) for r in rows]
+
+
+def measure(airflow: LiveAirflow, ct: ControlTable, pattern: str, runs: int, seconds: float) -> dict[str, Any]:
+    dag_id = {"controltable": "ct_live_slot", "pool": "ct_live_pool"}[pattern]
+    resource = f"bench_{uuid.uuid4().hex[:6]}"
+    ct.set_capacity(resource, CAPACITY)
+    t0 = time.time()
+    run_ids = [airflow.trigger(dag_id, {"resource": resource, "seconds": seconds}) for _ in range(runs)]
+    states = airflow.wait_for_runs(dag_id, run_ids, timeout=max(600.0, runs * seconds * 2))
+    rows = _intervals(ct, run_ids)
+    failed = sorted(r for r, s in states.items() if s != "success")
+    for run_id in failed[:3]:  # say why, from the task's own log
+        for log in sorted(airflow.home.glob(f"logs/dag_id={dag_id}/run_id={run_id}/**/*.log")):
+            print(f"   failed run {run_id}, {log.name}:\n{log.read_text(errors='replace')[-3000:]}")
+    rows = [r for r in rows if r["run_id"] not in failed]
+    wall = max(r["finished"] for r in rows) - t0
+    starts = sorted(r["started"] for r in rows)
+    ends = sorted(r["finished"] for r in rows)
+    # With capacity C, load k (k >= C, in start order) can only start after the (k-C)-th end.
+    end_to_start = [s - e for s, e in zip(starts[CAPACITY:], ends) if s >= e]
+    idle: list[float] = []
+    release_to_grant: list[float] = []
+    if pattern == "controltable":
+        idle = [r["started"] - r["granted"] for r in rows if r["granted"] is not None]
+        grants = sorted(r["granted"] for r in rows if r["granted"] is not None)
+        release_to_grant = [g - e for g, e in zip(grants[CAPACITY:], ends) if g >= e]
+    else:
+        queued = {
+            row["run_id"]: row["queued_dttm"].timestamp()
+            for row in airflow.metadata(
+                "SELECT run_id, queued_dttm FROM task_instance WHERE dag_id = :d AND task_id = 'load_in_pool'",
+                d=dag_id,
+            )
+            if row["queued_dttm"] is not None
+        }
+        idle = [r["started"] - queued[r["run_id"]] for r in rows if r["run_id"] in queued]
+    return {
+        "pattern": pattern, "runs": runs, "seconds": seconds, "wall": wall,
+        "ideal": runs * seconds / CAPACITY,
+        "end_to_start_p50": _p50(end_to_start), "release_to_grant_p50": _p50(release_to_grant),
+        "release_to_grant_max": max(release_to_grant) if release_to_grant else float("nan"),
+        "idle_per_grant": statistics.fmean(idle) if idle else float("nan"),
+        "deferred": sum(1 for r in rows if r["deferred"]),
+        "failed": len(failed),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="benchmarks.airflow_live", description=__doc__.split("\n\n")[0])
+    p.add_argument("--short-runs", type=int, default=100, help="runs with 1 s loads (issue: 100)")
+    p.add_argument("--long-runs", type=int, default=20, help="runs with 30 s loads (issue: 20)")
+    p.add_argument("--long-seconds", type=float, default=30.0)
+    p.add_argument("--postgres-url", default=os.environ.get("CONTROLTABLE_BENCH_POSTGRES_URL", DEFAULT_PG))
+    a = p.parse_args(argv)
+
+    namespace = f"bench_{uuid.uuid4().hex[:8]}"
+    ct = ControlTable(a.postgres_url, namespace=namespace)
+    ct.install()
+    table = live_intervals(namespace)
+    table.create(ct.engine, checkfirst=True)
+    airflow = LiveAirflow(server_url=a.postgres_url, control_url=a.postgres_url, namespace=namespace,
+                          dag_files=[DAGS], parallelism=32)
+    results: list[dict[str, Any]] = []
+    try:
+        started = time.monotonic()
+        airflow.start()
+        airflow.wait_for_dags(["ct_live_slot", "ct_live_pool"])
+        airflow.api("POST", "/pools", {"name": "live_pool", "slots": CAPACITY})
+        print(f"deployment up in {time.monotonic() - started:.0f} s (home {airflow.home})", flush=True)
+        for runs, seconds in ((a.short_runs, 1.0), (a.long_runs, a.long_seconds)):
+            if runs <= 0:
+                continue
+            for pattern in ("controltable", "pool"):
+                print(f"-- {pattern}: {runs} runs x {seconds:.0f} s loads, capacity {CAPACITY}", flush=True)
+                results.append(measure(airflow, ct, pattern, runs, seconds))
+                r = results[-1]
+                print(f"   wall {r['wall']:.1f} s (ideal {r['ideal']:.0f} s), failed runs {r['failed']}", flush=True)
+    finally:
+        airflow.stop()
+        table.drop(ct.engine, checkfirst=True)
+        ct.close()
+
+    print("\n| loads | pattern | runs | wall s | wall / pool | load end -> next start p50 s | "
+          "release -> next grant p50 (max) s | slot idle per grant s | waited deferred | failed runs |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        pool = next(x for x in results if x["pattern"] == "pool" and x["seconds"] == r["seconds"])
+        rtg = (f"{r['release_to_grant_p50']:.3f} ({r['release_to_grant_max']:.3f})"
+               if r["pattern"] == "controltable" else "-")
+        print(f"| {r['seconds']:.0f} s | {r['pattern']} | {r['runs']} | {r['wall']:.1f} | "
+              f"{r['wall'] / pool['wall']:.2f} | {r['end_to_start_p50']:.2f} | {rtg} | "
+              f"{r['idle_per_grant']:.2f} | {r['deferred'] if r['pattern'] == 'controltable' else '-'} | "
+              f"{r['failed']} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""The provider in a running Airflow 3: scheduler, triggerer, dag-processor and api-server, LocalExecutor.
+
+One deployment for the module (a throwaway PostgreSQL metadata database, see ``live_airflow.py``).
+Runs are triggered through the REST API; exclusion is checked from the intervals the loads record
+themselves, task states from the metadata database, tokens and queues from the control table.
+PostgreSQL is needed; when CI requires it (``CONTROLTABLE_TEST_REQUIRE``), its absence fails.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from live_airflow import LiveAirflow, live_intervals, postgres_reachable
+from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select
+
+from controltable import ControlTable
+from controltable.checks import Interval, violations
+
+pytestmark = pytest.mark.timeout(900)
+
+DAGS = Path(__file__).resolve().parent / "dags" / "ct_live_dags.py"
+
+
+def _postgres_url() -> str:
+    url = os.environ.get("CONTROLTABLE_TEST_POSTGRES_URL")
+    required = "postgres" in os.environ.get("CONTROLTABLE_TEST_REQUIRE", "")
+    problem = "CONTROLTABLE_TEST_POSTGRES_URL is not set" if not url else postgres_reachable(url)
+    if problem:
+        message = f"the live Airflow tests need PostgreSQL for the metadata database: {problem}"
+        if required:
+            pytest.fail(message)
+        pytest.skip(message)
+    assert url is not None
+    return url
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[tuple[LiveAirflow, ControlTable]]:
+    url = _postgres_url()
+    namespace = f"live_{uuid.uuid4().hex[:10]}"
+    ct = ControlTable(url, namespace=namespace)
+    ct.install()
+    intervals = intervals_table(ct)
+    intervals.create(ct.engine, checkfirst=True)
+    airflow = LiveAirflow(server_url=url, control_url=url, namespace=namespace, dag_files=[DAGS])
+    try:
+        airflow.start()
+        airflow.wait_for_dags(["ct_live_slot", "ct_live_sensor", "ct_live_poison", "ct_live_pool"])
+        yield airflow, ct
+    finally:
+        airflow.stop()
+        intervals.drop(ct.engine, checkfirst=True)
+        ct.close()
+
+
+# -- helpers ---------------------------------------------------------------------------------------------
+def intervals_table(ct: ControlTable) -> Table:
+    return live_intervals(ct.namespace)
+
+
+#: The loads' progress stamp period (ct_live_dags.HEARTBEAT): a load that did not close its record
+#: may have worked this long after its last stamp.
+HEARTBEAT = 0.1
+
+
+def recorded(ct: ControlTable, run_ids: list[str]) -> list[dict[str, Any]]:
+    table = intervals_table(ct)
+    with ct.engine.connect() as conn:
+        rows = conn.execute(select(table).where(table.c.run_id.in_(run_ids)).order_by(table.c.started))
+        return [dict(r._mapping) for r in rows]
+
+
+def check_exclusive(rows: list[dict[str, Any]], resource: str) -> None:
+    """No two recorded loads overlapped, and tokens grew in the order the loads started.
+
+    A load killed without unwinding (SIGKILL) did not close its record: count it as working until
+    one stamp period after its last stamp.
+    """
+    ivs = [Interval(worker=f"{r['run_id']}#{r['try_number']}", resource=resource, mode="exclusive", slots=1,
+                    start=r["started"], end=r["finished"] + (0 if r["closed"] else HEARTBEAT), ticket=i,
+                    token=r["token"] if r["token"] is not None else i) for i, r in enumerate(rows)]
+    problems = violations(ivs, {resource: 1})
+    assert not problems, problems
+
+
+def handoffs(rows: list[dict[str, Any]]) -> list[float]:
+    return [b["started"] - a["finished"] for a, b in zip(rows, rows[1:])]
+
+
+def start_runs(airflow: LiveAirflow, dag_id: str, n: int, **conf: Any) -> list[str]:
+    return [airflow.trigger(dag_id, conf) for _ in range(n)]
+
+
+def wait_started(ct: ControlTable, run_id: str, timeout: float = 120.0) -> dict[str, Any]:
+    return LiveAirflow.wait_until(lambda: (recorded(ct, [run_id]) or [None])[0], timeout,
+                                  f"the load of {run_id} to start", interval=0.2)
+
+
+# -- the recommended pattern ---------------------------------------------------------------------------------
+def test_six_runs_on_one_slot_defer_and_hand_over_in_grant_order(live: tuple[LiveAirflow, ControlTable]) -> None:
+    airflow, ct = live
+    ct.set_capacity("cap1", 1)
+    runs = start_runs(airflow, "ct_live_slot", 6, resource="cap1", seconds=1.5)
+    seen_deferred: set[str] = set()
+
+    def sample() -> None:
+        for (run_id, _task, _), state in airflow.task_states("ct_live_slot").items():
+            if run_id in runs and state == "deferred":
+                seen_deferred.add(run_id)
+
+    states = airflow.wait_for_runs("ct_live_slot", runs, 300, sampler=sample)
+    assert set(states.values()) == {"success"}, [airflow.task_logs("ct_live_slot", r) for r in runs
+                                                 if states[r] != "success"]
+    rows = recorded(ct, runs)
+    assert sorted(r["run_id"] for r in rows) == sorted(runs), "each run loads exactly once"
+    check_exclusive(rows, "cap1")
+    tokens = [r["token"] for r in rows]
+    assert tokens == sorted(tokens) and len(set(tokens)) == 6, f"tokens not in grant order: {tokens}"
+    waited = {r["run_id"] for r in rows if r["deferred"]}
+    # Five of six must have waited; each that waited resumed from deferral, and the metadata database
+    # saw those tasks in the `deferred` state (sampled, so it may miss a short wait).
+    assert len(waited) >= 4, rows
+    assert seen_deferred and seen_deferred <= waited, (seen_deferred, waited)
+    gaps = handoffs(rows)
+    print(f"\nhandoff (load end -> next load start) over {len(gaps)} grants: p50 {statistics.median(gaps):.2f} s, "
+          f"max {max(gaps):.2f} s; deferred seen in the metadata DB: {len(seen_deferred)}/{len(waited)}")
+    status = ct.status(["cap1"])[0]
+    assert not status.holders and not status.waiters
+
+
+def test_run_marked_failed_while_its_load_holds_the_slot(live: tuple[LiveAirflow, ControlTable]) -> None:
+    airflow, ct = live
+    ct.set_capacity("failres", 1)
+    (first,) = start_runs(airflow, "ct_live_slot", 1, resource="failres", seconds=60)
+    started = wait_started(ct, first)
+    (second,) = start_runs(airflow, "ct_live_slot", 1, resource="failres", seconds=1)
+    LiveAirflow.wait_until(lambda: airflow.task_states("ct_live_slot").get((second, "load", -1)) == "deferred",
+                           120, "the second run to defer")
+    marked = time.time()
+    airflow.api("PATCH", f"/dags/ct_live_slot/dagRuns/{first}", {"state": "failed"})
+    states = airflow.wait_for_runs("ct_live_slot", [first, second], 180)
+    assert states == {first: "failed", second: "success"}, airflow.task_logs("ct_live_slot", second)
+    rows = recorded(ct, [first, second])
+    assert [r["run_id"] for r in rows] == [first, second]
+    check_exclusive(rows, "failres")
+    killed = rows[0]
+    assert killed["finished"] - started["started"] < 50, "the first load was stopped, not run to its end"
+    print(f"\nrecommended pattern, run marked failed: the killed load stopped {killed['finished'] - marked:.1f} s "
+          f"after the mark (closed: {killed['closed']}); the next load started "
+          f"{rows[1]['started'] - marked:.1f} s after it")
+
+
+def test_cleared_run_gets_a_higher_token_and_never_overlaps(live: tuple[LiveAirflow, ControlTable]) -> None:
+    airflow, ct = live
+    ct.set_capacity("clearres", 1)
+    (run,) = start_runs(airflow, "ct_live_slot", 1, resource="clearres", seconds=20)
+    wait_started(ct, run)
+    airflow.api("POST", "/dags/ct_live_slot/clearTaskInstances",
+                {"dry_run": False, "dag_run_id": run, "only_failed": False, "task_ids": ["load"]})
+    LiveAirflow.wait_until(lambda: len(recorded(ct, [run])) >= 2, 180, "the second attempt to start")
+    # The second attempt has 20 s to run; stop waiting for it by marking the run once it has started.
+    rows = recorded(ct, [run])
+    first, second = rows[0], rows[1]
+    assert (first["try_number"], second["try_number"]) == (1, 2)
+    assert second["token"] > first["token"], rows
+    airflow.api("PATCH", f"/dags/ct_live_slot/dagRuns/{run}", {"state": "failed"})
+    airflow.wait_for_runs("ct_live_slot", [run], 120)
+    LiveAirflow.wait_until(lambda: all(r["finished"] for r in recorded(ct, [run])), 60, "both attempts to end")
+    check_exclusive(recorded(ct, [run]), "clearres")
+
+
+def test_triggerer_restart_while_four_tasks_are_deferred(live: tuple[LiveAirflow, ControlTable]) -> None:
+    airflow, ct = live
+    ct.set_capacity("restartres", 1)
+    blocker = ct.acquire("restartres", holder="test-blocker", lease=300, timeout=0)
+    runs = start_runs(airflow, "ct_live_slot", 4, resource="restartres", seconds=0.5)
+
+    def all_deferred() -> bool:
+        states = airflow.task_states("ct_live_slot")
+        return all(states.get((r, "load", -1)) == "deferred" for r in runs)
+
+    LiveAirflow.wait_until(all_deferred, 180, "four deferred tasks")
+    airflow.stop_component("triggerer")
+    time.sleep(2)
+    airflow.start_component("triggerer")
+    blocker.release()
+    states = airflow.wait_for_runs("ct_live_slot", runs, 300)
+    assert set(states.values()) == {"success"}, states
+    rows = recorded(ct, runs)
+    assert sorted(r["run_id"] for r in rows) == sorted(runs), f"each task gets the slot exactly once: {rows}"
+    check_exclusive(rows, "restartres")
+    status = ct.status(["restartres"])[0]
+    assert not status.holders and not status.waiters
+
+
+# -- batches ------------------------------------------------------------------------------------------------
+def test_poison_batch_ends_in_error_after_max_attempts(live: tuple[LiveAirflow, ControlTable]) -> None:
+    airflow, ct = live
+    name = f"live_events_{ct.namespace}"
+    events = Table(name, MetaData(), Column("id", Integer, primary_key=True, autoincrement=False),
+                   Column("payload", String(50)))
+    events.create(ct.engine)
+    with ct.engine.begin() as conn:
+        conn.execute(insert(events), [{"id": i, "payload": f"bad {i}"} for i in range(1, 6)])
+    table = ct.events(name, key="id", max_attempts=2, backoff=0)
+    table.prepare()
+    try:
+        for attempt in (1, 2):
+            (run,) = start_runs(airflow, "ct_live_poison", 1, table=name)
+            airflow.wait_for_runs("ct_live_poison", [run], 180)
+            states = airflow.task_states("ct_live_poison")
+            assert states[(run, "process", -1)] == "failed", f"attempt {attempt}: {states}"
+            assert states[(run, "fail", -1)] == "success", f"attempt {attempt}: {states}"
+        stats = table.stats()
+        assert stats.error == 5 and stats.pending == 0 and stats.claimed == 0, stats
+    finally:
+        events.drop(ct.engine)
+
+
+# -- the sensor + teardown pattern ----------------------------------------------------------------------------
+def test_teardown_waits_for_a_load_marked_failed(live: tuple[LiveAirflow, ControlTable]) -> None:
+    airflow, ct = live
+    ct.set_capacity("sensorres", 1)
+    (first,) = start_runs(airflow, "ct_live_sensor", 1, resource="sensorres", seconds=60)
+    started = wait_started(ct, first)
+    (second,) = start_runs(airflow, "ct_live_sensor", 1, resource="sensorres", seconds=1)
+    before = ct.status(["sensorres"])[0].last_token
+    marked = time.time()
+    airflow.api("PATCH", f"/dags/ct_live_sensor/dagRuns/{first}", {"state": "failed"})
+    states = airflow.wait_for_runs("ct_live_sensor", [first, second], 240)
+    assert states[second] == "success", states
+    rows = recorded(ct, [first, second])
+    assert [r["run_id"] for r in rows] == [first, second]
+    check_exclusive(rows, "sensorres")
+    assert rows[0]["finished"] - started["started"] < 50
+    assert rows[1]["token"] > before >= rows[0]["token"]
+    print(f"\nsensor + teardown, run marked failed: the killed load stopped {rows[0]['finished'] - marked:.1f} s "
+          f"after the mark (closed: {rows[0]['closed']}); the next load started {rows[1]['started'] - marked:.1f} s "
+          "after it")

@@ -1,0 +1,187 @@
+"""The deferrable slot operator and ``@task.controltable_slot`` against a real control table (no scheduler).
+
+The same flow Airflow drives: ``execute`` (granted at once, or TaskDeferred with a SlotTrigger),
+the trigger in an event loop, ``execute_in_slot`` on resume; and ``on_kill`` during the work.
+The running-Airflow tests (test_airflow_live.py) cover the real scheduler and triggerer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+from typing import Any
+
+import pytest
+from airflow_helpers import make_context
+
+pytestmark = [pytest.mark.usefixtures("airflow_db"), pytest.mark.backends("sqlite", "postgres")]
+
+CTX = make_context(run_id="run_a", task_id="load")
+HOLDER = "airflow:test_dag:run_a:load:-1"
+
+
+def ctx(try_number: int = 1) -> Any:
+    context = make_context(run_id="run_a", task_id="load")
+    context["ti"].try_number = try_number
+    return context
+
+
+def operator(conn_id: str, fn: Any, **kwargs: Any) -> Any:
+    from airflow.sdk.bases.operator import ExecutorSafeguard
+
+    from airflow_controltable.operators.slots import SlotPythonOperator
+
+    ExecutorSafeguard.test_mode = True
+    kwargs.setdefault("resource", "warehouse")
+    return SlotPythonOperator(task_id="load", python_callable=fn, conn_id=conn_id, poll_interval=0.05, **kwargs)
+
+
+async def first_event(trigger: Any, timeout: float = 20) -> Any:
+    async def first() -> Any:
+        async for event in trigger.run():
+            return event
+        raise AssertionError("no event")
+
+    return await asyncio.wait_for(first(), timeout)
+
+
+def holders(ct: Any, resource: str = "warehouse") -> list[str]:
+    return [h.holder for st in ct.status([resource]) for h in st.holders if not h.expired]
+
+
+def test_granted_at_once_runs_under_the_slot_and_releases(conn_id: str, ct: Any) -> None:
+    ct.set_capacity("warehouse", 1)
+    seen: dict[str, Any] = {}
+
+    def work(lease: Any = None) -> int:
+        seen["holders"] = holders(ct)
+        return int(lease.token)
+
+    assert operator(conn_id, work).execute(ctx()) == 1
+    assert seen["holders"] == [HOLDER]
+    assert holders(ct) == []
+
+
+def test_waits_deferred_then_resumes_with_the_grant(conn_id: str, ct: Any) -> None:
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_controltable.triggers.controltable import SlotTrigger
+
+    ct.set_capacity("warehouse", 1)
+    other = ct.acquire("warehouse", holder="other", timeout=0)
+    op = operator(conn_id, lambda lease=None: lease.token)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx())
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, SlotTrigger) and deferred.value.method_name == "execute_in_slot"
+    classpath, kwargs = trigger.serialize()
+    json.dumps(kwargs)
+    assert kwargs["attempt"] == 1 and kwargs["holder"] == HOLDER
+    rebuilt = SlotTrigger(**kwargs)
+    threading.Timer(0.3, other.release).start()
+    event = asyncio.run(first_event(rebuilt))
+    assert event.payload["status"] == "granted" and event.payload["token"] == 2
+    assert op.execute_in_slot(ctx(), event=event.payload) == 2
+    assert op.slot_resumed and holders(ct) == []
+
+
+def test_failure_releases_and_a_retry_gets_a_higher_token(conn_id: str, ct: Any) -> None:
+    ct.set_capacity("warehouse", 1)
+
+    def boom(lease: Any = None) -> None:
+        raise RuntimeError("load failed")
+
+    with pytest.raises(RuntimeError, match="load failed"):
+        operator(conn_id, boom).execute(ctx(1))
+    assert holders(ct) == []
+    assert operator(conn_id, lambda lease=None: lease.token).execute(ctx(2)) == 2
+
+
+def test_new_attempt_of_a_granted_holder_gets_a_new_token_in_place(conn_id: str, ct: Any) -> None:
+    """A retry whose previous attempt still holds the slot (e.g. orphaned) supersedes it with a higher token."""
+    ct.set_capacity("warehouse", 1)
+    old = ct.acquire("warehouse", holder=HOLDER, attempt=1, timeout=0)
+    token = operator(conn_id, lambda lease=None: lease.token).execute(ctx(2))
+    assert token > old.token
+    from controltable import LeaseLost
+
+    with pytest.raises(LeaseLost):
+        old.renew()
+
+
+def test_on_kill_stops_the_work_before_the_release(conn_id: str, ct: Any) -> None:
+    """SIGTERM during the work: on_kill raises into the work, and the slot is released after it unwound."""
+    from airflow_controltable.operators.slots import ControlTableTaskKilled
+
+    ct.set_capacity("warehouse", 1)
+    events: list[str] = []
+    op: Any = None
+
+    def work(lease: Any = None) -> None:
+        try:
+            signal.raise_signal(signal.SIGTERM)  # the handler below plays Airflow's: it calls on_kill
+            events.append("work went on after the kill")
+        finally:
+            events.append(f"unwinding, holders={holders(ct)}")
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: op.on_kill())
+    try:
+        op = operator(conn_id, work)
+        with pytest.raises(ControlTableTaskKilled):
+            op.execute(ctx())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert events == [f"unwinding, holders={[HOLDER]}"]  # still held while the work unwound
+    assert holders(ct) == []
+
+
+def test_wait_timeout_withdraws_from_the_queue(conn_id: str, ct: Any) -> None:
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_controltable.exceptions import ControlTableAirflowError
+    from airflow_controltable.triggers.controltable import SlotTrigger
+
+    ct.set_capacity("warehouse", 1)
+    ct.acquire("warehouse", holder="other", timeout=0)
+    op = operator(conn_id, lambda: None, wait_timeout=0.5)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx())
+    event = asyncio.run(first_event(SlotTrigger(**deferred.value.trigger.serialize()[1])))
+    assert event.payload["status"] == "timeout"
+    assert [w.holder for st in ct.status(["warehouse"]) for w in st.waiters] == []
+    with pytest.raises(ControlTableAirflowError, match="wait_timeout"):
+        op.execute_in_slot(ctx(), event=event.payload)
+
+
+@pytest.mark.backends("postgres")
+def test_triggers_of_one_process_share_one_listener_and_wake_on_push(conn_id: str, ct: Any) -> None:
+    """Five waiting triggers: one ControlTable (one listening connection); a release wakes the next at once."""
+    from airflow_controltable.hooks.controltable import ControlTableHook
+    from airflow_controltable.triggers.controltable import SlotTrigger
+
+    ct.set_capacity("warehouse", 1)
+    blocker = ct.acquire("warehouse", holder="blocker", timeout=0)
+    triggers = [SlotTrigger(resource="warehouse", holder=f"h{i}", lease=60, waiter_ttl=120, conn_id=conn_id,
+                            poll_interval=30, refresh_interval=30) for i in range(5)]
+
+    async def scenario() -> tuple[list[Any], float]:
+        tasks = [asyncio.ensure_future(first_event(t, 60)) for t in triggers]
+        await asyncio.sleep(1.5)  # all queued and listening
+        assert not any(t.done() for t in tasks)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await asyncio.to_thread(blocker.release)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        elapsed = loop.time() - started
+        for t in tasks:
+            t.cancel()
+        return [t.result() for t in done], elapsed
+
+    events, elapsed = asyncio.run(scenario())
+    assert events[0].payload["status"] == "granted"
+    # Polling is every 30 s here: being granted within a few seconds means a push woke the trigger.
+    assert elapsed < 10, elapsed
+    tables = {id(t._ct) for t in triggers}
+    assert len(tables) == 1 and next(iter(t._ct for t in triggers)) is ControlTableHook(conn_id).get_control_table()
