@@ -234,7 +234,9 @@ def idle(cfg: Config, report: Report, url: str, backend: str) -> None:
     deadline = time.monotonic() + 60
     while len(ct.status(["idle"])[0].waiters) < 20 and time.monotonic() < deadline:
         time.sleep(0.5)
-    time.sleep(5.0)  # settled
+    # Settled, and past PostgreSQL's deferred flush of backend statistics (up to 10 s when idle),
+    # so that the set-up's own transactions are not counted inside the window.
+    time.sleep(12.0)
     before = transactions(url)
     time.sleep(window)
     after = transactions(url)

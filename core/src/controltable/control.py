@@ -13,7 +13,7 @@ from .defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_PICKUP, DEFAULT_WAITE
 from .errors import ConfigurationError, NotInstalledError
 from .migrations import UPGRADES
 from .schema import SCHEMA_VERSION, ControlSchema, build_schema
-from .slots import Lease, ResourceStatus, SlotEngine, WaitInfo, holder_key, slot_key
+from .slots import Lease, ResourceStatus, SlotEngine, WaitInfo, head_key, holder_key, slot_key
 from .validation import (
     check_identifier,
     check_name,
@@ -283,7 +283,8 @@ class ControlTable:
         names = sorted(normalize_request(resource, 1))
         if holder is None:
             return [slot_key(n) for n in names]
-        return [holder_key(names[0], check_name("holder", holder))]
+        who = check_name("holder", holder)
+        return [holder_key(names[0], who), head_key(names[0], who)]
 
     def add_wakeup_listener(self, keys: list[str], callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback()`` (from the listener thread) on every push for one of ``keys``.

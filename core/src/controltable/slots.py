@@ -51,6 +51,8 @@ HEAD_POLL_INTERVAL = 0.1
 PUSH_POLL_INTERVAL = 1.0
 #: With push, the waiters this near the head keep the fallback look (further back: refresh only).
 HEAD_POSITIONS = 1
+#: With push, a waiter told it became the head waits this long for its grant before it looks.
+HEAD_SETTLE = 1.0
 #: A waiter refreshes its queue entry after this fraction of ``waiter_ttl``.
 REFRESH_FRACTION = 0.5
 #: A waiter behind the head reaps an expired holder itself once it is this many seconds overdue
@@ -68,6 +70,12 @@ T = TypeVar("T")
 def slot_key(resource: str) -> str:
     """The wake-up key of a resource's queue (pushed on every change of the queue)."""
     return f"slot:{resource}"
+
+
+def head_key(resource: str, holder: str) -> str:
+    """The wake-up key pushed when a request becomes the head of its queue (it then times the
+    holders' leases); kept apart from :func:`holder_key` so a busy head is not woken twice."""
+    return f"{holder_key(resource, holder)}\x1ehead"
 
 
 def holder_key(resource: str, holder: str) -> str:
@@ -120,6 +128,8 @@ class _Res:
     capacity: int
     last_token: int
     last_ticket: int
+    #: The counters changed and are written back at the end of the transaction's grant pass.
+    dirty: bool = False
 
 
 @dataclass
@@ -467,12 +477,18 @@ class SlotEngine:
     def _head_size(res: _Res) -> int:
         return min(res.capacity, HEAD_READ_LIMIT) + 1
 
-    def _grant_pass(self, conn: Connection, res: dict[str, Any], now: float) -> int:
+    def _grant_pass(
+        self, conn: Connection, res: dict[str, Any], now: float, own: Optional[tuple[str, float]] = None,
+        granted: Optional[dict[str, dict[str, int]]] = None,
+    ) -> int:
         """Reap expired holders and grant every waiter that may now run, in FIFO order.
 
         Returns how many expired entries it removed. Grants are made on the waiters' behalf:
         state granted, a token from the resource's fencing counter, and ``pickup_seconds`` to
-        pick the grant up before it lapses (see :meth:`_peek`).
+        pick the grant up before it lapses (see :meth:`_peek`). ``own`` is the (request key,
+        lease) of the caller's own request, granted with its lease at once and not notified;
+        ``granted`` collects the tokens of every grant made. The resource rows' counters are
+        written once, at the end.
         """
         q, r = self.t.request, self.t.resource
         reaped = 0
@@ -525,30 +541,43 @@ class SlotEngine:
                     continue
                 raise _NeedLocks(decision.need)
             notify: list[str] = []
-            tokens: dict[str, int] = {}
+            others = False
             for key in decision.grant:
+                mine = own is not None and key == own[0]
                 for row in rows_by_key[key]:
-                    tokens[row.resource] = (tokens.get(row.resource) or res[row.resource].last_token) + 1
-                    pickup = float(row.pickup_seconds) if row.pickup_seconds is not None else DEFAULT_PICKUP
-                    # Never longer than the waiter promised to stay alive: a live waiter looks at its
-                    # entry before that, a dead one (that stopped refreshing) lapses sooner.
-                    pickup = min(pickup, max(float(row.expires_at) - now, MIN_PICKUP))
+                    res[row.resource].last_token += 1
+                    res[row.resource].dirty = True
+                    token = res[row.resource].last_token
+                    if granted is not None:
+                        granted.setdefault(key, {})[row.resource] = token
+                    if mine and own is not None:
+                        # The caller's own request: picked up at once, with its lease.
+                        values: dict[str, Any] = dict(expires_at=now + own[1], lease_seconds=own[1])
+                    else:
+                        pickup = float(row.pickup_seconds) if row.pickup_seconds is not None else DEFAULT_PICKUP
+                        # Never longer than the waiter promised to stay alive: a live waiter looks at
+                        # its entry before that, a dead one (that stopped refreshing) lapses sooner.
+                        values = dict(expires_at=now + min(pickup, max(float(row.expires_at) - now, MIN_PICKUP)))
                     conn.execute(
                         update(q).where(q.c.id == row.id, q.c.state == "waiting").values(
-                            state="granted", token=tokens[row.resource], granted_at=now, expires_at=now + pickup
+                            state="granted", token=token, granted_at=now, **values
                         )
                     )
-                first = min(row.resource for row in rows_by_key[key])
-                notify.append(holder_key(first, next(r.holder for r in rows_by_key[key] if r.resource == first)))
-            for name, token in tokens.items():
-                conn.execute(update(r).where(r.c.namespace == self.ns, r.c.name == name).values(last_token=token))
-                res[name].last_token = token
+                if not mine:
+                    others = True
+                    first = min(row.resource for row in rows_by_key[key])
+                    notify.append(holder_key(first, next(x.holder for x in rows_by_key[key] if x.resource == first)))
+            for name in sorted(res):
+                if res[name].dirty:
+                    conn.execute(update(r).where(r.c.namespace == self.ns, r.c.name == name)
+                                 .values(last_token=res[name].last_token, last_ticket=res[name].last_ticket))
+                    res[name].dirty = False
             for name, key in decision.heads.items():
                 if key != first_before.get(name) and key in rows_by_key:
                     # A new head: it now times the holders' leases, so tell it.
                     row = rows_by_key[key][0]
-                    notify.append(holder_key(min(spans.get(key, {name})), row.holder))
-            if decision.grant or reaped:
+                    notify.append(head_key(min(spans.get(key, {name})), row.holder))
+            if others or reaped:
                 notify.extend(slot_key(name) for name in sorted(res))
             if notify:
                 self.ct._notify(conn, notify)
@@ -641,7 +670,7 @@ class SlotEngine:
         req = self._request(resource, holder, slots, mode, lease, waiter_ttl, pickup, attempt)
         wait = check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
         deadline = None if wait is None else time.monotonic() + wait
-        keys = [holder_key(min(req.parts), req.holder)]
+        keys = [holder_key(min(req.parts), req.holder), head_key(min(req.parts), req.holder)]
         since = self.ct._wakeups.mark(keys)
         outcome = self._enqueue(req)
         refreshed = time.monotonic()
@@ -665,6 +694,12 @@ class SlotEngine:
                 sleep = min(sleep, max(deadline - now, 0.0))
             if self.ct._wait_for_wakeup(keys, sleep, since):
                 delay = HEAD_POLL_INTERVAL
+                woke = self.ct._wakeups.mark(keys)
+                if woke[0] == since[0] and woke[1] == since[1]:
+                    # Only "you are the head now": in a busy queue the grant follows within
+                    # moments, so wait a little for it and look once for both.
+                    grant_only = (woke[0], woke[1])
+                    self.ct._wait_for_wakeup(keys[:1], HEAD_SETTLE, grant_only)
             since = self.ct._wakeups.mark(keys)
             refresh = time.monotonic() - refreshed >= req.ttl * REFRESH_FRACTION
             peek = self._look(req, refresh)
@@ -820,9 +855,8 @@ class SlotEngine:
             tickets = {}
             for name in names:  # one ticket per resource, from its counter, under its lock
                 res[name].last_ticket += 1
+                res[name].dirty = True  # written by the grant pass that follows
                 tickets[name] = res[name].last_ticket
-                conn.execute(update(r).where(r.c.namespace == self.ns, r.c.name == name)
-                             .values(last_ticket=tickets[name]))
                 conn.execute(insert(q).values(
                     namespace=self.ns, resource=name, holder=req.holder, request_key=key, slots=req.parts[name],
                     mode=req.mode, state="waiting", lease_seconds=req.lease, enqueued_at=now,
@@ -833,26 +867,18 @@ class SlotEngine:
             entered = action(conn, res, now)
             if entered.done is not None:
                 return entered.done
-            self._grant_pass(conn, res, now)
-            # Granted by this very pass? Then pick it up now, in the same transaction.
-            rows = conn.execute(
-                select(q.c.resource, q.c.state, q.c.token, q.c.ticket, q.c.granted_at)
-                .where(q.c.request_key == entered.key)
-            ).all()
-            if rows and all(row.state == "granted" for row in rows):
-                conn.execute(update(q).where(q.c.request_key == entered.key)
-                             .values(expires_at=now + req.lease, lease_seconds=req.lease))
-                tokens = {row.resource: int(row.token) for row in rows}
+            made: dict[str, dict[str, int]] = {}
+            self._grant_pass(conn, res, now, own=(entered.key, req.lease), granted=made)
+            if entered.key in made:  # granted by this very pass: picked up in the same transaction
+                tokens = made[entered.key]
                 return _Outcome(True, entered.key, {n: tokens[n] for n in req.parts}, now + req.lease, now, {},
                                 entered.ticket, entered.attempt)
             position = {}
-            capacity = 1
             for name in names:
                 head = conn.scalar(select(func.min(q.c.ticket)).where(
                     q.c.namespace == self.ns, q.c.resource == name, q.c.state == "waiting"))
-                mine_t = next((int(row.ticket) for row in rows if row.resource == name), entered.ticket)
-                position[name] = max(mine_t - int(head if head is not None else mine_t), 0) + 1
-                capacity = min(capacity if name != names[0] else res[name].capacity, res[name].capacity)
+                position[name] = max(entered.ticket - int(head if head is not None else entered.ticket), 0) + 1
+            capacity = min(res[name].capacity for name in names)
             return _Outcome(False, entered.key, {}, now + req.ttl, None, position, entered.ticket, entered.attempt,
                             capacity)
 

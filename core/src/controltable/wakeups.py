@@ -143,15 +143,19 @@ class Wakeups:
 
     def _listen_forever(self) -> None:
         backoff = 0.5
+        connects = 0
         while not self._stop.is_set():
             raw = None
             try:
                 raw = self._connect()
                 self._listening.set()
+                connects += 1
+                missed = connects > 1  # a reconnect: pushes sent meanwhile were lost
                 with self._cond:
-                    self._generation += 1
-                    self._cond.notify_all()
-                    everyone = [cb for cbs in self._listeners.values() for cb in cbs]
+                    if missed:
+                        self._generation += 1
+                        self._cond.notify_all()
+                    everyone = [cb for cbs in self._listeners.values() for cb in cbs] if missed else []
                 for callback in dict.fromkeys(everyone):
                     try:
                         callback()
