@@ -3,7 +3,8 @@
 Prints progress and a table of figures, anchors and ratios; writes ``benchmarks/out/results.json``
 and ``benchmarks/out/throughput.png``. Scenarios 2, 4, 5, 6 and 7 are PostgreSQL-only (pgqueuer
 and LISTEN/NOTIFY are PostgreSQL's; the history and scaling goals are set for it); scenarios 1 and
-3 also run on MariaDB and SQLite, where the server is reachable.
+3 also run on MariaDB and SQLite, where the server is reachable. Scenario 8 (slots for fleets) runs
+fully on PostgreSQL and its scale figure on MariaDB and SQLite too.
 """
 
 from __future__ import annotations

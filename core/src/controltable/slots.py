@@ -701,7 +701,8 @@ class SlotEngine:
                     grant_only = (woke[0], woke[1])
                     self.ct._wait_for_wakeup(keys[:1], HEAD_SETTLE, grant_only)
             since = self.ct._wakeups.mark(keys)
-            refresh = time.monotonic() - refreshed >= req.ttl * REFRESH_FRACTION
+            # Refresh on any look once most of the interval has passed (sleeps are jittered both ways).
+            refresh = time.monotonic() - refreshed >= req.ttl * REFRESH_FRACTION * 0.6
             peek = self._look(req, refresh)
             if refresh and peek.state == "waiting":
                 refreshed = time.monotonic()
@@ -732,7 +733,7 @@ class SlotEngine:
         if self.ct._wakeups.active:
             sleep = refresh_in
             if head or position <= HEAD_POSITIONS:
-                sleep = min(sleep, max(delay * 10, PUSH_POLL_INTERVAL), req.pickup / 2)
+                sleep = min(sleep, max(delay * 10, PUSH_POLL_INTERVAL), req.pickup * 0.7)
         else:
             # Up to a capacity's worth of waiters can be granted by one release: pace by "rounds".
             capacity_rounds = 0.0 if head else max(position - 1, 0) / max(outcome.capacity, 1)
