@@ -8,7 +8,7 @@ VENV ?= .venv
 VENV_SA14 ?= .venv-sa14
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint sql bench clean
+.PHONY: demo test faults soak lint sql bench clean
 
 $(VENV)/.core-installed: core/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,14 @@ demo: $(VENV)/.core-installed
 
 test: $(VENV)/.all-installed $(VENV_SA14)/.installed
 	VENV=$(VENV) VENV_SA14=$(VENV_SA14) scripts/run-tests
+
+# The fault suite alone (part of `make test` too), printing its figures: throwaway servers, restarts, cut COMMITs.
+faults: $(VENV)/.all-installed
+	$(BIN)/python -m pytest tests/faults -m faults -s -p no:cacheprovider
+
+# A 10-minute soak against SOAK_URL (not a test): RSS and connection counts over time.
+soak: $(VENV)/.core-installed
+	$(BIN)/python benchmarks/soak.py --minutes $${SOAK_MINUTES:-10} --url "$$SOAK_URL"
 
 lint: $(VENV)/.all-installed
 	$(BIN)/ruff check .

@@ -203,6 +203,34 @@ def create_event_table(url: str, name: str) -> None:
         ct.close()
 
 
+def fresh_events(url: str, name: str, pending: int) -> None:
+    """``name`` as a user meets it: their rows first, then ``prepare()`` (claim columns, claim
+    indexes, and the statistics refresh prepare() does itself). No ANALYZE of our own here, so the
+    figures include whatever a user's first drain after prepare() would pay."""
+    backend = backend_of(url)
+    engine = admin_engine(url)
+    table = event_table(name)
+    table.drop(engine, checkfirst=True)
+    table.create(engine)
+    with engine.connect() as conn:
+        if backend == "postgres":
+            conn.execute(text(f"INSERT INTO {name} (event_id, payload) SELECT g, 'event ' || g "
+                              f"FROM generate_series(1, {pending}) AS g"))
+        elif backend == "mysql":
+            conn.execute(text(f"INSERT INTO {name} (event_id, payload) SELECT seq, CONCAT('event ', seq) "
+                              f"FROM seq_1_to_{pending}"))
+        else:
+            conn.execute(text(
+                f"WITH RECURSIVE s(g) AS (SELECT 1 UNION ALL SELECT g + 1 FROM s WHERE g < {pending}) "
+                f"INSERT INTO {name} (event_id, payload) SELECT g, 'event ' || g FROM s"))
+    engine.dispose()
+    ct = ControlTable(url)
+    try:
+        ct.events(name, key="event_id").prepare()
+    finally:
+        ct.close()
+
+
 def fill_events(url: str, name: str, pending: int, done: int = 0) -> None:
     """Empty ``name`` and insert ``done`` done rows (keys 1..done) then ``pending`` pending rows.
 

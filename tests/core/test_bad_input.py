@@ -102,3 +102,154 @@ def test_database_without_control_tables(backend_url: str) -> None:
     with pytest.raises(NotInstalledError, match="controltable init"):
         ct.status()
     assert ct.installed_version() is None
+
+
+# -- numbers: non-finite and out-of-range values are refused everywhere -------------------------------
+BAD_SECONDS = [float("inf"), float("-inf"), float("nan"), 1e30, 10**40, -1.0]
+
+
+@pytest.mark.parametrize("value", BAD_SECONDS)
+def test_non_finite_and_huge_durations_are_refused(ct: ControlTable, value: float) -> None:
+    ct.set_capacity("w", 1)
+    for kwargs in ({"lease": value}, {"waiter_ttl": value}, {"timeout": value}, {"poll_interval": value}):
+        with pytest.raises(ConfigurationError, match=next(iter(kwargs))):
+            ct.acquire("w", holder="h", **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="lease"):
+        ct.try_acquire("w", holder="h", lease=value)
+    lease = ct.acquire("w", holder="h", timeout=0)
+    with pytest.raises(ConfigurationError, match="lease"):
+        lease.renew(value)
+    lease.release()
+    assert ct.status(["w"])[0].holders == [] and ct.status(["w"])[0].waiters == []
+
+
+@pytest.mark.parametrize("value", [2**31, 2**63, 10**30, 0, -5])
+def test_whole_numbers_beyond_an_integer_column_are_refused(ct: ControlTable, value: int) -> None:
+    with pytest.raises(ConfigurationError, match="capacity"):
+        ct.set_capacity("w", value)
+    ct.set_capacity("w", 1)
+    with pytest.raises(ConfigurationError, match="slots"):
+        ct.acquire("w", slots=value, timeout=0)
+    with pytest.raises(ConfigurationError, match="order"):
+        ct.worklist("wl").populate([1], order=value)
+    with pytest.raises(ConfigurationError, match="size"):
+        ct.events("ev", key="id").claim(value)
+
+
+def test_work_list_order_and_priority_bounds(ct: ControlTable) -> None:
+    from controltable import defaults
+
+    wl = ct.worklist("bounds")
+    assert wl.populate([1], order=defaults.MIN_ORDER, priority=defaults.MIN_PRIORITY) == 1
+    assert wl.populate([2], order=defaults.MAX_ORDER, priority=defaults.MAX_PRIORITY) == 1
+    for order in (0, -1, defaults.MAX_ORDER + 1, 1.5, "1", True):
+        with pytest.raises(ConfigurationError, match="order"):
+            wl.populate([3], order=order)  # type: ignore[arg-type]
+    for priority in (defaults.MIN_PRIORITY - 1, defaults.MAX_PRIORITY + 1, float("nan")):
+        with pytest.raises(ConfigurationError, match="priority"):
+            wl.populate([3], priority=priority)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="timeout"):
+        next(wl.items(timeout=float("nan")))
+    with pytest.raises(ConfigurationError, match="poll"):
+        next(wl.items(poll=float("inf")))
+    assert [o.order for o in wl.status().orders] == [defaults.MIN_ORDER, defaults.MAX_ORDER]
+
+
+# -- names and text ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["\ud800", "ok\udfffok", "nul\x00", "line\nbreak"])
+def test_unencodable_names_are_configuration_errors(ct: ControlTable, name: str) -> None:
+    with pytest.raises(ConfigurationError):
+        ct.set_capacity(name, 1)
+    with pytest.raises(ConfigurationError):
+        ct.acquire("w", holder=name, timeout=0)
+    with pytest.raises(ConfigurationError):
+        ct.worklist(name)
+    with pytest.raises(ConfigurationError):
+        ControlTable("sqlite:///x.db", namespace=name)
+
+
+def test_unencodable_text_reaching_the_database_is_a_configuration_error(ct: ControlTable) -> None:
+    wl = ct.worklist("texts")
+    wl.populate([{"a": 1}])
+    item = wl.allocate("w1")
+    assert item is not None
+    with pytest.raises(ConfigurationError):
+        item.fail("bad \ud800 reason")
+    item.complete()
+
+
+@pytest.mark.parametrize("where", ["ct_state = 'x'; drop table x", 42, b"raw"])
+def test_where_must_be_an_expression_or_callable(ct: ControlTable, where: object) -> None:
+    with pytest.raises(ConfigurationError, match="where="):
+        ct.events("ev", key="id", where=where)
+    with pytest.raises(ConfigurationError, match="where="):
+        ct.events("ev", key="id").claim(1, where=where)  # type: ignore[arg-type]
+
+
+def test_where_callables_that_raise_or_return_junk(ct: ControlTable, backend_url: str) -> None:
+    from sqlalchemy import Column, Integer, MetaData, Table, create_engine
+
+    engine = create_engine(backend_url)
+    md = MetaData()
+    Table("ev_where", md, Column("id", Integer, primary_key=True))
+    md.create_all(engine)
+    try:
+        events = ct.events("ev_where", key="id")
+        events.prepare()
+
+        def boom(t: object) -> object:
+            raise RuntimeError("user bug")
+
+        with pytest.raises(ConfigurationError, match="where= callable raised RuntimeError"):
+            events.claim(1, where=boom)
+        with pytest.raises(ConfigurationError, match="boolean expression"):
+            events.claim(1, where=lambda t: "id > 3")
+        assert events.claim(1, where=lambda t: t.c.id > 3) is None
+    finally:
+        md.drop_all(engine)
+        engine.dispose()
+
+
+# -- passwords and the command line ---------------------------------------------------------------------
+def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, str]:
+    import os
+    import subprocess
+    import sys
+
+    full = {k: v for k, v in os.environ.items() if k != "CONTROLTABLE_URL"}
+    full.update(env or {})
+    out = subprocess.run([sys.executable, "-m", "controltable.cli", *args], env=full, capture_output=True,
+                         text=True, timeout=timeout)
+    return out.returncode, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("url", [
+    "u:pw-Secret-77@h/db",
+    "postgresql+psycopg://u:pw-Secret-77@127.0.0.1:1/db",
+    "mysql+pymysql://u:pw-Secret-77@127.0.0.1:1/db",
+    "postgresql+psycopg://u:pw-Secret-77@127.0.0.1:1/db?sslmode=bogus",
+    "nosuchdialect://u:pw-Secret-77@h/db",
+])
+def test_the_cli_never_prints_a_password(url: str) -> None:
+    for n, command in enumerate((["status"], ["init"], ["capacity", "list"])):
+        if n % 2 == 0:
+            code, output = _cli("--url", url, "--connect-timeout", "2", *command)
+        else:
+            code, output = _cli("--connect-timeout", "2", *command, env={"CONTROLTABLE_URL": url})
+        assert code in (2, 4), output
+        assert "pw-Secret-77" not in output and "error:" in output
+
+
+def test_cli_nan_timeout_exits_2_at_once(tmp_path: Path) -> None:
+    import time
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    assert _cli("--url", url, "init")[0] == 0
+    start = time.monotonic()
+    code, output = _cli("--url", url, "run", "--timeout", "nan", "--resource", "r", "--", "true")
+    assert code == 2 and "timeout" in output
+    code, output = _cli("--url", url, "--statement-timeout", "inf", "status")
+    assert code == 2 and "statement-timeout" in output
+    code, output = _cli("--url", url, "capacity", "set", "r", str(2**31))
+    assert code == 2 and "capacity" in output
+    assert time.monotonic() - start < 60  # each call returns at once (generous bound for a loaded machine)

@@ -101,7 +101,7 @@ def test_run_releases_when_terminated(backend_url: str, namespace: str, tmp_path
 def test_sql_prints_hints_for_mssql(backend_url: str, namespace: str) -> None:
     out = run(backend_url, namespace, "sql", "--dialect", "mssql")
     assert out.returncode == 0
-    assert "WITH (UPDLOCK, ROWLOCK, READPAST)" in out.stdout and "CREATE TABLE ct_request" in out.stdout
+    assert "WITH (UPDLOCK, ROWLOCK, READPAST, FORCESEEK)" in out.stdout and "CREATE TABLE ct_request" in out.stdout
 
 
 def test_events_and_worklist_commands(backend_url: str, namespace: str, tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ def test_mssql_claim_skips_locked_rows_with_readpast() -> None:
     claim = section("mssql", "events claim")
     select = [s for s in claim if s.startswith("SELECT TOP")]
     assert select, claim
-    assert "WITH (UPDLOCK, ROWLOCK, READPAST)" in select[0]
+    assert "WITH (UPDLOCK, ROWLOCK, READPAST, FORCESEEK)" in select[0]
     assert "FOR UPDATE" not in select[0]
 
 
@@ -70,8 +70,9 @@ def test_partial_claim_index_where_supported() -> None:
     pg = "\n".join(section("postgresql", "events prepare: claim"))
     assert re.search(r"CREATE INDEX ct_pending_events ON events \(event_id\) WHERE ct_state = 0", pg)
     assert re.search(r"CREATE INDEX ct_claimed_events ON events \(event_id\) WHERE ct_state = 1", pg)
-    ms = "\n".join(section("mssql", "events prepare: claim"))
-    assert "WHERE ct_state = 0" in ms and "WHERE ct_state = 1" in ms
+    ms = "\n".join(s for s in section("mssql", "events prepare: claim") if not s.startswith("--"))
+    # SQL Server: plain indexes by default (filtered ones break writers with old SET options).
+    assert "CREATE INDEX ct_claim_events ON events (ct_state, event_id)" in ms and "WHERE" not in ms
     my = "\n".join(section("mysql", "events prepare: claim"))
     assert re.search(r"CREATE INDEX \S+ ON events \(ct_state, event_id\)", my)
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import importlib.util
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
-from sqlalchemy import Column, Integer, MetaData, String, Table, UniqueConstraint, func, insert, select, update
+from sqlalchemy import Column, Integer, MetaData, String, Table, UniqueConstraint, func, insert, select, text, update
 
 from controltable import ConfigurationError, LeaseLost, NotInstalledError
 
@@ -291,18 +292,24 @@ def test_complete_part_of_a_batch(ct: Any, events_table: Callable[..., Table]) -
     assert batch.finished, "all five rows were completed (in two parts), yet the batch is not finished"
 
 
-def test_completing_a_row_twice_names_only_that_row(ct: Any, events_table: Callable[..., Table]) -> None:
+def test_completing_a_row_twice_is_a_retry_and_only_lost_rows_are_named(
+    ct: Any, events_table: Callable[..., Table]
+) -> None:
     t = events_table(3)
     ev = ct.events(t.name, key="id")
     ev.prepare()
-    batch = ev.claim(3, owner="w")
+    batch = ev.claim(3, owner="w", lease=0.5)
     assert batch is not None
     batch.complete(keys=[2])
-    with pytest.raises(LeaseLost) as info:  # 2 is done already: no longer held by the batch
-        batch.complete(keys=[1, 2])
-    assert ev.stats().done == 1  # 1 was not completed either: all or nothing
-    assert info.value.keys == [2], "row 1 is still held by the batch and must not be reported as lost"
-    assert batch.complete(keys=[1, 3]) == 2
+    # 2 is done under this batch's token already: a retry after a lost COMMIT reply, not a loss.
+    assert batch.complete(keys=[1, 2]) == 2
+    time.sleep(0.8)
+    other = ct.events(t.name, key="id").claim(3, owner="x")  # row 3's lease ran out: taken over
+    assert other is not None and other.keys == [3]
+    with pytest.raises(LeaseLost) as info:
+        batch.complete(keys=[1, 3])
+    assert info.value.keys == [3], "row 1 is done under the batch and must not be reported as lost"
+    assert ev.stats().done == 2
 
 
 def test_where_narrows_what_is_claimable(ct: Any, events_table: Callable[..., Table]) -> None:
@@ -441,3 +448,260 @@ def test_worklist_populate_rejects_non_json_payloads(ct: Any) -> None:
         assert wl.items_list() == []
     finally:
         wl.drop()
+
+
+# -- lost COMMIT replies: the retry must not hand out a second batch ---------------------------------
+@contextmanager
+def commit_reply_lost(ct: Any, times: int = 1) -> Iterator[list[int]]:
+    """The next ``times`` commits happen on the server, but the client sees the connection drop
+    (as when the reply to COMMIT is lost): the driver's commit runs, then a disconnect error."""
+    from sqlalchemy import event
+    from sqlalchemy.exc import OperationalError
+
+    left = [times]
+
+    def on_commit(conn: Any) -> None:
+        if left[0] > 0:
+            left[0] -= 1
+            conn.connection.dbapi_connection.commit()
+            raise OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"),
+                                   connection_invalidated=True)
+
+    event.listen(ct.db.engine, "commit", on_commit)
+    try:
+        yield left
+    finally:
+        event.remove(ct.db.engine, "commit", on_commit)
+
+
+def test_claim_retried_after_a_lost_commit_reply_returns_the_same_batch(
+    ct: Any, events_table: Callable[..., Table]
+) -> None:
+    t = events_table(10)
+    ev = ct.events(t.name, key="id")
+    ev.prepare()
+    with commit_reply_lost(ct) as left:
+        batch = ev.claim(3, owner="w")
+    assert left == [0], "the fault was not injected"
+    assert batch is not None and batch.keys == [1, 2, 3]
+    stats = ev.stats()
+    assert stats.claimed == 3 and stats.pending == 7, "the retry claimed a second batch"
+    assert batch.complete() == 3
+
+
+def test_complete_and_claim_and_complete_survive_a_lost_commit_reply(
+    ct: Any, events_table: Callable[..., Table]
+) -> None:
+    t = events_table(10)
+    ev = ct.events(t.name, key="id")
+    ev.prepare()
+    first = ev.claim(3, owner="w", lease=60)
+    assert first is not None
+    with commit_reply_lost(ct) as left:
+        second = first.complete_and_claim()
+    assert left == [0]
+    assert second is not None and second.keys == [4, 5, 6]
+    stats = ev.stats()
+    assert (stats.done, stats.claimed, stats.pending) == (3, 3, 4)
+    with commit_reply_lost(ct) as left:
+        assert second.complete() == 3  # the retry finds the rows done under its token: not LeaseLost
+    assert left == [0]
+    assert ev.stats().done == 6
+
+
+# -- batch handles keep their history ---------------------------------------------------------------
+def _rebuilt(ev: Any, batch: Any) -> Any:
+    import json
+
+    return ev.batch(json.loads(json.dumps(batch.handle())))
+
+
+def test_a_handle_carries_attempts_claim_time_and_lease(ct: Any, events_table: Callable[..., Table]) -> None:
+    t = events_table(4)
+    ev = ct.events(t.name, key="id", backoff=0)
+    ev.prepare()
+    batch = ev.claim(2, owner="w", lease=60)
+    assert batch is not None
+    batch.fail("again")
+    batch = ev.claim(2, owner="w", lease=60)
+    assert batch is not None and batch.attempts == {1: 2, 2: 2}
+    again = _rebuilt(ev, batch)
+    assert again.attempts == {1: 2, 2: 2}
+    assert again.lease_seconds == 60
+    assert abs(again.claimed_at - batch.claimed_at) < 1e-3
+    assert abs(again._expires_at - batch._expires_at) < 1e-3
+    assert 19 < again._renew_interval() < 21, "renewal every third of the batch's own lease"
+
+
+def test_a_batch_failed_through_its_handle_reaches_the_error_state(
+    ct: Any, events_table: Callable[..., Table]
+) -> None:
+    t = events_table(3)
+    ev = ct.events(t.name, key="id", max_attempts=3, backoff=0)
+    ev.prepare()
+    for attempt in range(1, 4):
+        batch = ev.claim(3, owner="w", lease=60)
+        assert batch is not None, f"attempt {attempt}: the rows should be claimable again"
+        # Each failure goes through a handle, as Airflow's FailBatchOperator does in another task.
+        assert _rebuilt(ct.events(t.name, key="id", max_attempts=3, backoff=0), batch).fail("poison") == 3
+    stats = ev.stats()
+    assert stats.error == 3 and stats.pending == 0, "max_attempts failures must end in the error state"
+    assert ev.claim(3, owner="w") is None
+    rows = _rows(ct, t.name)
+    assert all(r["ct_error"] == "poison" and r["ct_attempts"] == 3 for r in rows.values())
+
+
+def test_backoff_grows_with_the_stored_attempts(ct: Any, events_table: Callable[..., Table]) -> None:
+    t = events_table(1)
+    ev = ct.events(t.name, key="id", max_attempts=5, backoff=100, max_backoff=250)
+    ev.prepare()
+    waits = []
+    prepared = Table(t.name, MetaData(), autoload_with=ct.engine)
+    for _ in range(3):
+        with ct.engine.begin() as conn:  # make the row due again without waiting for its back-off
+            conn.execute(update(prepared).values(ct_available_at=None))
+        batch = ev.claim(1, owner="w")
+        assert batch is not None
+        now = ct.now()
+        _rebuilt(ev, batch).fail("slow")
+        waits.append(float(_rows(ct, t.name)[1]["ct_available_at"]) - now)
+    assert [round(w, -1) for w in waits] == [100, 200, 250], waits
+
+
+def test_renew_without_an_argument_keeps_the_batch_lease(ct: Any, events_table: Callable[..., Table]) -> None:
+    t = events_table(2)
+    ev = ct.events(t.name, key="id", lease=900)
+    ev.prepare()
+    batch = ev.claim(2, owner="w", lease=60)
+    assert batch is not None
+    for b in (batch, _rebuilt(ev, batch)):
+        b.renew()
+        left = b._expires_at - ct.now()
+        assert 50 < left <= 60.5, f"renew() moved a 60 s batch to {left:.0f} s"
+
+
+def test_complete_and_claim_hands_on_the_lease_of_a_rebuilt_batch(
+    ct: Any, events_table: Callable[..., Table]
+) -> None:
+    t = events_table(4)
+    ev = ct.events(t.name, key="id", lease=900)
+    ev.prepare()
+    batch = ev.claim(2, owner="w", lease=60)
+    assert batch is not None
+    following = _rebuilt(ev, batch).complete_and_claim()
+    assert following is not None and following.keys == [3, 4]
+    assert following.lease_seconds == 60
+    assert 50 < following._expires_at - ct.now() <= 60.5
+
+
+def test_fail_messages_fit_the_error_column(ct: Any, events_table: Callable[..., Table]) -> None:
+    t = events_table(1)
+    ev = ct.events(t.name, key="id")
+    ev.prepare()
+    batch = ev.claim(1, owner="w")
+    assert batch is not None
+    batch.fail("é" * 5000)  # 2 bytes each: cut to whole characters within the column's size
+    stored = _rows(ct, t.name)[1]["ct_error"]
+    assert set(stored) == {"é"} and 0 < len(stored) <= 2000
+
+
+# -- prepare(): one DDL per transaction, online where offered, statistics, busy tables ----------------
+def test_prepare_runs_each_statement_then_refreshes_statistics(
+    ct: Any, events_table: Callable[..., Table], backend: str
+) -> None:
+    t = events_table(50)
+    ev = ct.events(t.name, key="id")
+    done = ev.prepare()
+    assert sum(s.startswith("ALTER TABLE") for s in done) == 8
+    analyze = {"sqlite": f"ANALYZE {t.name}", "postgres": f"ANALYZE {t.name}", "mysql": f"ANALYZE TABLE {t.name}"}
+    assert done[-1] == analyze[backend]
+    if backend == "postgres":
+        assert any(s.startswith("CREATE INDEX CONCURRENTLY") for s in done), "PostgreSQL builds indexes online"
+        with ct.engine.connect() as conn:
+            analyzed = conn.execute(text("SELECT last_analyze FROM pg_stat_user_tables WHERE relname = :n"),
+                                    {"n": t.name}).scalar()
+        assert analyzed is not None, "prepare() must leave the table analyzed"
+    assert ev.prepare() == [], "prepare() is idempotent and analyzes only after a change"
+    batch = ev.claim(10, owner="w")
+    assert batch is not None and len(batch) == 10
+
+
+def test_prepare_on_a_busy_table_fails_clearly_with_the_ddl(
+    ct: Any, events_table: Callable[..., Table], backend: str
+) -> None:
+    if backend == "sqlite":
+        pytest.skip("SQLite waits for its single writer (busy_timeout); no per-statement DDL lock timeout")
+    t = events_table(5)
+    ev = ct.events(t.name, key="id")
+    from sqlalchemy import create_engine
+
+    from controltable import TableBusyError
+
+    other = create_engine(ct.engine.url)
+    try:
+        with other.connect() as conn:
+            trans = conn.begin()
+            conn.execute(select(func.count()).select_from(t))  # holds a lock the ALTER must wait for
+            with pytest.raises(TableBusyError) as info:
+                ev.prepare(lock_timeout=1)
+            trans.rollback()
+        message = str(info.value)
+        assert "Retry later" in message and "ALTER TABLE" in message and t.name in message
+    finally:
+        other.dispose()
+    assert ev.prepare(), "after the other session finished, prepare() goes through"
+    assert ev.claim(5, owner="w") is not None
+
+
+def test_capped_backends_page_admin_updates_by_key(
+    ct: Any, events_table: Callable[..., Table], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SQL Server path (row cap per statement), run here with a cap of 3 rows."""
+    from controltable import dialects
+
+    t = events_table(10)
+    ev = ct.events(t.name, key="id", max_attempts=1)
+    ev.prepare()
+    batch = ev.claim(10, owner="w")
+    assert batch is not None
+    monkeypatch.setattr(dialects, "rows_per_statement", lambda name: 3)
+    assert batch.fail("boom") == 10
+    assert ev.stats().error == 10
+    assert ev.retry_errors() == 10 and ev.stats().pending == 10
+    again = ev.claim(4, owner="w")  # chunks of 3 rows per claim statement
+    assert again is not None and again.keys == [1, 2, 3, 4]
+    assert again.complete() == 4 and ev.stats().done == 4
+    assert ev.reset() == 10
+    stats = ev.stats()
+    assert stats.pending == 10 and stats.done == 0
+
+
+def test_threads_sharing_one_event_table_reflect_it_once(ct: Any, events_table: Callable[..., Table]) -> None:
+    """Many threads making the first claim through one EventTable object at once all succeed."""
+    import threading
+
+    t = events_table(200)
+    ct.events(t.name, key="id").prepare()
+    events = ct.events(t.name, key="id")  # a fresh object: nothing reflected yet
+    barrier = threading.Barrier(16)
+    got: list[Any] = []
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            barrier.wait()
+            batch = events.claim(size=5, owner=f"w{i}", lease=60)
+            if batch is not None:
+                got.append(batch)
+                batch.complete()
+        except BaseException as exc:  # recorded for the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert errors == []
+    keys = [k for b in got for k in b.keys]
+    assert len(got) == 16 and len(keys) == len(set(keys)) == 80

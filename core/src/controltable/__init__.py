@@ -3,14 +3,21 @@
 from .control import ControlTable
 from .errors import (
     AcquireTimeout,
+    AuthenticationError,
     ConfigurationError,
+    ConflictError,
     ControlTableError,
+    DatabaseBusyError,
+    DatabaseMissingError,
     DatabaseUnavailableError,
     LeaseLost,
     NotInstalledError,
+    PermissionDeniedError,
+    StatementTimeoutError,
+    UnexpectedDatabaseError,
     UnknownResourceError,
 )
-from .events import Batch, EventStats, EventTable
+from .events import Batch, EventStats, EventTable, TableBusyError
 from .slots import Entry, Lease, ResourceStatus, WaitInfo
 from .worklist import Item, WorkList, WorkListBlocked, WorkListStatus
 
@@ -18,6 +25,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AcquireTimeout",
+    "AuthenticationError",
+    "ConflictError",
+    "DatabaseBusyError",
+    "DatabaseMissingError",
+    "PermissionDeniedError",
+    "StatementTimeoutError",
+    "UnexpectedDatabaseError",
     "Batch",
     "EventStats",
     "EventTable",
@@ -34,6 +48,7 @@ __all__ = [
     "LeaseLost",
     "NotInstalledError",
     "ResourceStatus",
+    "TableBusyError",
     "UnknownResourceError",
     "WaitInfo",
     "__version__",

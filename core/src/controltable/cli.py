@@ -13,7 +13,9 @@ Exit codes (stable, for shell scripts):
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
 import signal
 import subprocess
@@ -23,8 +25,10 @@ from typing import Any, Callable, NoReturn, Optional, TypeVar
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from . import defaults
 from .control import ControlTable
 from .db import DEFAULT_URL
 from .defaults import DEFAULT_MODE
@@ -35,25 +39,41 @@ from .errors import (
     DatabaseUnavailableError,
     LeaseLost,
     NotInstalledError,
+    PermissionDeniedError,
     UnknownResourceError,
+    redact,
 )
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_TIMEOUT, EXIT_DATABASE, EXIT_EMPTY, EXIT_LOST, EXIT_VIOLATION = range(8)
 
-console = Console()
-err = Console(stderr=True)
+# Markup off: names, holders and database messages are printed as given, never parsed as rich
+# markup (a resource called "[/]" must not crash the output). Styled text opts in per call.
+console = Console(markup=False)
+err = Console(stderr=True, markup=False, soft_wrap=True)
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: Passwords of the URLs this process was given: masked in everything the CLI prints.
+_SECRETS: set[str] = set()
+
+
+def _printable(message: object) -> str:
+    """``message`` with passwords masked and anything the terminal cannot encode escaped."""
+    return redact(message, _SECRETS).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def print_error(message: object) -> None:
+    err.print(f"[bold red]error:[/] {escape(_printable(message))}", markup=True, highlight=False)
 
 
 def fail(message: str, code: int) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    print_error(message)
     sys.exit(code)
 
 
 def _exit_code(exc: BaseException) -> int:
     if isinstance(exc, AcquireTimeout):
         return EXIT_TIMEOUT
-    if isinstance(exc, (DatabaseUnavailableError, NotInstalledError)):
+    if isinstance(exc, (DatabaseUnavailableError, NotInstalledError, PermissionDeniedError)):
         return EXIT_DATABASE
     if isinstance(exc, LeaseLost):
         return EXIT_LOST
@@ -62,22 +82,41 @@ def _exit_code(exc: BaseException) -> int:
     return EXIT_ERROR
 
 
+def _url_password(url: str) -> Optional[str]:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).password
+    except Exception:  # not a URL: redact() masks URL-shaped credentials anyway
+        return None
+
+
 class CT:
     """Lazily opened ControlTable built from the global options."""
 
-    def __init__(self, url: str, namespace: str, schema: Optional[str], prefix: str) -> None:
+    def __init__(self, url: str, namespace: str, schema: Optional[str], prefix: str,
+                 connect_timeout: float = defaults.CONNECT_TIMEOUT,
+                 statement_timeout: Optional[float] = defaults.STATEMENT_TIMEOUT) -> None:
         self.url, self.namespace, self.schema, self.prefix = url, namespace, schema, prefix
+        self.connect_timeout, self.statement_timeout = connect_timeout, statement_timeout
         self._ct: Optional[ControlTable] = None
+        password = _url_password(url)
+        if password:
+            _SECRETS.add(password)
 
     def get(self) -> ControlTable:
         if self._ct is None:
-            self._ct = ControlTable(self.url, namespace=self.namespace, schema=self.schema, prefix=self.prefix)
+            self._ct = ControlTable(self.url, namespace=self.namespace, schema=self.schema, prefix=self.prefix,
+                                    connect_timeout=self.connect_timeout, statement_timeout=self.statement_timeout)
         return self._ct
 
 
 def handled(fn: F) -> F:
-    """Turn controltable errors into a one-line message and a documented exit code."""
-    import functools
+    """Turn controltable errors into a one-line message and a documented exit code.
+
+    Anything else is a bug: it exits 1 with a one-line message (the traceback, passwords
+    masked, with CONTROLTABLE_DEBUG=1).
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -85,8 +124,41 @@ def handled(fn: F) -> F:
             return fn(*args, **kwargs)
         except ControlTableError as exc:
             fail(str(exc), _exit_code(exc))
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except Exception as exc:
+            if os.environ.get("CONTROLTABLE_DEBUG"):
+                import traceback
+
+                err.print(_printable("".join(traceback.format_exception(type(exc), exc, exc.__traceback__))))
+            fail(f"unexpected {type(exc).__name__}: {exc} (a bug in controltable: please report it; "
+                 "CONTROLTABLE_DEBUG=1 shows the traceback)", EXIT_ERROR)
 
     return wrapper  # type: ignore[return-value]
+
+
+class Seconds(click.ParamType):
+    """A finite, non-negative number of seconds up to a bound; ``none``/``0`` where allowed mean "no limit"."""
+
+    name = "seconds"
+
+    def __init__(self, maximum: float, *, none_ok: bool = False) -> None:
+        self.maximum, self.none_ok = maximum, none_ok
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> Any:
+        if value is None or isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0 \
+                and self.none_ok:
+            return None
+        if self.none_ok and isinstance(value, str) and value.strip().lower() in ("none", "0", "off"):
+            return None
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(number) or number <= 0 or number > self.maximum:
+            self.fail(f"{value!r} must be a finite number of seconds above 0 and at most {self.maximum:g}", param,
+                      ctx)
+        return number
 
 
 def when(ts: Optional[datetime]) -> str:
@@ -107,10 +179,22 @@ def in_seconds(ts: Optional[datetime], now: float) -> str:
               help="Separates deployments sharing one database.")
 @click.option("--schema", envvar="CONTROLTABLE_SCHEMA", default=None, help="Database schema of the control tables.")
 @click.option("--prefix", default="ct_", show_default=True, help="Prefix of the control tables' names.")
+@click.option("--connect-timeout", envvar="CONTROLTABLE_CONNECT_TIMEOUT", type=Seconds(defaults.MAX_CONNECT_TIMEOUT),
+              default=defaults.CONNECT_TIMEOUT, show_default=True,
+              help="Seconds to wait for a connection and login (env CONTROLTABLE_CONNECT_TIMEOUT).")
+@click.option("--statement-timeout", envvar="CONTROLTABLE_STATEMENT_TIMEOUT",
+              type=Seconds(defaults.MAX_STATEMENT_TIMEOUT, none_ok=True), default=defaults.STATEMENT_TIMEOUT,
+              show_default=True,
+              help="Seconds one statement may run, lock waits included; 0 keeps the server's setting "
+                   "(env CONTROLTABLE_STATEMENT_TIMEOUT).")
 @click.pass_context
-def cli(ctx: click.Context, url: str, namespace: str, schema: Optional[str], prefix: str) -> None:
-    """Resource slots, event batch claiming and ordered work lists in a control table in your database."""
-    ctx.obj = CT(url, namespace, schema, prefix)
+def cli(ctx: click.Context, url: str, namespace: str, schema: Optional[str], prefix: str,
+        connect_timeout: float, statement_timeout: Optional[float]) -> None:
+    """Resource slots, event batch claiming and ordered work lists in a control table in your database.
+
+    Passwords in --url / CONTROLTABLE_URL are never printed (masked as ***).
+    """
+    ctx.obj = CT(url, namespace, schema, prefix, connect_timeout, statement_timeout)
 
 
 def main() -> None:
@@ -132,14 +216,22 @@ def init(obj: CT) -> None:
 @click.option("--events-table", default="events", show_default=True, help="Event table name to show claims for.")
 @click.option("--key", default="event_id", show_default=True, help="Its unique key column.")
 @click.option("--order-by", default=None, help="Its claim-order column (default: the key).")
+@click.option("--server-version", default=None,
+              help="Server version to compile for, e.g. 16 (SQL Server 2022) or 23 (Oracle 23ai); "
+                   "default: SQL Server 2019 (15), Oracle 19c, PostgreSQL 15, MySQL 8.0.")
 @click.pass_obj
 @handled
-def sql(obj: CT, dialect: str, events_table: str, key: str, order_by: Optional[str]) -> None:
-    """Print the DDL and every statement the engine runs, for a DBA to review or pre-create."""
-    from .sqlscript import render
+def sql(obj: CT, dialect: str, events_table: str, key: str, order_by: Optional[str],
+        server_version: Optional[str]) -> None:
+    """Print the DDL and every statement the engine runs, for a DBA to review or pre-create.
+
+    The global --prefix and --schema apply to every statement (the control tables'), as they do
+    at run time.
+    """
+    from .sqlscript import parse_version, render
 
     click.echo(render(dialect, prefix=obj.prefix, schema=obj.schema, events_table=events_table, key=key,
-                      order_by=order_by), nl=False)
+                      order_by=order_by, server_version=parse_version(server_version)), nl=False)
 
 
 # -- capacity ----------------------------------------------------------------------------------------
@@ -332,7 +424,7 @@ def run(obj: CT, resources: tuple[str, ...], slots: int, shared: bool, attempt: 
         except LeaseLost as exc:
             lost = lost or exc
     if lost is not None:
-        err.print(f"[bold red]error:[/] {lost}")
+        print_error(lost)
         if code == 0:
             sys.exit(EXIT_LOST)
     sys.exit(code if code >= 0 else 128 - code)
@@ -349,7 +441,8 @@ def demo(obj: CT, workers: int, rounds: int, cap: int, n_events: int) -> None:
     """Workers contend for a small resource and drain an event table; the summary checks the results."""
     from .demo import run_demo
 
-    sys.exit(run_demo(obj.url, workers=workers, rounds=rounds, capacity=cap, n_events=n_events, console=console))
+    sys.exit(run_demo(obj.url, workers=workers, rounds=rounds, capacity=cap, n_events=n_events,
+                      console=Console()))  # the demo's own output uses rich markup
 
 
 # -- events ------------------------------------------------------------------------------------------
@@ -372,20 +465,31 @@ def _event_options(fn: F) -> F:
 @events.command("prepare")
 @_event_options
 @click.option("--dry-run", is_flag=True, help="Print the DDL without running it.")
+@click.option("--filtered-indexes", is_flag=True,
+              help="SQL Server: filtered claim indexes (smaller; but writers whose session has QUOTED_IDENTIFIER "
+                   "or ANSI_NULLS OFF then fail on this table).")
+@click.option("--disable-lock-escalation", is_flag=True,
+              help="SQL Server: ALTER TABLE ... SET (LOCK_ESCALATION = DISABLE).")
 @click.pass_obj
 @handled
 def events_prepare(obj: CT, table: str, key: str, order_by: Optional[str], table_schema: Optional[str],
-                   dry_run: bool) -> None:
-    """Add the claim columns and claim index to TABLE (only what is missing)."""
+                   dry_run: bool, filtered_indexes: bool, disable_lock_escalation: bool) -> None:
+    """Add the claim columns and claim indexes to TABLE (only what is missing), then refresh its statistics."""
     ev = obj.get().events(table, key=key, order_by=order_by, schema=table_schema)
+    options = {"filtered_indexes": filtered_indexes, "disable_lock_escalation": disable_lock_escalation}
     if dry_run:
         from sqlalchemy.schema import CreateIndex, DDLElement
 
-        for stmt in ev.prepare_statements():
+        from .dialects import AnalyzeTable
+
+        stmts = ev.prepare_statements(**options)
+        if stmts:
+            stmts.append(AnalyzeTable(ev._reflect()))
+        for stmt in stmts:
             ddl = stmt if isinstance(stmt, DDLElement) else CreateIndex(stmt)
             click.echo(f"{str(ddl.compile(dialect=obj.get().engine.dialect)).strip()};")
         return
-    done = ev.prepare()
+    done = ev.prepare(**options)
     for line in done:
         console.print(f"ran: {line}", highlight=False)
     console.print(f"{table} is ready for claiming" + ("" if done else " (nothing to change)"))
@@ -494,7 +598,7 @@ def wl_status(obj: CT, name: str, as_json: bool) -> None:
         console.print("finished: every item is done" if st.orders else "empty")
     elif st.blocked_by_errors:
         console.print(f"[bold red]blocked[/] at order {st.current_order} by errored items: "
-                      f"fix them, then `controltable worklist clear-errors {name}`")
+                      f"fix them, then `controltable worklist clear-errors {escape(name)}`", markup=True)
 
 
 @worklist.command("allocate")

@@ -9,7 +9,14 @@ from sqlalchemy import insert, inspect, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from .db import DEFAULT_URL, Database
-from .defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_PICKUP, DEFAULT_WAITER_TTL
+from .defaults import (
+    CONNECT_TIMEOUT,
+    DEFAULT_LEASE,
+    DEFAULT_MODE,
+    DEFAULT_PICKUP,
+    DEFAULT_WAITER_TTL,
+    STATEMENT_TIMEOUT,
+)
 from .errors import ConfigurationError, NotInstalledError
 from .migrations import UPGRADES
 from .schema import SCHEMA_VERSION, ControlSchema, build_schema
@@ -34,7 +41,10 @@ class ControlTable:
 
     One object per process is enough: it owns a connection pool and is safe to share between
     threads. ``namespace`` separates deployments that share a database; ``schema`` and
-    ``prefix`` say where the control tables live.
+    ``prefix`` say where the control tables live. ``connect_timeout`` and ``statement_timeout``
+    (seconds; ``statement_timeout=None`` keeps the server's own) bound every wait on the
+    database, so a silent or black-holed server fails with :class:`DatabaseUnavailableError`
+    instead of hanging (see :mod:`controltable.connect` for what each backend gets).
     """
 
     def __init__(
@@ -44,13 +54,15 @@ class ControlTable:
         namespace: str = "default",
         schema: Optional[str] = None,
         prefix: str = "ct_",
+        connect_timeout: float = CONNECT_TIMEOUT,
+        statement_timeout: Optional[float] = STATEMENT_TIMEOUT,
     ) -> None:
         self.namespace = check_namespace(namespace)
         self.schema = check_identifier("schema", schema) if schema is not None else None
         if not isinstance(prefix, str) or (prefix and not prefix.replace("_", "a").isalnum()):
             raise ConfigurationError(f"prefix {prefix!r} must be letters, digits and underscores, e.g. 'ct_'")
         self.prefix = prefix
-        self.db = Database(url_or_engine)
+        self.db = Database(url_or_engine, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
         self.tables: ControlSchema = build_schema(prefix, self.schema)
         self._slots = SlotEngine(self)
         self._wakeups = Wakeups(self.db, self.namespace, f"{prefix}wakeup")
@@ -81,7 +93,8 @@ class ControlTable:
         statements printed by ``controltable sql`` and the engine then needs DML rights only.
         """
         self.db.ping()
-        self.tables.metadata.create_all(self.db.engine, checkfirst=True)
+        with self.db.translating():  # e.g. no CREATE privilege: PermissionDeniedError, not a driver error
+            self.tables.metadata.create_all(self.db.engine, checkfirst=True)
         meta = self.tables.meta
 
         def read(conn: Connection) -> Optional[int]:
@@ -122,7 +135,9 @@ class ControlTable:
     def installed_version(self) -> Optional[int]:
         """The recorded schema version, or None when the control tables are missing."""
         self.db.ping()
-        if not inspect(self.db.engine).has_table(self.tables.meta.name, schema=self.schema):
+        with self.db.translating():
+            present = inspect(self.db.engine).has_table(self.tables.meta.name, schema=self.schema)
+        if not present:
             return None
         meta = self.tables.meta
         value = self.db.run(lambda c: c.scalar(select(meta.c.value).where(meta.c.key == "schema_version")))

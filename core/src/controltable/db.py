@@ -1,24 +1,46 @@
 """The connection to the user's database: engine set-up, transactions, retries and error translation.
 
-Every statement controltable runs goes through :meth:`Database.run`, so the rules for which
-failures are retried (and which are reported) live here once.
+Every statement controltable runs goes through :meth:`Database.run` (or :meth:`Database.begin`),
+so the rules for which failures are retried, and which controltable error a caller sees
+instead of a driver's exception, live here once. What an error *means* is decided by
+:mod:`controltable.errorcodes` from SQLSTATEs and driver codes; how connections are opened
+(timeouts, keepalives, isolation level) by :mod:`controltable.connect`.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import random
+import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, TypeVar, Union
 
-from sqlalchemy import create_engine, select
+from sqlalchemy import create_engine, event, select
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, StatementError
 
-from . import dialects
-from .defaults import DEFAULT_URL  # noqa: F401 - re-exported
-from .errors import ConfigurationError, DatabaseUnavailableError, NotInstalledError
+from . import connect, dialects, errorcodes
+from .defaults import CONNECT_TIMEOUT, DEFAULT_URL, RETRIES, STATEMENT_TIMEOUT  # noqa: F401 - re-exported
+from .errorcodes import Kind
+from .errors import (
+    AuthenticationError,
+    ConfigurationError,
+    ConflictError,
+    ControlTableError,
+    DatabaseBusyError,
+    DatabaseMissingError,
+    DatabaseUnavailableError,
+    NotInstalledError,
+    PermissionDeniedError,
+    StatementTimeoutError,
+    UnexpectedDatabaseError,
+    redact,
+    safe_url,
+)
+from .validation import check_retries, check_timeout_setting
 
 log = logging.getLogger("controltable")
 
@@ -33,82 +55,131 @@ _DRIVER_EXTRAS = {
     "oracledb": "oracle",
 }
 
-# Backend error codes meaning "the transaction was rolled back, run it again".
-_TRANSIENT_MARKERS = (
-    "deadlock",
-    "could not serialize",
-    "lock wait timeout",
-    "database is locked",
-    "40001",
-    "40p01",
-)
-_MISSING_TABLE_MARKERS = (
-    "no such table",
-    "doesn't exist",
-    "does not exist",
-    "undefinedtable",
-    "invalid object name",
-    "ora-00942",
-    "no such column",
-    "unknown column",
-    "invalid column name",
-    "ora-00904",
-)
 
+def make_engine(
+    url_or_engine: Union[str, Engine, Any],
+    *,
+    connect_timeout: float = CONNECT_TIMEOUT,
+    statement_timeout: Optional[float] = STATEMENT_TIMEOUT,
+    deadline: Optional[Callable[[], Optional[float]]] = None,
+) -> Engine:
+    """Create (or adopt) the engine and configure it for coordination work.
 
-def make_engine(url_or_engine: Union[str, Engine, Any]) -> Engine:
-    """Create (or adopt) the engine and configure it for coordination work."""
+    ``deadline`` (a callable returning a :func:`time.monotonic` deadline or ``None``) lets a
+    caller with a ``timeout=`` shorten the connect timeout of connections opened on its behalf.
+
+    An engine created here gets the timeouts, keepalives and READ COMMITTED isolation level on
+    every new connection (:mod:`controltable.connect`). An engine passed in is the caller's:
+    its connections keep the caller's settings (configure timeouts in its ``connect_args``),
+    and READ COMMITTED is applied per checkout unless the engine already sets it.
+    """
     if isinstance(url_or_engine, Engine):
         engine = url_or_engine
         if engine.dialect.name == "sqlite":
             # Our SQLite set-up changes how transactions begin: give it an engine of its own
             # rather than altering the caller's.
-            engine = _sqlite_engine(engine.url)
+            engine = _sqlite_engine(engine.url, statement_timeout)
     else:
-        try:
-            url = make_url(str(url_or_engine))
-        except ArgumentError as exc:
+        if not isinstance(url_or_engine, str) and not hasattr(url_or_engine, "render_as_string"):
             raise ConfigurationError(
-                f"{url_or_engine!r} is not a database URL; use e.g. "
+                f"the database must be a URL or a SQLAlchemy Engine, got {type(url_or_engine).__name__}; "
+                "use e.g. postgresql+psycopg://user@host:5432/db or sqlite:///controltable.db"
+            )
+        try:
+            url = make_url(url_or_engine)
+        except (ArgumentError, ValueError, TypeError):
+            raise ConfigurationError(
+                f"{safe_url(str(url_or_engine))!r} is not a database URL; use e.g. "
                 "postgresql+psycopg://user@host:5432/db or sqlite:///controltable.db"
-            ) from exc
+            ) from None
         if url.get_backend_name() == "sqlite":
-            engine = _sqlite_engine(url)
+            engine = _sqlite_engine(url, statement_timeout)
         else:
-            try:
-                engine = create_engine(url, pool_size=5, max_overflow=10, pool_recycle=1800)
-            except NoSuchModuleError as exc:
-                raise ConfigurationError(
-                    f"unknown database in URL {url.render_as_string(hide_password=True)!r}: {exc}"
-                ) from exc
-            except ImportError as exc:
-                extra = _DRIVER_EXTRAS.get(url.get_driver_name(), "postgres|mysql|mssql|oracle")
-                raise ConfigurationError(
-                    f"the driver for {url.drivername!r} is not installed ({exc}); "
-                    f"install it with: pip install 'controltable[{extra}]'"
-                ) from exc
+            engine = _server_engine(url, connect_timeout, statement_timeout, deadline)
     if engine.dialect.name not in dialects.SUPPORTED_DIALECTS:
         dialects.raise_unsupported(engine.dialect.name)
-    return dialects.prepare_engine(engine)
+    return dialects.prepare_engine(engine, busy_timeout=connect.busy_timeout(statement_timeout))
 
 
-def _sqlite_engine(url: Any) -> Engine:
+def _server_engine(
+    url: Any, connect_timeout: float, statement_timeout: Optional[float],
+    deadline: Optional[Callable[[], Optional[float]]] = None,
+) -> Engine:
+    try:
+        args = connect.connect_args(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
+        engine = create_engine(
+            url, pool_size=5, max_overflow=10, pool_recycle=1800,
+            # Set once per new connection by the dialect, not on every checkout.
+            isolation_level=connect.READ_COMMITTED, connect_args=args,
+        )
+    except NoSuchModuleError as exc:
+        raise ConfigurationError(f"unknown database in URL {safe_url(url)!r}: {redact(exc)}") from None
+    except ImportError as exc:
+        extra = _DRIVER_EXTRAS.get(url.get_driver_name(), "postgres|mysql|mssql|oracle")
+        raise ConfigurationError(
+            f"the driver for {url.drivername!r} is not installed ({exc}); "
+            f"install it with: pip install 'controltable[{extra}]'"
+        ) from exc
+    except (ArgumentError, TypeError, ValueError) as exc:
+        raise ConfigurationError(f"the URL {safe_url(url)!r} cannot be used: {redact(exc, [url.password])}") from None
+    hook = functools.partial(connect.on_connect, engine.dialect, statement_timeout=statement_timeout, url=url)
+    event.listen(engine, "connect", lambda dbapi_conn, record: hook(dbapi_conn))
+    if deadline is not None:
+
+        def clamp(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+            until = deadline()
+            if until is not None:
+                connect.clamp_connect_timeout(url, cparams, max(until - time.monotonic(), 0.0))
+
+        event.listen(engine, "do_connect", clamp)
+    return engine
+
+
+def _sqlite_engine(url: Any, statement_timeout: Optional[float] = STATEMENT_TIMEOUT) -> Engine:
     if dialects.sqlite_path(url) is None:
         raise ConfigurationError(
             "an in-memory SQLite database cannot coordinate anything (every connection sees its own "
             "database); use a file, e.g. sqlite:///controltable.db"
         )
-    return dialects.prepare_engine(create_engine(url, connect_args={"timeout": 60}))
+    args = connect.connect_args(url, connect_timeout=CONNECT_TIMEOUT, statement_timeout=statement_timeout)
+    return create_engine(url, connect_args=args)
 
 
 class Database:
-    """An engine plus the retry policy every operation shares."""
+    """An engine plus the retry policy every operation shares.
 
-    def __init__(self, url_or_engine: Union[str, Engine, Any], *, retries: int = 5) -> None:
-        self.engine = make_engine(url_or_engine)
-        self.retries = retries
+    ``connect_timeout`` and ``statement_timeout`` (seconds; ``None`` leaves the server's own
+    statement timeout) bound every wait on the database; see :mod:`controltable.connect` for
+    what each backend gets, and :mod:`controltable.defaults` for the defaults.
+    """
+
+    def __init__(
+        self,
+        url_or_engine: Union[str, Engine, Any],
+        *,
+        retries: int = RETRIES,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        statement_timeout: Optional[float] = STATEMENT_TIMEOUT,
+    ) -> None:
+        self.retries = check_retries(retries)
+        self.connect_timeout = check_timeout_setting("connect_timeout", connect_timeout, allow_none=False)
+        self.statement_timeout = check_timeout_setting("statement_timeout", statement_timeout, allow_none=True)
+        self._local = threading.local()
+        self.engine = make_engine(
+            url_or_engine, connect_timeout=self.connect_timeout, statement_timeout=self.statement_timeout,
+            deadline=lambda: getattr(self._local, "deadline", None),
+        )
+        #: The driver keyword arguments connections get (timeouts, keepalives), for connections
+        #: opened outside the pool (the wake-up listener): ``cparams.update(db.connect_args)``.
+        self.connect_args: dict[str, Any] = (
+            {} if isinstance(url_or_engine, Engine) and self.engine.dialect.name != "sqlite"
+            else connect.connect_args(self.engine.url, connect_timeout=self.connect_timeout,
+                                      statement_timeout=self.statement_timeout)
+        )
         #: Set only by ``controltable sql``: build statements for this dialect while running on SQLite.
         self.target_dialect: Optional[str] = None
+        dbapi = getattr(self.engine.dialect, "loaded_dbapi", None) or getattr(self.engine.dialect, "dbapi", None)
+        self._driver_error: Any = getattr(dbapi, "Error", None)
 
     @property
     def dialect_name(self) -> str:
@@ -116,10 +187,35 @@ class Database:
 
     @property
     def safe_url(self) -> str:
-        return str(self.engine.url.render_as_string(hide_password=True))
+        return safe_url(self.engine.url)
+
+    def redact(self, text: object) -> str:
+        """``text`` without the password of this database's URL (or any URL-shaped password)."""
+        return redact(text, [self.engine.url.password])
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+    def is_database_error(self, exc: BaseException) -> bool:
+        """Whether ``exc`` came from the driver (wrapped by SQLAlchemy or raw, e.g. from a pool hook)."""
+        if isinstance(exc, ControlTableError):
+            return False
+        if isinstance(exc, StatementError):  # DBAPIError and the errors SQLAlchemy met binding values
+            return True
+        if self._driver_error is not None and isinstance(exc, self._driver_error):
+            return True
+        # A value the driver could not encode (lone surrogates) or store (a huge int on SQLite).
+        return isinstance(exc, (UnicodeError, OverflowError)) or errorcodes.is_driver_error(exc)
+
+    @contextmanager
+    def translating(self) -> Iterator[None]:
+        """Translate database errors raised in the block (for direct engine use: DDL, reflection)."""
+        try:
+            yield
+        except Exception as exc:
+            if not self.is_database_error(exc):
+                raise
+            raise self.translate(exc) from exc
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
@@ -127,25 +223,53 @@ class Database:
         try:
             with self.engine.begin() as conn:
                 yield conn
-        except DBAPIError as exc:
+        except Exception as exc:
+            if not self.is_database_error(exc):
+                raise
             raise self.translate(exc) from exc
 
-    def run(self, fn: Callable[[Connection], T], *, idempotent: bool = True) -> T:
+    def run(
+        self, fn: Callable[[Connection], T], *, idempotent: bool = True, deadline: Optional[float] = None
+    ) -> T:
         """Run ``fn`` in one transaction, retrying what is safe to retry.
 
         A failure *before* the commit (a deadlock, a serialization failure, a lock timeout, or a
-        connection that dropped, e.g. a pooled connection the server closed) leaves nothing
-        behind: the server rolls the transaction back, so running ``fn`` again is always safe.
-        Only a connection lost *during* the commit is ambiguous (it may or may not have
-        happened); that is retried only when ``idempotent`` says a second run of ``fn`` is
-        harmless, and reported otherwise. This is why no pool pre-ping is needed: a stale pooled
-        connection fails on the first statement, before anything could commit.
+        connection that dropped, e.g. a pooled connection the server closed or a server
+        restarting) leaves nothing behind: the server rolls the transaction back, so running
+        ``fn`` again is always safe. Only a connection lost *during* the commit is ambiguous (it
+        may or may not have happened); that is retried only when ``idempotent`` says a second
+        run of ``fn`` is harmless, and reported otherwise. This is why no pool pre-ping is
+        needed: a stale pooled connection fails on the first statement, before anything could
+        commit.
+
+        ``deadline`` (a :func:`time.monotonic` value) bounds the retries: no new attempt starts
+        after it, and back-off sleeps end at it, so a caller with a ``timeout=`` gets its answer
+        (the error) in time. One attempt is itself bounded by the connect and statement
+        timeouts, and a connection opened for it waits at most until the deadline (the connect
+        timeout is shortened). A connection attempt that used up the whole connect timeout (a
+        server that accepts and never answers) is not retried: the caller hears after one
+        connect timeout.
+
+        Every failure leaves as a :class:`~controltable.errors.ControlTableError`.
         """
+        previous = getattr(self._local, "deadline", None)
+        if deadline is not None:
+            self._local.deadline = deadline if previous is None else min(deadline, previous)
+        try:
+            return self._run(fn, idempotent, deadline)
+        finally:
+            self._local.deadline = previous
+
+    def _run(self, fn: Callable[[Connection], T], idempotent: bool, deadline: Optional[float]) -> T:
         delay = 0.05
-        for attempt in range(self.retries + 1):
+        attempt = 0
+        while True:
             committing = False
+            connected = False
+            started = time.monotonic()
             try:
                 with self.engine.connect() as conn:
+                    connected = True
                     trans = conn.begin()
                     try:
                         result = fn(conn)
@@ -156,35 +280,128 @@ class Database:
                     committing = True
                     trans.commit()
                     return result
-            except DBAPIError as exc:
-                disconnect = bool(exc.connection_invalidated) or _is_connect_error(exc)
-                transient = _is_transient(exc)
-                retry = transient or (disconnect and (idempotent or not committing))
-                if not retry or attempt == self.retries:
-                    raise self.translate(exc) from exc
-                log.warning("controltable: retrying after %s (attempt %d)", _short(exc), attempt + 1)
-                time.sleep(delay * (0.5 + random.random()))
+            except Exception as exc:
+                if not connected and isinstance(exc, (TypeError, ValueError)) and not isinstance(exc, UnicodeError):
+                    raise self.bad_settings(exc) from exc
+                if not self.is_database_error(exc):
+                    raise
+                kind = errorcodes.classify(exc, self.engine.dialect.name)
+                lost = bool(getattr(exc, "connection_invalidated", False)) or kind is Kind.UNAVAILABLE
+                retry = kind is Kind.TRANSIENT or (lost and (idempotent or not committing))
+                now = time.monotonic()
+                if lost and not connected and now - started >= min(
+                    self.connect_timeout, (deadline - started) if deadline is not None else math.inf
+                ) * 0.9:
+                    retry = False  # a server that does not answer: one connect timeout is the answer
+                if deadline is not None and now + delay * 0.5 >= deadline:
+                    retry = False
+                if not retry or attempt >= self.retries:
+                    raise self.translate(exc, retried=attempt) from exc
+                log.warning("controltable: retrying after %s (attempt %d)", self.short(exc), attempt + 1)
+                pause = delay * (0.5 + random.random())
+                if deadline is not None:
+                    pause = min(pause, max(deadline - time.monotonic(), 0.0))
+                time.sleep(pause)
                 delay = min(delay * 2, 2.0)
-        raise AssertionError("unreachable")  # pragma: no cover
+                attempt += 1
 
-    def translate(self, exc: DBAPIError) -> Exception:
-        """Turn a driver error into a controltable error that says what to do."""
-        text = str(exc.orig).lower() if exc.orig is not None else str(exc).lower()
-        if exc.connection_invalidated or _is_connect_error(exc):
-            return DatabaseUnavailableError(f"cannot reach the database at {self.safe_url}: {_short(exc)}")
-        if any(m in text for m in _MISSING_TABLE_MARKERS):
-            return NotInstalledError(
-                f"the control tables are missing or out of date in {self.safe_url} ({_short(exc)}); "
-                "run `controltable init` (or ControlTable.install()) first"
+    def bad_settings(self, exc: BaseException) -> ConfigurationError:
+        """The driver refused the connection settings before reaching the server."""
+        return ConfigurationError(
+            f"the driver refused the connection settings of {self.safe_url}: {self.short(exc)}; check the "
+            "options in the URL's query string (and connect_args of an engine passed in)"
+        )
+
+    def short(self, exc: BaseException) -> str:
+        """The first line of the driver's message, password masked."""
+        orig = errorcodes.driver_error(exc)
+        text = str(orig).strip().splitlines()
+        return self.redact(text[0] if text else type(orig).__name__)
+
+    def translate(
+        self, exc: BaseException, *, retried: int = 0, default: Kind = Kind.OTHER
+    ) -> ControlTableError:
+        """Turn a driver error into the controltable error that names the problem and the fix."""
+        if isinstance(exc, ControlTableError):
+            return exc
+        kind = errorcodes.classify(exc, self.engine.dialect.name)
+        if kind is Kind.OTHER and getattr(exc, "connection_invalidated", False):
+            kind = Kind.UNAVAILABLE
+        if kind is Kind.OTHER:
+            kind = default
+        url, short = self.safe_url, self.short(exc)
+        user = self.engine.url.username or ""
+        dbname = self.engine.url.database or ""
+        sqlite = self.engine.dialect.name == "sqlite"
+        if kind is Kind.UNAVAILABLE:
+            return DatabaseUnavailableError(
+                f"cannot reach the database at {url}: {short}; check that the server is running and "
+                f"reachable from here (waited up to {self.connect_timeout:g} s to connect"
+                f"{f', retried {retried} times' if retried else ''})"
             )
-        return exc
+        if kind is Kind.AUTHENTICATION:
+            return AuthenticationError(
+                f"the database at {url} refused the login of user {user!r}: {short}; check the user name "
+                "and password in the URL (or CONTROLTABLE_URL), and that the user exists and may log in"
+            )
+        if kind is Kind.MISSING_DATABASE:
+            if sqlite:
+                return DatabaseMissingError(
+                    f"cannot open the SQLite database {dbname!r}: {short}; check that its directory "
+                    "exists and is writable by this user"
+                )
+            return DatabaseMissingError(
+                f"the database {dbname!r} does not exist at {url}: {short}; create it "
+                f"(e.g. CREATE DATABASE {dbname}) or fix the database name in the URL"
+            )
+        if kind is Kind.PERMISSION:
+            return PermissionDeniedError(
+                f"the database user {user!r} lacks a privilege controltable needs at {url}: {short}; grant "
+                "SELECT, INSERT, UPDATE, DELETE on the control tables and the event tables (`controltable "
+                "sql` prints the DDL a DBA runs once; `controltable init` and `events prepare` need DDL "
+                "rights), or connect as a user who has them"
+            )
+        if kind is Kind.NOT_INSTALLED:
+            return NotInstalledError(
+                f"the control tables (or an event table's claim columns) are missing or out of date in {url} "
+                f"({short}); run `controltable init` (or ControlTable.install()) first, and "
+                "`controltable events prepare` (EventTable.prepare()) for an event table"
+            )
+        if kind is Kind.TIMEOUT:
+            limit = f"{self.statement_timeout:g} s" if self.statement_timeout else "the server's limit"
+            return StatementTimeoutError(
+                f"a statement ran longer than the statement timeout ({limit}) at {url} and was cancelled: "
+                f"{short}; look for a long transaction holding locks on the control or event tables, or "
+                "raise ControlTable(..., statement_timeout=...) / `controltable --statement-timeout`"
+            )
+        if kind is Kind.TRANSIENT:
+            return DatabaseBusyError(
+                f"the database at {url} kept rolling the transaction back ({short}) through {retried} "
+                "retries; the control tables are heavily contended: retry later, or look for long "
+                "transactions holding locks"
+            )
+        if kind is Kind.BAD_VALUE:
+            return ConfigurationError(
+                f"the database rejected a value: {short}; a name, number or text passed in does not fit "
+                "its column (too long, out of range, or characters the database cannot store)"
+            )
+        if kind is Kind.CONFIGURATION:
+            return self.bad_settings(exc)
+        if kind is Kind.CONFLICT:
+            return ConflictError(
+                f"a concurrent change made the same row first: {short}; retry the call"
+            )
+        return UnexpectedDatabaseError(
+            f"the database at {url} rejected a statement: {short} ({type(errorcodes.driver_error(exc)).__name__}); "
+            "if it persists, report it to controltable with this message"
+        )
 
     def now(self) -> float:
         """The database clock, as UTC epoch seconds."""
         return self.run(lambda c: float(c.scalar(select(dialects.db_now())) or 0.0))
 
     def ping(self) -> None:
-        """Connect once, turning any failure into :class:`DatabaseUnavailableError`.
+        """Connect once, turning any failure into a :class:`DatabaseUnavailableError` (or subclass).
 
         Uses the raw driver connection so that no transaction is begun: on SQLite every
         SQLAlchemy transaction starts with BEGIN IMMEDIATE, which would wait for a writer.
@@ -192,7 +409,9 @@ class Database:
         try:
             raw = self.engine.raw_connection()
         except Exception as exc:  # raw_connection() passes the driver's own errors through unwrapped
-            raise DatabaseUnavailableError(f"cannot reach the database at {self.safe_url}: {_short(exc)}") from exc
+            if isinstance(exc, (TypeError, ValueError)) and not isinstance(exc, UnicodeError):
+                raise self.bad_settings(exc) from exc
+            raise self.translate(exc, default=Kind.UNAVAILABLE) from exc
         try:
             cursor = raw.cursor()
             cursor.execute("SELECT 1 FROM DUAL" if self.engine.dialect.name == "oracle" else "SELECT 1")
@@ -200,42 +419,6 @@ class Database:
             cursor.close()
         except Exception as exc:
             raw.invalidate()
-            raise DatabaseUnavailableError(f"cannot use the database at {self.safe_url}: {_short(exc)}") from exc
+            raise self.translate(exc, default=Kind.UNAVAILABLE) from exc
         finally:
             raw.close()
-
-
-def _short(exc: BaseException) -> str:
-    orig: Optional[BaseException] = getattr(exc, "orig", None)
-    text = str(orig if orig is not None else exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
-def _is_transient(exc: DBAPIError) -> bool:
-    text = str(exc.orig).lower()
-    code = str(getattr(exc.orig, "sqlstate", "") or "").lower()
-    args = getattr(exc.orig, "args", ())
-    mysql_code = args[0] if args and isinstance(args[0], int) else None
-    return mysql_code in (1205, 1213) or code in ("40001", "40p01") or any(m in text for m in _TRANSIENT_MARKERS)
-
-
-def _is_connect_error(exc: DBAPIError) -> bool:
-    text = str(exc.orig).lower()
-    args = getattr(exc.orig, "args", ())
-    mysql_code = args[0] if args and isinstance(args[0], int) else None
-    if mysql_code in (2002, 2003, 2006, 2013, 2055):
-        return True
-    return any(
-        m in text
-        for m in (
-            "connection refused",
-            "could not connect",
-            "server closed the connection",
-            "connection is closed",
-            "terminating connection",
-            "unable to open database file",
-            "connection timed out",
-            "lost connection",
-            "consuming input failed",
-        )
-    )

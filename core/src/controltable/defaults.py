@@ -33,3 +33,82 @@ DEFAULT_PICKUP = 8.0
 DEFAULT_BATCH_LEASE = 900.0
 #: A work item's lease (seconds).
 DEFAULT_ITEM_LEASE = 600.0
+
+# -- background renewal ----------------------------------------------------------------------------
+#: Whether a background renewer stops (letting its lease expire) when its process is orphaned.
+#: Off for the core (a ``nohup`` job outlives its shell on purpose); the Airflow and Dagster
+#: adapters turn it on for their worker processes, whose supervisor owns the outcome.
+STOP_RENEWING_WHEN_ORPHANED = False
+#: How often (seconds) a renewer that watches for orphaning or an ``alive()`` callback looks.
+ORPHAN_CHECK_INTERVAL = 1.0
+
+# -- statements per dialect ----------------------------------------------------------------------
+#: The most rows one claim or completion statement touches on SQL Server. A statement that takes
+#: about 5,000 locks on one table or index escalates to a table lock (ROWLOCK does not prevent
+#: it); an event row changed by a claim holds a key lock in the table and in each claim index.
+MSSQL_ROWS_PER_STATEMENT = 1000
+#: How long ``prepare()`` waits for the lock its DDL needs on a busy table (seconds) before it
+#: gives up with an error that says to retry or run the printed DDL in a quiet moment.
+DDL_LOCK_TIMEOUT = 30
+#: The server versions ``controltable sql`` compiles for when none is given (what a connected
+#: engine would detect): SQL Server 2019, Oracle 19c.
+SQL_SERVER_VERSIONS = {"mssql": (15, 0), "oracle": (19, 0), "postgresql": (15, 0), "mysql": (8, 0), "sqlite": (3, 40)}
+
+# -- connections and timeouts (overridable: ControlTable(url, connect_timeout=..., statement_timeout=...),
+# -- CLI --connect-timeout / --statement-timeout) ------------------------------------------------------
+#: Seconds to wait for a connection, including the server's greeting and the login: a server
+#: that accepts TCP connections and never answers fails after this long, not after the kernel's
+#: TCP timeouts (minutes). libpq rounds up to whole seconds and takes at least 2.
+CONNECT_TIMEOUT = 10.0
+#: Seconds one statement may run, lock waits included, before the database (or, where the
+#: server has no such setting, the driver) cancels it. PostgreSQL ``statement_timeout``,
+#: MariaDB ``max_statement_time`` / MySQL ``max_execution_time`` (SELECTs), SQL Server's ODBC
+#: query timeout, Oracle's ``call_timeout``, SQLite's busy timeout. ``None`` (or 0) leaves the
+#: server's own setting. Raise it for ``EventTable.prepare()`` on a very large table, whose
+#: index build is one statement.
+STATEMENT_TIMEOUT = 120.0
+#: TCP keepalives on server connections: first probe after this many idle seconds...
+KEEPALIVE_IDLE = 10
+#: ...then one probe every this many seconds...
+KEEPALIVE_INTERVAL = 5
+#: ...and the connection is declared dead after this many unanswered probes (about 25 s in all),
+#: so a black-holed connection fails instead of hanging a worker past its lease.
+KEEPALIVE_COUNT = 3
+#: Milliseconds sent data may stay unacknowledged before the kernel drops the connection
+#: (Linux ``TCP_USER_TIMEOUT``, PostgreSQL ``tcp_user_timeout``).
+TCP_USER_TIMEOUT_MS = 30_000
+#: The client-side read/write timeout of MySQL/MariaDB connections is the statement timeout plus
+#: this margin, so the server's own cancellation (a clear error) normally comes first.
+CLIENT_TIMEOUT_MARGIN = 10.0
+#: SQLite's busy timeout (seconds) when no statement timeout is set.
+SQLITE_BUSY_TIMEOUT = 60.0
+#: Retries of a transaction that failed in a way that is safe to repeat (see ``Database.run``).
+RETRIES = 5
+
+# -- limits of numbers (enforced by ``controltable.validation``; the plugins reuse it) ------------
+#: Whole numbers stored in a column fit a 32-bit signed INTEGER on every backend.
+MAX_INT = 2**31 - 1
+#: Capacity of a resource, and slots of one request.
+MAX_CAPACITY = MAX_INT
+#: Rows in one claimed batch (claims are split into statements of at most a few thousand keys).
+MAX_BATCH_SIZE = 100_000
+#: Attempts before an event goes to the error state.
+MAX_ATTEMPTS = MAX_INT
+#: Work-list execution order: 1 (runs first) up to MAX_INT. Order 0 and negative orders are
+#: refused, so "order" always reads as a rank.
+MIN_ORDER = 1
+MAX_ORDER = MAX_INT
+#: Work-list priority within an order: any 32-bit signed value (higher runs first).
+MIN_PRIORITY = -(2**31)
+MAX_PRIORITY = MAX_INT
+#: The longest lease, waiter TTL, pickup, back-off or timeout (seconds): 30 days. Longer holds
+#: are renewed; a timeout of ``None`` waits forever. Non-finite values (inf, nan) are refused.
+MAX_SECONDS = 30 * 86400.0
+#: The longest poll interval (seconds).
+MAX_POLL_SECONDS = 3600.0
+#: The longest connect timeout (seconds).
+MAX_CONNECT_TIMEOUT = 3600.0
+#: The longest statement timeout (seconds); PostgreSQL's limit is about 24.8 days.
+MAX_STATEMENT_TIMEOUT = 86400.0
+#: The most transaction retries.
+MAX_RETRIES = 100

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from typing import Any, Optional, TypeVar
 
-from sqlalchemy import Float, event
+from sqlalchemy import Float, String, Text, bindparam, event
+from sqlalchemy.dialects import mssql, oracle
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql import Select
+from sqlalchemy.schema import DDLElement
+from sqlalchemy.sql import ColumnElement, Select, operators
 from sqlalchemy.sql.expression import FunctionElement
 from sqlalchemy.sql.schema import Table
+from sqlalchemy.types import TypeDecorator
+
+from .defaults import DDL_LOCK_TIMEOUT, MSSQL_ROWS_PER_STATEMENT
 
 SUPPORTED_DIALECTS = ("postgresql", "mssql", "mysql", "oracle", "sqlite")
 
@@ -63,23 +68,170 @@ def _db_now_mssql(element: Any, compiler: Any, **kw: Any) -> str:
 
 @compiles(db_now, "oracle")
 def _db_now_oracle(element: Any, compiler: Any, **kw: Any) -> str:
+    # Exact interval arithmetic from the epoch: subtracting two TIMESTAMPs gives an INTERVAL DAY
+    # TO SECOND whose fields are exact to the microsecond. (CAST(... AS DATE) rounds to whole
+    # seconds, so adding the fraction back stepped the clock back by up to a second whenever the
+    # cast rounded up.) SYSTIMESTAMP is one value per statement, so the four fields agree.
+    d = "(SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')"
     return (
-        "((CAST(SYS_EXTRACT_UTC(SYSTIMESTAMP) AS DATE) - DATE '1970-01-01') * 86400"
-        " + MOD(EXTRACT(SECOND FROM SYS_EXTRACT_UTC(SYSTIMESTAMP)), 1))"
+        f"(EXTRACT(DAY FROM {d}) * 86400 + EXTRACT(HOUR FROM {d}) * 3600"
+        f" + EXTRACT(MINUTE FROM {d}) * 60 + EXTRACT(SECOND FROM {d}))"
     )
 
 
-def lock_rows(stmt: S, table: Table, *, skip_locked: bool = False) -> S:
+def lock_rows(stmt: S, table: Table, *, skip_locked: bool = False, seek: bool = False) -> S:
     """Make ``stmt`` take row locks on ``table``'s rows that it returns.
 
     ``FOR UPDATE [SKIP LOCKED]`` on PostgreSQL, MySQL/MariaDB and Oracle. SQLAlchemy's mssql
     dialect silently drops ``with_for_update()``, so SQL Server gets table hints instead:
-    ``UPDLOCK, ROWLOCK`` and ``READPAST`` to skip rows other sessions hold. SQLite has no row
-    locks: its transactions start with ``BEGIN IMMEDIATE`` (see :func:`prepare_engine`), so a
-    writer holds the whole database and nothing needs skipping.
+    ``UPDLOCK, ROWLOCK`` and ``READPAST`` to skip rows other sessions hold; ``seek`` adds
+    ``FORCESEEK`` (only where an index makes a seek possible: a scan under UPDLOCK would walk
+    into, and wait behind, rows other workers and producers hold). SQLite has no row locks: its
+    transactions start with ``BEGIN IMMEDIATE`` (see :func:`prepare_engine`), so a writer holds
+    the whole database and nothing needs skipping.
     """
-    hint = "WITH (UPDLOCK, ROWLOCK, READPAST)" if skip_locked else "WITH (UPDLOCK, ROWLOCK)"
-    return stmt.with_for_update(skip_locked=skip_locked).with_hint(table, hint, dialect_name="mssql")  # type: ignore[return-value]
+    hints = ["UPDLOCK", "ROWLOCK"] + (["READPAST"] if skip_locked else []) + (["FORCESEEK"] if seek else [])
+    return stmt.with_for_update(skip_locked=skip_locked).with_hint(  # type: ignore[return-value]
+        table, f"WITH ({', '.join(hints)})", dialect_name="mssql")
+
+
+def first_rows_hint(stmt: S, table: Table, n: int) -> S:
+    """Oracle: ``/*+ FIRST_ROWS(n) */`` on a claim, so the optimizer reads the claim index in
+    order and stops, instead of sorting every candidate row (which it would then lock as the
+    cursor fetches). Other backends ignore the hint."""
+    return stmt.with_hint(table, f"FIRST_ROWS({int(n)})", dialect_name="oracle")  # type: ignore[return-value]
+
+
+#: The execution option that carries a claim's row count to the cursor (see :func:`limit_fetch`).
+FETCH_ROWS_OPTION = "controltable_fetch_rows"
+
+
+def limit_fetch(stmt: S, n: int) -> S:
+    """Make the driver fetch (and so, with ``FOR UPDATE SKIP LOCKED``, lock) no more than ``n``
+    rows of ``stmt`` per round trip. python-oracledb prefetches ``prefetchrows`` and then reads
+    ``arraysize`` (100) rows at a time, and Oracle locks a skip-locked row when it is fetched: a
+    ``claim(5)`` would lock about 100 rows. Needs :func:`enable_fetch_limits` on the engine."""
+    return stmt.execution_options(**{FETCH_ROWS_OPTION: int(n)})  # type: ignore[return-value]
+
+
+_FETCH_LIMITS = "_controltable_fetch_limits"
+
+
+def enable_fetch_limits(engine: Engine) -> None:
+    """Honour :func:`limit_fetch` on ``engine`` (idempotent; only Oracle's cursors need it)."""
+    if engine.dialect.name != "oracle" or getattr(engine, _FETCH_LIMITS, False):
+        return
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _limit(conn: Any, cursor: Any, statement: Any, parameters: Any, context: Any, executemany: bool) -> None:
+        apply_fetch_limit(cursor, context)
+
+    setattr(engine, _FETCH_LIMITS, True)
+
+
+def apply_fetch_limit(cursor: Any, context: Any) -> None:
+    """Set the cursor's ``arraysize`` and ``prefetchrows`` from :func:`limit_fetch`'s option."""
+    n = context.execution_options.get(FETCH_ROWS_OPTION) if context is not None else None
+    if n:
+        cursor.arraysize = n
+        if hasattr(cursor, "prefetchrows"):
+            cursor.prefetchrows = n
+
+
+def rows_per_statement(dialect_name: str) -> Optional[int]:
+    """The most rows one claim or completion statement may touch, or None for no cap.
+
+    SQL Server escalates a statement's row locks to a table lock at about 5,000 locks, which
+    would block every other worker and producer; its statements stay below that."""
+    return MSSQL_ROWS_PER_STATEMENT if dialect_name == "mssql" else None
+
+
+def trusts_rowcount(dialect_name: str) -> bool:
+    """Whether an UPDATE's ``rowcount`` says how many rows it changed.
+
+    Not on SQL Server: a trigger on the table without ``SET NOCOUNT ON``, or a server with
+    NOCOUNT on, changes the count the driver reports. There a fenced update is confirmed by a
+    follow-up select in the same transaction. (``OUTPUT`` without ``INTO`` is refused on a table
+    with an enabled trigger, error 334, so it cannot serve for the user's event tables.)"""
+    return dialect_name != "mssql"
+
+
+def state_literal(value: Any, type_: Any = None) -> ColumnElement[Any]:
+    """A state constant rendered into the SQL text (``ct_state = 0``), never a bound parameter.
+
+    A filtered (partial) index matches only a literal: SQL Server caches one plan per statement
+    text, and a plan compiled for ``ct_state = @p`` must work for any value, so it can never use
+    an index filtered on ``ct_state = 0``. Literals also give every backend's optimizer the
+    state's real selectivity (pending and claimed rows are few next to done ones)."""
+    return bindparam(None, value, type_=type_, literal_execute=True)
+
+
+class StateString(TypeDecorator):  # type: ignore[type-arg]
+    """A short state column (``waiting``, ``granted``, ``new``...) whose comparisons with plain
+    Python strings render the string as a literal (see :func:`state_literal`)."""
+
+    impl = String
+    cache_ok = True
+
+    class comparator_factory(TypeDecorator.Comparator):  # type: ignore[type-arg]  # noqa: N801
+        def operate(self, op: Any, *other: Any, **kwargs: Any) -> Any:
+            if other and op in (operators.eq, operators.ne) and isinstance(other[0], str):
+                other = (state_literal(other[0], String()),) + other[1:]
+            elif other and op in (operators.in_op, operators.not_in_op) and isinstance(other[0], (list, tuple)) \
+                    and all(isinstance(v, str) for v in other[0]):
+                other = ([state_literal(v, String()) for v in other[0]],) + other[1:]
+            return super().operate(op, *other, **kwargs)
+
+
+#: SQL Server collation of name columns: compared by code point, like Python (and PostgreSQL's
+#: and SQLite's defaults): ``Warehouse`` and ``warehouse`` are two resources.
+MSSQL_NAME_COLLATION = "Latin1_General_100_BIN2"
+
+
+def name_type(length: int) -> Any:
+    """A name column (resource, holder, namespace, owner...).
+
+    SQL Server gets ``NVARCHAR(n) COLLATE Latin1_General_100_BIN2``: Unicode, so no name loses
+    characters to a code page, and of the type drivers send Python strings as (an NVARCHAR
+    parameter against a VARCHAR column converts the column and turns an index seek into a scan);
+    the binary collation compares names exactly. Elsewhere ``VARCHAR(n)`` (``VARCHAR2(n CHAR)``
+    on Oracle)."""
+    return String(length).with_variant(mssql.NVARCHAR(length, collation=MSSQL_NAME_COLLATION), "mssql")
+
+
+def text_type() -> Any:
+    """Long text (work-item payloads, errors): ``NVARCHAR(max)`` on SQL Server, whose ``TEXT`` is
+    deprecated and whose ``VARCHAR(max)`` would lose characters outside its code page."""
+    return Text().with_variant(mssql.NVARCHAR(), "mssql")
+
+
+class ByteVarchar2(oracle.VARCHAR2):
+    """Oracle ``VARCHAR2(n BYTE)``: a length in bytes, so a column can never exceed the 4,000
+    byte limit of ``VARCHAR2`` (``n CHAR`` is up to 4 bytes per character)."""
+
+    __visit_name__ = "BYTE_VARCHAR2"
+
+
+@compiles(ByteVarchar2, "oracle")
+def _byte_varchar2(type_: Any, compiler: Any, **kw: Any) -> str:
+    return f"VARCHAR2({int(type_.length)} BYTE)"
+
+
+def message_type(chars: int) -> Any:
+    """An error message column of up to ``chars`` characters (which :func:`fit_message` keeps to
+    ``2 * chars`` UTF-8 bytes, the Oracle column's size in bytes, at most 4,000)."""
+    return String(chars).with_variant(ByteVarchar2(min(2 * chars, 4000)), "oracle").with_variant(
+        mssql.NVARCHAR(chars), "mssql")
+
+
+def fit_message(text: str, chars: int) -> str:
+    """``text`` cut to ``chars`` characters and ``min(2 * chars, 4000)`` UTF-8 bytes (whole characters)."""
+    text = text[:chars]
+    limit = min(2 * chars, 4000)
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    return data[:limit].decode("utf-8", "ignore")
 
 
 def limit_locked(stmt: S, dialect_name: str, n: int) -> S:
@@ -126,22 +278,160 @@ def index_where_kwargs(dialect_name: str, predicate: Any) -> dict[str, Any]:
     return {}
 
 
-def prepare_engine(engine: Engine) -> Engine:
+# -- DDL for prepare() ---------------------------------------------------------------------------
+class AnalyzeTable(DDLElement):
+    """Refresh the optimizer statistics of one table, the right way per backend.
+
+    A table whose claim columns and indexes were just added has no statistics for them until
+    the database's own maintenance runs; until then claims can pick bad plans (on PostgreSQL a
+    freshly prepared 100,000-row table drained at less than half the speed it reached after
+    ``ANALYZE``)."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+
+
+@compiles(AnalyzeTable)
+def _analyze_default(element: AnalyzeTable, compiler: Any, **kw: Any) -> str:
+    return f"ANALYZE {compiler.preparer.format_table(element.table)}"
+
+
+@compiles(AnalyzeTable, "mysql")
+def _analyze_mysql(element: AnalyzeTable, compiler: Any, **kw: Any) -> str:
+    return f"ANALYZE TABLE {compiler.preparer.format_table(element.table)}"
+
+
+@compiles(AnalyzeTable, "mssql")
+def _analyze_mssql(element: AnalyzeTable, compiler: Any, **kw: Any) -> str:
+    return f"UPDATE STATISTICS {compiler.preparer.format_table(element.table)}"
+
+
+@compiles(AnalyzeTable, "oracle")
+def _analyze_oracle(element: AnalyzeTable, compiler: Any, **kw: Any) -> str:
+    dialect = compiler.dialect
+
+    def quoted(name: str) -> str:
+        # DBMS_STATS takes names as strings; a double-quoted one is taken exactly as stored.
+        return str(compiler.sql_compiler.render_literal_value(f'"{dialect.denormalize_name(name)}"', String()))
+
+    owner = quoted(element.table.schema) if element.table.schema else "USER"
+    return (f"BEGIN DBMS_STATS.GATHER_TABLE_STATS(ownname => {owner}, "
+            f"tabname => {quoted(element.table.name)}, cascade => TRUE); END;")
+
+
+class DisableLockEscalation(DDLElement):
+    """SQL Server: ``ALTER TABLE t SET (LOCK_ESCALATION = DISABLE)`` (an option of ``prepare()``)."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+
+
+@compiles(DisableLockEscalation)
+def _lock_escalation(element: DisableLockEscalation, compiler: Any, **kw: Any) -> str:
+    return f"ALTER TABLE {compiler.preparer.format_table(element.table)} SET (LOCK_ESCALATION = DISABLE)"
+
+
+class CreateIndexOnline(DDLElement):
+    """``CREATE INDEX`` that lets writers go on while it builds, where the server offers it:
+    ``CONCURRENTLY`` on PostgreSQL (outside a transaction), ``WITH (ONLINE = ON)`` on SQL Server
+    and ``ONLINE`` on Oracle (both Enterprise Edition features). InnoDB builds secondary indexes
+    online by default; SQLite has one writer anyway."""
+
+    def __init__(self, index: Any) -> None:
+        self.index = index
+
+
+@compiles(CreateIndexOnline)
+def _create_index_online(element: CreateIndexOnline, compiler: Any, **kw: Any) -> str:
+    from sqlalchemy.schema import CreateIndex
+
+    text = str(compiler.process(CreateIndex(element.index), **kw)).strip()
+    name = compiler.dialect.name
+    if name == "postgresql":
+        return text.replace("CREATE INDEX ", "CREATE INDEX CONCURRENTLY ", 1)
+    if name == "mssql":
+        return text + " WITH (ONLINE = ON)"
+    if name == "oracle":
+        return text + " ONLINE"
+    return text
+
+
+def online_ddl_available(conn: Any) -> bool:
+    """Whether this server builds indexes online (see :class:`CreateIndexOnline`)."""
+    name = conn.dialect.name
+    if name == "postgresql":
+        return True
+    try:
+        if name == "mssql":
+            # 3 = Enterprise/Developer/Evaluation, 5 = Azure SQL Database, 8 = Managed Instance.
+            edition = conn.exec_driver_sql("SELECT CAST(SERVERPROPERTY('EngineEdition') AS INT)").scalar()
+            return int(edition) in (3, 5, 8)
+        if name == "oracle":
+            banner = conn.exec_driver_sql("SELECT banner FROM v$version WHERE ROWNUM = 1").scalar()
+            return "enterprise" in str(banner).lower()
+    except Exception:  # no right to read the edition: build the ordinary way
+        return False
+    return False
+
+
+def ddl_lock_timeout(dialect_name: str, seconds: int = DDL_LOCK_TIMEOUT) -> tuple[list[str], list[str]]:
+    """(statements before a DDL statement, statements after it) that bound its wait for the
+    table's lock, so ``prepare()`` on a busy table fails after ``seconds`` with a clear error
+    instead of queueing (on PostgreSQL every later reader would queue behind it) or failing at
+    once (Oracle's ORA-00054). Session settings, reset afterwards: the connection is pooled."""
+    n = int(seconds)
+    if dialect_name == "oracle":
+        return [f"ALTER SESSION SET DDL_LOCK_TIMEOUT = {n}"], ["ALTER SESSION SET DDL_LOCK_TIMEOUT = 0"]
+    if dialect_name == "postgresql":
+        return [f"SET lock_timeout = '{n}s'"], ["RESET lock_timeout"]
+    if dialect_name == "mysql":
+        return [f"SET SESSION lock_wait_timeout = {n}"], ["SET SESSION lock_wait_timeout = DEFAULT"]
+    if dialect_name == "mssql":
+        return [f"SET LOCK_TIMEOUT {n * 1000}"], ["SET LOCK_TIMEOUT -1"]
+    return [], []
+
+
+def is_lock_timeout(exc: BaseException) -> bool:
+    """Whether a driver error says a lock (a DDL's table lock) was not granted in time."""
+    orig = getattr(exc, "orig", exc)
+    code = str(getattr(orig, "sqlstate", "") or getattr(orig, "pgcode", "") or "")
+    args = getattr(orig, "args", ())
+    first = args[0] if args else None
+    number = first if isinstance(first, int) else getattr(first, "code", None)
+    text = str(orig)
+    return (
+        code == "55P03"  # PostgreSQL lock_not_available
+        or number in (1205, 54, 4021)  # MySQL lock wait timeout; ORA-00054, ORA-04021
+        or "ORA-00054" in text or "ORA-04021" in text
+        or "1222" in text and "Lock request time out" in text  # SQL Server
+        or "database is locked" in text
+    )
+
+
+def prepare_engine(engine: Engine, *, busy_timeout: float = 60.0) -> Engine:
     """Return an engine configured the way the coordination logic needs.
 
     * Server backends run at READ COMMITTED, so a statement run after a row lock was granted sees
       every change committed by the previous lock holder (MySQL's default REPEATABLE READ would
-      show a stale snapshot). ``execution_options`` makes a view on the caller's engine that
-      shares its pool without changing the caller's engine.
+      show a stale snapshot). Engines controltable creates set it once per new connection
+      (``create_engine(isolation_level=...)``, see :mod:`controltable.connect`); for an engine
+      passed in by the caller that does not already use it, ``execution_options`` makes a view
+      that shares the caller's pool without changing the caller's engine (SQLAlchemy then sets
+      it on each checkout).
     * SQLite starts every transaction with ``BEGIN IMMEDIATE`` so that two processes never both
-      read the queue and then fight over the upgrade to a write lock, and waits for the lock
-      instead of failing at once.
+      read the queue and then fight over the upgrade to a write lock, and waits up to
+      ``busy_timeout`` seconds for the lock instead of failing at once.
     """
     name = engine.dialect.name
     if name == "sqlite":
-        _configure_sqlite(engine)
+        _configure_sqlite(engine, busy_timeout)
         return engine
     if name in ("postgresql", "mysql", "mssql", "oracle"):
+        dialect = engine.dialect
+        # SQLAlchemy 2 keeps create_engine(isolation_level=...) here, 1.4 on the dialect itself.
+        on_connect = getattr(dialect, "_on_connect_isolation_level", None) or getattr(dialect, "isolation_level", None)
+        if str(on_connect or "").upper() == "READ COMMITTED":
+            return engine
         return engine.execution_options(isolation_level="READ COMMITTED")
     raise_unsupported(name)
     return engine  # pragma: no cover
@@ -158,17 +448,17 @@ def raise_unsupported(name: str) -> None:
 _SQLITE_CONFIGURED = "_controltable_sqlite_configured"
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def _configure_sqlite(engine: Engine, busy_timeout: float = 60.0) -> None:
     if getattr(engine, _SQLITE_CONFIGURED, False):
         return
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, record: Any) -> None:
-        # Let SQLAlchemy, not the driver, emit BEGIN; wait up to 60 s for the write lock.
+        # Let SQLAlchemy, not the driver, emit BEGIN; wait up to busy_timeout for the write lock.
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         try:
-            cur.execute("PRAGMA busy_timeout = 60000")
+            cur.execute(f"PRAGMA busy_timeout = {max(1, int(busy_timeout * 1000))}")  # a validated number
             cur.execute("PRAGMA journal_mode = WAL")
             cur.execute("PRAGMA synchronous = NORMAL")
         finally:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+import re
+from typing import Any, Iterable, Optional, Sequence
 
 
 class ControlTableError(Exception):
@@ -28,6 +29,34 @@ class DatabaseUnavailableError(ControlTableError):
     """The database could not be reached (after the retries that were safe)."""
 
 
+class AuthenticationError(DatabaseUnavailableError):
+    """The database refused the login: unknown user or role, wrong password, locked account."""
+
+
+class DatabaseMissingError(DatabaseUnavailableError):
+    """The database named in the URL does not exist (or, for SQLite, its directory cannot be used)."""
+
+
+class StatementTimeoutError(DatabaseUnavailableError):
+    """A statement ran longer than the statement timeout and was cancelled (nothing was committed)."""
+
+
+class DatabaseBusyError(DatabaseUnavailableError):
+    """Deadlocks or lock timeouts kept rolling the transaction back, through every safe retry."""
+
+
+class PermissionDeniedError(ControlTableError):
+    """The database user lacks a privilege on the control tables, the event table or the schema."""
+
+
+class ConflictError(ControlTableError):
+    """A unique key was violated: a concurrent change made the same row first."""
+
+
+class UnexpectedDatabaseError(ControlTableError):
+    """The database rejected a statement for a reason controltable has no diagnosis for."""
+
+
 class AcquireTimeout(ControlTableError, TimeoutError):
     """A slot was not granted within the requested timeout; the queue entry was withdrawn."""
 
@@ -51,3 +80,38 @@ def describe_keys(keys: Iterable[object], limit: int = 10) -> str:
     shown = ", ".join(repr(k) for k in keys[:limit])
     more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
     return f"{shown}{more}"
+
+
+# -- never print a password -------------------------------------------------------------------
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^\s:/@'\"]*):[^\s'\"]*@")
+_BARE_CREDENTIALS = re.compile(r"(?P<user>[^\s:/@'\"=]+):(?!//)[^\s@'\"]+@(?=[^\s@'\"]*$|[^\s@'\"]*[\s'\"])")
+_PASSWORD_PARAM = re.compile(
+    r"(?i)(?:(?<![A-Za-z0-9])|(?<=%3B)|(?<=%26)|(?<=%20))(?P<key>password|passwd|pwd)"
+    r"(?P<sep>\s*(?:[=:]|%3D)\s*)(?P<q>['\"]?)[^\s&;'\",)]*"
+)
+MASK = "***"
+
+
+def redact(text: object, secrets: Iterable[Optional[str]] = ()) -> str:
+    """``text`` with every password it may contain masked: the one helper every message goes through.
+
+    Masks the password part of anything shaped like a URL (``scheme://user:pw@host``, also
+    without a scheme), ``password=...`` in query strings and ODBC/libpq connection strings, and
+    every occurrence of the known ``secrets`` (the password of the URL in use).
+    """
+    out = str(text)
+    for secret in secrets:
+        if secret and len(secret) >= 3:
+            out = out.replace(secret, MASK)
+    out = _URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{m.group('user')}:{MASK}@", out)
+    out = _BARE_CREDENTIALS.sub(lambda m: f"{m.group('user')}:{MASK}@", out)
+    out = _PASSWORD_PARAM.sub(lambda m: f"{m.group('key')}{m.group('sep')}{m.group('q')}{MASK}", out)
+    return out
+
+
+def safe_url(url: Any) -> str:
+    """A URL (SQLAlchemy ``URL`` or text) for messages and logs, its password masked."""
+    render = getattr(url, "render_as_string", None)
+    if render is not None:
+        return redact(render(hide_password=True), [getattr(url, "password", None)])
+    return redact(url)

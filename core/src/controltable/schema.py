@@ -20,13 +20,13 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     String,
     Table,
-    Text,
     UniqueConstraint,
     text,
 )
 from sqlalchemy.dialects import oracle
 
 from .defaults import NAME_LENGTH, NAMESPACE_LENGTH  # noqa: F401 - re-exported
+from .dialects import StateString, name_type, text_type
 
 #: Bumped whenever the control tables change; ``install()`` records it in the meta table and
 #: later releases migrate from the recorded version.
@@ -80,8 +80,8 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
     resource = Table(
         f"{prefix}resource",
         md,
-        Column("namespace", String(NAMESPACE_LENGTH), nullable=False),
-        Column("name", String(NAME_LENGTH), nullable=False),
+        Column("namespace", name_type(NAMESPACE_LENGTH), nullable=False),
+        Column("name", name_type(NAME_LENGTH), nullable=False),
         Column("capacity", Integer, nullable=False),
         # Fencing counter: the token of the latest grant; strictly increases per resource.
         Column("last_token", BigInteger, nullable=False, default=0),
@@ -95,14 +95,14 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
         f"{prefix}request",
         md,
         Column("id", _Id, _identity(), primary_key=True, autoincrement=True),
-        Column("namespace", String(NAMESPACE_LENGTH), nullable=False),
-        Column("resource", String(NAME_LENGTH), nullable=False),
-        Column("holder", String(NAME_LENGTH), nullable=False),
+        Column("namespace", name_type(NAMESPACE_LENGTH), nullable=False),
+        Column("resource", name_type(NAME_LENGTH), nullable=False),
+        Column("holder", name_type(NAME_LENGTH), nullable=False),
         # Groups the per-resource rows of one all-or-nothing request.
         Column("request_key", String(64), nullable=False),
         Column("slots", Integer, nullable=False),
         Column("mode", String(10), nullable=False),
-        Column("state", String(10), nullable=False),  # waiting | granted
+        Column("state", StateString(10), nullable=False),  # waiting | granted
         Column("token", BigInteger, nullable=True),
         Column("lease_seconds", EpochSeconds, nullable=False),
         Column("enqueued_at", EpochSeconds, nullable=False),
@@ -125,8 +125,8 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
     worklist = Table(
         f"{prefix}worklist",
         md,
-        Column("namespace", String(NAMESPACE_LENGTH), nullable=False),
-        Column("name", String(NAME_LENGTH), nullable=False),
+        Column("namespace", name_type(NAMESPACE_LENGTH), nullable=False),
+        Column("name", name_type(NAME_LENGTH), nullable=False),
         Column("last_token", BigInteger, nullable=False, default=0),
         Column("created_at", EpochSeconds, nullable=False),
         PrimaryKeyConstraint("namespace", "name", name=f"{prefix}worklist_pk"),
@@ -135,16 +135,16 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
         f"{prefix}work_item",
         md,
         Column("id", _Id, _identity(), primary_key=True, autoincrement=True),
-        Column("namespace", String(NAMESPACE_LENGTH), nullable=False),
-        Column("worklist", String(NAME_LENGTH), nullable=False),
+        Column("namespace", name_type(NAMESPACE_LENGTH), nullable=False),
+        Column("worklist", name_type(NAME_LENGTH), nullable=False),
         Column("exec_order", Integer, nullable=False),
         Column("priority", Integer, nullable=False, default=0),
-        Column("payload", Text, nullable=False),
-        Column("state", String(10), nullable=False),  # new | active | done | error
-        Column("owner", String(NAME_LENGTH), nullable=True),
+        Column("payload", text_type(), nullable=False),
+        Column("state", StateString(10), nullable=False),  # new | active | done | error
+        Column("owner", name_type(NAME_LENGTH), nullable=True),
         Column("token", BigInteger, nullable=True),
         Column("attempts", Integer, nullable=False, default=0),
-        Column("last_error", Text, nullable=True),
+        Column("last_error", text_type(), nullable=True),
         Column("created_at", EpochSeconds, nullable=False),
         Column("started_at", EpochSeconds, nullable=True),
         Column("finished_at", EpochSeconds, nullable=True),

@@ -35,7 +35,7 @@ from . import dialects, grants
 from .defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_PICKUP, DEFAULT_WAITER_TTL  # noqa: F401 - re-exported
 from .errors import AcquireTimeout, ConfigurationError, LeaseLost, UnknownResourceError
 from .renewal import BackgroundRenewal
-from .validation import check_mode, check_name, check_seconds, normalize_request
+from .validation import check_mode, check_name, check_poll_interval, check_seconds, normalize_request
 
 if TYPE_CHECKING:  # pragma: no cover
     from .control import ControlTable
@@ -669,6 +669,7 @@ class SlotEngine:
     ) -> Lease:
         req = self._request(resource, holder, slots, mode, lease, waiter_ttl, pickup, attempt)
         wait = check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
+        poll_interval = check_poll_interval("poll_interval", poll_interval)
         deadline = None if wait is None else time.monotonic() + wait
         keys = [holder_key(min(req.parts), req.holder), head_key(min(req.parts), req.holder)]
         since = self.ct._wakeups.mark(keys)

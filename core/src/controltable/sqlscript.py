@@ -3,22 +3,28 @@
 The statements are not written out by hand a second time. A short scripted session (install,
 contended slots, an event batch, a work list) runs the real code against a throw-away SQLite
 database, every statement object it executes is captured, and each is compiled for the target
-dialect. So the SQL a DBA reviews for SQL Server or Oracle is exactly what the engine would send
-there: the same statement objects through that dialect's compiler.
+dialect, configured as a connected engine configures it for a given server version (so SQL
+Server gets ``NVARCHAR(max)``, not the deprecated ``TEXT``, exactly as at run time). So the SQL a
+DBA reviews for SQL Server or Oracle is what the engine would send there: the same statement
+objects through that dialect's compiler. The printed scripts are kept in ``core/sql/`` as
+reviewed golden files; ``python -m controltable.sqlscript core/sql`` rewrites them.
 """
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from sqlalchemy import Column, Integer, MetaData, String, Table, event
 from sqlalchemy.dialects import mssql, mysql, oracle, postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable, DDLElement
 from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.dml import Insert
 
+from .defaults import SQL_SERVER_VERSIONS
 from .dialects import SUPPORTED_DIALECTS
 from .errors import ConfigurationError
 
@@ -31,23 +37,59 @@ _DIALECTS: dict[str, Any] = {
 }
 
 
-def dialect_for(name: str) -> Dialect:
+def parse_version(text: Optional[str]) -> Optional[tuple[int, ...]]:
+    """``"15"`` or ``"19.3"`` as a version tuple (None stays None)."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(p) for p in str(text).split("."))
+    except ValueError as exc:
+        raise ConfigurationError(f"server version {text!r} is not a version number like 15 or 19.3") from exc
+
+
+def dialect_for(name: str, server_version: Optional[Sequence[int]] = None) -> Dialect:
+    """The dialect ``name`` set up as a connected engine sets it up for ``server_version``.
+
+    An unconnected SQLAlchemy dialect does not know the server: its mssql dialect prints
+    ``TEXT`` for long text (a connected one to SQL Server 2012+ prints ``VARCHAR(max)``) and its
+    Oracle dialect leaves out what 12c+ servers offer. The attributes a connection's
+    ``initialize()`` would set from the server version are set here instead.
+    """
     if name not in _DIALECTS:
         raise ConfigurationError(f"unknown dialect {name!r}; choose one of {', '.join(SUPPORTED_DIALECTS)}")
-    return _DIALECTS[name]()  # type: ignore[no-any-return]
+    version = tuple(server_version) if server_version else SQL_SERVER_VERSIONS[name]
+    d: Any = _DIALECTS[name]()
+    d.server_version_info = version
+    if name == "mssql":
+        d._setup_version_attributes()  # deprecate_large_types (2012+), multi-row VALUES, OFFSET/FETCH
+        d._supports_nvarchar_max = version >= (9,)
+    elif name == "oracle":
+        d.supports_identity_columns = version >= (12,)
+        d._supports_offset_fetch = getattr(d, "enable_offset_fetch", True) and version >= (12,)
+        d.supports_native_boolean = version >= (23,)
+    elif name == "postgresql":
+        d.supports_identity_columns = version >= (10,)
+    return d  # type: ignore[no-any-return]
 
 
-def compile_sql(stmt: Any, dialect: Dialect) -> str:
+def compile_sql(stmt: Any, dialect: Dialect, column_keys: Optional[list[str]] = None) -> str:
+    """One statement as the engine would send it (expanding IN lists and literal states rendered)."""
     if isinstance(stmt, (DDLElement, CreateTable, CreateIndex)):
         return str(stmt.compile(dialect=dialect)).strip()
-    return str(stmt.compile(dialect=dialect, compile_kwargs={"render_postcompile": True})).strip()
+    kw: dict[str, Any] = {"compile_kwargs": {"render_postcompile": True}}
+    if column_keys is not None:
+        kw["column_keys"] = column_keys
+    return str(stmt.compile(dialect=dialect, **kw)).strip()
 
 
-def control_ddl(dialect_name: str, *, prefix: str = "ct_", schema: Optional[str] = None) -> list[str]:
+def control_ddl(
+    dialect_name: str, *, prefix: str = "ct_", schema: Optional[str] = None,
+    server_version: Optional[Sequence[int]] = None,
+) -> list[str]:
     """CREATE TABLE / CREATE INDEX for the control tables."""
     from .schema import build_schema
 
-    dialect = dialect_for(dialect_name)
+    dialect = dialect_for(dialect_name, server_version)
     s = build_schema(prefix, schema)
     out = []
     for table in s.metadata.sorted_tables:
@@ -57,23 +99,54 @@ def control_ddl(dialect_name: str, *, prefix: str = "ct_", schema: Optional[str]
     return out
 
 
+def _column_keys(stmt: Any, multiparams: Any, params: Any) -> Optional[list[str]]:
+    """The columns an INSERT was executed with: compiled without them, SQLAlchemy would list
+    every column (an explicit id that fails under SQL Server's IDENTITY_INSERT OFF)."""
+    if not isinstance(stmt, Insert) or stmt._values or getattr(stmt, "_multi_values", None):  # noqa: SLF001
+        return None
+    first: Any = None
+    if multiparams:
+        first = multiparams[0]
+        if isinstance(first, (list, tuple)) and first and isinstance(first[0], dict):
+            first = first[0]
+    elif params:
+        first = params
+    return list(first.keys()) if isinstance(first, dict) else None
+
+
 def captured_statements(
-    dialect_name: str, *, events_table: str = "events", key: str = "event_id", order_by: Optional[str] = None
+    dialect_name: str, *, events_table: str = "events", key: str = "event_id", order_by: Optional[str] = None,
+    prefix: str = "ct_", schema: Optional[str] = None, server_version: Optional[Sequence[int]] = None,
+    large_batch: int = 0,
 ) -> list[tuple[str, list[str]]]:
-    """Run the scripted session and return ``[(section, [compiled statements])]`` for the dialect."""
+    """Run the scripted session and return ``[(section, [compiled statements])]`` for the dialect.
+
+    ``prefix`` and ``schema`` are the control tables' (the session runs with them, so every
+    statement names them). ``large_batch`` adds a claim and a completion of that many rows (for
+    checking per-statement row caps; too long to print).
+    """
     from .control import ControlTable
 
-    dialect = dialect_for(dialect_name)
+    dialect = dialect_for(dialect_name, server_version)
     sections: list[tuple[str, list[str]]] = []
     with tempfile.TemporaryDirectory(prefix="controltable-sql-") as tmp:
-        ct = ControlTable(f"sqlite:///{Path(tmp) / 'capture.db'}", namespace="capture")
+        ct = ControlTable(f"sqlite:///{Path(tmp) / 'capture.db'}", namespace="capture", prefix=prefix, schema=schema)
+        if schema:
+            # SQLite's schemas are attached databases: attach one under the schema's name.
+            attached = str(Path(tmp) / "schema.db")
+
+            def attach(dbapi_conn: Any, record: Any) -> None:
+                dbapi_conn.execute("ATTACH DATABASE ? AS " + f'"{schema}"', (attached,))
+
+            event.listen(ct.db.engine, "connect", attach)
+            ct.db.engine.dispose()
         ct.db.target_dialect = dialect_name  # decisions such as LIMIT vs fetch follow the target
         ct.install()
-        captured: list[ClauseElement] = []
+        captured: list[tuple[ClauseElement, Optional[list[str]]]] = []
 
         def capture(conn: Any, clauseelement: Any, multiparams: Any, params: Any, execution_options: Any) -> None:
             if isinstance(clauseelement, ClauseElement):
-                captured.append(clauseelement)
+                captured.append((clauseelement, _column_keys(clauseelement, multiparams, params)))
 
         event.listen(ct.db.engine, "before_execute", capture)
 
@@ -81,8 +154,8 @@ def captured_statements(
             captured.clear()
             fn()
             seen: list[str] = []
-            for stmt in captured:
-                text = compile_sql(stmt, dialect)
+            for stmt, keys in captured:
+                text = compile_sql(stmt, dialect, keys)
                 if text not in seen:
                     seen.append(text)
             sections.append((title, seen))
@@ -93,8 +166,9 @@ def captured_statements(
             columns.append(Column(order_by, Integer))
         Table(events_table, md, *columns)
         md.create_all(ct.db.engine)
+        rows = max(20, large_batch + 10)
         with ct.db.engine.begin() as conn:
-            conn.execute(md.tables[events_table].insert(), [{key: i, "payload": f"e{i}"} for i in range(1, 21)])
+            conn.execute(md.tables[events_table].insert(), [{key: i, "payload": f"e{i}"} for i in range(1, rows + 1)])
 
         section("set_capacity (create or resize a resource)", lambda: ct.set_capacity("warehouse", 1))
         holder: dict[str, Any] = {}
@@ -112,21 +186,59 @@ def captured_statements(
 
         ev = ct.events(events_table, key=key, order_by=order_by)
         ddl: list[Any] = []
-        section("events prepare (introspection)", lambda: ddl.extend(ev.prepare_statements()))
-        sections.append(("events prepare: claim columns and claim index (DDL)", [
-            compile_sql(CreateIndex(s) if not isinstance(s, DDLElement) else s, dialect) for s in ddl
-        ]))
+
+        def prepare_plan() -> None:
+            ddl.extend(ev.prepare_statements())
+
+        section("events prepare (introspection)", prepare_plan)
+        from .dialects import AnalyzeTable
+
+        notes = [
+            "-- each statement runs in a transaction of its own, after a lock timeout for DDL",
+            "-- (Oracle DDL_LOCK_TIMEOUT, PostgreSQL lock_timeout, MySQL lock_wait_timeout, SQL Server LOCK_TIMEOUT);",
+            "-- indexes are built online where the server offers it (PostgreSQL CONCURRENTLY, SQL Server and",
+            "-- Oracle Enterprise Edition: WITH (ONLINE = ON) / ONLINE appended to CREATE INDEX).",
+        ]
+        if dialect_name == "mssql":
+            notes += [
+                "-- SQL Server: plain indexes by default. prepare(filtered_indexes=True) makes them filtered",
+                "-- (WHERE ct_state = 0 / 1): smaller, but then every INSERT, UPDATE and DELETE on this table",
+                "-- fails (error 1934) in sessions with QUOTED_IDENTIFIER or ANSI_NULLS OFF.",
+                "-- prepare(disable_lock_escalation=True) adds ALTER TABLE ... SET (LOCK_ESCALATION = DISABLE).",
+            ]
+        stmts = notes + [compile_sql(CreateIndex(s) if not isinstance(s, DDLElement) else s, dialect) for s in ddl]
+        stmts.append(compile_sql(AnalyzeTable(ev._reflect()), dialect))
+        sections.append(("events prepare: claim columns, claim indexes, statistics (DDL)", stmts))
         ev.prepare()
         batch: dict[str, Any] = {}
-        section("events claim: one short transaction that skips rows other workers hold",
-                lambda: batch.setdefault("b", ev.claim(5, owner="w1", lease=60)))
+
+        def claim(size: int, name: str) -> Any:
+            ev._next_expired_check = 0.0  # the same statements on every run, however slow the machine
+            return lambda: batch.setdefault(name, ev.claim(size, owner="w1", lease=60))
+
+        section("events claim: one short transaction that skips rows other workers hold", claim(5, "b"))
         section("batch complete (fenced on the batch token)", lambda: batch["b"].complete())
+
         def fail_one() -> None:
+            ev._next_expired_check = 0.0
             failing = ev.claim(5, owner="w1")
             assert failing is not None
             failing.fail("example")
 
-        section("batch fail (back-off or error state)", fail_one)
+        section("batch fail (back-off or error state, decided from the stored attempts)", fail_one)
+
+        def renew_release() -> None:
+            ev._next_expired_check = 0.0
+            held = ev.claim(2, owner="w1")
+            assert held is not None
+            held.renew()
+            held.release()
+
+        section("batch renew and release", renew_release)
+        if large_batch:
+            ev._next_expired_check = 0.0
+            section(f"events claim of {large_batch} rows", claim(large_batch, "large"))
+            section(f"batch complete of {large_batch} rows", lambda: batch["large"].complete())
         section("events stats", lambda: ev.stats())
         section("events retry_errors", lambda: ev.retry_errors())
 
@@ -141,17 +253,52 @@ def captured_statements(
     return sections
 
 
-def render(dialect_name: str, *, prefix: str = "ct_", schema: Optional[str] = None, **events: Any) -> str:
+def render(
+    dialect_name: str, *, prefix: str = "ct_", schema: Optional[str] = None,
+    server_version: Optional[Sequence[int]] = None, **events: Any,
+) -> str:
     """The full script ``controltable sql`` prints."""
+    version = tuple(server_version) if server_version else SQL_SERVER_VERSIONS[dialect_name]
     lines = [
-        f"-- controltable: DDL and statements for {dialect_name}",
+        f"-- controltable: DDL and statements for {dialect_name} (server version {'.'.join(map(str, version))})",
         "-- Run the DDL once with DDL rights (or `controltable init`); afterwards the engine needs DML only",
         "-- (SELECT, INSERT, UPDATE, DELETE on the tables below and on your event tables).",
         "",
         "-- ===== control tables =====",
     ]
-    lines += [f"{s};" for s in control_ddl(dialect_name, prefix=prefix, schema=schema)]
-    for title, stmts in captured_statements(dialect_name, **events):
+    lines += [f"{s};" for s in control_ddl(dialect_name, prefix=prefix, schema=schema, server_version=version)]
+    for title, stmts in captured_statements(dialect_name, prefix=prefix, schema=schema, server_version=version,
+                                            **events):
         lines += ["", f"-- ===== {title} ====="]
-        lines += [f"{s};" for s in stmts]
+        lines += [_terminated(s) for s in stmts]
     return "\n".join(lines) + "\n"
+
+
+def _terminated(stmt: str) -> str:
+    """A statement as a script line: comments as they are, a PL/SQL block ended by ``/`` (as
+    SQL*Plus and SQLcl expect), everything else by ``;``."""
+    if stmt.startswith("--"):
+        return stmt
+    if stmt.startswith("BEGIN ") and stmt.endswith("END;"):
+        return f"{stmt}\n/"
+    return f"{stmt};"
+
+
+#: The golden files: one printed script per dialect, reviewed like code.
+GOLDEN_DIALECTS = ("postgresql", "mssql", "mysql", "oracle", "sqlite")
+
+
+def write_golden(directory: Path) -> list[Path]:
+    """(Re)write ``<directory>/<dialect>.sql`` for every dialect; returns the files written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in GOLDEN_DIALECTS:
+        path = directory / f"{name}.sql"
+        path.write_text(render(name), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":  # pragma: no cover - the documented regeneration command
+    for written_path in write_golden(Path(sys.argv[1] if len(sys.argv) > 1 else "core/sql")):
+        print(written_path)

@@ -1,10 +1,18 @@
-"""Checks on every name and number a caller passes in, with errors that say how to fix them."""
+"""Checks on every name and number a caller passes in, with errors that say how to fix them.
+
+Numbers: non-finite values (``inf``, ``nan``) are always refused, and every number has a
+documented upper bound in :mod:`controltable.defaults` (durations up to ``MAX_SECONDS``, whole
+numbers that are stored within a 32-bit signed INTEGER). Text: it must be encodable as UTF-8
+(a lone surrogate is not). The Airflow and Dagster adapters call these same functions.
+"""
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
+from . import defaults
 from .errors import ConfigurationError
 from .schema import NAME_LENGTH, NAMESPACE_LENGTH
 
@@ -19,6 +27,7 @@ def check_name(kind: str, value: object, limit: int = NAME_LENGTH) -> str:
         raise ConfigurationError(f"{kind} name must be a string, got {type(value).__name__}: {value!r}")
     if not value.strip():
         raise ConfigurationError(f"{kind} name must not be empty; pass a name such as 'warehouse'")
+    check_encodable(f"{kind} name", value)
     if len(value) > limit:
         raise ConfigurationError(
             f"{kind} name is {len(value)} characters long, the limit is {limit}: {value[:40]!r}...; use a shorter name"
@@ -38,7 +47,7 @@ def check_identifier(kind: str, value: object) -> str:
     Identifiers are always quoted by SQLAlchemy; this check keeps them portable across the five
     backends and rejects anything that looks like an attempt to smuggle SQL in.
     """
-    if not isinstance(value, str) or not _IDENTIFIER.match(value):
+    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
         raise ConfigurationError(
             f"{kind} {value!r} is not a valid identifier: use letters, digits and underscores, starting with a letter"
         )
@@ -47,24 +56,153 @@ def check_identifier(kind: str, value: object) -> str:
     return value
 
 
-def check_positive_int(kind: str, value: object, *, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigurationError(f"{kind} must be a whole number, got {value!r}")
-    if value < minimum:
-        raise ConfigurationError(f"{kind} must be at least {minimum}, got {value}")
+def check_encodable(kind: str, value: str) -> str:
+    """Text every database can store: encodable as UTF-8 (no lone surrogates) and without NUL."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigurationError(
+            f"{kind} {_preview(value)} contains a character that cannot be encoded as UTF-8 "
+            f"({exc.reason} at position {exc.start}); pass valid Unicode text"
+        ) from None
+    if "\x00" in value:
+        raise ConfigurationError(f"{kind} {_preview(value)} contains a NUL character, which databases cannot store")
     return value
 
 
-def check_seconds(kind: str, value: object, *, allow_none: bool = False, allow_zero: bool = False) -> Optional[float]:
+def check_text(kind: str, value: object, *, limit: Optional[int] = None) -> str:
+    """Free text such as a failure reason: a string that every backend can store."""
+    if not isinstance(value, str):
+        raise ConfigurationError(f"{kind} must be a string, got {type(value).__name__}")
+    check_encodable(kind, value)
+    return value if limit is None else value[:limit]
+
+
+def _preview(value: str) -> str:
+    return ascii(value[:40]) + ("..." if len(value) > 40 else "")
+
+
+def check_int(kind: str, value: object, *, minimum: int, maximum: int) -> int:
+    """A whole number within ``[minimum, maximum]`` (``bool`` is not a number here)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(f"{kind} must be a whole number, got {_show(value)}")
+    if value < minimum:
+        raise ConfigurationError(f"{kind} must be at least {minimum}, got {_show(value)}")
+    if value > maximum:
+        raise ConfigurationError(f"{kind} must be at most {maximum}, got {_show(value)}")
+    return int(value)
+
+
+def check_positive_int(kind: str, value: object, *, minimum: int = 1, maximum: int = defaults.MAX_INT) -> int:
+    return check_int(kind, value, minimum=minimum, maximum=maximum)
+
+
+def check_order(value: object) -> int:
+    """A work-list execution order: ``MIN_ORDER`` (1) up to ``MAX_ORDER``."""
+    return check_int("order", value, minimum=defaults.MIN_ORDER, maximum=defaults.MAX_ORDER)
+
+
+def check_priority(value: object) -> int:
+    """A work-list priority within an order: a 32-bit signed whole number."""
+    return check_int("priority", value, minimum=defaults.MIN_PRIORITY, maximum=defaults.MAX_PRIORITY)
+
+
+def check_batch_size(value: object, kind: str = "size") -> int:
+    return check_int(kind, value, minimum=1, maximum=defaults.MAX_BATCH_SIZE)
+
+
+def _show(value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
+        return f"a number of {len(str(abs(value)))} digits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_seconds(
+    kind: str,
+    value: object,
+    *,
+    allow_none: bool = False,
+    allow_zero: bool = False,
+    maximum: float = defaults.MAX_SECONDS,
+) -> Optional[float]:
+    """A duration in seconds: finite, positive (or zero when allowed) and at most ``maximum``."""
     if value is None:
         if allow_none:
             return None
         raise ConfigurationError(f"{kind} must be a number of seconds, got None")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(f"{kind} must be a number of seconds, got {value!r}")
+        raise ConfigurationError(f"{kind} must be a number of seconds, got {_show(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigurationError(
+            f"{kind} must be a finite number of seconds, got {value}"
+            + ("; pass None to wait without a limit" if allow_none else f" (at most {maximum:g})")
+        )
     if value < 0 or (value == 0 and not allow_zero):
         raise ConfigurationError(f"{kind} must be {'at least' if allow_zero else 'more than'} 0 seconds, got {value}")
+    if value > maximum:
+        raise ConfigurationError(
+            f"{kind} must be at most {maximum:g} seconds, got {_show(value)}"
+            + ("; pass None to wait without a limit" if allow_none else "")
+        )
     return float(value)
+
+
+def check_poll_interval(kind: str, value: object) -> float:
+    """A poll interval: more than 0 and at most ``MAX_POLL_SECONDS``."""
+    out = check_seconds(kind, value, maximum=defaults.MAX_POLL_SECONDS)
+    assert out is not None
+    return out
+
+
+def check_timeout_setting(kind: str, value: object, *, allow_none: bool) -> Any:
+    """``connect_timeout`` (required) or ``statement_timeout`` (``None`` or 0: the server's own)."""
+    if kind == "statement_timeout":
+        if value is None or (value == 0 and not isinstance(value, bool)):
+            return None
+        return check_seconds(kind, value, maximum=defaults.MAX_STATEMENT_TIMEOUT)
+    return check_seconds(kind, value, allow_none=allow_none, maximum=defaults.MAX_CONNECT_TIMEOUT)
+
+
+def check_retries(value: object) -> int:
+    return check_int("retries", value, minimum=0, maximum=defaults.MAX_RETRIES)
+
+
+def check_where(value: object) -> Any:
+    """A claim filter: ``None``, a SQLAlchemy expression, or a callable taking the table.
+
+    A plain string (or number) is refused: SQL text from a string is exactly what this package
+    never runs. Use ``lambda t: t.c.region == "eu"`` or ``sqlalchemy.text(...)`` explicitly.
+    """
+    from sqlalchemy.sql.elements import ClauseElement
+
+    if value is None or callable(value) or isinstance(value, ClauseElement):
+        return value
+    raise ConfigurationError(
+        f"where= must be a SQLAlchemy expression or a callable taking the table, got "
+        f"{type(value).__name__} {_show(value)}; e.g. where=lambda t: t.c.region == 'eu'"
+    )
+
+
+def where_clause(value: Any, table: Any) -> Any:
+    """The expression a ``where=`` value stands for on ``table``, or a clear ConfigurationError."""
+    from sqlalchemy.sql.elements import ClauseElement, ColumnElement, TextClause
+
+    check_where(value)
+    if callable(value) and not isinstance(value, ClauseElement):
+        fn: Callable[[Any], Any] = value
+        try:
+            value = fn(table)
+        except Exception as exc:
+            raise ConfigurationError(
+                f"the where= callable raised {type(exc).__name__}: {str(exc)[:200]}; it is given the "
+                "event table (a sqlalchemy Table) and must return an expression such as t.c.region == 'eu'"
+            ) from exc
+    if not isinstance(value, (ColumnElement, TextClause)):
+        raise ConfigurationError(
+            f"where= must give a SQLAlchemy boolean expression, got {type(value).__name__} {_show(value)}"
+        )
+    return value
 
 
 def check_mode(mode: object) -> str:
@@ -76,11 +214,14 @@ def check_mode(mode: object) -> str:
 def normalize_request(resource: Union[str, Mapping[str, int]], slots: int) -> dict[str, int]:
     """Turn ``"warehouse"`` + ``slots`` or ``{"warehouse": 2, "orders": 1}`` into a checked mapping."""
     if isinstance(resource, str):
-        return {check_name("resource", resource): check_positive_int("slots", slots)}
+        return {check_name("resource", resource): check_positive_int("slots", slots, maximum=defaults.MAX_CAPACITY)}
     if isinstance(resource, Mapping):
         if not resource:
             raise ConfigurationError("request names no resource; pass a name or a mapping such as {'warehouse': 1}")
-        return {check_name("resource", k): check_positive_int(f"slots for {k!r}", v) for k, v in resource.items()}
+        return {
+            check_name("resource", k): check_positive_int(f"slots for {k!r}", v, maximum=defaults.MAX_CAPACITY)
+            for k, v in resource.items()
+        }
     raise ConfigurationError(
         f"resource must be a name or a mapping of names to slots, got {type(resource).__name__}"
     )

@@ -4,6 +4,11 @@ Allocation locks the work list's row, so two workers can never both decide "orde
 finished" from a stale view: the race seed 003's own log shows (a 300 and a 400 task starting
 together) cannot happen. Completion needs no lock: it can only make the lowest unfinished order
 move forward, and an allocation that ran just before it merely saw the older, stricter state.
+
+Every operation is safe to run twice across a lost COMMIT reply: a retried allocation finds the
+item its first attempt stamped, and a retried complete/fail recognises "already done by this
+token" (fencing tokens are never reissued), so a dropped connection costs neither an orphaned
+item nor a false LeaseLost.
 """
 
 from __future__ import annotations
@@ -12,20 +17,23 @@ import json
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 from sqlalchemy import and_, case, delete, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
 from . import dialects
 from .defaults import DEFAULT_ITEM_LEASE  # noqa: F401 - re-exported
 from .errors import ConfigurationError, ControlTableError, LeaseLost
 from .renewal import BackgroundRenewal
 from .slots import default_holder, utc
-from .validation import check_name, check_seconds
+from .validation import check_name, check_order, check_poll_interval, check_priority, check_seconds
 
 if TYPE_CHECKING:  # pragma: no cover
     from .control import ControlTable
+
+T = TypeVar("T")
 
 NEW, ACTIVE, DONE, ERROR = "new", "active", "done", "error"
 UNFINISHED = (NEW, ACTIVE, ERROR)
@@ -63,7 +71,10 @@ class Item(BackgroundRenewal):
                 "order": self.order, "payload": self.payload}
 
     def complete(self) -> None:
-        """Mark done. Raises :class:`LeaseLost` if the lease expired and the item was re-allocated."""
+        """Mark done. Raises :class:`LeaseLost` if the lease expired and the item was re-allocated.
+
+        Safe to retry: an item already done under this item's token counts as completed.
+        """
         self.stop_renewing()
         self.worklist._finish(self, DONE, None)
 
@@ -147,11 +158,26 @@ class WorkList:
         )
         row = conn.execute(stmt).first()
         if row is None:
+            # Two first uses of a new list may both find no row; the loser's INSERT fails on the
+            # primary key and :meth:`_run` runs its transaction again, which then finds the row.
             conn.execute(
                 insert(w).values(namespace=self.ns, name=self.name, last_token=0, created_at=dialects.db_now())
             )
             row = conn.execute(stmt).first()
         return row
+
+    def _run(self, fn: Callable[[Connection], T], *, idempotent: bool = True) -> T:
+        """Run a transaction that begins with :meth:`_ensure`, once more if it lost the race to create the row.
+
+        The first attempt rolled back entirely (the failed INSERT aborts it), so the second run
+        starts clean and finds the winner's row.
+        """
+        try:
+            return self.ct.db.run(fn, idempotent=idempotent)
+        except ControlTableError as exc:
+            if not isinstance(exc.__cause__, IntegrityError):
+                raise
+            return self.ct.db.run(fn, idempotent=idempotent)
 
     # -- filling ----------------------------------------------------------------------------------
     def populate(
@@ -166,10 +192,7 @@ class WorkList:
 
         Payloads are checked for JSON first, so a bad one adds nothing. Returns the count added.
         """
-        if isinstance(order, bool) or not isinstance(order, int):
-            raise ConfigurationError(f"order must be a whole number, got {order!r}")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ConfigurationError(f"priority must be a whole number, got {priority!r}")
+        order, priority = check_order(order), check_priority(priority)
         encoded = []
         for i, payload in enumerate(payloads):
             try:
@@ -192,26 +215,41 @@ class WorkList:
             self.ct._notify(conn, [self.wakeup_key])
             return len(encoded)
 
-        return self.ct.db.run(fn, idempotent=False)
+        return self._run(fn, idempotent=False)
 
     # -- working ----------------------------------------------------------------------------------
     def allocate(self, owner: Optional[str] = None, lease: Optional[float] = None) -> Optional[Item]:
         """Hand out one item of the lowest order that still has unfinished items, or ``None``.
 
         ``None`` means: everything is done, or the current order's remaining items are all being
-        worked on (or errored). :meth:`status` tells which.
+        worked on (or errored). :meth:`status` tells which. When the reply to the allocation's
+        COMMIT is lost, the retry returns the item that COMMIT allocated, not a second one.
         """
         owner = check_name("owner", owner) if owner is not None else default_holder()
         lease_s = check_seconds("lease", lease) if lease is not None else self.lease
         assert lease_s is not None
         t = self.t
+        # What the last attempt wrote, known to this client before its COMMIT was sent: if the
+        # reply to that COMMIT is lost, the retry looks for exactly this allocation (the item
+        # id, its fencing token and the database-clock instant it was stamped with) and returns
+        # it, instead of allocating a second item and orphaning the first for its lease.
+        attempted: list[tuple[int, int, float]] = []
 
         def fn(conn: Connection) -> Optional[Item]:
             lock = self._ensure(conn)
-            # The clock is read once the lock is held, so started_at is never before the
-            # finished_at of the item whose completion this allocation waited for.
-            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
-            current = conn.scalar(select(func.min(t.c.exec_order)).where(self._mine(), t.c.state.in_(UNFINISHED)))
+            if attempted:
+                found = self._find_allocation(conn, owner, *attempted[-1])
+                if found is not None:
+                    return found
+            # The clock is read in the same statement that sees which orders are finished: a
+            # completion's finished_at is stamped before its COMMIT, and a statement sees only
+            # COMMITs from before it started, so started_at is never before the finished_at of
+            # any item of a lower order (reading the clock first left a window where it was).
+            head = conn.execute(
+                select(func.min(t.c.exec_order).label("current"), dialects.db_now().label("now"))
+                .where(self._mine(), t.c.state.in_(UNFINISHED))
+            ).one()
+            now, current = float(head.now), head.current
             if current is None:
                 return None
             row = conn.execute(
@@ -229,10 +267,31 @@ class WorkList:
             conn.execute(update(t).where(t.c.id == row.id).values(
                 state=ACTIVE, owner=owner, token=token, attempts=t.c.attempts + 1, started_at=now,
                 finished_at=None, expires_at=now + lease_s))
+            attempted.append((int(row.id), token, now))
             return Item(self, int(row.id), json.loads(row.payload), int(row.exec_order), int(row.priority), owner,
                         token, int(row.attempts) + 1, now + lease_s, lease_s)
 
-        return self.ct.db.run(fn)
+        return self._run(fn)
+
+    def _find_allocation(self, conn: Connection, owner: str, item_id: int, token: int,
+                         started_at: float) -> Optional[Item]:
+        """The item an earlier attempt of this allocation committed, if it did (else ``None``).
+
+        A fencing token is handed out once per work list only when its transaction commits, so
+        a row still active under this token, owner and start instant can only be that attempt's.
+        """
+        t = self.t
+        row = conn.execute(select(t).where(
+            self._mine(), t.c.id == item_id, t.c.token == token, t.c.owner == owner,
+            t.c.started_at == started_at, t.c.state == ACTIVE)).first()
+        if row is None:
+            return None
+        return self._item(row)
+
+    def _item(self, row: Any) -> Item:
+        lease_s = float(row.expires_at - row.started_at) if row.expires_at and row.started_at else self.lease
+        return Item(self, int(row.id), json.loads(row.payload), int(row.exec_order), int(row.priority),
+                    str(row.owner), int(row.token), int(row.attempts), float(row.expires_at or 0), lease_s)
 
     def items(
         self, owner: Optional[str] = None, *, lease: Optional[float] = None, poll: float = 0.5,
@@ -242,7 +301,9 @@ class WorkList:
 
         Raises :class:`WorkListBlocked` when only errored items stand in the way.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
+        poll = check_poll_interval("poll", poll)
+        deadline = None if wait is None else time.monotonic() + wait
         while True:
             since = self.ct._wakeups.mark([self.wakeup_key])
             item = self.allocate(owner, lease)
@@ -275,15 +336,23 @@ class WorkList:
             count = int(conn.execute(
                 update(t).where(t.c.id == item.id, t.c.token == item.token, t.c.state == ACTIVE).values(values)
             ).rowcount)
+            if count == 0 and state != NEW:
+                # Already done by this token: the first attempt's COMMIT went through and only
+                # its reply was lost (or the caller finished the item twice). The token is never
+                # handed out again, so the row can only be in this state by our own hand.
+                count = int(conn.scalar(select(func.count()).select_from(t).where(
+                    t.c.id == item.id, t.c.token == item.token, t.c.state == state)) or 0)
+                return count
             self.ct._notify(conn, [self.wakeup_key])
             return count
 
-        if self.ct.db.run(fn, idempotent=state != ERROR) != 1:
+        # Every finish is idempotent across a lost COMMIT reply (see above), so it is retried.
+        if self.ct.db.run(fn) != 1:
             if state == NEW:
                 return
             raise LeaseLost(
                 f"work item {item.id} of {self.name!r} is no longer held under token {item.token} "
-                "(its lease expired and it was re-allocated or reset)"
+                "(its lease expired and it was re-allocated or reset); its work may have run twice"
             )
 
     def _renew(self, item: Item, seconds: float) -> float:
@@ -345,9 +414,7 @@ class WorkList:
             raise LeaseLost(f"work item {item_id} of {self.name!r} is {row.state}, not allocated")
         if token is not None and int(row.token) != int(token):
             raise LeaseLost(f"work item {item_id} of {self.name!r} was re-allocated (token {row.token}, not {token})")
-        return Item(self, int(row.id), json.loads(row.payload), int(row.exec_order), int(row.priority),
-                    str(row.owner), int(row.token), int(row.attempts), float(row.expires_at or 0),
-                    float(row.expires_at - row.started_at) if row.expires_at and row.started_at else self.lease)
+        return self._item(row)
 
     def reset_all(self) -> int:
         """Every item back to new (seed 004's reset_all)."""

@@ -1,0 +1,282 @@
+-- controltable: DDL and statements for mssql (server version 15.0)
+-- Run the DDL once with DDL rights (or `controltable init`); afterwards the engine needs DML only
+-- (SELECT, INSERT, UPDATE, DELETE on the tables below and on your event tables).
+
+-- ===== control tables =====
+CREATE TABLE ct_meta (
+	[key] VARCHAR(64) NOT NULL, 
+	value VARCHAR(255) NOT NULL, 
+	PRIMARY KEY ([key])
+);
+CREATE TABLE ct_request (
+	id BIGINT NOT NULL IDENTITY, 
+	namespace NVARCHAR(100) COLLATE Latin1_General_100_BIN2 NOT NULL, 
+	resource NVARCHAR(200) COLLATE Latin1_General_100_BIN2 NOT NULL, 
+	holder NVARCHAR(200) COLLATE Latin1_General_100_BIN2 NOT NULL, 
+	request_key VARCHAR(64) NOT NULL, 
+	slots INTEGER NOT NULL, 
+	mode VARCHAR(10) NOT NULL, 
+	state VARCHAR(10) NOT NULL, 
+	token BIGINT NULL, 
+	lease_seconds FLOAT(53) NOT NULL, 
+	enqueued_at FLOAT(53) NOT NULL, 
+	granted_at FLOAT(53) NULL, 
+	expires_at FLOAT(53) NOT NULL, 
+	ticket BIGINT NOT NULL DEFAULT 0, 
+	attempt INTEGER NULL, 
+	pickup_seconds FLOAT(53) NULL, 
+	PRIMARY KEY (id), 
+	CONSTRAINT ct_request_holder_uq UNIQUE (namespace, resource, holder)
+);
+CREATE INDEX ct_request_key_ix ON ct_request (request_key);
+CREATE INDEX ct_request_state_ix ON ct_request (namespace, resource, state, ticket);
+CREATE TABLE ct_resource (
+	namespace NVARCHAR(100) COLLATE Latin1_General_100_BIN2 NOT NULL, 
+	name NVARCHAR(200) COLLATE Latin1_General_100_BIN2 NOT NULL, 
+	capacity INTEGER NOT NULL, 
+	last_token BIGINT NOT NULL, 
+	created_at FLOAT(53) NOT NULL, 
+	last_ticket BIGINT NOT NULL DEFAULT 0, 
+	CONSTRAINT ct_resource_pk PRIMARY KEY (namespace, name)
+);
+CREATE TABLE ct_work_item (
+	id BIGINT NOT NULL IDENTITY, 
+	namespace NVARCHAR(100) COLLATE Latin1_General_100_BIN2 NOT NULL, 
+	worklist NVARCHAR(200) COLLATE Latin1_General_100_BIN2 NOT NULL, 
+	exec_order INTEGER NOT NULL, 
+	priority INTEGER NOT NULL, 
+	payload NVARCHAR(max) NOT NULL, 
+	state VARCHAR(10) NOT NULL, 
+	owner NVARCHAR(200) COLLATE Latin1_General_100_BIN2 NULL, 
+	token BIGINT NULL, 
+	attempts INTEGER NOT NULL, 
+	last_error NVARCHAR(max) NULL, 
+	created_at FLOAT(53) NOT NULL, 
+	started_at FLOAT(53) NULL, 
+	finished_at FLOAT(53) NULL, 
+	expires_at FLOAT(53) NULL, 
+	PRIMARY KEY (id)
+);
+CREATE INDEX ct_work_item_ix ON ct_work_item (namespace, worklist, state, exec_order);
+CREATE TABLE ct_worklist (
+	namespace NVARCHAR(100) COLLATE Latin1_General_100_BIN2 NOT NULL, 
+	name NVARCHAR(200) COLLATE Latin1_General_100_BIN2 NOT NULL, 
+	last_token BIGINT NOT NULL, 
+	created_at FLOAT(53) NOT NULL, 
+	CONSTRAINT ct_worklist_pk PRIMARY KEY (namespace, name)
+);
+
+-- ===== set_capacity (create or resize a resource) =====
+SELECT ct_resource.name 
+FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
+WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (:namespace, :name, :capacity, :last_token, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0), :last_ticket);
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now 
+FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
+WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+UPDATE ct_resource SET capacity=:capacity WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request.resource IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
+FROM (SELECT TOP 2 ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_2 AND ct_request.resource = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.ticket) AS anon_1;
+
+-- ===== acquire: lock the resource row, reap expired entries, read the queue, grant =====
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now 
+FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
+WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request.resource IN (:resource_1_1) AND ct_request.holder = :holder_1;
+INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds) OUTPUT inserted.id VALUES (:namespace, :resource, :holder, :request_key, :slots, :mode, :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds);
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request.resource IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
+FROM (SELECT TOP 2 ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_2 AND ct_request.resource = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.ticket) AS anon_1;
+UPDATE ct_request SET state=:state, token=:token, lease_seconds=:lease_seconds, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
+UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+
+-- ===== try_acquire while held: enqueue or refresh a waiter =====
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now, (SELECT min(wq.ticket) AS min_1 
+FROM ct_request AS wq 
+WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting') AS head_ticket, (SELECT min(hq.expires_at) AS min_2 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), :coalesce_2) AS coalesce_1 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS used, (SELECT count(*) AS count_1 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = :mode_1) AS excl, ct_resource.capacity 
+FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
+WHERE ct_request.namespace = :namespace_1 AND ct_request.resource IN (:resource_1_1) AND ct_request.holder = :holder_1;
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now 
+FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
+WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request.resource IN (:resource_1_1) AND ct_request.holder = :holder_1;
+INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds) OUTPUT inserted.id VALUES (:namespace, :resource, :holder, :request_key, :slots, :mode, :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds);
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request.resource IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
+FROM (SELECT TOP 2 ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_2 AND ct_request.resource = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.ticket) AS anon_1;
+UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+SELECT min(ct_request.ticket) AS min_1 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request.resource = :resource_1 AND ct_request.state = 'waiting';
+
+-- ===== renew a lease (fenced by the request key) =====
+SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
+UPDATE ct_request SET lease_seconds=:lease_seconds, expires_at=:expires_at WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'granted' AND ct_request.expires_at >= :expires_at_1;
+
+-- ===== release a lease =====
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now 
+FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
+WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+SELECT ct_request.id, ct_request.state, ct_request.expires_at 
+FROM ct_request 
+WHERE ct_request.request_key = :request_key_1;
+DELETE FROM ct_request WHERE ct_request.request_key = :request_key_1;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request.resource IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
+FROM (SELECT TOP 2 ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_2 AND ct_request.resource = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.ticket) AS anon_1;
+UPDATE ct_request SET state=:state, token=:token, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
+UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+
+-- ===== status =====
+SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
+SELECT ct_resource.namespace, ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.created_at, ct_resource.last_ticket 
+FROM ct_resource 
+WHERE ct_resource.namespace = :namespace_1 ORDER BY ct_resource.name;
+SELECT ct_request.id, ct_request.namespace, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.lease_seconds, ct_request.enqueued_at, ct_request.granted_at, ct_request.expires_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 ORDER BY ct_request.resource, ct_request.ticket;
+
+-- ===== reap expired holders and waiters =====
+SELECT DISTINCT ct_request.resource 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request.expires_at < (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0);
+
+-- ===== events prepare (introspection) =====
+
+-- ===== events prepare: claim columns, claim indexes, statistics (DDL) =====
+-- each statement runs in a transaction of its own, after a lock timeout for DDL
+-- (Oracle DDL_LOCK_TIMEOUT, PostgreSQL lock_timeout, MySQL lock_wait_timeout, SQL Server LOCK_TIMEOUT);
+-- indexes are built online where the server offers it (PostgreSQL CONCURRENTLY, SQL Server and
+-- Oracle Enterprise Edition: WITH (ONLINE = ON) / ONLINE appended to CREATE INDEX).
+-- SQL Server: plain indexes by default. prepare(filtered_indexes=True) makes them filtered
+-- (WHERE ct_state = 0 / 1): smaller, but then every INSERT, UPDATE and DELETE on this table
+-- fails (error 1934) in sessions with QUOTED_IDENTIFIER or ANSI_NULLS OFF.
+-- prepare(disable_lock_escalation=True) adds ALTER TABLE ... SET (LOCK_ESCALATION = DISABLE).
+ALTER TABLE events ADD ct_state SMALLINT NOT NULL DEFAULT '0';
+ALTER TABLE events ADD ct_owner NVARCHAR(200) COLLATE Latin1_General_100_BIN2 NULL;
+ALTER TABLE events ADD ct_token BIGINT NULL;
+ALTER TABLE events ADD ct_expires_at FLOAT(53) NULL;
+ALTER TABLE events ADD ct_available_at FLOAT(53) NULL;
+ALTER TABLE events ADD ct_attempts INTEGER NOT NULL DEFAULT '0';
+ALTER TABLE events ADD ct_error NVARCHAR(2000) NULL;
+ALTER TABLE events ADD ct_done_at FLOAT(53) NULL;
+CREATE INDEX ct_claim_events ON events (ct_state, event_id);
+CREATE INDEX ct_token_events ON events (ct_token);
+UPDATE STATISTICS events;
+
+-- ===== events claim: one short transaction that skips rows other workers hold =====
+SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
+SELECT TOP 5 events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
+FROM events WITH (UPDLOCK, ROWLOCK, READPAST, FORCESEEK) 
+WHERE events.ct_state = 1 AND events.ct_expires_at < :ct_expires_at_1 ORDER BY events.event_id;
+SELECT TOP 5 events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
+FROM events WITH (UPDLOCK, ROWLOCK, READPAST, FORCESEEK) 
+WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1) ORDER BY events.event_id;
+UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5);
+
+-- ===== batch complete (fenced on the batch token) =====
+UPDATE events SET ct_state=:ct_state, ct_expires_at=:ct_expires_at, ct_error=:ct_error, ct_done_at=(DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5) AND events.ct_token = :ct_token_1 AND events.ct_state = 1;
+SELECT events.event_id 
+FROM events WITH (FORCESEEK) 
+WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5) AND events.ct_token = :ct_token_1 AND events.ct_state = 2;
+
+-- ===== batch fail (back-off or error state, decided from the stored attempts) =====
+SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
+SELECT TOP 5 events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
+FROM events WITH (UPDLOCK, ROWLOCK, READPAST, FORCESEEK) 
+WHERE events.ct_state = 1 AND events.ct_expires_at < :ct_expires_at_1 ORDER BY events.event_id;
+SELECT TOP 5 events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
+FROM events WITH (UPDLOCK, ROWLOCK, READPAST, FORCESEEK) 
+WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1) ORDER BY events.event_id;
+UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5);
+SELECT events.event_id 
+FROM events WITH (UPDLOCK, ROWLOCK) 
+WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5) AND events.ct_token = :ct_token_1 AND events.ct_state = 1;
+UPDATE events SET ct_state=CASE WHEN (events.ct_attempts >= :ct_attempts_1) THEN :param_1 ELSE :param_2 END, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_available_at=CASE WHEN (events.ct_attempts >= :ct_attempts_1) THEN NULL WHEN (events.ct_attempts <= :ct_attempts_2) THEN (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) + :param_3 WHEN (events.ct_attempts <= :ct_attempts_3) THEN (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) + :param_4 WHEN (events.ct_attempts <= :ct_attempts_4) THEN (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) + :param_5 WHEN (events.ct_attempts <= :ct_attempts_5) THEN (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) + :param_6 ELSE (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) + :param_7 END, ct_error=:ct_error WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5) AND events.ct_token = :ct_token_1 AND events.ct_state = 1;
+
+-- ===== batch renew and release =====
+SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
+SELECT TOP 2 events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
+FROM events WITH (UPDLOCK, ROWLOCK, READPAST, FORCESEEK) 
+WHERE events.ct_state = 1 AND events.ct_expires_at < :ct_expires_at_1 ORDER BY events.event_id;
+SELECT TOP 2 events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
+FROM events WITH (UPDLOCK, ROWLOCK, READPAST, FORCESEEK) 
+WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1) ORDER BY events.event_id;
+UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2);
+SELECT events.event_id 
+FROM events WITH (UPDLOCK, ROWLOCK) 
+WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) AND events.ct_token = :ct_token_1 AND events.ct_state = 1 AND events.ct_expires_at >= :ct_expires_at_1;
+UPDATE events SET ct_expires_at=:ct_expires_at WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) AND events.ct_token = :ct_token_1 AND events.ct_state = 1;
+SELECT events.event_id 
+FROM events WITH (UPDLOCK, ROWLOCK) 
+WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) AND events.ct_token = :ct_token_1 AND events.ct_state = 1;
+UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=CASE WHEN (events.ct_attempts > :ct_attempts_1) THEN events.ct_attempts - :ct_attempts_2 ELSE :param_1 END WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) AND events.ct_token = :ct_token_1 AND events.ct_state = 1;
+
+-- ===== events stats =====
+SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
+SELECT events.ct_state, count(*) AS count_1 
+FROM events GROUP BY events.ct_state;
+SELECT count(*) AS count_1 
+FROM events 
+WHERE events.ct_state = 1 AND events.ct_expires_at < :ct_expires_at_1;
+SELECT TOP 1 events.event_id 
+FROM events 
+WHERE events.ct_state = 0 ORDER BY events.event_id;
+
+-- ===== events retry_errors =====
+SELECT TOP 1000 events.event_id 
+FROM events WITH (UPDLOCK, ROWLOCK) 
+WHERE events.ct_state = 3 ORDER BY events.event_id;
+
+-- ===== worklist populate =====
+SELECT ct_worklist.last_token 
+FROM ct_worklist WITH (UPDLOCK, ROWLOCK) 
+WHERE ct_worklist.namespace = :namespace_1 AND ct_worklist.name = :name_1;
+INSERT INTO ct_worklist (namespace, name, last_token, created_at) VALUES (:namespace, :name, :last_token, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0));
+SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
+INSERT INTO ct_work_item (namespace, worklist, exec_order, priority, payload, state, attempts, created_at) OUTPUT inserted.id VALUES (:namespace, :worklist, :exec_order, :priority, :payload, :state, :attempts, :created_at);
+
+-- ===== worklist allocate: lock the work list row, lowest unfinished order only =====
+SELECT ct_worklist.last_token 
+FROM ct_worklist WITH (UPDLOCK, ROWLOCK) 
+WHERE ct_worklist.namespace = :namespace_1 AND ct_worklist.name = :name_1;
+SELECT min(ct_work_item.exec_order) AS [current], (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now 
+FROM ct_work_item 
+WHERE ct_work_item.namespace = :namespace_1 AND ct_work_item.worklist = :worklist_1 AND ct_work_item.state IN ('new', 'active', 'error');
+SELECT TOP 1 ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts 
+FROM ct_work_item 
+WHERE ct_work_item.namespace = :namespace_1 AND ct_work_item.worklist = :worklist_1 AND ct_work_item.exec_order = :exec_order_1 AND (ct_work_item.state = 'new' OR ct_work_item.state = 'active' AND ct_work_item.expires_at < :expires_at_1) ORDER BY ct_work_item.priority DESC, ct_work_item.id;
+UPDATE ct_worklist SET last_token=:last_token WHERE ct_worklist.namespace = :namespace_1 AND ct_worklist.name = :name_1;
+UPDATE ct_work_item SET state=:state, owner=:owner, token=:token, attempts=(ct_work_item.attempts + :attempts_1), started_at=:started_at, finished_at=:finished_at, expires_at=:expires_at WHERE ct_work_item.id = :id_1;
+
+-- ===== work item complete (fenced on the item token) =====
+UPDATE ct_work_item SET state=:state, last_error=:last_error, finished_at=(DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0), expires_at=:expires_at WHERE ct_work_item.id = :id_1 AND ct_work_item.token = :token_1 AND ct_work_item.state = 'active';
+
+-- ===== worklist status =====
+SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
+SELECT ct_work_item.exec_order, ct_work_item.state, count(*) AS count_1, sum(CASE WHEN (ct_work_item.state = 'active' AND ct_work_item.expires_at < :expires_at_1) THEN :param_2 ELSE :param_3 END) AS sum_1 
+FROM ct_work_item 
+WHERE ct_work_item.namespace = :namespace_1 AND ct_work_item.worklist = :worklist_1 GROUP BY ct_work_item.exec_order, ct_work_item.state ORDER BY ct_work_item.exec_order;

@@ -1,0 +1,284 @@
+-- controltable: DDL and statements for mysql (server version 8.0)
+-- Run the DDL once with DDL rights (or `controltable init`); afterwards the engine needs DML only
+-- (SELECT, INSERT, UPDATE, DELETE on the tables below and on your event tables).
+
+-- ===== control tables =====
+CREATE TABLE ct_meta (
+	`key` VARCHAR(64) NOT NULL, 
+	value VARCHAR(255) NOT NULL, 
+	PRIMARY KEY (`key`)
+);
+CREATE TABLE ct_request (
+	id BIGINT NOT NULL AUTO_INCREMENT, 
+	namespace VARCHAR(100) NOT NULL, 
+	resource VARCHAR(200) NOT NULL, 
+	holder VARCHAR(200) NOT NULL, 
+	request_key VARCHAR(64) NOT NULL, 
+	slots INTEGER NOT NULL, 
+	mode VARCHAR(10) NOT NULL, 
+	state VARCHAR(10) NOT NULL, 
+	token BIGINT, 
+	lease_seconds FLOAT(53) NOT NULL, 
+	enqueued_at FLOAT(53) NOT NULL, 
+	granted_at FLOAT(53), 
+	expires_at FLOAT(53) NOT NULL, 
+	ticket BIGINT NOT NULL DEFAULT 0, 
+	attempt INTEGER, 
+	pickup_seconds FLOAT(53), 
+	PRIMARY KEY (id), 
+	CONSTRAINT ct_request_holder_uq UNIQUE (namespace, resource, holder)
+);
+CREATE INDEX ct_request_key_ix ON ct_request (request_key);
+CREATE INDEX ct_request_state_ix ON ct_request (namespace, resource, state, ticket);
+CREATE TABLE ct_resource (
+	namespace VARCHAR(100) NOT NULL, 
+	name VARCHAR(200) NOT NULL, 
+	capacity INTEGER NOT NULL, 
+	last_token BIGINT NOT NULL, 
+	created_at FLOAT(53) NOT NULL, 
+	last_ticket BIGINT NOT NULL DEFAULT 0, 
+	CONSTRAINT ct_resource_pk PRIMARY KEY (namespace, name)
+);
+CREATE TABLE ct_work_item (
+	id BIGINT NOT NULL AUTO_INCREMENT, 
+	namespace VARCHAR(100) NOT NULL, 
+	worklist VARCHAR(200) NOT NULL, 
+	exec_order INTEGER NOT NULL, 
+	priority INTEGER NOT NULL, 
+	payload TEXT NOT NULL, 
+	state VARCHAR(10) NOT NULL, 
+	owner VARCHAR(200), 
+	token BIGINT, 
+	attempts INTEGER NOT NULL, 
+	last_error TEXT, 
+	created_at FLOAT(53) NOT NULL, 
+	started_at FLOAT(53), 
+	finished_at FLOAT(53), 
+	expires_at FLOAT(53), 
+	PRIMARY KEY (id)
+);
+CREATE INDEX ct_work_item_ix ON ct_work_item (namespace, worklist, state, exec_order);
+CREATE TABLE ct_worklist (
+	namespace VARCHAR(100) NOT NULL, 
+	name VARCHAR(200) NOT NULL, 
+	last_token BIGINT NOT NULL, 
+	created_at FLOAT(53) NOT NULL, 
+	CONSTRAINT ct_worklist_pk PRIMARY KEY (namespace, name)
+);
+
+-- ===== set_capacity (create or resize a resource) =====
+SELECT ct_resource.name 
+FROM ct_resource 
+WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
+INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (%s, %s, %s, %s, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0), %s);
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS now 
+FROM ct_resource 
+WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
+UPDATE ct_resource SET capacity=%s WHERE ct_resource.namespace = %s AND ct_resource.name = %s;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource IN (%s) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
+FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource = %s AND ct_request.state = 'waiting' ORDER BY ct_request.ticket 
+ LIMIT %s) AS anon_1;
+
+-- ===== acquire: lock the resource row, reap expired entries, read the queue, grant =====
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS now 
+FROM ct_resource 
+WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource IN (%s) AND ct_request.holder = %s;
+INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s);
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource IN (%s) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
+FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource = %s AND ct_request.state = 'waiting' ORDER BY ct_request.ticket 
+ LIMIT %s) AS anon_1;
+UPDATE ct_request SET state=%s, token=%s, lease_seconds=%s, granted_at=%s, expires_at=%s WHERE ct_request.id = %s AND ct_request.state = 'waiting';
+UPDATE ct_resource SET last_token=%s, last_ticket=%s WHERE ct_resource.namespace = %s AND ct_resource.name = %s;
+
+-- ===== try_acquire while held: enqueue or refresh a waiter =====
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS now, (SELECT min(wq.ticket) AS min_1 
+FROM ct_request AS wq 
+WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting') AS head_ticket, (SELECT min(hq.expires_at) AS min_2 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), %s) AS coalesce_1 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS used, (SELECT count(*) AS count_1 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = %s) AS excl, ct_resource.capacity 
+FROM ct_request INNER JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
+WHERE ct_request.namespace = %s AND ct_request.resource IN (%s) AND ct_request.holder = %s;
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS now 
+FROM ct_resource 
+WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource IN (%s) AND ct_request.holder = %s;
+INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s);
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource IN (%s) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
+FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource = %s AND ct_request.state = 'waiting' ORDER BY ct_request.ticket 
+ LIMIT %s) AS anon_1;
+UPDATE ct_resource SET last_token=%s, last_ticket=%s WHERE ct_resource.namespace = %s AND ct_resource.name = %s;
+SELECT min(ct_request.ticket) AS min_1 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource = %s AND ct_request.state = 'waiting';
+
+-- ===== renew a lease (fenced by the request key) =====
+SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
+UPDATE ct_request SET lease_seconds=%s, expires_at=%s WHERE ct_request.request_key = %s AND ct_request.state = 'granted' AND ct_request.expires_at >= %s;
+
+-- ===== release a lease =====
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS now 
+FROM ct_resource 
+WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
+SELECT ct_request.id, ct_request.state, ct_request.expires_at 
+FROM ct_request 
+WHERE ct_request.request_key = %s;
+DELETE FROM ct_request WHERE ct_request.request_key = %s;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource IN (%s) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
+FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource = %s AND ct_request.state = 'waiting' ORDER BY ct_request.ticket 
+ LIMIT %s) AS anon_1;
+UPDATE ct_request SET state=%s, token=%s, granted_at=%s, expires_at=%s WHERE ct_request.id = %s AND ct_request.state = 'waiting';
+UPDATE ct_resource SET last_token=%s, last_ticket=%s WHERE ct_resource.namespace = %s AND ct_resource.name = %s;
+
+-- ===== status =====
+SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
+SELECT ct_resource.namespace, ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.created_at, ct_resource.last_ticket 
+FROM ct_resource 
+WHERE ct_resource.namespace = %s ORDER BY ct_resource.name;
+SELECT ct_request.id, ct_request.namespace, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.lease_seconds, ct_request.enqueued_at, ct_request.granted_at, ct_request.expires_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s ORDER BY ct_request.resource, ct_request.ticket;
+
+-- ===== reap expired holders and waiters =====
+SELECT DISTINCT ct_request.resource 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.expires_at < (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0);
+
+-- ===== events prepare (introspection) =====
+
+-- ===== events prepare: claim columns, claim indexes, statistics (DDL) =====
+-- each statement runs in a transaction of its own, after a lock timeout for DDL
+-- (Oracle DDL_LOCK_TIMEOUT, PostgreSQL lock_timeout, MySQL lock_wait_timeout, SQL Server LOCK_TIMEOUT);
+-- indexes are built online where the server offers it (PostgreSQL CONCURRENTLY, SQL Server and
+-- Oracle Enterprise Edition: WITH (ONLINE = ON) / ONLINE appended to CREATE INDEX).
+ALTER TABLE events ADD ct_state SMALLINT NOT NULL DEFAULT '0';
+ALTER TABLE events ADD ct_owner VARCHAR(200);
+ALTER TABLE events ADD ct_token BIGINT;
+ALTER TABLE events ADD ct_expires_at FLOAT(53);
+ALTER TABLE events ADD ct_available_at FLOAT(53);
+ALTER TABLE events ADD ct_attempts INTEGER NOT NULL DEFAULT '0';
+ALTER TABLE events ADD ct_error VARCHAR(2000);
+ALTER TABLE events ADD ct_done_at FLOAT(53);
+CREATE INDEX ct_claim_events ON events (ct_state, event_id);
+ANALYZE TABLE events;
+
+-- ===== events claim: one short transaction that skips rows other workers hold =====
+SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
+SELECT events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
+FROM events 
+WHERE events.ct_state = 1 AND events.ct_expires_at < %s ORDER BY events.event_id 
+ LIMIT %s FOR UPDATE SKIP LOCKED;
+SELECT events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
+FROM events 
+WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= %s) ORDER BY events.event_id 
+ LIMIT %s FOR UPDATE SKIP LOCKED;
+UPDATE events SET ct_state=%s, ct_owner=%s, ct_token=%s, ct_expires_at=%s, ct_attempts=(events.ct_attempts + %s) WHERE events.event_id IN (%s, %s, %s, %s, %s);
+
+-- ===== batch complete (fenced on the batch token) =====
+UPDATE events SET ct_state=%s, ct_expires_at=%s, ct_error=%s, ct_done_at=(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) WHERE events.ct_token = %s AND events.ct_state = 1;
+
+-- ===== batch fail (back-off or error state, decided from the stored attempts) =====
+SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
+SELECT events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
+FROM events 
+WHERE events.ct_state = 1 AND events.ct_expires_at < %s ORDER BY events.event_id 
+ LIMIT %s FOR UPDATE SKIP LOCKED;
+SELECT events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
+FROM events 
+WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= %s) ORDER BY events.event_id 
+ LIMIT %s FOR UPDATE SKIP LOCKED;
+UPDATE events SET ct_state=%s, ct_owner=%s, ct_token=%s, ct_expires_at=%s, ct_attempts=(events.ct_attempts + %s) WHERE events.event_id IN (%s, %s, %s, %s, %s);
+SELECT events.event_id 
+FROM events 
+WHERE events.event_id IN (%s, %s, %s, %s, %s) AND events.ct_token = %s AND events.ct_state = 1 FOR UPDATE;
+UPDATE events SET ct_state=CASE WHEN (events.ct_attempts >= %s) THEN %s ELSE %s END, ct_owner=%s, ct_token=%s, ct_expires_at=%s, ct_available_at=CASE WHEN (events.ct_attempts >= %s) THEN NULL WHEN (events.ct_attempts <= %s) THEN (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) + %s WHEN (events.ct_attempts <= %s) THEN (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) + %s WHEN (events.ct_attempts <= %s) THEN (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) + %s WHEN (events.ct_attempts <= %s) THEN (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) + %s ELSE (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) + %s END, ct_error=%s WHERE events.event_id IN (%s, %s, %s, %s, %s) AND events.ct_token = %s AND events.ct_state = 1;
+
+-- ===== batch renew and release =====
+SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
+SELECT events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
+FROM events 
+WHERE events.ct_state = 1 AND events.ct_expires_at < %s ORDER BY events.event_id 
+ LIMIT %s FOR UPDATE SKIP LOCKED;
+SELECT events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
+FROM events 
+WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= %s) ORDER BY events.event_id 
+ LIMIT %s FOR UPDATE SKIP LOCKED;
+UPDATE events SET ct_state=%s, ct_owner=%s, ct_token=%s, ct_expires_at=%s, ct_attempts=(events.ct_attempts + %s) WHERE events.event_id IN (%s, %s);
+SELECT events.event_id 
+FROM events 
+WHERE events.event_id IN (%s, %s) AND events.ct_token = %s AND events.ct_state = 1 AND events.ct_expires_at >= %s FOR UPDATE;
+UPDATE events SET ct_expires_at=%s WHERE events.event_id IN (%s, %s) AND events.ct_token = %s AND events.ct_state = 1;
+SELECT events.event_id 
+FROM events 
+WHERE events.event_id IN (%s, %s) AND events.ct_token = %s AND events.ct_state = 1 FOR UPDATE;
+UPDATE events SET ct_state=%s, ct_owner=%s, ct_token=%s, ct_expires_at=%s, ct_attempts=CASE WHEN (events.ct_attempts > %s) THEN events.ct_attempts - %s ELSE %s END WHERE events.event_id IN (%s, %s) AND events.ct_token = %s AND events.ct_state = 1;
+
+-- ===== events stats =====
+SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
+SELECT events.ct_state, count(*) AS count_1 
+FROM events GROUP BY events.ct_state;
+SELECT count(*) AS count_1 
+FROM events 
+WHERE events.ct_state = 1 AND events.ct_expires_at < %s;
+SELECT events.event_id 
+FROM events 
+WHERE events.ct_state = 0 ORDER BY events.event_id 
+ LIMIT %s;
+
+-- ===== events retry_errors =====
+UPDATE events SET ct_state=%s, ct_available_at=%s, ct_attempts=%s, ct_error=%s WHERE events.ct_state = 3;
+
+-- ===== worklist populate =====
+SELECT ct_worklist.last_token 
+FROM ct_worklist 
+WHERE ct_worklist.namespace = %s AND ct_worklist.name = %s FOR UPDATE;
+INSERT INTO ct_worklist (namespace, name, last_token, created_at) VALUES (%s, %s, %s, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0));
+SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
+INSERT INTO ct_work_item (namespace, worklist, exec_order, priority, payload, state, attempts, created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s);
+
+-- ===== worklist allocate: lock the work list row, lowest unfinished order only =====
+SELECT ct_worklist.last_token 
+FROM ct_worklist 
+WHERE ct_worklist.namespace = %s AND ct_worklist.name = %s FOR UPDATE;
+SELECT min(ct_work_item.exec_order) AS current, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS now 
+FROM ct_work_item 
+WHERE ct_work_item.namespace = %s AND ct_work_item.worklist = %s AND ct_work_item.state IN ('new', 'active', 'error');
+SELECT ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts 
+FROM ct_work_item 
+WHERE ct_work_item.namespace = %s AND ct_work_item.worklist = %s AND ct_work_item.exec_order = %s AND (ct_work_item.state = 'new' OR ct_work_item.state = 'active' AND ct_work_item.expires_at < %s) ORDER BY ct_work_item.priority DESC, ct_work_item.id 
+ LIMIT %s;
+UPDATE ct_worklist SET last_token=%s WHERE ct_worklist.namespace = %s AND ct_worklist.name = %s;
+UPDATE ct_work_item SET state=%s, owner=%s, token=%s, attempts=(ct_work_item.attempts + %s), started_at=%s, finished_at=%s, expires_at=%s WHERE ct_work_item.id = %s;
+
+-- ===== work item complete (fenced on the item token) =====
+UPDATE ct_work_item SET state=%s, last_error=%s, finished_at=(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0), expires_at=%s WHERE ct_work_item.id = %s AND ct_work_item.token = %s AND ct_work_item.state = 'active';
+
+-- ===== worklist status =====
+SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
+SELECT ct_work_item.exec_order, ct_work_item.state, count(*) AS count_1, sum(CASE WHEN (ct_work_item.state = 'active' AND ct_work_item.expires_at < %s) THEN %s ELSE %s END) AS sum_1 
+FROM ct_work_item 
+WHERE ct_work_item.namespace = %s AND ct_work_item.worklist = %s GROUP BY ct_work_item.exec_order, ct_work_item.state ORDER BY ct_work_item.exec_order;

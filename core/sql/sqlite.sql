@@ -1,0 +1,278 @@
+-- controltable: DDL and statements for sqlite (server version 3.40)
+-- Run the DDL once with DDL rights (or `controltable init`); afterwards the engine needs DML only
+-- (SELECT, INSERT, UPDATE, DELETE on the tables below and on your event tables).
+
+-- ===== control tables =====
+CREATE TABLE ct_meta (
+	"key" VARCHAR(64) NOT NULL, 
+	value VARCHAR(255) NOT NULL, 
+	PRIMARY KEY ("key")
+);
+CREATE TABLE ct_request (
+	id INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT, 
+	namespace VARCHAR(100) NOT NULL, 
+	resource VARCHAR(200) NOT NULL, 
+	holder VARCHAR(200) NOT NULL, 
+	request_key VARCHAR(64) NOT NULL, 
+	slots INTEGER NOT NULL, 
+	mode VARCHAR(10) NOT NULL, 
+	state VARCHAR(10) NOT NULL, 
+	token BIGINT, 
+	lease_seconds FLOAT NOT NULL, 
+	enqueued_at FLOAT NOT NULL, 
+	granted_at FLOAT, 
+	expires_at FLOAT NOT NULL, 
+	ticket BIGINT DEFAULT 0 NOT NULL, 
+	attempt INTEGER, 
+	pickup_seconds FLOAT, 
+	CONSTRAINT ct_request_holder_uq UNIQUE (namespace, resource, holder)
+);
+CREATE INDEX ct_request_key_ix ON ct_request (request_key);
+CREATE INDEX ct_request_state_ix ON ct_request (namespace, resource, state, ticket);
+CREATE TABLE ct_resource (
+	namespace VARCHAR(100) NOT NULL, 
+	name VARCHAR(200) NOT NULL, 
+	capacity INTEGER NOT NULL, 
+	last_token BIGINT NOT NULL, 
+	created_at FLOAT NOT NULL, 
+	last_ticket BIGINT DEFAULT 0 NOT NULL, 
+	CONSTRAINT ct_resource_pk PRIMARY KEY (namespace, name)
+);
+CREATE TABLE ct_work_item (
+	id INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT, 
+	namespace VARCHAR(100) NOT NULL, 
+	worklist VARCHAR(200) NOT NULL, 
+	exec_order INTEGER NOT NULL, 
+	priority INTEGER NOT NULL, 
+	payload TEXT NOT NULL, 
+	state VARCHAR(10) NOT NULL, 
+	owner VARCHAR(200), 
+	token BIGINT, 
+	attempts INTEGER NOT NULL, 
+	last_error TEXT, 
+	created_at FLOAT NOT NULL, 
+	started_at FLOAT, 
+	finished_at FLOAT, 
+	expires_at FLOAT
+);
+CREATE INDEX ct_work_item_ix ON ct_work_item (namespace, worklist, state, exec_order);
+CREATE TABLE ct_worklist (
+	namespace VARCHAR(100) NOT NULL, 
+	name VARCHAR(200) NOT NULL, 
+	last_token BIGINT NOT NULL, 
+	created_at FLOAT NOT NULL, 
+	CONSTRAINT ct_worklist_pk PRIMARY KEY (namespace, name)
+);
+
+-- ===== set_capacity (create or resize a resource) =====
+SELECT ct_resource.name 
+FROM ct_resource 
+WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
+INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (?, ?, ?, ?, ((julianday('now') - 2440587.5) * 86400.0), ?);
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ((julianday('now') - 2440587.5) * 86400.0) AS now 
+FROM ct_resource 
+WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
+UPDATE ct_resource SET capacity=? WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = ? AND ct_request.resource IN (?) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
+FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting' ORDER BY ct_request.ticket
+ LIMIT ? OFFSET ?) AS anon_1;
+
+-- ===== acquire: lock the resource row, reap expired entries, read the queue, grant =====
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ((julianday('now') - 2440587.5) * 86400.0) AS now 
+FROM ct_resource 
+WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = ? AND ct_request.resource IN (?) AND ct_request.holder = ?;
+INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = ? AND ct_request.resource IN (?) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
+FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting' ORDER BY ct_request.ticket
+ LIMIT ? OFFSET ?) AS anon_1;
+UPDATE ct_request SET state=?, token=?, lease_seconds=?, granted_at=?, expires_at=? WHERE ct_request.id = ? AND ct_request.state = 'waiting';
+UPDATE ct_resource SET last_token=?, last_ticket=? WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
+
+-- ===== try_acquire while held: enqueue or refresh a waiter =====
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ((julianday('now') - 2440587.5) * 86400.0) AS now, (SELECT min(wq.ticket) AS min_1 
+FROM ct_request AS wq 
+WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting') AS head_ticket, (SELECT min(hq.expires_at) AS min_2 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), ?) AS coalesce_1 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS used, (SELECT count(*) AS count_1 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = ?) AS excl, ct_resource.capacity 
+FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
+WHERE ct_request.namespace = ? AND ct_request.resource IN (?) AND ct_request.holder = ?;
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ((julianday('now') - 2440587.5) * 86400.0) AS now 
+FROM ct_resource 
+WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = ? AND ct_request.resource IN (?) AND ct_request.holder = ?;
+INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = ? AND ct_request.resource IN (?) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
+FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting' ORDER BY ct_request.ticket
+ LIMIT ? OFFSET ?) AS anon_1;
+UPDATE ct_resource SET last_token=?, last_ticket=? WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
+SELECT min(ct_request.ticket) AS min_1 
+FROM ct_request 
+WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting';
+
+-- ===== renew a lease (fenced by the request key) =====
+SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
+UPDATE ct_request SET lease_seconds=?, expires_at=? WHERE ct_request.request_key = ? AND ct_request.state = 'granted' AND ct_request.expires_at >= ?;
+
+-- ===== release a lease =====
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ((julianday('now') - 2440587.5) * 86400.0) AS now 
+FROM ct_resource 
+WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
+SELECT ct_request.id, ct_request.state, ct_request.expires_at 
+FROM ct_request 
+WHERE ct_request.request_key = ?;
+DELETE FROM ct_request WHERE ct_request.request_key = ?;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = ? AND ct_request.resource IN (?) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
+FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting' ORDER BY ct_request.ticket
+ LIMIT ? OFFSET ?) AS anon_1;
+UPDATE ct_request SET state=?, token=?, granted_at=?, expires_at=? WHERE ct_request.id = ? AND ct_request.state = 'waiting';
+UPDATE ct_resource SET last_token=?, last_ticket=? WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
+
+-- ===== status =====
+SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
+SELECT ct_resource.namespace, ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.created_at, ct_resource.last_ticket 
+FROM ct_resource 
+WHERE ct_resource.namespace = ? ORDER BY ct_resource.name;
+SELECT ct_request.id, ct_request.namespace, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.lease_seconds, ct_request.enqueued_at, ct_request.granted_at, ct_request.expires_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = ? ORDER BY ct_request.resource, ct_request.ticket;
+
+-- ===== reap expired holders and waiters =====
+SELECT DISTINCT ct_request.resource 
+FROM ct_request 
+WHERE ct_request.namespace = ? AND ct_request.expires_at < ((julianday('now') - 2440587.5) * 86400.0);
+
+-- ===== events prepare (introspection) =====
+
+-- ===== events prepare: claim columns, claim indexes, statistics (DDL) =====
+-- each statement runs in a transaction of its own, after a lock timeout for DDL
+-- (Oracle DDL_LOCK_TIMEOUT, PostgreSQL lock_timeout, MySQL lock_wait_timeout, SQL Server LOCK_TIMEOUT);
+-- indexes are built online where the server offers it (PostgreSQL CONCURRENTLY, SQL Server and
+-- Oracle Enterprise Edition: WITH (ONLINE = ON) / ONLINE appended to CREATE INDEX).
+ALTER TABLE events ADD ct_state SMALLINT DEFAULT '0' NOT NULL;
+ALTER TABLE events ADD ct_owner VARCHAR(200);
+ALTER TABLE events ADD ct_token BIGINT;
+ALTER TABLE events ADD ct_expires_at FLOAT;
+ALTER TABLE events ADD ct_available_at FLOAT;
+ALTER TABLE events ADD ct_attempts INTEGER DEFAULT '0' NOT NULL;
+ALTER TABLE events ADD ct_error VARCHAR(2000);
+ALTER TABLE events ADD ct_done_at FLOAT;
+CREATE INDEX ct_pending_events ON events (event_id) WHERE ct_state = 0;
+CREATE INDEX ct_claimed_events ON events (event_id) WHERE ct_state = 1;
+ANALYZE events;
+
+-- ===== events claim: one short transaction that skips rows other workers hold =====
+SELECT events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
+FROM events 
+WHERE events.ct_state = 1 AND events.ct_expires_at < ((julianday('now') - 2440587.5) * 86400.0) ORDER BY events.event_id
+ LIMIT ? OFFSET ?;
+UPDATE events SET ct_state=?, ct_owner=?, ct_token=?, ct_expires_at=(((julianday('now') - 2440587.5) * 86400.0) + ?), ct_attempts=(events.ct_attempts + ?) WHERE events.event_id IN (SELECT events.event_id 
+FROM events 
+WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= ((julianday('now') - 2440587.5) * 86400.0)) ORDER BY events.event_id
+ LIMIT ? OFFSET ?) RETURNING event_id, payload, ct_state, ct_owner, ct_token, ct_expires_at, ct_available_at, ct_attempts, ct_error, ct_done_at;
+
+-- ===== batch complete (fenced on the batch token) =====
+UPDATE events SET ct_state=?, ct_expires_at=?, ct_error=?, ct_done_at=((julianday('now') - 2440587.5) * 86400.0) WHERE events.ct_token = ? AND events.ct_state = 1;
+
+-- ===== batch fail (back-off or error state, decided from the stored attempts) =====
+SELECT events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
+FROM events 
+WHERE events.ct_state = 1 AND events.ct_expires_at < ((julianday('now') - 2440587.5) * 86400.0) ORDER BY events.event_id
+ LIMIT ? OFFSET ?;
+UPDATE events SET ct_state=?, ct_owner=?, ct_token=?, ct_expires_at=(((julianday('now') - 2440587.5) * 86400.0) + ?), ct_attempts=(events.ct_attempts + ?) WHERE events.event_id IN (SELECT events.event_id 
+FROM events 
+WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= ((julianday('now') - 2440587.5) * 86400.0)) ORDER BY events.event_id
+ LIMIT ? OFFSET ?) RETURNING event_id, payload, ct_state, ct_owner, ct_token, ct_expires_at, ct_available_at, ct_attempts, ct_error, ct_done_at;
+SELECT events.event_id 
+FROM events 
+WHERE events.event_id IN (?, ?, ?, ?, ?) AND events.ct_token = ? AND events.ct_state = 1;
+UPDATE events SET ct_state=CASE WHEN (events.ct_attempts >= ?) THEN ? ELSE ? END, ct_owner=?, ct_token=?, ct_expires_at=?, ct_available_at=CASE WHEN (events.ct_attempts >= ?) THEN NULL WHEN (events.ct_attempts <= ?) THEN ((julianday('now') - 2440587.5) * 86400.0) + ? WHEN (events.ct_attempts <= ?) THEN ((julianday('now') - 2440587.5) * 86400.0) + ? WHEN (events.ct_attempts <= ?) THEN ((julianday('now') - 2440587.5) * 86400.0) + ? WHEN (events.ct_attempts <= ?) THEN ((julianday('now') - 2440587.5) * 86400.0) + ? ELSE ((julianday('now') - 2440587.5) * 86400.0) + ? END, ct_error=? WHERE events.event_id IN (?, ?, ?, ?, ?) AND events.ct_token = ? AND events.ct_state = 1;
+
+-- ===== batch renew and release =====
+SELECT events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
+FROM events 
+WHERE events.ct_state = 1 AND events.ct_expires_at < ((julianday('now') - 2440587.5) * 86400.0) ORDER BY events.event_id
+ LIMIT ? OFFSET ?;
+UPDATE events SET ct_state=?, ct_owner=?, ct_token=?, ct_expires_at=(((julianday('now') - 2440587.5) * 86400.0) + ?), ct_attempts=(events.ct_attempts + ?) WHERE events.event_id IN (SELECT events.event_id 
+FROM events 
+WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= ((julianday('now') - 2440587.5) * 86400.0)) ORDER BY events.event_id
+ LIMIT ? OFFSET ?) RETURNING event_id, payload, ct_state, ct_owner, ct_token, ct_expires_at, ct_available_at, ct_attempts, ct_error, ct_done_at;
+SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
+SELECT events.event_id 
+FROM events 
+WHERE events.event_id IN (?, ?) AND events.ct_token = ? AND events.ct_state = 1 AND events.ct_expires_at >= ?;
+UPDATE events SET ct_expires_at=? WHERE events.event_id IN (?, ?) AND events.ct_token = ? AND events.ct_state = 1;
+SELECT events.event_id 
+FROM events 
+WHERE events.event_id IN (?, ?) AND events.ct_token = ? AND events.ct_state = 1;
+UPDATE events SET ct_state=?, ct_owner=?, ct_token=?, ct_expires_at=?, ct_attempts=CASE WHEN (events.ct_attempts > ?) THEN events.ct_attempts - ? ELSE ? END WHERE events.event_id IN (?, ?) AND events.ct_token = ? AND events.ct_state = 1;
+
+-- ===== events stats =====
+SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
+SELECT events.ct_state, count(*) AS count_1 
+FROM events GROUP BY events.ct_state;
+SELECT count(*) AS count_1 
+FROM events 
+WHERE events.ct_state = 1 AND events.ct_expires_at < ?;
+SELECT events.event_id 
+FROM events 
+WHERE events.ct_state = 0 ORDER BY events.event_id
+ LIMIT ? OFFSET ?;
+
+-- ===== events retry_errors =====
+UPDATE events SET ct_state=?, ct_available_at=?, ct_attempts=?, ct_error=? WHERE events.ct_state = 3;
+
+-- ===== worklist populate =====
+SELECT ct_worklist.last_token 
+FROM ct_worklist 
+WHERE ct_worklist.namespace = ? AND ct_worklist.name = ?;
+INSERT INTO ct_worklist (namespace, name, last_token, created_at) VALUES (?, ?, ?, ((julianday('now') - 2440587.5) * 86400.0));
+SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
+INSERT INTO ct_work_item (namespace, worklist, exec_order, priority, payload, state, attempts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?);
+
+-- ===== worklist allocate: lock the work list row, lowest unfinished order only =====
+SELECT ct_worklist.last_token 
+FROM ct_worklist 
+WHERE ct_worklist.namespace = ? AND ct_worklist.name = ?;
+SELECT min(ct_work_item.exec_order) AS current, ((julianday('now') - 2440587.5) * 86400.0) AS now 
+FROM ct_work_item 
+WHERE ct_work_item.namespace = ? AND ct_work_item.worklist = ? AND ct_work_item.state IN ('new', 'active', 'error');
+SELECT ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts 
+FROM ct_work_item 
+WHERE ct_work_item.namespace = ? AND ct_work_item.worklist = ? AND ct_work_item.exec_order = ? AND (ct_work_item.state = 'new' OR ct_work_item.state = 'active' AND ct_work_item.expires_at < ?) ORDER BY ct_work_item.priority DESC, ct_work_item.id
+ LIMIT ? OFFSET ?;
+UPDATE ct_worklist SET last_token=? WHERE ct_worklist.namespace = ? AND ct_worklist.name = ?;
+UPDATE ct_work_item SET state=?, owner=?, token=?, attempts=(ct_work_item.attempts + ?), started_at=?, finished_at=?, expires_at=? WHERE ct_work_item.id = ?;
+
+-- ===== work item complete (fenced on the item token) =====
+UPDATE ct_work_item SET state=?, last_error=?, finished_at=((julianday('now') - 2440587.5) * 86400.0), expires_at=? WHERE ct_work_item.id = ? AND ct_work_item.token = ? AND ct_work_item.state = 'active';
+
+-- ===== worklist status =====
+SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
+SELECT ct_work_item.exec_order, ct_work_item.state, count(*) AS count_1, sum(CASE WHEN (ct_work_item.state = 'active' AND ct_work_item.expires_at < ?) THEN ? ELSE ? END) AS sum_1 
+FROM ct_work_item 
+WHERE ct_work_item.namespace = ? AND ct_work_item.worklist = ? GROUP BY ct_work_item.exec_order, ct_work_item.state ORDER BY ct_work_item.exec_order;

@@ -1,0 +1,527 @@
+"""Driver errors are classified by SQLSTATE / driver code, retried where safe, and reported as controltable errors.
+
+Fake exceptions carry the codes each driver really uses (and the attribute it keeps them in);
+the live tests provoke the real ones: an unknown role, a missing database, a user without
+privileges, a wrong password, a server that accepts connections and never answers.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import pytest
+import sqlalchemy.exc as sa_exc
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from controltable import (
+    AuthenticationError,
+    ConfigurationError,
+    ConflictError,
+    ControlTable,
+    ControlTableError,
+    DatabaseBusyError,
+    DatabaseMissingError,
+    DatabaseUnavailableError,
+    NotInstalledError,
+    PermissionDeniedError,
+    StatementTimeoutError,
+    UnexpectedDatabaseError,
+)
+from controltable import connect as ct_connect
+from controltable.db import Database
+from controltable.errorcodes import Kind, classify, is_unique_violation
+from controltable.errors import redact, safe_url
+
+
+# -- fake driver exceptions that carry real codes where each driver keeps them ---------------------
+def _driver_class(module: str, name: str = "OperationalError") -> type[Exception]:
+    return type(name, (Exception,), {"__module__": module})
+
+
+def psycopg_error(sqlstate: Optional[str], message: str = "boom", name: str = "OperationalError") -> Exception:
+    exc = _driver_class("psycopg.errors", name)(message)
+    exc.sqlstate = sqlstate  # type: ignore[attr-defined]
+    return exc
+
+
+def psycopg2_error(pgcode: Optional[str], message: str = "boom") -> Exception:
+    exc = _driver_class("psycopg2.errors")(message)
+    exc.pgcode = pgcode  # type: ignore[attr-defined]
+    exc.pgerror = None if pgcode is None else message  # type: ignore[attr-defined]
+    return exc
+
+
+def pyodbc_error(state: str, number: int, name: str = "ProgrammingError") -> Exception:
+    return _driver_class("pyodbc", name)(
+        state, f"[{state}] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Something ({number}) (SQLExecDirectW)"
+    )
+
+
+class _OracleError:
+    """python-oracledb's ``_Error``: ``exc.args[0]`` with ``full_code`` and ``message``."""
+
+    def __init__(self, full_code: str) -> None:
+        self.full_code = full_code
+        self.message = f"{full_code}: something"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def oracle_error(full_code: str, name: str = "DatabaseError") -> Exception:
+    return _driver_class("oracledb.exceptions", name)(_OracleError(full_code))
+
+
+def wrapped(orig: Exception, invalidated: bool = False) -> sa_exc.DBAPIError:
+    return sa_exc.OperationalError("SELECT 1", {}, orig, connection_invalidated=invalidated)  # type: ignore[arg-type]
+
+
+PG_CASES = [
+    ("40001", Kind.TRANSIENT), ("40P01", Kind.TRANSIENT), ("55P03", Kind.TRANSIENT),
+    ("57P01", Kind.UNAVAILABLE), ("57P02", Kind.UNAVAILABLE), ("57P03", Kind.UNAVAILABLE),
+    ("53300", Kind.UNAVAILABLE), ("08006", Kind.UNAVAILABLE), ("08001", Kind.UNAVAILABLE),
+    ("28P01", Kind.AUTHENTICATION), ("28000", Kind.AUTHENTICATION), ("3D000", Kind.MISSING_DATABASE),
+    ("42501", Kind.PERMISSION), ("42P01", Kind.NOT_INSTALLED), ("42703", Kind.NOT_INSTALLED),
+    ("57014", Kind.TIMEOUT), ("23505", Kind.CONFLICT), ("22003", Kind.BAD_VALUE), ("42601", Kind.OTHER),
+]
+
+
+@pytest.mark.parametrize(("state", "kind"), PG_CASES)
+def test_postgresql_sqlstates(state: str, kind: Kind) -> None:
+    assert classify(wrapped(psycopg_error(state)), "postgresql") is kind
+    assert classify(psycopg_error(state)) is kind  # raw, dialect told from the module
+    assert classify(psycopg2_error(state), "postgresql") is kind
+
+
+@pytest.mark.parametrize(("message", "kind"), [
+    ('connection failed: connection to server at "h", port 5432 failed: FATAL:  role "x" does not exist',
+     Kind.AUTHENTICATION),
+    ('connection failed: connection to server at "h", port 5432 failed: FATAL:  password authentication failed '
+     'for user "x"', Kind.AUTHENTICATION),
+    ('connection failed: connection to server at "h", port 5432 failed: FATAL:  database "nope" does not exist',
+     Kind.MISSING_DATABASE),
+    ('connection failed: connection to server at "h", port 5432 failed: FATAL:  the database system is starting up',
+     Kind.UNAVAILABLE),
+    ("connection failed: connection to server at \"h\", port 1 failed: Connection refused", Kind.UNAVAILABLE),
+    ("consuming input failed: server closed the connection unexpectedly", Kind.UNAVAILABLE),
+])
+def test_psycopg_connection_failures_without_sqlstate(message: str, kind: Kind) -> None:
+    assert classify(wrapped(psycopg_error(None, message)), "postgresql") is kind
+    # psycopg's ConnectionTimeout is an OperationalError subclass
+    timeout_cls = type("ConnectionTimeout", (_driver_class("psycopg"),), {"__module__": "psycopg"})
+    assert classify(timeout_cls("connection timeout expired"), "postgresql") is Kind.UNAVAILABLE
+
+
+def test_a_missing_table_message_without_sqlstate_is_not_a_missing_table() -> None:
+    # Message text never decides on a server error that carries a code.
+    exc = psycopg_error("42601", 'relation "ct_meta" does not exist', name="ProgrammingError")
+    assert classify(exc, "postgresql") is Kind.OTHER
+
+
+MYSQL_CASES = [
+    (1205, Kind.TRANSIENT), (1213, Kind.TRANSIENT),
+    (2002, Kind.UNAVAILABLE), (2003, Kind.UNAVAILABLE), (2006, Kind.UNAVAILABLE), (2013, Kind.UNAVAILABLE),
+    (2055, Kind.UNAVAILABLE), (1040, Kind.UNAVAILABLE), (1927, Kind.UNAVAILABLE), (1053, Kind.UNAVAILABLE),
+    (1045, Kind.AUTHENTICATION), (1698, Kind.AUTHENTICATION), (1049, Kind.MISSING_DATABASE),
+    (1044, Kind.PERMISSION), (1142, Kind.PERMISSION), (1143, Kind.PERMISSION),
+    (1146, Kind.NOT_INSTALLED), (1054, Kind.NOT_INSTALLED), (1969, Kind.TIMEOUT), (3024, Kind.TIMEOUT),
+    (1062, Kind.CONFLICT), (1406, Kind.BAD_VALUE), (1264, Kind.BAD_VALUE), (1064, Kind.OTHER),
+]
+
+
+@pytest.mark.parametrize(("code", "kind"), MYSQL_CASES)
+def test_mysql_codes(code: int, kind: Kind) -> None:
+    pymysql = pytest.importorskip("pymysql")
+    raw = pymysql.err.OperationalError(code, "message text that says nothing")
+    assert classify(raw) is kind  # e.g. raised bare from a pool checkout hook
+    assert classify(wrapped(raw), "mysql") is kind
+
+
+MSSQL_CASES = [
+    ("40001", 1205, Kind.TRANSIENT), ("HY000", 1222, Kind.TRANSIENT), ("08S01", 10054, Kind.UNAVAILABLE),
+    ("08001", 0, Kind.UNAVAILABLE), ("28000", 18456, Kind.AUTHENTICATION), ("42000", 4060, Kind.MISSING_DATABASE),
+    ("42000", 229, Kind.PERMISSION), ("42000", 230, Kind.PERMISSION), ("42S02", 208, Kind.NOT_INSTALLED),
+    ("42S22", 207, Kind.NOT_INSTALLED), ("HYT00", 0, Kind.TIMEOUT), ("23000", 2627, Kind.CONFLICT),
+    ("22001", 8152, Kind.BAD_VALUE), ("42000", 102, Kind.OTHER),
+]
+
+
+@pytest.mark.parametrize(("state", "number", "kind"), MSSQL_CASES)
+def test_sql_server_codes(state: str, number: int, kind: Kind) -> None:
+    assert classify(wrapped(pyodbc_error(state, number)), "mssql") is kind
+
+
+ORACLE_CASES = [
+    ("ORA-00060", Kind.TRANSIENT), ("ORA-08177", Kind.TRANSIENT), ("ORA-03113", Kind.UNAVAILABLE),
+    ("ORA-03114", Kind.UNAVAILABLE), ("ORA-12541", Kind.UNAVAILABLE), ("DPY-4011", Kind.UNAVAILABLE),
+    ("ORA-01017", Kind.AUTHENTICATION), ("ORA-12514", Kind.MISSING_DATABASE), ("ORA-01031", Kind.PERMISSION),
+    ("ORA-00942", Kind.NOT_INSTALLED), ("ORA-00904", Kind.NOT_INSTALLED), ("DPY-4024", Kind.TIMEOUT),
+    ("ORA-00001", Kind.CONFLICT), ("ORA-12899", Kind.BAD_VALUE), ("ORA-00923", Kind.OTHER),
+]
+
+
+@pytest.mark.parametrize(("code", "kind"), ORACLE_CASES)
+def test_oracle_codes(code: str, kind: Kind) -> None:
+    assert classify(wrapped(oracle_error(code)), "oracle") is kind
+
+
+def test_sqlite_real_errors(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    a = sqlite3.connect(path, timeout=0.05, isolation_level=None)
+    b = sqlite3.connect(path, timeout=0.05, isolation_level=None)
+    a.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
+    with pytest.raises(sqlite3.Error) as missing:
+        a.execute("SELECT * FROM nope")
+    assert classify(missing.value) is Kind.NOT_INSTALLED
+    a.execute("BEGIN IMMEDIATE")
+    with pytest.raises(sqlite3.Error) as busy:
+        b.execute("BEGIN IMMEDIATE")
+    assert classify(busy.value) is Kind.TRANSIENT
+    a.execute("INSERT INTO t VALUES (1)")
+    with pytest.raises(sqlite3.Error) as dup:
+        a.execute("INSERT INTO t VALUES (1)")
+    assert classify(dup.value) is Kind.CONFLICT
+    assert is_unique_violation(dup.value)
+    a.execute("ROLLBACK")
+    with pytest.raises(sqlite3.Error) as cant:
+        sqlite3.connect(tmp_path / "no" / "such" / "dir.db").execute("SELECT 1")
+    assert classify(cant.value) is Kind.MISSING_DATABASE
+    a.close()
+    b.close()
+
+
+# -- translation into controltable errors ------------------------------------------------------------
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    database = Database(f"sqlite:///{tmp_path / 'c.db'}")
+    yield database
+    database.dispose()
+
+
+@pytest.mark.parametrize(("orig", "error", "fix"), [
+    (psycopg_error("28P01"), AuthenticationError, "user name and password"),
+    (psycopg_error("3D000"), DatabaseMissingError, "CREATE DATABASE"),
+    (psycopg_error("42501"), PermissionDeniedError, "grant"),
+    (psycopg_error("42P01"), NotInstalledError, "controltable init"),
+    (psycopg_error("57P03"), DatabaseUnavailableError, "server is running"),
+    (psycopg_error("57014"), StatementTimeoutError, "statement_timeout"),
+    (psycopg_error("40P01"), DatabaseBusyError, "retry later"),
+    (psycopg_error("23505"), ConflictError, "retry"),
+    (psycopg_error("22001"), ConfigurationError, "does not fit"),
+    (psycopg_error("42601"), UnexpectedDatabaseError, "report it"),
+])
+def test_every_kind_becomes_a_controltable_error_naming_the_fix(
+    db: Database, orig: Exception, error: type[ControlTableError], fix: str
+) -> None:
+    db.engine.dialect.name = "postgresql"  # translate as if on PostgreSQL (instance attribute only)
+    try:
+        out = db.translate(wrapped(orig))
+    finally:
+        del db.engine.dialect.name
+    assert type(out) is error
+    assert fix in str(out)
+
+
+class _Flaky:
+    """A transaction body that fails with ``orig`` the first ``n`` times."""
+
+    def __init__(self, orig: Exception, n: int) -> None:
+        self.orig, self.n, self.calls = orig, n, 0
+
+    def __call__(self, conn: Any) -> str:
+        self.calls += 1
+        if self.calls <= self.n:
+            raise wrapped(self.orig)
+        return "ok"
+
+
+def test_transient_and_lost_connections_are_retried(db: Database) -> None:
+    flaky = _Flaky(sqlite3.OperationalError("database is locked"), 2)
+    assert db.run(flaky) == "ok" and flaky.calls == 3
+    pymysql = pytest.importorskip("pymysql")
+    # A bare driver error (as raised from a pool checkout hook after a server restart) is
+    # recognised and retried as well.
+    calls = []
+
+    def bare(conn: Any) -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
+        return "ok"
+
+    assert db.run(bare) == "ok" and len(calls) == 3
+
+
+def test_errors_not_safe_to_retry_are_reported_at_once(db: Database) -> None:
+    flaky = _Flaky(psycopg_error("42501"), 10)
+    with pytest.raises(PermissionDeniedError):
+        db.run(flaky)
+    assert flaky.calls == 1
+
+
+def test_retries_stop_at_the_deadline(db: Database) -> None:
+    db.retries = 100
+    flaky = _Flaky(sqlite3.OperationalError("database is locked"), 1000)
+    start = time.monotonic()
+    with pytest.raises(DatabaseBusyError):
+        db.run(flaky, deadline=time.monotonic() + 0.5)
+    assert time.monotonic() - start < 5  # bounded by the deadline, not by 100 retries of up to 2 s
+    assert flaky.calls < 100
+
+
+def test_bad_values_from_the_driver_are_configuration_errors(db: Database) -> None:
+    def encode(conn: Any) -> None:
+        conn.execute(text("SELECT :x"), {"x": "\ud800"})
+
+    with pytest.raises(ConfigurationError):
+        db.run(encode)
+
+    def overflow(conn: Any) -> None:
+        conn.execute(text("SELECT :x"), {"x": 2**70})
+
+    with pytest.raises(ConfigurationError):
+        db.run(overflow)
+
+
+# -- passwords --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("textual", [
+    "postgresql+psycopg://bob:pw-SECRET-1@host:5432/db",
+    "'bob:pw-SECRET-1@host/db' is not a database URL",
+    "mssql+pyodbc:///?odbc_connect=DRIVER%3Dx%3BPWD%3Dpw-SECRET-1",
+    "Driver={ODBC};Server=h;UID=bob;PWD=pw-SECRET-1;",
+    "host=h user=bob password=pw-SECRET-1 dbname=db",
+])
+def test_redact_masks_passwords(textual: str) -> None:
+    assert "pw-SECRET-1" not in redact(textual, ["pw-SECRET-1"])
+    assert "SECRET" not in redact(textual.replace("%3D", "="))
+
+
+def test_safe_url_and_repr_hide_the_password() -> None:
+    url = make_url("mysql+pymysql://bob:pw-SECRET-1@127.0.0.1:1/x")
+    assert "pw-SECRET-1" not in safe_url(url)
+    ct = ControlTable(url.render_as_string(hide_password=False), connect_timeout=1)
+    assert "pw-SECRET-1" not in repr(ct)
+    with pytest.raises(DatabaseUnavailableError) as info:
+        ct.ping()
+    assert "pw-SECRET-1" not in str(info.value)
+
+
+# -- connection settings --------------------------------------------------------------------------
+def test_postgres_connect_args_keep_the_urls_own_settings() -> None:
+    url = make_url("postgresql+psycopg://u@h/db?options=-c%20search_path%3Dx&keepalives_idle=99")
+    args = ct_connect.connect_args(url, connect_timeout=0.5, statement_timeout=30)
+    assert args["connect_timeout"] == 2  # libpq's minimum
+    assert "keepalives_idle" not in args  # the URL says 99
+    assert args["options"] == "-c search_path=x -c statement_timeout=30000"
+    assert args["keepalives"] == 1 and args["tcp_user_timeout"] > 0
+    none = ct_connect.connect_args(make_url("postgresql+psycopg://u@h/db"), connect_timeout=5, statement_timeout=None)
+    assert "options" not in none
+
+
+def test_connect_args_per_driver() -> None:
+    my = ct_connect.connect_args(make_url("mysql+pymysql://u@h/db"), connect_timeout=3, statement_timeout=60)
+    assert my == {"connect_timeout": 3, "read_timeout": 3, "write_timeout": 3}
+    ms = ct_connect.connect_args(make_url("mssql+pyodbc://u@dsn"), connect_timeout=2.5, statement_timeout=60)
+    assert ms == {"timeout": 3}
+    ora = ct_connect.connect_args(make_url("oracle+oracledb://u@h/?service_name=x"), connect_timeout=4,
+                                  statement_timeout=60)
+    assert ora["tcp_connect_timeout"] == 4.0 and ora["expire_time"] >= 1
+    lite = ct_connect.connect_args(make_url("sqlite:///x.db"), connect_timeout=4, statement_timeout=None)
+    assert lite == {"timeout": 60.0}
+    # Kept on the Database for connections opened outside the pool (the wake-up listener).
+    db = Database("mysql+pymysql://u@127.0.0.1:1/db", connect_timeout=7)
+    assert db.connect_args["connect_timeout"] == 7
+    assert Database(db.engine).connect_args == {}  # an engine passed in keeps its own settings
+
+
+def test_timeouts_are_validated(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    for bad in (float("nan"), float("inf"), -1, 0, 10**9, "5"):
+        with pytest.raises(ConfigurationError, match="connect_timeout"):
+            ControlTable(url, connect_timeout=bad)  # type: ignore[arg-type]
+    for bad in (float("nan"), float("inf"), -1, 10**9, "5"):
+        with pytest.raises(ConfigurationError, match="statement_timeout"):
+            ControlTable(url, statement_timeout=bad)  # type: ignore[arg-type]
+    ControlTable(url, statement_timeout=None).close()
+    ControlTable(url, statement_timeout=0).close()
+
+
+def test_isolation_is_set_once_per_connection(backend_url: str) -> None:
+    ct = ControlTable(backend_url)
+    try:
+        engine = ct.db.engine
+        if engine.dialect.name == "sqlite":
+            assert ct.db.run(lambda c: c.exec_driver_sql("PRAGMA busy_timeout").scalar()) == 120_000
+            return
+        # Not a per-checkout execution option: the dialect sets it when a connection is made.
+        assert engine.get_execution_options().get("isolation_level") is None
+        dialect = engine.dialect
+        assert (getattr(dialect, "_on_connect_isolation_level", None) or dialect.isolation_level) == "READ COMMITTED"
+        if engine.dialect.name == "postgresql":
+            assert ct.db.run(lambda c: c.exec_driver_sql("SHOW transaction_isolation").scalar()) == "read committed"
+            assert ct.db.run(lambda c: c.exec_driver_sql("SHOW statement_timeout").scalar()) == "2min"
+            return
+        assert ct.db.run(lambda c: c.exec_driver_sql("SELECT @@tx_isolation").scalar()) == "READ-COMMITTED"
+        assert float(ct.db.run(lambda c: c.exec_driver_sql("SELECT @@max_statement_time").scalar())) == 120.0
+
+        def sets(conn: Any) -> tuple[int, int]:
+            row = conn.exec_driver_sql("SHOW SESSION STATUS LIKE 'Com_set_option'").first()
+            return int(row[1]), int(conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar())
+
+        before, conn_id = ct.db.run(sets)
+        for _ in range(20):
+            ct.db.run(lambda c: c.exec_driver_sql("SELECT 1").scalar())
+        after, same_id = ct.db.run(sets)
+        assert same_id == conn_id  # the pool handed back the same connection
+        assert after - before <= 1  # no SET per checkout (was two per transaction)
+    finally:
+        ct.close()
+
+
+# -- live diagnosis ---------------------------------------------------------------------------------
+def _server(backend: str) -> str:
+    url = os.environ.get(f"CONTROLTABLE_TEST_{backend.upper()}_URL")
+    if not url:
+        pytest.skip(f"{backend} is not configured")
+    return url
+
+
+def test_postgres_unknown_role_missing_database_and_no_privileges() -> None:
+    base = make_url(_server("postgres"))
+    with pytest.raises(AuthenticationError, match="refused the login.*user name and password"):
+        ControlTable(base.set(username=f"nobody_{uuid.uuid4().hex[:8]}")).ping()
+    with pytest.raises(DatabaseMissingError, match="does not exist.*CREATE DATABASE"):
+        ControlTable(base.set(database=f"missing_{uuid.uuid4().hex[:8]}")).install()
+
+    role = f"ct_noprivs_{uuid.uuid4().hex[:8]}"
+    owner = ControlTable(base, namespace=role)
+    owner.install()
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        ct = ControlTable(base.set(username=role), namespace=role)
+        with pytest.raises(PermissionDeniedError, match="lacks a privilege.*grant"):
+            ct.set_capacity("w", 1)
+        with pytest.raises(PermissionDeniedError):
+            ct.status()
+        with pytest.raises(PermissionDeniedError):
+            ct.install()
+        ct.close()
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %(r)s", {"r": role}
+            )
+            conn.exec_driver_sql(f'DROP ROLE IF EXISTS "{role}"')
+        admin.dispose()
+        owner.close()
+
+
+def test_mysql_wrong_password_missing_database_and_no_privileges() -> None:
+    base = make_url(_server("mysql"))
+    user = f"ct_np_{uuid.uuid4().hex[:8]}"
+    with pytest.raises(DatabaseMissingError, match="does not exist"):
+        ControlTable(base.set(database=f"missing_{uuid.uuid4().hex[:8]}")).ping()
+    owner = ControlTable(base, namespace=user)
+    owner.install()
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE USER '{user}'@'%%' IDENTIFIED BY 'right-pw-1'")
+        conn.exec_driver_sql(f"CREATE USER '{user}'@'localhost' IDENTIFIED BY 'right-pw-1'")
+        conn.exec_driver_sql(f"GRANT SELECT ON `{base.database}`.`ct_meta` TO '{user}'@'%%'")
+        conn.exec_driver_sql(f"GRANT SELECT ON `{base.database}`.`ct_meta` TO '{user}'@'localhost'")
+    try:
+        with pytest.raises(AuthenticationError, match="refused the login") as info:
+            ControlTable(base.set(username=user, password="wrong-pw-2")).ping()
+        assert "wrong-pw-2" not in str(info.value)
+        ct = ControlTable(base.set(username=user, password="right-pw-1"), namespace=user)
+        ct.ping()
+        with pytest.raises(PermissionDeniedError, match="lacks a privilege"):
+            ct.set_capacity("w", 1)
+        ct.close()
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP USER IF EXISTS '{user}'@'%%'")
+            conn.exec_driver_sql(f"DROP USER IF EXISTS '{user}'@'localhost'")
+        admin.dispose()
+        owner.close()
+
+
+# -- a server that accepts connections and never answers ---------------------------------------------
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A TCP listener that accepts every connection and never sends a byte."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    srv.settimeout(0.2)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield srv.getsockname()[1]
+    stop.set()
+    thread.join(2)
+    for s in held:
+        s.close()
+    srv.close()
+
+
+@pytest.mark.parametrize("driver", ["postgresql+psycopg", "mysql+pymysql"])
+def test_a_silent_server_fails_within_the_connect_timeout(silent_port: int, driver: str) -> None:
+    pytest.importorskip("psycopg" if "psycopg" in driver else "pymysql")
+    connect_timeout = 2.0
+    ct = ControlTable(f"{driver}://u:pw-silent-9@127.0.0.1:{silent_port}/db", connect_timeout=connect_timeout)
+    calls = {
+        "ping": ct.ping,
+        "acquire": lambda: ct.acquire("r", timeout=2),
+        "set_capacity": lambda: ct.set_capacity("r", 1),
+        "claim": lambda: ct.events("t", key="id").claim(1, wait=2),
+    }
+    for name, call in calls.items():
+        start = time.monotonic()
+        with pytest.raises(DatabaseUnavailableError) as info:
+            call()
+        took = time.monotonic() - start
+        # Generous for a loaded machine, and far below the minutes a missing timeout costs.
+        assert took < connect_timeout * 3 + 10, (name, took)
+        assert "pw-silent-9" not in str(info.value)
+    ct.close()
+
+
+def test_connection_settings_the_driver_refuses_are_configuration_errors(tmp_path: Path) -> None:
+    exc = psycopg_error(None, 'invalid connection option "bogus"', name="ProgrammingError")
+    assert classify(exc, "postgresql") is Kind.CONFIGURATION
+    pytest.importorskip("psycopg")
+    with pytest.raises(ConfigurationError, match="refused the connection settings"):
+        ControlTable("postgresql+psycopg://u:pw@127.0.0.1:1/db?bogus=1", connect_timeout=2).ping()
+    with pytest.raises(ConfigurationError, match="refused the connection settings"):
+        ControlTable("postgresql+psycopg://u:pw@127.0.0.1:1/db?bogus=1", connect_timeout=2).set_capacity("r", 1)
+
+
+@pytest.mark.parametrize("driver", ["postgresql+psycopg", "mysql+pymysql"])
+def test_a_deadline_shortens_the_connect_timeout(silent_port: int, driver: str) -> None:
+    pytest.importorskip("psycopg" if "psycopg" in driver else "pymysql")
+    db = Database(f"{driver}://u@127.0.0.1:{silent_port}/db", connect_timeout=60)
+    start = time.monotonic()
+    with pytest.raises(DatabaseUnavailableError):
+        db.run(lambda c: c.exec_driver_sql("SELECT 1").scalar(), deadline=time.monotonic() + 2)
+    assert time.monotonic() - start < 20  # the deadline (2 s, libpq rounds to whole seconds), not 60 s
+    db.dispose()
