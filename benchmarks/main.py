@@ -3,7 +3,8 @@
 Prints progress and a table of figures, anchors and ratios; writes ``benchmarks/out/results.json``
 and ``benchmarks/out/throughput.png``. Scenarios 2, 4, 5, 6 and 7 are PostgreSQL-only (pgqueuer
 and LISTEN/NOTIFY are PostgreSQL's; the history and scaling goals are set for it); scenarios 1 and
-3 also run on MariaDB and SQLite, where the server is reachable.
+3 also run on MariaDB and SQLite, where the server is reachable. Scenario 8 (slots for fleets) runs
+fully on PostgreSQL and its scale figure on MariaDB and SQLite too.
 """
 
 from __future__ import annotations
@@ -17,7 +18,17 @@ from datetime import datetime, timezone
 from functools import partial
 from typing import Callable, Optional
 
-from . import diagnostics, s1_throughput, s2_peer, s3_slot_latency, s4_handoff, s5_history, s6_idle, s7_scaling
+from . import (
+    diagnostics,
+    s1_throughput,
+    s2_peer,
+    s3_slot_latency,
+    s4_handoff,
+    s5_history,
+    s6_idle,
+    s7_scaling,
+    s8_fleet,
+)
 from . import report as present
 from .common import Config, Report, backend_of, bench_url, machine_info, server_version, write_json
 from .workers import WorkerPool
@@ -25,7 +36,7 @@ from .workers import WorkerPool
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DEFAULT_MYSQL = "mysql+pymysql://root@127.0.0.1:3306/test"
-SCENARIOS = ("1", "2", "3", "4", "5", "6", "7", "diag")
+SCENARIOS = ("1", "2", "3", "4", "5", "6", "7", "8", "diag")
 
 
 def parse(argv: Optional[list[str]] = None) -> tuple[Config, set[str]]:
@@ -99,9 +110,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     }
     rep.log(f"controltable benchmarks ({'quick' if cfg.quick else 'full'} run), scenarios {sorted(only)}")
     pg = reachable(cfg.postgres_url, rep) if cfg.postgres_url else None
-    my = reachable(cfg.mysql_url, rep) if cfg.mysql_url and only & {"1", "3", "diag"} else None
+    my = reachable(cfg.mysql_url, rep) if cfg.mysql_url and only & {"1", "3", "8", "diag"} else None
     lite = None
-    if cfg.sqlite_url and only & {"1", "3", "diag"}:
+    if cfg.sqlite_url and only & {"1", "3", "8", "diag"}:
         path = cfg.sqlite_url.split("///", 1)[-1]
         for suffix in ("", "-wal", "-shm"):
             if os.path.exists(path + suffix):
@@ -131,6 +142,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 step(rep, "scenario 7", lambda: s7_scaling.run(cfg, rep, pool, pg))
             if "6" in only:
                 step(rep, "scenario 6", lambda: s6_idle.run(cfg, rep, pg))
+            if "8" in only:
+                step(rep, "scenario 8", lambda: s8_fleet.run(cfg, rep, pg, "postgres"))
         for url, backend in others:
             if "diag" in only:
                 step(rep, f"diagnostics [{backend}]", partial(diagnostics.run, cfg, rep, url, backend))
@@ -138,6 +151,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 step(rep, f"scenario 3 [{backend}]", partial(s3_slot_latency.run, cfg, rep, url, backend))
             if "1" in only and pool:
                 step(rep, f"scenario 1 [{backend}]", partial(s1_throughput.run, cfg, rep, pool, url, backend))
+            if "8" in only:
+                step(rep, f"scenario 8 [{backend}]", partial(s8_fleet.run, cfg, rep, url, backend))
     finally:
         if pool:
             pool.close()

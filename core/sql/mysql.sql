@@ -70,37 +70,89 @@ CREATE TABLE ct_worklist (
 SELECT ct_resource.name 
 FROM ct_resource 
 WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
-INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at) VALUES (%s, %s, %s, %s, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0));
+INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (%s, %s, %s, %s, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0), %s);
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS now 
+FROM ct_resource 
+WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
+UPDATE ct_resource SET capacity=%s WHERE ct_resource.namespace = %s AND ct_resource.name = %s;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource IN (%s) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
+FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource = %s AND ct_request.state = 'waiting' ORDER BY ct_request.ticket 
+ LIMIT %s) AS anon_1;
 
 -- ===== acquire: lock the resource row, reap expired entries, read the queue, grant =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS now 
 FROM ct_resource 
 WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
-SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS now, ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt 
-FROM ct_resource LEFT OUTER JOIN ct_request ON ct_request.namespace = ct_resource.namespace AND ct_request.resource = ct_resource.name 
-WHERE ct_resource.namespace = %s AND ct_resource.name IN (%s) ORDER BY ct_request.ticket;
-UPDATE ct_resource SET last_ticket=%s WHERE ct_resource.namespace = %s AND ct_resource.name = %s;
-UPDATE ct_resource SET last_token=%s WHERE ct_resource.namespace = %s AND ct_resource.name = %s;
-INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, token, lease_seconds, enqueued_at, granted_at, expires_at, ticket, attempt, pickup_seconds) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s);
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource IN (%s) AND ct_request.holder = %s;
+INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s);
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource IN (%s) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
+FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource = %s AND ct_request.state = 'waiting' ORDER BY ct_request.ticket 
+ LIMIT %s) AS anon_1;
+UPDATE ct_request SET state=%s, token=%s, lease_seconds=%s, granted_at=%s, expires_at=%s WHERE ct_request.id = %s AND ct_request.state = 'waiting';
+UPDATE ct_resource SET last_token=%s, last_ticket=%s WHERE ct_resource.namespace = %s AND ct_resource.name = %s;
 
 -- ===== try_acquire while held: enqueue or refresh a waiter =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket 
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS now, (SELECT min(wq.ticket) AS min_1 
+FROM ct_request AS wq 
+WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting') AS head_ticket, (SELECT min(hq.expires_at) AS min_2 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), %s) AS coalesce_1 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS used, (SELECT count(*) AS count_1 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = %s) AS excl, ct_resource.capacity 
+FROM ct_request INNER JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
+WHERE ct_request.namespace = %s AND ct_request.resource IN (%s) AND ct_request.holder = %s;
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS now 
 FROM ct_resource 
 WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
-SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS now, ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt 
-FROM ct_resource LEFT OUTER JOIN ct_request ON ct_request.namespace = ct_resource.namespace AND ct_request.resource = ct_resource.name 
-WHERE ct_resource.namespace = %s AND ct_resource.name IN (%s) ORDER BY ct_request.ticket;
-UPDATE ct_resource SET last_ticket=%s WHERE ct_resource.namespace = %s AND ct_resource.name = %s;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource IN (%s) AND ct_request.holder = %s;
 INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s);
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource IN (%s) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
+FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource = %s AND ct_request.state = 'waiting' ORDER BY ct_request.ticket 
+ LIMIT %s) AS anon_1;
+UPDATE ct_resource SET last_token=%s, last_ticket=%s WHERE ct_resource.namespace = %s AND ct_resource.name = %s;
+SELECT min(ct_request.ticket) AS min_1 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource = %s AND ct_request.state = 'waiting';
 
 -- ===== renew a lease (fenced by the request key) =====
 SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
 UPDATE ct_request SET lease_seconds=%s, expires_at=%s WHERE ct_request.request_key = %s AND ct_request.state = 'granted' AND ct_request.expires_at >= %s;
 
 -- ===== release a lease =====
-SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
-DELETE FROM ct_request WHERE ct_request.request_key = %s AND ct_request.state = 'granted' AND ct_request.expires_at >= %s;
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS now 
+FROM ct_resource 
+WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
+SELECT ct_request.id, ct_request.state, ct_request.expires_at 
+FROM ct_request 
+WHERE ct_request.request_key = %s;
 DELETE FROM ct_request WHERE ct_request.request_key = %s;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource IN (%s) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
+FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource = %s AND ct_request.state = 'waiting' ORDER BY ct_request.ticket 
+ LIMIT %s) AS anon_1;
+UPDATE ct_request SET state=%s, token=%s, granted_at=%s, expires_at=%s WHERE ct_request.id = %s AND ct_request.state = 'waiting';
+UPDATE ct_resource SET last_token=%s, last_ticket=%s WHERE ct_resource.namespace = %s AND ct_resource.name = %s;
 
 -- ===== status =====
 SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
@@ -112,7 +164,9 @@ FROM ct_request
 WHERE ct_request.namespace = %s ORDER BY ct_request.resource, ct_request.ticket;
 
 -- ===== reap expired holders and waiters =====
-DELETE FROM ct_request WHERE ct_request.namespace = %s AND ct_request.expires_at < (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0);
+SELECT DISTINCT ct_request.resource 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.expires_at < (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0);
 
 -- ===== events prepare (introspection) =====
 

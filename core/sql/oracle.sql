@@ -70,37 +70,89 @@ CREATE TABLE ct_worklist (
 SELECT ct_resource.name 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
-INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at) VALUES (:namespace, :name, :capacity, :last_token, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))));
+INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (:namespace, :name, :capacity, :last_token, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))), :last_ticket);
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now 
+FROM ct_resource 
+WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
+UPDATE ct_resource SET capacity=:capacity WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
+FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.ticket
+ FETCH FIRST 2 ROWS ONLY) anon_1;
 
 -- ===== acquire: lock the resource row, reap expired entries, read the queue, grant =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
-SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now, ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt 
-FROM ct_resource LEFT OUTER JOIN ct_request ON ct_request.namespace = ct_resource.namespace AND ct_request."resource" = ct_resource.name 
-WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name IN (:name_1_1) ORDER BY ct_request.ticket;
-UPDATE ct_resource SET last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
-UPDATE ct_resource SET last_token=:last_token WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
-INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, token, lease_seconds, enqueued_at, granted_at, expires_at, ticket, attempt, pickup_seconds) VALUES (:namespace, :"resource", :holder, :request_key, :slots, :"mode", :state, :token, :lease_seconds, :enqueued_at, :granted_at, :expires_at, :ticket, :attempt, :pickup_seconds) RETURNING ct_request.id INTO :ret_0;
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.holder = :holder_1;
+INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds) VALUES (:namespace, :"resource", :holder, :request_key, :slots, :"mode", :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds) RETURNING ct_request.id INTO :ret_0;
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
+FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.ticket
+ FETCH FIRST 2 ROWS ONLY) anon_1;
+UPDATE ct_request SET state=:state, token=:token, lease_seconds=:lease_seconds, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
+UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 
 -- ===== try_acquire while held: enqueue or refresh a waiter =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket 
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now, (SELECT min(wq.ticket) AS min_1 
+FROM ct_request wq 
+WHERE wq.namespace = ct_request.namespace AND wq."resource" = ct_request."resource" AND wq.state = 'waiting') AS head_ticket, (SELECT min(hq.expires_at) AS min_2 
+FROM ct_request hq 
+WHERE hq.namespace = ct_request.namespace AND hq."resource" = ct_request."resource" AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), :coalesce_2) AS coalesce_1 
+FROM ct_request hq 
+WHERE hq.namespace = ct_request.namespace AND hq."resource" = ct_request."resource" AND hq.state = 'granted') AS used, (SELECT count(*) AS count_1 
+FROM ct_request hq 
+WHERE hq.namespace = ct_request.namespace AND hq."resource" = ct_request."resource" AND hq.state = 'granted' AND hq."mode" = :mode_1) AS excl, ct_resource.capacity 
+FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request."resource" 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.holder = :holder_1;
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
-SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now, ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt 
-FROM ct_resource LEFT OUTER JOIN ct_request ON ct_request.namespace = ct_resource.namespace AND ct_request."resource" = ct_resource.name 
-WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name IN (:name_1_1) ORDER BY ct_request.ticket;
-UPDATE ct_resource SET last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.holder = :holder_1;
 INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds) VALUES (:namespace, :"resource", :holder, :request_key, :slots, :"mode", :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds) RETURNING ct_request.id INTO :ret_0;
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
+FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.ticket
+ FETCH FIRST 2 ROWS ONLY) anon_1;
+UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+SELECT min(ct_request.ticket) AS min_1 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" = :resource_1 AND ct_request.state = 'waiting';
 
 -- ===== renew a lease (fenced by the request key) =====
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
 UPDATE ct_request SET lease_seconds=:lease_seconds, expires_at=:expires_at WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'granted' AND ct_request.expires_at >= :expires_at_1;
 
 -- ===== release a lease =====
-SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
-DELETE FROM ct_request WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'granted' AND ct_request.expires_at >= :expires_at_1;
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now 
+FROM ct_resource 
+WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
+SELECT ct_request.id, ct_request.state, ct_request.expires_at 
+FROM ct_request 
+WHERE ct_request.request_key = :request_key_1;
 DELETE FROM ct_request WHERE ct_request.request_key = :request_key_1;
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
+FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.ticket
+ FETCH FIRST 2 ROWS ONLY) anon_1;
+UPDATE ct_request SET state=:state, token=:token, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
+UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 
 -- ===== status =====
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
@@ -112,7 +164,9 @@ FROM ct_request
 WHERE ct_request.namespace = :namespace_1 ORDER BY ct_request."resource", ct_request.ticket;
 
 -- ===== reap expired holders and waiters =====
-DELETE FROM ct_request WHERE ct_request.namespace = :namespace_1 AND ct_request.expires_at < (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')));
+SELECT DISTINCT ct_request."resource" 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request.expires_at < (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')));
 
 -- ===== events prepare (introspection) =====
 

@@ -5,6 +5,8 @@
   hold URL NAMESPACE RESOURCE HOLDER LEASE OUT [MODE]  acquire, write the grant to OUT, then hang
                                                  (the test kills it with SIGKILL)
   wait URL NAMESPACE RESOURCE HOLDER OUT         queue as a waiter, write 'queued', then hang
+  fleet URL NAMESPACE WORKER THREADS SEED OUT    THREADS waiters in one process (one ControlTable),
+                                                 each acquiring once; one JSON line per grant to OUT
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+import threading
 import time
 
 from controltable import ControlTable
@@ -55,12 +58,47 @@ def wait(url: str, namespace: str, resource: str, holder: str, out: str) -> None
     time.sleep(3600)
 
 
+def fleet(url: str, namespace: str, worker: str, threads: int, seed: int, out: str) -> None:
+    ct = ControlTable(url, namespace=namespace)
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    with open(out, "a", encoding="utf-8") as log:
+
+        def one(i: int) -> None:
+            rng = random.Random(seed * 1000 + i)
+            mode = "exclusive" if rng.random() < 0.1 else "shared"
+            time.sleep(rng.uniform(0, 0.5))
+            try:
+                with ct.slot("fleet", holder=f"{worker}-{i}", mode=mode, lease=60, timeout=150) as lease:
+                    start = time.time()
+                    time.sleep(rng.uniform(0.1, 0.2))
+                    end = time.time()
+                    record = dict(worker=f"{worker}-{i}", resource="fleet", mode=mode, slots=1, start=start, end=end,
+                                  ticket=lease.ticket, token=lease.token)
+                with lock:
+                    log.write(json.dumps(record) + "\n")
+                    log.flush()
+            except BaseException as exc:  # reported by the process's exit code
+                errors.append(exc)
+
+        pool = [threading.Thread(target=one, args=(i,)) for i in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+    ct.close()
+    if errors:
+        raise SystemExit(f"{len(errors)} waiters failed, first: {errors[0]!r}")
+
+
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
     if cmd == "stress":
         stress(args[0], args[1], args[2], int(args[3]), int(args[4]), args[5])
     elif cmd == "hold":
         hold(args[0], args[1], args[2], args[3], float(args[4]), args[5], *args[6:7])
+    elif cmd == "fleet":
+        fleet(args[0], args[1], args[2], int(args[3]), int(args[4]), args[5])
     elif cmd == "wait":
         wait(args[0], args[1], args[2], args[3], args[4])
     else:

@@ -174,9 +174,10 @@ def test_wakeup_listener_called_on_grant(ct: ControlTable, backend_url: str) -> 
         time.sleep(0.5)
         assert len(calls) == before  # removed: no more calls
 
-        # wait_for_wakeup: woken by another process's change, long before its timeout.
+        # wait_for_wakeup: woken when another process's release grants a waiter, long before its timeout.
         keys = ct.wakeup_keys("w")
         lease = other.acquire("w", holder="again", timeout=0)
+        assert ct.try_acquire("w", holder="third") is None
         threading.Timer(0.3, lease.release).start()
         start = time.monotonic()
         assert ct.wait_for_wakeup(keys, 20) is True

@@ -71,10 +71,10 @@ def test_install_upgrades_v1_tables_in_place(backend_url: str, namespace: str, v
                                                                             "old-waiter-2"]
         lease.release()
         assert ct.try_acquire("w", holder="new", mode="exclusive") is None
-        first = ct.try_acquire("w", holder="old-waiter-1", mode="exclusive")
+        first = ct.try_acquire("w", holder="old-waiter-1", mode="exclusive")  # granted on its behalf, picked up
         assert first is not None and first.token == 8
+        assert ct.release("w", "old-waiter-2") == 1  # withdrawn before its turn
         first.release()
-        ct.release("w", "old-waiter-2")
         new = ct.try_acquire("w", holder="new", mode="exclusive")
         assert new is not None and new.token == 9
         new.release()

@@ -20,7 +20,7 @@ from .defaults import (
 from .errors import ConfigurationError, NotInstalledError
 from .migrations import UPGRADES
 from .schema import SCHEMA_VERSION, ControlSchema, build_schema
-from .slots import Lease, ResourceStatus, SlotEngine, WaitInfo, holder_key, slot_key
+from .slots import Lease, ResourceStatus, SlotEngine, WaitInfo, head_key, holder_key, slot_key
 from .validation import (
     check_identifier,
     check_name,
@@ -291,13 +291,15 @@ class ControlTable:
     def wakeup_keys(self, resource: Union[str, Mapping[str, int]], holder: Optional[str] = None) -> list[str]:
         """The wake-up keys that concern a slot request (for adapters that wait outside ``acquire``).
 
-        With ``holder``: the keys pushed when that request may have been granted. Without: the
-        keys pushed on every change of the resources' queues.
+        With ``holder``: the key pushed when that request is granted (on its behalf, to be picked
+        up within its ``pickup`` seconds by calling ``try_acquire`` again) or becomes the head of
+        its queue. Without: the keys pushed when grants are made or expired holders reaped.
         """
         names = sorted(normalize_request(resource, 1))
         if holder is None:
             return [slot_key(n) for n in names]
-        return [holder_key(names[0], check_name("holder", holder))] + [slot_key(n) for n in names]
+        who = check_name("holder", holder)
+        return [holder_key(names[0], who), head_key(names[0], who)]
 
     def add_wakeup_listener(self, keys: list[str], callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback()`` (from the listener thread) on every push for one of ``keys``.

@@ -21,11 +21,12 @@ NAMESPACE_LENGTH = 100
 DEFAULT_MODE = "shared"
 #: A slot holder's lease (seconds); ``slot()`` renews it in the background every third of it.
 DEFAULT_LEASE = 300.0
-#: How long a waiter's queue entry survives without a poll.
-DEFAULT_WAITER_TTL = 30.0
+#: How long a waiter's queue entry survives without a refresh; waiters refresh after half of it,
+#: so 20 idle waiters cost well under one transaction per second.
+DEFAULT_WAITER_TTL = 60.0
 #: How long a grant made on a waiter's behalf (by whoever freed the capacity) waits to be picked
 #: up before it lapses and passes to the next in line: a dead waiter delays its queue by this much.
-DEFAULT_PICKUP = 10.0
+DEFAULT_PICKUP = 8.0
 
 # -- event batches and work items ----------------------------------------------------------------
 #: A claimed batch's lease (seconds).

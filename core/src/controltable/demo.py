@@ -1,15 +1,20 @@
 """``controltable demo``: worker processes contend for a small resource and drain an event table.
 
-Runs on the embedded SQLite default, shows progress, and ends with a summary that checks,
-from the workers' own records, that capacity and exclusivity were never violated, grants
-followed FIFO order, and every event was processed exactly once.
+Runs on the embedded SQLite default. Each worker process runs a few threads that each ask for a
+counting slot (10% ask for it exclusively), so a queue forms behind the full resource and drains.
+Progress shows the slots in use and the queue length live; the summary checks, from the workers'
+own records, that the resource was full (peak = capacity) and never over it, that exclusive
+holders ran alone, that grants followed queue order (FIFO), how long a freed slot took to reach
+the next waiter (handoff), and that every event was processed exactly once.
 """
 
 from __future__ import annotations
 
+import bisect
 import multiprocessing as mp
 import random
 import statistics
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -24,22 +29,58 @@ RESOURCE = "demo-warehouse"
 EVENTS = "ct_demo_events"
 
 
+THREADS = 3  # requesters per worker process: enough for a queue to form behind the resource
+
+
 def _slot_worker(url: str, worker: str, rounds: int, out: Any) -> None:
     from .control import ControlTable
 
-    ct = ControlTable(url, namespace="demo")
-    rng = random.Random(worker)
-    for _ in range(rounds):
-        mode = "exclusive" if rng.random() < 0.3 else "shared"
-        asked = time.time()
-        with ct.slot(RESOURCE, holder=f"{worker}-{rng.getrandbits(32):08x}", mode=mode, lease=30) as lease:
-            start = time.time()
-            time.sleep(rng.uniform(0.02, 0.12))
-            end = time.time()
+    ct = ControlTable(url, namespace="demo")  # one per process, shared by its threads
+
+    def requester(thread: int) -> None:
+        rng = random.Random(f"{worker}.{thread}")
+        for _ in range(rounds):
+            mode = "exclusive" if rng.random() < 0.1 else "shared"
+            asked = time.time()
+            with ct.slot(RESOURCE, holder=f"{worker}.{thread}-{rng.getrandbits(32):08x}", mode=mode,
+                         lease=30) as lease:
+                start = time.time()
+                time.sleep(rng.uniform(0.05, 0.15))
+                end = time.time()
             out.put(("slot", Interval(worker, RESOURCE, mode, 1, start, end, lease.ticket, lease.token).as_dict(),
-                     start - asked))
-        time.sleep(rng.uniform(0, 0.05))
+                     asked))
+            time.sleep(rng.uniform(0, 0.02))
+
+    threads = [threading.Thread(target=requester, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     ct.close()
+
+
+def handoffs(intervals: list[Interval], asked: list[float]) -> list[float]:
+    """For each grant that had to queue: the time from the release that freed its slot to its start.
+
+    Taken from the workers' records alone: the latest hold that ended before the grant started.
+    """
+    ends = sorted(iv.end for iv in intervals)
+    out = []
+    for iv, t in zip(intervals, asked):
+        i = bisect.bisect_right(ends, iv.start)
+        if i and ends[i - 1] > t:  # queued: a holder left after it asked
+            out.append(iv.start - ends[i - 1])
+    return out
+
+
+def peak_queue(intervals: list[Interval], asked: list[float]) -> int:
+    """The most requests waiting at once (asked, not yet started), from the records."""
+    points = sorted([(t, 1) for t in asked] + [(iv.start, -1) for iv in intervals])
+    level = peak = 0
+    for _, d in points:
+        level += d
+        peak = max(peak, level)
+    return peak
 
 
 def _event_worker(url: str, worker: str, out: Any) -> None:
@@ -66,8 +107,9 @@ def run_demo(url: str, *, workers: int, rounds: int, capacity: int, n_events: in
     ct = ControlTable(url, namespace="demo")
     ct.install()
     ct.set_capacity(RESOURCE, capacity)
-    console.print(f"[bold]controltable demo[/] on {ct.db.safe_url}: {workers} processes, resource "
-                  f"{RESOURCE!r} with capacity {capacity} (30% exclusive requests), then {n_events} events")
+    console.print(f"[bold]controltable demo[/] on {ct.db.safe_url}: {workers} processes x {THREADS} threads "
+                  f"ask {rounds} times each for a counting slot of {RESOURCE!r} (capacity {capacity}; 10% ask "
+                  f"exclusively), then drain {n_events} events")
 
     md = MetaData()
     table = SATable(EVENTS, md, Column("event_id", Integer, primary_key=True), Column("payload", String(50)))
@@ -80,23 +122,30 @@ def run_demo(url: str, *, workers: int, rounds: int, capacity: int, n_events: in
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     intervals: list[Interval] = []
-    waits: list[float] = []
+    asked: list[float] = []
     processed: Counter[Any] = Counter()
     per_worker: Counter[str] = Counter()
     names = [f"worker-{i + 1}" for i in range(workers)]
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
-        slots_task = progress.add_task("slot grants", total=workers * rounds)
+        total = workers * THREADS * rounds
+        slots_task = progress.add_task("slot grants", total=total)
         procs = [ctx.Process(target=_slot_worker, args=(url, n, rounds, out)) for n in names]
         for p in procs:
             p.start()
-        while len(intervals) < workers * rounds and any(p.is_alive() for p in procs) or not out.empty():
+        looked = 0.0
+        while len(intervals) < total and any(p.is_alive() for p in procs) or not out.empty():
+            if time.monotonic() - looked > 0.5:
+                looked = time.monotonic()
+                (st,) = ct.status([RESOURCE])
+                progress.update(slots_task, description=f"slot grants (in use {st.used}/{capacity}, "
+                                                        f"waiting {len(st.waiters):2d})")
             try:
-                kind, record, waited = out.get(timeout=0.5)
+                kind, record, when = out.get(timeout=0.2)
             except Exception:
                 continue
             intervals.append(Interval(**record))
-            waits.append(waited)
+            asked.append(when)
             progress.advance(slots_task)
         for p in procs:
             p.join()
@@ -124,12 +173,16 @@ def run_demo(url: str, *, workers: int, rounds: int, capacity: int, n_events: in
 
     problems = violations(intervals, {RESOURCE: capacity})
     peak, _ = peak_usage(iv for iv in intervals if iv.mode == "shared")
+    queued = peak_queue(intervals, asked)
+    handed = handoffs(intervals, asked)
+    waits = [iv.start - t for iv, t in zip(intervals, asked)]
     duplicates = [k for k, c in processed.items() if c > 1]
     stats = ct.events(EVENTS, key="event_id").stats()
     checks = [
-        (f"{len(intervals)} grants recorded, {workers * rounds} expected", len(intervals) == workers * rounds),
-        (f"capacity {capacity} never exceeded (peak shared slots in use: {peak})",
-         not any("capacity" in p for p in problems)),
+        (f"{len(intervals)} grants recorded, {total} expected", len(intervals) == total),
+        (f"the resource was full: peak slots in use {peak} = capacity {capacity}", peak == capacity),
+        (f"capacity {capacity} never exceeded", not any("capacity" in p for p in problems)),
+        (f"a queue formed (up to {queued} waiting at once) and drained", queued > capacity and len(intervals) == total),
         ("exclusive holders always ran alone", not any("exclusive" in p for p in problems)),
         ("grants followed FIFO order (tokens increase with queue tickets)", not any("FIFO" in p for p in problems)),
         (f"{len(processed)} of {n_events} events processed, none twice ({len(duplicates)} duplicates)",
@@ -144,6 +197,11 @@ def run_demo(url: str, *, workers: int, rounds: int, capacity: int, n_events: in
     if waits:
         console.print(f"wait for a slot: median {statistics.median(waits) * 1000:.0f} ms, "
                       f"max {max(waits) * 1000:.0f} ms")
+    if handed:
+        handed.sort()
+        console.print(f"handoff (a holder's release to the next waiter's start, {len(handed)} queued grants): "
+                      f"median {statistics.median(handed) * 1000:.0f} ms, "
+                      f"90th percentile {handed[int(len(handed) * 0.9)] * 1000:.0f} ms")
     for problem in problems[:10]:
         console.print(f"[red]violation:[/] {problem}")
     ok = all(passed for _, passed in checks)

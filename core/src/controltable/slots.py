@@ -1,16 +1,19 @@
 """Resource slots: FIFO counting semaphores and reader/writer locks with leases and fencing tokens.
 
-Seed 000's control table, with its races fixed:
+The grant model: *whoever changes a queue grants*. Every transaction that releases, enqueues,
+withdraws, reaps an expired holder or raises a capacity locks the resource rows (in name order,
+so multi-resource requests cannot deadlock), then runs a grant pass: it reads the holders and
+only the head of the waiting queue through the (namespace, resource, state, ticket) index, asks
+:func:`grants.decide` who may run now (strict FIFO, all-or-nothing across resources), and grants
+them on their behalf - state granted, the next fencing token, and a short pickup deadline.
 
-* Every step that looks at a queue first locks the rows of the resources involved (in name order,
-  so two multi-resource requests can never deadlock each other). Tickets are assigned under those
-  locks, so "who is ahead of me" is never decided on a ticket that is not yet visible.
-* A request is granted only when nothing waits ahead of it in any of its queues and it fits:
-  strict FIFO, so a waiting writer blocks readers that come after it.
-* Holders and waiters both carry a lease on the database clock. Expired rows are deleted under the
-  resource lock before anything is counted; that DELETE is the only judge of expiry, so a holder
-  whose renewal wins the race keeps its slot and one that loses gets :class:`LeaseLost`.
-* Each grant takes the next value of the resource's fencing counter.
+A waiter reads only its own entry (no locks): woken by a push on PostgreSQL, polling elsewhere.
+It picks its grant up by extending it to its lease; a grant not picked up in time lapses and the
+next pass hands it on, so a dead waiter delays its queue by at most the pickup deadline. Expired
+holders are reaped by the next pass, or by the head waiter when the first holder's lease runs
+out. Tickets come from a per-resource counter bumped under the resource lock: exact FIFO on
+every backend. Expiry is judged by the database clock, and a DELETE that re-checks it is the
+only judge: a holder whose renewal wins the race keeps its slot, one that loses gets LeaseLost.
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, TypeVar, Union
 
-from sqlalchemy import and_, delete, func, insert, select, update
+from sqlalchemy import and_, delete, func, insert, select, union_all, update
 from sqlalchemy.engine import Connection
 
-from . import dialects
+from . import dialects, grants
 from .defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_PICKUP, DEFAULT_WAITER_TTL  # noqa: F401 - re-exported
 from .errors import AcquireTimeout, ConfigurationError, LeaseLost, UnknownResourceError
 from .renewal import BackgroundRenewal
@@ -39,20 +42,40 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("controltable")
 
-# A waiter polls at most every ``waiter_ttl / 4`` seconds, so only a dead waiter's entry ever expires.
+#: Without push: the longest a waiter sleeps between looks at its entry (far back in the queue).
 MAX_POLL_INTERVAL = 2.0
-#: The longest the first waiter in a queue sleeps between polls.
+#: Without push: how often the head of the queue looks (a grant waits for it to look).
 HEAD_POLL_INTERVAL = 0.1
-#: With push wake-ups (PostgreSQL), polls are only a fallback for a lost notification (and keep
-#: the waiter's queue entry alive): the head of the queue polls at most this often...
+#: With push: the fallback look of a waiter near the head, for a notification that was lost
+#: (it backs off from this to half the pickup deadline while nothing happens).
 PUSH_POLL_INTERVAL = 1.0
-#: ...and waiters further back this often (never beyond a quarter of their ``waiter_ttl``).
-PUSH_IDLE_POLL_INTERVAL = 5.0
+#: With push, the waiters this near the head keep the fallback look (further back: refresh only).
+HEAD_POSITIONS = 1
+#: With push, a waiter told it became the head waits this long for its grant before it looks.
+HEAD_SETTLE = 1.0
+#: A waiter refreshes its queue entry after this fraction of ``waiter_ttl``.
+REFRESH_FRACTION = 0.5
+#: A waiter behind the head reaps an expired holder itself once it is this many seconds overdue
+#: (the head, which does it at once, may be dead).
+REAP_GRACE = 2.0
+#: The shortest pickup deadline of a grant made on a waiter's behalf (its entry's own expiry
+#: shortens the deadline down to this).
+MIN_PICKUP = 1.0
+#: A grant pass reads at most this many waiters (plus one) per queue and round.
+HEAD_READ_LIMIT = 100
+
+T = TypeVar("T")
 
 
 def slot_key(resource: str) -> str:
     """The wake-up key of a resource's queue (pushed on every change of the queue)."""
     return f"slot:{resource}"
+
+
+def head_key(resource: str, holder: str) -> str:
+    """The wake-up key pushed when a request becomes the head of its queue (it then times the
+    holders' leases); kept apart from :func:`holder_key` so a busy head is not woken twice."""
+    return f"{holder_key(resource, holder)}\x1ehead"
 
 
 def holder_key(resource: str, holder: str) -> str:
@@ -93,6 +116,28 @@ class _Outcome:
     position: dict[str, int]
     ticket: int = 0
     attempt: Optional[int] = None
+    #: The smallest capacity among the requested resources (to pace polling by queue position).
+    capacity: int = 1
+
+
+@dataclass
+class _Res:
+    """A locked resource row, kept up to date by the transaction that holds the lock."""
+
+    name: str
+    capacity: int
+    last_token: int
+    last_ticket: int
+    #: The counters changed and are written back at the end of the transaction's grant pass.
+    dirty: bool = False
+
+
+@dataclass
+class _Entered:
+    key: str
+    attempt: Optional[int]
+    ticket: int
+    done: Optional[_Outcome] = None
 
 
 @dataclass(frozen=True)
@@ -277,8 +322,56 @@ class ResourceStatus:
     waiters: list[Entry] = field(default_factory=list)
 
 
+class _NeedLocks(Exception):
+    """A grant pass met a multi-resource request whose other resources it has not locked."""
+
+    def __init__(self, names: set[str]) -> None:
+        super().__init__(sorted(names))
+        self.names = names
+
+
+def request_key(parts: Mapping[str, int]) -> str:
+    """A new request key, chosen by the client before its first transaction.
+
+    A multi-resource key carries its number of resources (``m2-...``), so a grant pass knows
+    without another read that a waiter at its head needs more than the one queue, and can tell
+    a request whose rows were partly removed (never granted then).
+    """
+    hexkey = uuid.uuid4().hex
+    return hexkey if len(parts) == 1 else f"m{len(parts)}-{hexkey}"
+
+
+def key_size(key: str) -> int:
+    """How many resources the request with this key spans (1 for keys without a count)."""
+    if key.startswith("m") and "-" in key:
+        head = key[1:key.index("-")]
+        if head.isdigit():
+            return int(head)
+    return 1
+
+
+@dataclass
+class _Peek:
+    """What a waiter learns from reading its own entry (no locks)."""
+
+    state: str  # "granted" (picked up now) | "waiting" | "gone" | "lapsed" | "mismatch"
+    outcome: Optional[_Outcome] = None
+    #: Whether this waiter should run a grant pass itself (a holder's lease ran out, or it fits).
+    needs_pass: bool = False
+    #: Seconds until the earliest holder's lease runs out (for the head of the queue).
+    holder_expiry_in: Optional[float] = None
+    head: bool = False
+    recorded_attempt: Optional[int] = None
+
+
 class SlotEngine:
-    """The SQL behind slots, for one namespace of one installation."""
+    """The SQL behind slots, for one namespace of one installation.
+
+    Grants are made by whoever changes a queue: every transaction that releases, enqueues,
+    withdraws, reaps or raises a capacity ends with :meth:`_grant_pass` under the resource row
+    locks, which hands the freed capacity to the waiters at the head (decided by
+    :func:`grants.decide`). Waiters only read their own entry and pick the grant up.
+    """
 
     def __init__(self, ct: ControlTable) -> None:
         self.ct = ct
@@ -286,34 +379,239 @@ class SlotEngine:
         self.t = ct.tables
         self.ns = ct.namespace
 
+    # -- running a change followed by a grant pass ---------------------------------------------
+    def _with_pass(self, names: set[str], action: Callable[[Connection, dict[str, Any], float], T]) -> T:
+        """Run ``action`` and a grant pass in one transaction, holding the locks of ``names``.
+
+        If the pass meets a multi-resource request whose resources are not all locked and cannot
+        be locked in name order any more, the transaction is rolled back and run again with
+        those resources locked from the start (all locks are always taken in name order).
+        """
+        lockset = set(names)
+        for _ in range(8):
+            locks = set(lockset)
+
+            def run(conn: Connection, locks: set[str] = locks) -> T:
+                return self._locked(conn, locks, action)
+
+            try:
+                return self.db.run(run)
+            except _NeedLocks as need:
+                lockset |= need.names
+        # A chain of multi-resource requests kept moving: commit the change without passing the
+        # capacity on here; the waiters at the head run a pass themselves when they next look.
+        return self.db.run(lambda c: self._locked(c, lockset, action, grant=False))
+
+    def _locked(
+        self,
+        conn: Connection,
+        lockset: set[str],
+        action: Callable[[Connection, dict[str, Any], float], T],
+        grant: bool = True,
+    ) -> T:
+        res, now = self._lock(conn, lockset)
+        result = action(conn, res, now)
+        if grant:
+            self._grant_pass(conn, res, now)
+        return result
+
+    def _lock(
+        self, conn: Connection, names: set[str], into: Optional[dict[str, Any]] = None
+    ) -> tuple[dict[str, Any], float]:
+        """Lock the resource rows in name order (so multi-resource requests cannot deadlock).
+
+        The database time comes back with the last lock. On PostgreSQL it is taken when that
+        statement starts, before a lock wait: a time a little early only errs on the safe side
+        (an expiry judged a little late, a lease a little shorter).
+        """
+        r = self.t.resource
+        rows: dict[str, Any] = {} if into is None else into
+        now = 0.0
+        for name in sorted(names):
+            if name in rows:
+                continue
+            row = conn.execute(
+                dialects.lock_rows(
+                    select(r.c.name, r.c.capacity, r.c.last_token, r.c.last_ticket, dialects.db_now().label("now"))
+                    .where(r.c.namespace == self.ns, r.c.name == name),
+                    r,
+                )
+            ).first()
+            if row is None:
+                raise UnknownResourceError(
+                    f"resource {name!r} does not exist in namespace {self.ns!r}; create it with "
+                    f"set_capacity({name!r}, n) or `controltable capacity set {name} N`"
+                )
+            rows[name] = _Res(name, int(row.capacity), int(row.last_token), int(row.last_ticket))
+            now = max(now, float(row.now))
+        return rows, now
+
+    def _cols(self, q: Any) -> list[Any]:
+        return [q.c.id, q.c.resource, q.c.holder, q.c.request_key, q.c.slots, q.c.mode, q.c.state, q.c.token,
+                q.c.expires_at, q.c.granted_at, q.c.ticket, q.c.attempt, q.c.pickup_seconds, q.c.lease_seconds]
+
+    def _snapshot(self, conn: Connection, res: dict[str, Any]) -> list[Any]:
+        """The holders of the locked resources and the head of each waiting queue, in one statement.
+
+        Reads at most ``capacity + 1`` waiters per queue (no more can be granted by one pass),
+        through the (namespace, resource, state, ticket) index: the work does not depend on how
+        many wait behind.
+        """
+        q = self.t.request
+        cols = self._cols(q)
+        parts: list[Any] = [
+            select(*cols).where(q.c.namespace == self.ns, q.c.resource.in_(sorted(res)), q.c.state == "granted")
+        ]
+        for name in sorted(res):
+            head = (
+                select(*cols)
+                .where(q.c.namespace == self.ns, q.c.resource == name, q.c.state == "waiting")
+                .order_by(q.c.ticket)
+                .limit(self._head_size(res[name]))
+                .subquery()
+            )
+            parts.append(select(*head.c))
+        return list(conn.execute(union_all(*parts)).all())
+
+    @staticmethod
+    def _head_size(res: _Res) -> int:
+        return min(res.capacity, HEAD_READ_LIMIT) + 1
+
+    def _grant_pass(
+        self, conn: Connection, res: dict[str, Any], now: float, own: Optional[tuple[str, float]] = None,
+        granted: Optional[dict[str, dict[str, int]]] = None,
+    ) -> int:
+        """Reap expired holders and grant every waiter that may now run, in FIFO order.
+
+        Returns how many expired entries it removed. Grants are made on the waiters' behalf:
+        state granted, a token from the resource's fencing counter, and ``pickup_seconds`` to
+        pick the grant up before it lapses (see :meth:`_peek`). ``own`` is the (request key,
+        lease) of the caller's own request, granted with its lease at once and not notified;
+        ``granted`` collects the tokens of every grant made. The resource rows' counters are
+        written once, at the end.
+        """
+        q, r = self.t.request, self.t.resource
+        reaped = 0
+        for _ in range(100):  # each round grants at least one waiter or ends
+            rows = self._snapshot(conn, res)
+            queues = {name: grants.Queue(name, res[name].capacity) for name in res}
+            waiting: dict[str, list[Any]] = {name: [] for name in res}
+            first_before: dict[str, str] = {}
+            seen: set[int] = set()
+            for row in rows:
+                if row.id in seen:
+                    continue
+                seen.add(row.id)
+                if float(row.expires_at) < now:
+                    # The only judge of expiry: a renewal or pickup committed meanwhile keeps the row.
+                    gone = conn.execute(delete(q).where(q.c.id == row.id, q.c.expires_at < now)).rowcount
+                    if gone:
+                        reaped += 1
+                        continue
+                if row.state == "granted":
+                    queue = queues[row.resource]
+                    queue.used += int(row.slots)
+                    queue.exclusive_held = queue.exclusive_held or row.mode == "exclusive"
+                else:
+                    waiting[row.resource].append(row)
+            multi = sorted({row.request_key for rs in waiting.values() for row in rs if key_size(row.request_key) > 1})
+            spans: dict[str, set[str]] = {}
+            if multi:
+                found = conn.execute(select(q.c.request_key, q.c.resource).where(q.c.request_key.in_(multi)))
+                for key, resource in found:
+                    spans.setdefault(key, set()).add(resource)
+            rows_by_key: dict[str, list[Any]] = {}
+            for name, rs in waiting.items():
+                rs.sort(key=lambda row: int(row.ticket))
+                queue = queues[name]
+                queue.complete = len(rs) < self._head_size(res[name])
+                for row in rs:
+                    span = spans.get(row.request_key, {name})
+                    if len(span) != key_size(row.request_key):
+                        continue  # partly removed (expired or withdrawn): never granted, expires whole
+                    queue.head.append(grants.Waiter(row.request_key, int(row.ticket), int(row.slots), row.mode,
+                                                    frozenset(span)))
+                    rows_by_key.setdefault(row.request_key, []).append(row)
+                if queue.head:
+                    first_before[name] = queue.head[0].key
+            decision = grants.decide(queues)
+            if decision.need:
+                if min(decision.need) > max(res):
+                    self._lock(conn, decision.need, into=res)  # still in name order: no deadlock
+                    continue
+                raise _NeedLocks(decision.need)
+            notify: list[str] = []
+            others = False
+            for key in decision.grant:
+                mine = own is not None and key == own[0]
+                for row in rows_by_key[key]:
+                    res[row.resource].last_token += 1
+                    res[row.resource].dirty = True
+                    token = res[row.resource].last_token
+                    if granted is not None:
+                        granted.setdefault(key, {})[row.resource] = token
+                    if mine and own is not None:
+                        # The caller's own request: picked up at once, with its lease.
+                        values: dict[str, Any] = dict(expires_at=now + own[1], lease_seconds=own[1])
+                    else:
+                        pickup = float(row.pickup_seconds) if row.pickup_seconds is not None else DEFAULT_PICKUP
+                        # Never longer than the waiter promised to stay alive: a live waiter looks at
+                        # its entry before that, a dead one (that stopped refreshing) lapses sooner.
+                        values = dict(expires_at=now + min(pickup, max(float(row.expires_at) - now, MIN_PICKUP)))
+                    conn.execute(
+                        update(q).where(q.c.id == row.id, q.c.state == "waiting").values(
+                            state="granted", token=token, granted_at=now, **values
+                        )
+                    )
+                if not mine:
+                    others = True
+                    first = min(row.resource for row in rows_by_key[key])
+                    notify.append(holder_key(first, next(x.holder for x in rows_by_key[key] if x.resource == first)))
+            for name in sorted(res):
+                if res[name].dirty:
+                    conn.execute(update(r).where(r.c.namespace == self.ns, r.c.name == name)
+                                 .values(last_token=res[name].last_token, last_ticket=res[name].last_ticket))
+                    res[name].dirty = False
+            for name, key in decision.heads.items():
+                if key != first_before.get(name) and key in rows_by_key:
+                    # A new head: it now times the holders' leases, so tell it.
+                    row = rows_by_key[key][0]
+                    notify.append(head_key(min(spans.get(key, {name})), row.holder))
+            if others or reaped:
+                notify.extend(slot_key(name) for name in sorted(res))
+            if notify:
+                self.ct._notify(conn, notify)
+            if not decision.more or not decision.grant:
+                return reaped
+        return reaped  # pragma: no cover - a hundred rounds of grants in one pass
+
     # -- capacity ----------------------------------------------------------------------------
     def set_capacity(self, name: str, capacity: int) -> None:
         r = self.t.resource
 
-        def fn(conn: Connection) -> None:
+        def create(conn: Connection) -> None:
             found = conn.execute(
                 dialects.lock_rows(select(r.c.name).where(r.c.namespace == self.ns, r.c.name == name), r)
             ).first()
             if found is None:
                 conn.execute(
                     insert(r).values(
-                        namespace=self.ns, name=name, capacity=capacity, last_token=0, created_at=dialects.db_now()
+                        namespace=self.ns, name=name, capacity=capacity, last_token=0, last_ticket=0,
+                        created_at=dialects.db_now(),
                     )
                 )
-            else:
-                conn.execute(update(r).where(r.c.namespace == self.ns, r.c.name == name).values(capacity=capacity))
 
         try:
-            self.db.run(fn)
+            self.db.run(create)
         except Exception as exc:  # a concurrent insert of the same name: the row exists now
-            if "unique" in str(exc).lower() or "duplicate" in str(exc).lower():
-                self.db.run(
-                    lambda c: c.execute(
-                        update(r).where(r.c.namespace == self.ns, r.c.name == name).values(capacity=capacity)
-                    )
-                )
-            else:
+            if "unique" not in str(exc).lower() and "duplicate" not in str(exc).lower():
                 raise
+
+        def change(conn: Connection, res: dict[str, Any], now: float) -> None:
+            conn.execute(update(r).where(r.c.namespace == self.ns, r.c.name == name).values(capacity=capacity))
+            res[name].capacity = capacity  # a larger capacity grants the waiters that now fit
+
+        self._with_pass({name}, change)
 
     def delete_resource(self, name: str, *, force: bool = False) -> bool:
         r, q = self.t.resource, self.t.request
@@ -341,6 +639,20 @@ class SlotEngine:
         return self.db.run(fn)
 
     # -- acquire -----------------------------------------------------------------------------
+    def _request(
+        self, resource: Union[str, Mapping[str, int]], holder: Optional[str], slots: int, mode: str, lease: float,
+        waiter_ttl: float, pickup: float, attempt: Optional[int],
+    ) -> _Request:
+        parts = normalize_request(resource, slots)
+        mode = check_mode(mode)
+        holder = check_name("holder", holder) if holder is not None else default_holder()
+        lease_s = check_seconds("lease", lease)
+        ttl = check_seconds("waiter_ttl", waiter_ttl)
+        pick = check_seconds("pickup", pickup)
+        att = check_attempt(attempt)
+        assert lease_s is not None and ttl is not None and pick is not None
+        return _Request(parts, holder, mode, lease_s, ttl, pick, att, request_key(parts))
+
     def acquire(
         self,
         resource: Union[str, Mapping[str, int]],
@@ -355,52 +667,81 @@ class SlotEngine:
         attempt: Optional[int] = None,
         pickup: float = DEFAULT_PICKUP,
     ) -> Lease:
-        parts = normalize_request(resource, slots)
-        mode = check_mode(mode)
-        holder = check_name("holder", holder) if holder is not None else default_holder()
-        lease_s = check_seconds("lease", lease)
-        ttl = check_seconds("waiter_ttl", waiter_ttl)
-        pick = check_seconds("pickup", pickup)
+        req = self._request(resource, holder, slots, mode, lease, waiter_ttl, pickup, attempt)
         wait = check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
         poll_interval = check_poll_interval("poll_interval", poll_interval)
-        att = check_attempt(attempt)
-        assert lease_s is not None and ttl is not None and pick is not None
         deadline = None if wait is None else time.monotonic() + wait
-        max_poll = min(MAX_POLL_INTERVAL, ttl / 4.0)
-        delay = min(poll_interval, max_poll)
-        req = _Request(parts, holder, mode, lease_s, ttl, pick, att, uuid.uuid4().hex)
-
-        keys = [slot_key(n) for n in parts]
+        keys = [holder_key(min(req.parts), req.holder), head_key(min(req.parts), req.holder)]
         since = self.ct._wakeups.mark(keys)
-        outcome = self.db.run(lambda c: self._attempt(c, req))
+        outcome = self._enqueue(req)
+        refreshed = time.monotonic()
+        delay = max(min(poll_interval, HEAD_POLL_INTERVAL), 0.01)
+        peek: Optional[_Peek] = None
         while not outcome.granted:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                granted = self._withdraw(outcome.request_key)
-                if granted is not None:  # granted between our last poll and the withdrawal
+                granted = self._withdraw(req)
+                if granted is not None:  # granted between our last look and the withdrawal
                     outcome = granted
                     break
-                where = ", ".join(f"{n!r} (position {p})" for n, p in outcome.position.items())
+                where = ", ".join(f"{n!r} (about position {p})" for n, p in outcome.position.items())
                 raise AcquireTimeout(
-                    f"holder {holder!r} was not granted {parts!r} ({mode}) within {wait:g} s; "
+                    f"holder {req.holder!r} was not granted {req.parts!r} ({req.mode}) within {wait:g} s; "
                     f"it was waiting at {where}. Raise the timeout or the capacity, or see `controltable status`."
                 )
-            # Back off, but by queue position: the head of the queue is next when a holder leaves,
-            # so it polls often (short handoffs); waiters far back poll rarely (cheap idling).
-            # With push wake-ups the poll is only the fallback for a lost notification.
-            place = max(outcome.position.values() or [1])
-            if self.ct._wakeups.active:
-                cap = PUSH_POLL_INTERVAL if place <= 1 else min(PUSH_IDLE_POLL_INTERVAL, ttl / 4.0)
-            else:
-                cap = min(max_poll, HEAD_POLL_INTERVAL if place <= 1 else HEAD_POLL_INTERVAL * 2 * place)
-            delay = min(delay * 1.5, cap)
-            sleep = delay * (0.5 + random.random())
+            sleep = self._sleep_for(req, outcome, peek, refreshed, delay)
+            delay = min(delay * 1.5, MAX_POLL_INTERVAL)
             if deadline is not None:
                 sleep = min(sleep, max(deadline - now, 0.0))
-            self.ct._wait_for_wakeup(keys, sleep, since)
+            if self.ct._wait_for_wakeup(keys, sleep, since):
+                delay = HEAD_POLL_INTERVAL
+                woke = self.ct._wakeups.mark(keys)
+                if woke[0] == since[0] and woke[1] == since[1]:
+                    # Only "you are the head now": in a busy queue the grant follows within
+                    # moments, so wait a little for it and look once for both.
+                    grant_only = (woke[0], woke[1])
+                    self.ct._wait_for_wakeup(keys[:1], HEAD_SETTLE, grant_only)
             since = self.ct._wakeups.mark(keys)
-            outcome = self.db.run(lambda c: self._attempt(c, req))
+            # Refresh on any look once most of the interval has passed (sleeps are jittered both ways).
+            refresh = time.monotonic() - refreshed >= req.ttl * REFRESH_FRACTION * 0.6
+            peek = self._look(req, refresh)
+            if refresh and peek.state == "waiting":
+                refreshed = time.monotonic()
+            if peek.state == "granted" and peek.outcome is not None:
+                outcome = peek.outcome
+            elif peek.state in ("gone", "lapsed", "mismatch") or peek.needs_pass:
+                # Our entry expired, our grant lapsed, or we must pass the capacity on ourselves.
+                outcome = self._enqueue(req)
+                refreshed = time.monotonic()
+            elif peek.outcome is not None:
+                outcome = peek.outcome
         return self._lease(req, outcome)
+
+    def _sleep_for(
+        self, req: _Request, outcome: _Outcome, peek: Optional[_Peek], refreshed: float, delay: float
+    ) -> float:
+        """How long a waiter sleeps before it looks at its entry again.
+
+        With push, it is woken when granted, so it looks only to refresh its entry (rarely), and
+        - at the head of the queue - when the first holder's lease runs out or, as the fallback
+        for a lost notification, every few seconds. Without push it polls its own entry: often
+        at the head, rarely far back.
+        """
+        refresh_in = max(req.ttl * REFRESH_FRACTION - (time.monotonic() - refreshed), 0.01)
+        position = max(outcome.position.values() or [1])
+        head = position <= 1 if peek is None else peek.head
+        expiry = peek.holder_expiry_in if peek is not None and peek.head else None
+        if self.ct._wakeups.active:
+            sleep = refresh_in
+            if head or position <= HEAD_POSITIONS:
+                sleep = min(sleep, max(delay * 10, PUSH_POLL_INTERVAL), req.pickup * 0.7)
+        else:
+            # Up to a capacity's worth of waiters can be granted by one release: pace by "rounds".
+            capacity_rounds = 0.0 if head else max(position - 1, 0) / max(outcome.capacity, 1)
+            sleep = min(refresh_in, MAX_POLL_INTERVAL, req.ttl / 4.0, HEAD_POLL_INTERVAL * (1 + capacity_rounds))
+        if expiry is not None:
+            sleep = min(sleep, expiry + 0.05)
+        return sleep * (0.75 + random.random() / 2)
 
     def _lease(self, req: _Request, outcome: _Outcome) -> Lease:
         return Lease(
@@ -429,207 +770,247 @@ class SlotEngine:
         attempt: Optional[int] = None,
         pickup: float = DEFAULT_PICKUP,
     ) -> Optional[Lease]:
-        """One poll that keeps the queue entry when not granted (for sensors and triggers)."""
-        parts = normalize_request(resource, slots)
-        mode = check_mode(mode)
-        holder = check_name("holder", holder)
-        lease_s = check_seconds("lease", lease)
-        ttl = check_seconds("waiter_ttl", waiter_ttl)
-        pick = check_seconds("pickup", pickup)
-        att = check_attempt(attempt)
-        assert lease_s is not None and ttl is not None and pick is not None
-        req = _Request(parts, holder, mode, lease_s, ttl, pick, att, uuid.uuid4().hex)
-        outcome = self.db.run(lambda c: self._attempt(c, req))
-        if not outcome.granted:
-            return None
-        return self._lease(req, outcome)
+        """One look that keeps the queue entry when not granted (for sensors and triggers).
 
-    def _lock_resources(self, conn: Connection, names: list[str]) -> dict[str, Any]:
-        """Lock the resource rows in name order (so multi-resource requests cannot deadlock)."""
-        r = self.t.resource
-        rows: dict[str, Any] = {}
-        for name in sorted(names):
-            row = conn.execute(
-                dialects.lock_rows(
-                    select(r.c.name, r.c.capacity, r.c.last_token, r.c.last_ticket).where(
-                        r.c.namespace == self.ns, r.c.name == name
-                    ),
-                    r,
-                )
-            ).first()
-            if row is None:
-                raise UnknownResourceError(
-                    f"resource {name!r} does not exist in namespace {self.ns!r}; create it with "
-                    f"set_capacity({name!r}, n) or `controltable capacity set {name} N`"
-                )
-            rows[name] = row
-        return rows
-
-    def _read_queues(self, conn: Connection, names: list[str]) -> tuple[list[Any], float]:
-        """The live queue entries of the locked resources, and the database time, in one round trip.
-
-        The time is read here, once the locks are held (read in the locking select it would be
-        the time *before* waiting for the lock). The resource rows are outer-joined so that the
-        time comes back even when the queues are empty. Expired entries are then deleted one by
-        one, each delete re-checking the expiry: that delete is the only judge of expiry, so an
-        entry whose renewal committed in between stays, and its holder keeps the slot.
+        A waiter already queued reads its own entry without locks (and picks up a grant made on
+        its behalf); only a new request, a new attempt or a head that must pass capacity on
+        itself takes the resource locks.
         """
-        q, r = self.t.request, self.t.resource
-        joined = r.outerjoin(q, and_(q.c.namespace == r.c.namespace, q.c.resource == r.c.name))
-        result = conn.execute(
-            select(dialects.db_now().label("now"), q.c.id, q.c.resource, q.c.holder, q.c.request_key, q.c.slots,
-                   q.c.mode, q.c.state, q.c.token, q.c.expires_at, q.c.granted_at, q.c.ticket, q.c.attempt)
-            .select_from(joined)
-            .where(r.c.namespace == self.ns, r.c.name.in_(names))
-            .order_by(q.c.ticket)
-        ).all()
-        now = float(result[0].now)
-        rows = []
-        for row in result:
-            if row.id is None:
-                continue
-            if float(row.expires_at) < now:
-                gone = conn.execute(delete(q).where(q.c.id == row.id, q.c.expires_at < now)).rowcount
-                if gone:
-                    continue
-            rows.append(row)
-        return rows, now
+        req = self._request(resource, check_name("holder", holder), slots, mode, lease, waiter_ttl, pickup, attempt)
+        peek = self._look(req, True)
+        newer = attempt is not None and attempt != peek.recorded_attempt
+        if peek.state == "granted" and peek.outcome is not None and not newer:
+            return self._lease(req, peek.outcome)
+        if peek.state == "waiting" and not peek.needs_pass and not newer:
+            return None
+        outcome = self._enqueue(req)
+        return self._lease(req, outcome) if outcome.granted else None
 
-    def _bump_tokens(self, conn: Connection, res: dict[str, Any], names: list[str]) -> dict[str, int]:
-        r = self.t.resource
-        tokens: dict[str, int] = {}
-        for name in names:
-            tokens[name] = int(res[name].last_token) + 1
-            conn.execute(update(r).where(r.c.namespace == self.ns, r.c.name == name).values(last_token=tokens[name]))
-        return tokens
-
-    def _attempt(self, conn: Connection, req: _Request) -> _Outcome:
-        """One poll: enqueue (or find our entry), reap, and grant if we are first and fit."""
+    def _enqueue(self, req: _Request) -> _Outcome:
+        """Enter the queue (or find our entry), then run a grant pass; picks the grant up if made."""
         q, r = self.t.request, self.t.resource
-        parts, holder, mode = req.parts, req.holder, req.mode
-        names = sorted(parts)
-        res = self._lock_resources(conn, names)
-        for name, k in parts.items():
-            if k > res[name].capacity:
-                raise ConfigurationError(
-                    f"request for {k} slots of {name!r} can never be granted: its capacity is "
-                    f"{res[name].capacity}; ask for fewer slots or raise the capacity"
-                )
-        rows, now = self._read_queues(conn, names)
-        mine = {row.resource: row for row in rows if row.holder == holder}
-        attempt = req.attempt
-        if mine:
-            wanted = {(n, k, mode) for n, k in parts.items()}
-            have = {(row.resource, row.slots, row.mode) for row in mine.values()}
-            keys = {row.request_key for row in mine.values()}
-            if have != wanted or len(keys) != 1:
-                raise ConfigurationError(
-                    f"holder {holder!r} already holds or waits for {sorted(have)} which differs from this "
-                    f"request {sorted(wanted)}; release it first or use another holder id"
-                )
-            key = keys.pop()
-            recorded = max((int(row.attempt) for row in mine.values() if row.attempt is not None), default=None)
-            if attempt is not None and recorded is not None and attempt < recorded:
-                raise LeaseLost(
-                    f"holder {holder!r} on {', '.join(repr(n) for n in names)} was superseded by attempt "
-                    f"{recorded}; attempt {attempt} must stop (a newer attempt of the same work runs)"
-                )
-            newer = attempt is not None and (recorded is None or attempt > recorded)
-            if not newer:
-                attempt = recorded
-            if all(row.state == "granted" for row in mine.values()):
-                # Idempotent re-acquire: the same lease, extended; a newer attempt gets new tokens.
-                expires = now + req.lease
-                values: dict[str, Any] = dict(expires_at=expires, lease_seconds=req.lease, attempt=attempt)
-                if newer:
-                    tokens = self._bump_tokens(conn, res, names)
-                    for name in names:
-                        conn.execute(update(q).where(q.c.id == mine[name].id).values(token=tokens[name], **values))
-                else:
-                    tokens = {row.resource: int(row.token) for row in mine.values()}
-                    conn.execute(update(q).where(q.c.request_key == key).values(**values))
-                return _Outcome(True, key, {n: tokens[n] for n in parts}, expires,
-                                float(min(row.granted_at for row in mine.values())), {},
-                                min(int(row.ticket) for row in mine.values()), attempt)
-            my_tickets = {row.resource: int(row.ticket) for row in mine.values()}
-            my_ids = {row.resource: int(row.id) for row in mine.values()}
-        else:
+        names = sorted(req.parts)
+
+        def action(conn: Connection, res: dict[str, Any], now: float) -> _Entered:
+            for name, k in req.parts.items():
+                if k > res[name].capacity:
+                    raise ConfigurationError(
+                        f"request for {k} slots of {name!r} can never be granted: its capacity is "
+                        f"{res[name].capacity}; ask for fewer slots or raise the capacity"
+                    )
+            mine = list(conn.execute(
+                select(*self._cols(q)).where(q.c.namespace == self.ns, q.c.resource.in_(names),
+                                             q.c.holder == req.holder)
+            ).all())
+            if mine:
+                wanted = {(n, k, req.mode) for n, k in req.parts.items()}
+                have = {(row.resource, int(row.slots), row.mode) for row in mine}
+                keys = {row.request_key for row in mine}
+                if have != wanted or len(keys) != 1:
+                    raise ConfigurationError(
+                        f"holder {req.holder!r} already holds or waits for {sorted(have)} which differs from this "
+                        f"request {sorted(wanted)}; release it first or use another holder id"
+                    )
+                if any(float(row.expires_at) < now for row in mine):
+                    # Our entry expired (a waiter that stopped looking) or our grant lapsed: it goes,
+                    # and we queue again at the back. The delete re-checks: a pickup may have won.
+                    gone = conn.execute(delete(q).where(q.c.request_key == mine[0].request_key,
+                                                        q.c.expires_at < now)).rowcount
+                    if gone:
+                        conn.execute(delete(q).where(q.c.request_key == mine[0].request_key))
+                        mine = []
+            attempt = req.attempt
+            if mine:
+                key = mine[0].request_key
+                recorded = max((int(row.attempt) for row in mine if row.attempt is not None), default=None)
+                if attempt is not None and recorded is not None and attempt < recorded:
+                    raise LeaseLost(
+                        f"holder {req.holder!r} on {', '.join(repr(n) for n in names)} was superseded by attempt "
+                        f"{recorded}; attempt {attempt} must stop (a newer attempt of the same work runs)"
+                    )
+                newer = attempt is not None and (recorded is None or attempt > recorded)
+                if not newer:
+                    attempt = recorded
+                ticket = min(int(row.ticket) for row in mine)
+                if all(row.state == "granted" for row in mine):
+                    # Idempotent re-acquire (or the pickup of a grant made on our behalf): the same
+                    # grant, extended; a newer attempt gets new tokens in place.
+                    values: dict[str, Any] = dict(expires_at=now + req.lease, lease_seconds=req.lease,
+                                                  attempt=attempt)
+                    tokens = {row.resource: int(row.token) for row in mine}
+                    if newer:
+                        for name in names:
+                            res[name].last_token += 1
+                            tokens[name] = res[name].last_token
+                            conn.execute(update(r).where(r.c.namespace == self.ns, r.c.name == name)
+                                         .values(last_token=tokens[name]))
+                    for row in mine:
+                        conn.execute(update(q).where(q.c.id == row.id).values(token=tokens[row.resource], **values))
+                    granted_at = float(min(row.granted_at for row in mine))
+                    return _Entered(key, attempt, ticket, done=_Outcome(
+                        True, key, {n: tokens[n] for n in req.parts}, now + req.lease, granted_at, {}, ticket,
+                        attempt))
+                conn.execute(update(q).where(q.c.request_key == key, q.c.state == "waiting")
+                             .values(expires_at=now + req.ttl, attempt=attempt, pickup_seconds=req.pickup))
+                return _Entered(key, attempt, ticket)
             key = req.key
-            my_tickets = {}
-            my_ids = {}
-
-        position: dict[str, int] = {}
-        eligible = True
-        for name in names:
-            queue = [row for row in rows if row.resource == name]
-            mine_t = my_tickets.get(name)
-            ahead = [row for row in queue if row.state == "waiting" and (mine_t is None or row.ticket < mine_t)]
-            holders = [row for row in queue if row.state == "granted"]
-            position[name] = len(ahead) + 1
-            if ahead:
-                eligible = False
-            elif mode == "exclusive":
-                eligible = eligible and not holders
-            else:
-                used = sum(row.slots for row in holders)
-                excl = any(row.mode == "exclusive" for row in holders)
-                eligible = eligible and not excl and used + parts[name] <= res[name].capacity
-
-        if not my_ids:  # enqueue: one ticket per resource, from its counter, under its lock
-            for name in names:
-                my_tickets[name] = int(res[name].last_ticket) + 1
-                conn.execute(update(r).where(r.c.namespace == self.ns, r.c.name == name)
-                             .values(last_ticket=my_tickets[name]))
-
-        if eligible:
-            tokens = self._bump_tokens(conn, res, names)
-            values = dict(state="granted", granted_at=now, expires_at=now + req.lease, lease_seconds=req.lease,
-                          attempt=attempt)
-            if my_ids:
-                for name in names:
-                    conn.execute(update(q).where(q.c.id == my_ids[name]).values(token=tokens[name], **values))
-            else:
-                for name in names:
-                    conn.execute(insert(q).values(
-                        namespace=self.ns, resource=name, holder=holder, request_key=key, slots=parts[name],
-                        mode=mode, token=tokens[name], enqueued_at=now, ticket=my_tickets[name],
-                        pickup_seconds=req.pickup, **values))
-            if any(row.state == "waiting" and row.holder != holder for row in rows):
-                self.ct._notify(conn, [slot_key(n) for n in names])  # the next in line may fit too
-            ordered = {n: tokens[n] for n in parts}
-            return _Outcome(True, key, ordered, now + req.lease, now, {}, min(my_tickets.values()), attempt)
-
-        expires = now + req.ttl
-        if my_ids:
-            conn.execute(update(q).where(q.c.request_key == key).values(expires_at=expires, attempt=attempt))
-        else:
-            for name in names:
+            tickets = {}
+            for name in names:  # one ticket per resource, from its counter, under its lock
+                res[name].last_ticket += 1
+                res[name].dirty = True  # written by the grant pass that follows
+                tickets[name] = res[name].last_ticket
                 conn.execute(insert(q).values(
-                    namespace=self.ns, resource=name, holder=holder, request_key=key, slots=parts[name], mode=mode,
-                    state="waiting", lease_seconds=req.lease, enqueued_at=now, expires_at=expires,
-                    ticket=my_tickets[name], attempt=attempt, pickup_seconds=req.pickup))
-        return _Outcome(False, key, {}, expires, None, position, min(my_tickets.values()), attempt)
+                    namespace=self.ns, resource=name, holder=req.holder, request_key=key, slots=req.parts[name],
+                    mode=req.mode, state="waiting", lease_seconds=req.lease, enqueued_at=now,
+                    expires_at=now + req.ttl, ticket=tickets[name], attempt=attempt, pickup_seconds=req.pickup))
+            return _Entered(key, attempt, min(tickets.values()))
 
-    def _withdraw(self, request_key: str) -> Optional[_Outcome]:
-        """Leave the queue after a timeout; if we were granted meanwhile, return that grant."""
-        q = self.t.request
+        def fn(conn: Connection, res: dict[str, Any], now: float) -> _Outcome:
+            entered = action(conn, res, now)
+            if entered.done is not None:
+                return entered.done
+            made: dict[str, dict[str, int]] = {}
+            self._grant_pass(conn, res, now, own=(entered.key, req.lease), granted=made)
+            if entered.key in made:  # granted by this very pass: picked up in the same transaction
+                tokens = made[entered.key]
+                return _Outcome(True, entered.key, {n: tokens[n] for n in req.parts}, now + req.lease, now, {},
+                                entered.ticket, entered.attempt)
+            position = {}
+            for name in names:
+                head = conn.scalar(select(func.min(q.c.ticket)).where(
+                    q.c.namespace == self.ns, q.c.resource == name, q.c.state == "waiting"))
+                position[name] = max(entered.ticket - int(head if head is not None else entered.ticket), 0) + 1
+            capacity = min(res[name].capacity for name in names)
+            return _Outcome(False, entered.key, {}, now + req.ttl, None, position, entered.ticket, entered.attempt,
+                            capacity)
 
-        def fn(conn: Connection) -> Optional[_Outcome]:
-            names = [r[0] for r in conn.execute(select(q.c.resource).where(q.c.request_key == request_key))]
-            conn.execute(delete(q).where(q.c.request_key == request_key, q.c.state == "waiting"))
-            self.ct._notify(conn, [slot_key(n) for n in names])
-            rows = conn.execute(
-                select(q.c.id, q.c.resource, q.c.token, q.c.expires_at, q.c.granted_at, q.c.ticket, q.c.attempt).where(
-                    q.c.request_key == request_key, q.c.state == "granted"
-                )
-            ).all()
-            if not rows:
-                return None
-            return _Outcome(True, request_key, {row.resource: int(row.token) for row in rows},
-                            float(rows[0].expires_at), float(rows[0].granted_at), {},
-                            min(int(row.ticket) for row in rows), rows[0].attempt)
+        return self._with_pass_custom(set(names), fn)
+
+    def _with_pass_custom(self, names: set[str], fn: Callable[[Connection, dict[str, Any], float], T]) -> T:
+        """Like :meth:`_with_pass` for actions that run the grant pass themselves."""
+        lockset = set(names)
+        for _ in range(8):
+            locks = set(lockset)
+
+            def run(conn: Connection, locks: set[str] = locks) -> T:
+                return fn(conn, *self._lock(conn, locks))
+
+            try:
+                return self.db.run(run)
+            except _NeedLocks as need:
+                lockset |= need.names
+        raise AcquireTimeout(  # pragma: no cover - needs a chain of 8 multi-resource requests moving at once
+            f"could not lock the resources of {sorted(names)} in order; retry"
+        )
+
+    def _look(self, req: _Request, refresh: bool) -> _Peek:
+        def fn(conn: Connection) -> _Peek:
+            return self._peek(conn, req, refresh)
 
         return self.db.run(fn)
+
+    def _peek(self, conn: Connection, req: _Request, refresh: bool) -> _Peek:
+        """Read our own entry by (namespace, resource, holder), no locks; pick up a grant made for us.
+
+        Also reads, through the queue index, the head ticket of each of our queues and the
+        holders' usage and first lease expiry, so that the head can time the reap of a holder
+        whose lease runs out (or a grant that lapses) and run the grant pass itself.
+        """
+        q, r = self.t.request, self.t.resource
+        names = sorted(req.parts)
+        hq, wq = q.alias("hq"), q.alias("wq")
+        same_h = and_(hq.c.namespace == q.c.namespace, hq.c.resource == q.c.resource, hq.c.state == "granted")
+        same_w = and_(wq.c.namespace == q.c.namespace, wq.c.resource == q.c.resource, wq.c.state == "waiting")
+        head_ticket = select(func.min(wq.c.ticket)).where(same_w).scalar_subquery()
+        hold_exp = select(func.min(hq.c.expires_at)).where(same_h).scalar_subquery()
+        used = select(func.coalesce(func.sum(hq.c.slots), 0)).where(same_h).scalar_subquery()
+        excl = select(func.count()).where(same_h, hq.c.mode == "exclusive").scalar_subquery()
+        rows = conn.execute(
+            select(*self._cols(q), dialects.db_now().label("now"), head_ticket.label("head_ticket"),
+                   hold_exp.label("hold_exp"), used.label("used"), excl.label("excl"), r.c.capacity)
+            .select_from(q.join(r, and_(r.c.namespace == q.c.namespace, r.c.name == q.c.resource)))
+            .where(q.c.namespace == self.ns, q.c.resource.in_(names), q.c.holder == req.holder)
+        ).all()
+        if not rows:
+            return _Peek("gone")
+        now = float(rows[0].now)
+        have = {(row.resource, int(row.slots), row.mode) for row in rows}
+        recorded = max((int(row.attempt) for row in rows if row.attempt is not None), default=None)
+        if have != {(n, k, req.mode) for n, k in req.parts.items()} or len({row.request_key for row in rows}) != 1:
+            return _Peek("mismatch", recorded_attempt=recorded)
+        key = rows[0].request_key
+        ticket = min(int(row.ticket) for row in rows)
+        if any(float(row.expires_at) < now for row in rows):
+            return _Peek("lapsed", recorded_attempt=recorded)
+        if all(row.state == "granted" for row in rows):
+            if req.attempt is not None and req.attempt != recorded:
+                return _Peek("granted", recorded_attempt=recorded)  # the caller re-enters for the attempt
+            picked = conn.execute(
+                update(q).where(q.c.request_key == key, q.c.state == "granted", q.c.expires_at >= now)
+                .values(expires_at=now + req.lease, lease_seconds=req.lease)
+            ).rowcount
+            if picked != len(rows):
+                return _Peek("lapsed", recorded_attempt=recorded)
+            tokens = {row.resource: int(row.token) for row in rows}
+            return _Peek("granted", _Outcome(True, key, {n: tokens[n] for n in req.parts}, now + req.lease,
+                                             float(min(row.granted_at for row in rows)), {}, ticket, recorded),
+                         recorded_attempt=recorded)
+        if refresh:
+            updated = conn.execute(
+                update(q).where(q.c.request_key == key, q.c.state == "waiting", q.c.expires_at >= now)
+                .values(expires_at=now + req.ttl)
+            ).rowcount
+            if updated != len(rows):
+                return _Peek("lapsed", recorded_attempt=recorded)
+        position = {}
+        head = True
+        fits_all = True
+        expired_holder = False
+        soonest: Optional[float] = None
+        for row in rows:
+            first = int(row.head_ticket) if row.head_ticket is not None else int(row.ticket)
+            position[row.resource] = max(int(row.ticket) - first, 0) + 1
+            head = head and first == int(row.ticket)
+            if row.hold_exp is not None:
+                left = float(row.hold_exp) - now
+                expired_holder = expired_holder or left < 0
+                soonest = left if soonest is None else min(soonest, left)
+            queue = grants.Queue(row.resource, int(row.capacity), int(row.used or 0), int(row.excl or 0) > 0)
+            fits_all = fits_all and grants.fits(queue, int(row.slots), row.mode)
+        capacity = min(int(row.capacity) for row in rows)
+        behind_expired = expired_holder and soonest is not None and soonest < -REAP_GRACE
+        return _Peek(
+            "waiting",
+            _Outcome(False, key, {}, now + req.ttl, None, position, ticket, recorded, capacity),
+            needs_pass=(head and (expired_holder or fits_all)) or behind_expired,
+            holder_expiry_in=None if soonest is None else max(soonest, 0.0),
+            head=head,
+            recorded_attempt=recorded,
+        )
+
+    def _withdraw(self, req: _Request) -> Optional[_Outcome]:
+        """Leave the queue after a timeout; if we were granted meanwhile, take that grant."""
+        q = self.t.request
+
+        def action(conn: Connection, res: dict[str, Any], now: float) -> Optional[_Outcome]:
+            rows = conn.execute(
+                select(q.c.resource, q.c.state, q.c.token, q.c.expires_at, q.c.granted_at, q.c.ticket, q.c.attempt,
+                       q.c.request_key)
+                .where(q.c.namespace == self.ns, q.c.resource.in_(sorted(req.parts)), q.c.holder == req.holder)
+            ).all()
+            if rows and all(row.state == "granted" and float(row.expires_at) >= now for row in rows):
+                key = rows[0].request_key
+                conn.execute(update(q).where(q.c.request_key == key)
+                             .values(expires_at=now + req.lease, lease_seconds=req.lease))
+                tokens = {row.resource: int(row.token) for row in rows}
+                return _Outcome(True, key, {n: tokens[n] for n in req.parts}, now + req.lease,
+                                float(min(row.granted_at for row in rows)), {},
+                                min(int(row.ticket) for row in rows), rows[0].attempt)
+            for key in {row.request_key for row in rows}:
+                conn.execute(delete(q).where(q.c.request_key == key))
+            return None
+
+        return self._with_pass(set(req.parts), action)
 
     # -- holding -----------------------------------------------------------------------------
     def renew(self, lease: Lease, seconds: float) -> float:
@@ -658,7 +1039,7 @@ class SlotEngine:
         return expires
 
     def release(self, lease: Lease) -> None:
-        """Delete the lease's rows; a lease that already expired is lost even if nobody reaped it yet.
+        """Delete the lease's rows and pass the capacity on; an expired lease is lost even if unreaped.
 
         Retry-safe: the request key was chosen by the client, so when a retry (after a COMMIT whose
         reply was lost) finds no rows while the lease could not yet have expired, the first
@@ -666,25 +1047,25 @@ class SlotEngine:
         """
         q = self.t.request
         n = len(lease.resources)
-        runs = 0
+        completed = 0
 
-        def fn(conn: Connection) -> tuple[int, int, float]:
-            nonlocal runs
-            runs += 1
-            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
-            live = int(conn.execute(
-                delete(q).where(q.c.request_key == lease.request_key, q.c.state == "granted", q.c.expires_at >= now)
-            ).rowcount)
-            stale = int(conn.execute(delete(q).where(q.c.request_key == lease.request_key)).rowcount)
-            self.ct._notify(conn, [slot_key(name) for name in lease.resources])
-            return live, stale, now
+        def action(conn: Connection, res: dict[str, Any], now: float) -> tuple[int, int, float]:
+            nonlocal completed
+            rows = conn.execute(
+                select(q.c.id, q.c.state, q.c.expires_at).where(q.c.request_key == lease.request_key)
+            ).all()
+            live = sum(1 for row in rows if row.state == "granted" and float(row.expires_at) >= now)
+            if rows:
+                conn.execute(delete(q).where(q.c.request_key == lease.request_key))
+            completed += 1
+            return live, len(rows), now
 
-        live, stale, now = self.db.run(fn)
+        live, found, now = self._with_pass(set(lease.resources), action)
         if live == n:
             return
-        if live == 0 and stale == 0 and runs > 1 and now < lease._expires_at:
+        if found == 0 and completed > 1 and now < lease._expires_at:
             return  # our first COMMIT went through; its reply was lost
-        if stale:
+        if found:
             raise LeaseLost(
                 f"lease of {lease.holder!r} on {lease._names()} had expired when it was released (at "
                 f"{lease.expires_at.isoformat()}); work done after the expiry may have overlapped with another "
@@ -707,32 +1088,49 @@ class SlotEngine:
         )
         return int(count or 0) == len(lease.resources)
 
+    def _remove(self, match: Any, check: Optional[Callable[[Connection], None]] = None) -> int:
+        """Remove the requests with rows matching ``match`` (whole requests), then pass capacity on.
+
+        The resources involved are read first without locks, then locked in name order; rows of
+        requests that appeared meanwhile on other resources are left for the next call.
+        """
+        q = self.t.request
+        names = {row[0] for row in self.db.run(lambda c: c.execute(select(q.c.resource).where(match).distinct()).all())}
+        if not names:
+            if check is not None:
+                self.db.run(check)
+            return 0
+
+        def action(conn: Connection, res: dict[str, Any], now: float) -> int:
+            if check is not None:
+                check(conn)
+            keys = sorted({row[0] for row in conn.execute(select(q.c.request_key).where(match,
+                                                                                       q.c.resource.in_(sorted(res))))})
+            if not keys:
+                return 0
+            spans = conn.execute(select(q.c.request_key, q.c.resource).where(q.c.request_key.in_(keys))).all()
+            extra = {row.resource for row in spans} - set(res)
+            if extra:
+                raise _NeedLocks(extra)
+            conn.execute(delete(q).where(q.c.request_key.in_(keys)))
+            return len(keys)
+
+        return self._with_pass(names, action)
+
     def release_holder(self, resource: str, holder: str) -> int:
         """Release whatever ``holder`` holds or waits for on ``resource`` (for shell scripts).
 
-        Returns the rows removed: 0 means nothing was held. An unknown resource is an error.
+        Returns the requests removed: 0 means nothing was held. An unknown resource is an error.
         """
         q, r = self.t.request, self.t.resource
 
-        def fn(conn: Connection) -> int:
+        def known(conn: Connection) -> None:
             if conn.scalar(select(r.c.name).where(r.c.namespace == self.ns, r.c.name == resource)) is None:
                 raise UnknownResourceError(
                     f"resource {resource!r} does not exist in namespace {self.ns!r}; check the name and namespace"
                 )
-            keys = [
-                row.request_key
-                for row in conn.execute(
-                    select(q.c.request_key).where(
-                        q.c.namespace == self.ns, q.c.resource == resource, q.c.holder == holder
-                    )
-                )
-            ]
-            if not keys:
-                return 0
-            self.ct._notify(conn, [slot_key(resource)])
-            return int(conn.execute(delete(q).where(q.c.request_key.in_(keys))).rowcount)
 
-        return self.db.run(fn)
+        return self._remove(and_(q.c.namespace == self.ns, q.c.resource == resource, q.c.holder == holder), known)
 
     def release_holders(self, prefix: str) -> int:
         """Release every holder and withdraw every waiter whose holder id starts with ``prefix``.
@@ -741,17 +1139,7 @@ class SlotEngine:
         prefix is matched literally (``%`` and ``_`` are escaped). Returns the requests removed.
         """
         q = self.t.request
-
-        def fn(conn: Connection) -> int:
-            match = and_(q.c.namespace == self.ns, q.c.holder.startswith(prefix, autoescape=True))
-            rows = conn.execute(select(q.c.resource, q.c.request_key).where(match)).all()
-            if not rows:
-                return 0
-            conn.execute(delete(q).where(match))
-            self.ct._notify(conn, sorted({slot_key(row.resource) for row in rows}))
-            return len({row.request_key for row in rows})
-
-        return self.db.run(fn)
+        return self._remove(and_(q.c.namespace == self.ns, q.c.holder.startswith(prefix, autoescape=True)))
 
     def wait_info(self, resource: str, holder: str) -> Optional[WaitInfo]:
         """Where ``holder`` stands on ``resource``: None when it neither holds nor waits."""
@@ -855,13 +1243,29 @@ class SlotEngine:
         return out
 
     def reap(self) -> int:
+        """Remove expired holders and waiters of this namespace, passing freed capacity on."""
         q = self.t.request
-        n = self.db.run(
-            lambda c: int(
-                c.execute(delete(q).where(q.c.namespace == self.ns, q.c.expires_at < dialects.db_now())).rowcount
-            )
-        )
-        return n
+        names = {row[0] for row in self.db.run(lambda c: c.execute(
+            select(q.c.resource).where(q.c.namespace == self.ns, q.c.expires_at < dialects.db_now()).distinct()
+        ).all())}
+        if not names:
+            return 0
+
+        def action(conn: Connection, res: dict[str, Any], now: float) -> int:
+            # Waiters anywhere in the queues (a pass only looks at the head); holders go in the pass.
+            return int(conn.execute(delete(q).where(
+                q.c.namespace == self.ns, q.c.resource.in_(sorted(res)), q.c.state == "waiting", q.c.expires_at < now
+            )).rowcount)
+
+        counted: list[int] = []
+
+        def with_count(conn: Connection, res: dict[str, Any], now: float) -> int:
+            n = action(conn, res, now)
+            n += self._grant_pass(conn, res, now)
+            counted.append(n)
+            return n
+
+        return self._with_pass_custom(names, with_count)
 
     def iter_names(self) -> Iterator[str]:  # pragma: no cover - convenience
         for st in self.status():

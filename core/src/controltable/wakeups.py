@@ -41,20 +41,24 @@ class Wakeups:
         #: Notifications received (for tests and benchmarks).
         self.received = 0
         self._listeners: dict[str, list[Callable[[], None]]] = {}
+        #: Bumped when the listener (re)connects: pushes sent while it was away are lost, so every
+        #: local waiter looks once.
+        self._generation = 0
 
     # -- sending -------------------------------------------------------------------------------
     def notify(self, conn: Connection, keys: Iterable[str]) -> None:
         """Queue a wake-up for ``keys``; PostgreSQL delivers it when ``conn``'s transaction commits."""
         if not self.enabled:
             return
-        for key in dict.fromkeys(keys):
-            conn.execute(select(func.pg_notify(self.channel, f"{self.namespace}\x1f{key}")))
+        unique = list(dict.fromkeys(keys))
+        if unique:  # one round trip for all of them
+            conn.execute(select(*(func.pg_notify(self.channel, f"{self.namespace}\x1f{key}") for key in unique)))
 
     # -- waiting -------------------------------------------------------------------------------
     def mark(self, keys: Iterable[str]) -> tuple[int, ...]:
         """The keys' counters now: take before polling, pass to :meth:`wait`."""
         with self._cond:
-            return tuple(self._seq.get(k, 0) for k in keys)
+            return (self._generation, *(self._seq.get(k, 0) for k in keys))
 
     @property
     def active(self) -> bool:
@@ -73,7 +77,7 @@ class Wakeups:
         start = since if since is not None else self.mark(keys)
         with self._cond:
             while True:
-                if tuple(self._seq.get(k, 0) for k in keys) != start:
+                if (self._generation, *(self._seq.get(k, 0) for k in keys)) != start:
                     return True
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -139,11 +143,24 @@ class Wakeups:
 
     def _listen_forever(self) -> None:
         backoff = 0.5
+        connects = 0
         while not self._stop.is_set():
             raw = None
             try:
                 raw = self._connect()
                 self._listening.set()
+                connects += 1
+                missed = connects > 1  # a reconnect: pushes sent meanwhile were lost
+                with self._cond:
+                    if missed:
+                        self._generation += 1
+                        self._cond.notify_all()
+                    everyone = [cb for cbs in self._listeners.values() for cb in cbs] if missed else []
+                for callback in dict.fromkeys(everyone):
+                    try:
+                        callback()
+                    except Exception:
+                        log.exception("controltable: wake-up callback failed")
                 backoff = 0.5
                 prefix = f"{self.namespace}\x1f"
                 while not self._stop.is_set():

@@ -1,0 +1,130 @@
+"""Who is granted next: the slot grant decision as a pure function over a snapshot of the locked queues.
+
+The engine (``slots.py``) locks the resource rows, reads their holders and the *head* of each
+waiting queue, and asks :func:`decide` which waiters may now run. No I/O happens here, so the
+rules are tested without a database:
+
+* Strict FIFO per resource: waiters are considered in ticket order, and the first one that does
+  not fit stops its queue (a waiting exclusive request blocks later shared ones; a big request
+  blocks smaller ones behind it: no starvation).
+* A shared request fits when no exclusive holder is present and the slots in use plus its own
+  stay within the capacity; an exclusive request fits when nobody holds the resource.
+* A multi-resource request is granted all-or-nothing, only when it is first in *every* queue it
+  waits in and fits in each. If one of its resources is not in the snapshot (not locked), the
+  decision says which locks it needs instead of guessing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """One waiting request, as seen in the queue of one resource."""
+
+    key: str  # the request key (shared by the rows of a multi-resource request)
+    ticket: int
+    slots: int
+    mode: str  # "shared" | "exclusive"
+    #: Every resource of the request (one name for most requests).
+    resources: frozenset[str]
+
+
+@dataclass
+class Queue:
+    """A locked resource: its capacity, its live holders' usage and the head of its waiting queue."""
+
+    name: str
+    capacity: int
+    used: int = 0
+    exclusive_held: bool = False
+    #: Waiting requests in ticket order, from the head; possibly only the first few.
+    head: list[Waiter] = field(default_factory=list)
+    #: Whether ``head`` is the whole waiting queue (else more wait behind the last one read).
+    complete: bool = True
+
+
+@dataclass
+class Decision:
+    #: Request keys to grant, in grant order (the order their tokens are taken in).
+    grant: list[str] = field(default_factory=list)
+    #: Resources whose locks are needed to decide about a multi-resource request at a head.
+    need: set[str] = field(default_factory=set)
+    #: Per resource, the first request left waiting (the new head), if any was read.
+    heads: dict[str, str] = field(default_factory=dict)
+    #: Resources whose every read waiter was granted while more wait unread: run the pass again.
+    more: set[str] = field(default_factory=set)
+
+
+def fits(queue: Queue, slots: int, mode: str) -> bool:
+    """Whether a request for ``slots`` in ``mode`` can run now beside the current holders."""
+    if mode == "exclusive":
+        return queue.used == 0 and not queue.exclusive_held
+    return not queue.exclusive_held and queue.used + slots <= queue.capacity
+
+
+def _take(queue: Queue, slots: int, mode: str) -> None:
+    queue.used += slots
+    if mode == "exclusive":
+        queue.exclusive_held = True
+
+
+def decide(queues: dict[str, Queue]) -> Decision:
+    """Grant, in FIFO order, every waiter of the locked ``queues`` that may now run.
+
+    ``queues`` is changed in place (usage grows by what was granted), so a caller can apply the
+    decision and inspect what is left.
+    """
+    out = Decision()
+    granted: set[str] = set()
+    blocked: set[str] = set()  # queues whose head cannot run now
+    progress = True
+    while progress:
+        progress = False
+        for name in sorted(queues):
+            if name in blocked:
+                continue
+            queue = queues[name]
+            while True:
+                front = next((w for w in queue.head if w.key not in granted), None)
+                if front is None:
+                    break
+                if not fits(queue, front.slots, front.mode):
+                    blocked.add(name)
+                    break
+                if len(front.resources) == 1:
+                    granted.add(front.key)
+                    out.grant.append(front.key)
+                    _take(queue, front.slots, front.mode)
+                    progress = True
+                    continue
+                missing = front.resources - queues.keys()
+                if missing:
+                    out.need |= missing
+                    blocked.add(name)
+                    break
+                ok = True
+                for other in front.resources - {name}:
+                    oq = queues[other]
+                    ofront = next((w for w in oq.head if w.key not in granted), None)
+                    if ofront is None or ofront.key != front.key or not fits(oq, ofront.slots, ofront.mode):
+                        ok = False
+                        break
+                if not ok:
+                    # Not yet first (or not fitting) in another queue: it waits, and so does this
+                    # queue behind it. A later pass over the other queue may unblock it.
+                    break
+                granted.add(front.key)
+                out.grant.append(front.key)
+                for res in sorted(front.resources):
+                    w = next(x for x in queues[res].head if x.key == front.key)
+                    _take(queues[res], w.slots, w.mode)
+                progress = True
+    for name, queue in queues.items():
+        left = next((w for w in queue.head if w.key not in granted), None)
+        if left is not None:
+            out.heads[name] = left.key
+        elif not queue.complete and queue.head:
+            out.more.add(name)
+    return out
