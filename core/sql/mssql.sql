@@ -132,6 +132,9 @@ WHERE ct_request.namespace = :namespace_1 AND ct_request.resource = :resource_1 
 -- ===== renew a lease (fenced by the request key) =====
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
 UPDATE ct_request SET lease_seconds=:lease_seconds, expires_at=:expires_at WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'granted' AND ct_request.expires_at >= :expires_at_1;
+SELECT count(*) AS count_1 
+FROM ct_request 
+WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'granted' AND ct_request.expires_at = :expires_at_1;
 
 -- ===== release a lease =====
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now 
@@ -274,6 +277,9 @@ UPDATE ct_work_item SET state=:state, owner=:owner, token=:token, attempts=(ct_w
 
 -- ===== work item complete (fenced on the item token) =====
 UPDATE ct_work_item SET state=:state, last_error=:last_error, finished_at=(DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0), expires_at=:expires_at WHERE ct_work_item.id = :id_1 AND ct_work_item.token = :token_1 AND ct_work_item.state = 'active';
+SELECT count(*) AS count_1 
+FROM ct_work_item 
+WHERE ct_work_item.id = :id_1 AND ct_work_item.token = :token_1 AND ct_work_item.state = 'done';
 
 -- ===== worklist status =====
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;

@@ -156,6 +156,20 @@ def trusts_rowcount(dialect_name: str) -> bool:
     return dialect_name != "mssql"
 
 
+def confirmed_count(conn: Any, update_stmt: Any, confirm: Any, dialect_name: str) -> int:
+    """Run a fenced ``UPDATE`` and return how many rows it changed, without trusting ``rowcount``
+    where the driver may misreport it (see :func:`trusts_rowcount`).
+
+    ``confirm`` is a ``SELECT count(*)`` of the rows as the update leaves them (for example
+    ``token = :t AND expires_at = :new_expiry``); on SQL Server it runs in the same transaction
+    and its answer is the count. Elsewhere the update's own ``rowcount`` is the answer.
+    """
+    result = conn.execute(update_stmt)
+    if trusts_rowcount(dialect_name):
+        return int(result.rowcount)
+    return int(conn.scalar(confirm) or 0)
+
+
 def state_literal(value: Any, type_: Any = None) -> ColumnElement[Any]:
     """A state constant rendered into the SQL text (``ct_state = 0``), never a bound parameter.
 

@@ -945,10 +945,14 @@ class SlotEngine:
         if all(row.state == "granted" for row in rows):
             if req.attempt is not None and req.attempt != recorded:
                 return _Peek("granted", recorded_attempt=recorded)  # the caller re-enters for the attempt
-            picked = conn.execute(
+            picked = dialects.confirmed_count(
+                conn,
                 update(q).where(q.c.request_key == key, q.c.state == "granted", q.c.expires_at >= now)
-                .values(expires_at=now + req.lease, lease_seconds=req.lease)
-            ).rowcount
+                .values(expires_at=now + req.lease, lease_seconds=req.lease),
+                select(func.count()).select_from(q).where(
+                    q.c.request_key == key, q.c.state == "granted", q.c.expires_at == now + req.lease),
+                self.db.dialect_name,
+            )
             if picked != len(rows):
                 return _Peek("lapsed", recorded_attempt=recorded)
             tokens = {row.resource: int(row.token) for row in rows}
@@ -956,10 +960,14 @@ class SlotEngine:
                                              float(min(row.granted_at for row in rows)), {}, ticket, recorded),
                          recorded_attempt=recorded)
         if refresh:
-            updated = conn.execute(
+            updated = dialects.confirmed_count(
+                conn,
                 update(q).where(q.c.request_key == key, q.c.state == "waiting", q.c.expires_at >= now)
-                .values(expires_at=now + req.ttl)
-            ).rowcount
+                .values(expires_at=now + req.ttl),
+                select(func.count()).select_from(q).where(
+                    q.c.request_key == key, q.c.state == "waiting", q.c.expires_at == now + req.ttl),
+                self.db.dialect_name,
+            )
             if updated != len(rows):
                 return _Peek("lapsed", recorded_attempt=recorded)
         position = {}
@@ -1019,12 +1027,17 @@ class SlotEngine:
 
         def fn(conn: Connection) -> float:
             now = float(conn.scalar(select(dialects.db_now())) or 0.0)
-            result = conn.execute(
+            renewed = dialects.confirmed_count(
+                conn,
                 update(q)
                 .where(q.c.request_key == lease.request_key, q.c.state == "granted", q.c.expires_at >= now)
-                .values(expires_at=now + seconds, lease_seconds=seconds)
+                .values(expires_at=now + seconds, lease_seconds=seconds),
+                select(func.count()).select_from(q).where(
+                    q.c.request_key == lease.request_key, q.c.state == "granted",
+                    q.c.expires_at == now + seconds),
+                self.db.dialect_name,
             )
-            if result.rowcount != n:
+            if renewed != n:
                 conn.execute(delete(q).where(q.c.request_key == lease.request_key))
                 return -1.0
             return now + seconds

@@ -333,9 +333,16 @@ class WorkList:
             values.update(owner=None, token=None, started_at=None)
 
         def fn(conn: Connection) -> int:
-            count = int(conn.execute(
-                update(t).where(t.c.id == item.id, t.c.token == item.token, t.c.state == ACTIVE).values(values)
-            ).rowcount)
+            # After the update the row carries ``state`` under this token (a freed row carries
+            # no token): that is what confirms the update where rowcount cannot be trusted.
+            after = (and_(t.c.id == item.id, t.c.token.is_(None), t.c.state == NEW) if state == NEW
+                     else and_(t.c.id == item.id, t.c.token == item.token, t.c.state == state))
+            count = dialects.confirmed_count(
+                conn,
+                update(t).where(t.c.id == item.id, t.c.token == item.token, t.c.state == ACTIVE).values(values),
+                select(func.count()).select_from(t).where(after),
+                self.ct.db.dialect_name,
+            )
             if count == 0 and state != NEW:
                 # Already done by this token: the first attempt's COMMIT went through and only
                 # its reply was lost (or the caller finished the item twice). The token is never
@@ -360,8 +367,14 @@ class WorkList:
 
         def fn(conn: Connection) -> float:
             now = float(conn.scalar(select(dialects.db_now())) or 0.0)
-            n = conn.execute(update(t).where(t.c.id == item.id, t.c.token == item.token, t.c.state == ACTIVE)
-                             .values(expires_at=now + seconds)).rowcount
+            n = dialects.confirmed_count(
+                conn,
+                update(t).where(t.c.id == item.id, t.c.token == item.token, t.c.state == ACTIVE)
+                .values(expires_at=now + seconds),
+                select(func.count()).select_from(t).where(
+                    t.c.id == item.id, t.c.token == item.token, t.c.state == ACTIVE, t.c.expires_at == now + seconds),
+                self.ct.db.dialect_name,
+            )
             if n != 1:
                 raise LeaseLost(f"work item {item.id} of {self.name!r} is no longer held under token {item.token}")
             return now + seconds
