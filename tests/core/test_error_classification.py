@@ -525,3 +525,15 @@ def test_a_deadline_shortens_the_connect_timeout(silent_port: int, driver: str) 
         db.run(lambda c: c.exec_driver_sql("SELECT 1").scalar(), deadline=time.monotonic() + 2)
     assert time.monotonic() - start < 20  # the deadline (2 s, libpq rounds to whole seconds), not 60 s
     db.dispose()
+
+
+@pytest.mark.parametrize("driver", ["postgresql+psycopg", "mysql+pymysql"])
+def test_acquire_timeout_bounds_the_wait_on_a_silent_server(silent_port: int, driver: str) -> None:
+    """``acquire(timeout=2)`` answers near its timeout even when the connect timeout is a minute."""
+    pytest.importorskip("psycopg" if "psycopg" in driver else "pymysql")
+    ct = ControlTable(f"{driver}://u@127.0.0.1:{silent_port}/db", connect_timeout=60)
+    start = time.monotonic()
+    with pytest.raises(DatabaseUnavailableError):
+        ct.acquire("r", timeout=2)
+    assert time.monotonic() - start < 20  # the timeout plus a grace (libpq rounds up), not 60 s
+    ct.close()

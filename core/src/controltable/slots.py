@@ -18,6 +18,7 @@ only judge: a holder whose renewal wins the race keeps its slot, one that loses 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -58,6 +59,9 @@ REFRESH_FRACTION = 0.5
 #: A waiter behind the head reaps an expired holder itself once it is this many seconds overdue
 #: (the head, which does it at once, may be dead).
 REAP_GRACE = 2.0
+#: Seconds past an ``acquire`` timeout that its last transaction may still take (then the
+#: caller hears :class:`AcquireTimeout`, or the database error that stopped it).
+DEADLINE_GRACE = 1.0
 #: The shortest pickup deadline of a grant made on a waiter's behalf (its entry's own expiry
 #: shortens the deadline down to this).
 MIN_PICKUP = 1.0
@@ -152,6 +156,9 @@ class _Request:
     pickup: float
     attempt: Optional[int]
     key: str
+    #: When a waiting ``acquire(timeout=...)`` gives up (``time.monotonic()``), plus a short grace:
+    #: bounds every transaction of the wait, so a silent server cannot hold the caller past it.
+    deadline: Optional[float] = None
 
 
 class Lease(BackgroundRenewal):
@@ -671,6 +678,8 @@ class SlotEngine:
         wait = check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
         poll_interval = check_poll_interval("poll_interval", poll_interval)
         deadline = None if wait is None else time.monotonic() + wait
+        if deadline is not None:
+            req = dataclasses.replace(req, deadline=deadline + DEADLINE_GRACE)
         keys = [holder_key(min(req.parts), req.holder), head_key(min(req.parts), req.holder)]
         since = self.ct._wakeups.mark(keys)
         outcome = self._enqueue(req)
@@ -884,9 +893,12 @@ class SlotEngine:
             return _Outcome(False, entered.key, {}, now + req.ttl, None, position, entered.ticket, entered.attempt,
                             capacity)
 
-        return self._with_pass_custom(set(names), fn)
+        return self._with_pass_custom(set(names), fn, deadline=req.deadline)
 
-    def _with_pass_custom(self, names: set[str], fn: Callable[[Connection, dict[str, Any], float], T]) -> T:
+    def _with_pass_custom(
+        self, names: set[str], fn: Callable[[Connection, dict[str, Any], float], T], *,
+        deadline: Optional[float] = None,
+    ) -> T:
         """Like :meth:`_with_pass` for actions that run the grant pass themselves."""
         lockset = set(names)
         for _ in range(8):
@@ -896,7 +908,7 @@ class SlotEngine:
                 return fn(conn, *self._lock(conn, locks))
 
             try:
-                return self.db.run(run)
+                return self.db.run(run, deadline=deadline)
             except _NeedLocks as need:
                 lockset |= need.names
         raise AcquireTimeout(  # pragma: no cover - needs a chain of 8 multi-resource requests moving at once
@@ -907,7 +919,7 @@ class SlotEngine:
         def fn(conn: Connection) -> _Peek:
             return self._peek(conn, req, refresh)
 
-        return self.db.run(fn)
+        return self.db.run(fn, deadline=req.deadline)
 
     def _peek(self, conn: Connection, req: _Request, refresh: bool) -> _Peek:
         """Read our own entry by (namespace, resource, holder), no locks; pick up a grant made for us.
