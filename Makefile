@@ -8,7 +8,7 @@ VENV ?= .venv
 VENV_SA14 ?= .venv-sa14
 BIN := $(VENV)/bin
 
-.PHONY: demo test faults soak lint sql bench clean
+.PHONY: demo test test-airflow-live faults soak lint sql bench clean
 
 $(VENV)/.core-installed: core/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,9 @@ faults: $(VENV)/.all-installed
 # A 10-minute soak against SOAK_URL (not a test): RSS and connection counts over time.
 soak: $(VENV)/.core-installed
 	$(BIN)/python benchmarks/soak.py --minutes $${SOAK_MINUTES:-10} --url "$$SOAK_URL"
+
+test-airflow-live: $(VENV)/.all-installed
+	$(BIN)/python -m pytest tests/airflow/test_airflow_live.py -v
 
 lint: $(VENV)/.all-installed
 	$(BIN)/ruff check .
