@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Union
 
@@ -17,7 +19,7 @@ from .defaults import (
     DEFAULT_WAITER_TTL,
     STATEMENT_TIMEOUT,
 )
-from .errors import ConfigurationError, NotInstalledError
+from .errors import ConfigurationError, DatabaseBusyError, NotInstalledError
 from .migrations import UPGRADES
 from .schema import SCHEMA_VERSION, ControlSchema, build_schema
 from .slots import Lease, ResourceStatus, SlotEngine, WaitInfo, head_key, holder_key, slot_key
@@ -93,8 +95,12 @@ class ControlTable:
         statements printed by ``controltable sql`` and the engine then needs DML rights only.
         """
         self.db.ping()
-        with self.db.translating():  # e.g. no CREATE privilege: PermissionDeniedError, not a driver error
-            self.tables.metadata.create_all(self.db.engine, checkfirst=True)
+
+        def create() -> None:
+            with self.db.translating():  # e.g. no CREATE privilege: PermissionDeniedError, not a driver error
+                self.tables.metadata.create_all(self.db.engine, checkfirst=True)
+
+        _retry_busy(create)
         meta = self.tables.meta
 
         def read(conn: Connection) -> Optional[int]:
@@ -116,7 +122,8 @@ class ControlTable:
             )
         if version is not None and version < SCHEMA_VERSION:
             for step in range(version, SCHEMA_VERSION):
-                UPGRADES[step](self.db.engine, self.tables)
+                upgrade = UPGRADES[step]
+                _retry_busy(lambda: upgrade(self.db.engine, self.tables))  # noqa: B023 - called at once
                 self.db.run(self._record_version(step + 1))
         return SCHEMA_VERSION
 
@@ -329,3 +336,18 @@ class ControlTable:
     def _wait_for_wakeup(self, keys: list[str], seconds: float, since: Optional[tuple[int, ...]] = None) -> bool:
         """Sleep up to ``seconds``, or less when a wake-up arrives for one of ``keys``."""
         return self._wakeups.wait(keys, seconds, since)
+
+
+def _retry_busy(fn: Callable[[], None], attempts: int = 6) -> None:
+    """Run an idempotent DDL step again when a concurrent one held the database (SQLite reports
+    "database is locked" at once when two installs both try to upgrade to a write lock)."""
+    delay = 0.1
+    for attempt in range(attempts):
+        try:
+            fn()
+            return
+        except DatabaseBusyError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 2.0)
