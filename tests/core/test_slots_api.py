@@ -240,3 +240,27 @@ def test_acquire_retried_after_lost_commit_reply_enqueues_once(
     got = ct.try_acquire("w", holder="waiter")
     assert got is not None and got.token == first.token + 1
     got.release()
+
+
+def test_racing_first_set_capacity_of_one_name_all_succeed(ct: Any) -> None:
+    """Threads creating the same resource at once: the losers of the insert race update instead."""
+    import threading
+
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def create(n: int) -> None:
+        try:
+            barrier.wait()
+            ct.set_capacity("raced", n)
+        except BaseException as exc:  # recorded for the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create, args=(n,)) for n in range(1, 9)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert errors == []
+    (status,) = ct.status(["raced"])
+    assert 1 <= status.capacity <= 8

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Un
 from sqlalchemy import insert, inspect, select, update
 from sqlalchemy.engine import Connection, Engine
 
+from . import errorcodes
 from .db import DEFAULT_URL, Database
 from .defaults import (
     CONNECT_TIMEOUT,
@@ -112,7 +113,7 @@ class ControlTable:
             try:
                 self.db.run(lambda c: c.execute(insert(meta).values(key="schema_version", value=str(SCHEMA_VERSION))))
             except Exception as exc:
-                if "unique" not in str(exc).lower() and "duplicate" not in str(exc).lower():
+                if not errorcodes.is_unique_violation(exc):
                     raise
                 version = self.db.run(read)  # a concurrent install recorded it first
         if version is not None and version > SCHEMA_VERSION:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Ty
 from sqlalchemy import and_, delete, func, insert, select, union_all, update
 from sqlalchemy.engine import Connection
 
-from . import dialects, grants
+from . import dialects, errorcodes, grants
 from .defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_PICKUP, DEFAULT_WAITER_TTL  # noqa: F401 - re-exported
 from .errors import AcquireTimeout, ConfigurationError, LeaseLost, UnknownResourceError
 from .renewal import BackgroundRenewal
@@ -611,7 +611,7 @@ class SlotEngine:
         try:
             self.db.run(create)
         except Exception as exc:  # a concurrent insert of the same name: the row exists now
-            if "unique" not in str(exc).lower() and "duplicate" not in str(exc).lower():
+            if not errorcodes.is_unique_violation(exc):
                 raise
 
         def change(conn: Connection, res: dict[str, Any], now: float) -> None:
