@@ -22,6 +22,7 @@ from .defaults import (
 )
 from .errors import ConfigurationError, DatabaseBusyError, NotInstalledError
 from .migrations import UPGRADES
+from .runtime import Runtime
 from .schema import SCHEMA_VERSION, ControlSchema, build_schema
 from .slots import Lease, ResourceStatus, SlotEngine, WaitInfo, head_key, holder_key, slot_key
 from .validation import (
@@ -67,8 +68,10 @@ class ControlTable:
         self.prefix = prefix
         self.db = Database(url_or_engine, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
         self.tables: ControlSchema = build_schema(prefix, self.schema)
-        self._slots = SlotEngine(self)
         self._wakeups = Wakeups(self.db, self.namespace, f"{prefix}wakeup")
+        #: What the engines work through (see :mod:`controltable.runtime`).
+        self.runtime = Runtime(self.db, self.tables, self.namespace, self.schema, prefix, self._wakeups)
+        self._slots = SlotEngine(self)
 
     def __repr__(self) -> str:
         return f"ControlTable({self.db.safe_url!r}, namespace={self.namespace!r})"
