@@ -115,3 +115,18 @@ def safe_url(url: Any) -> str:
     if render is not None:
         return redact(render(hide_password=True), [getattr(url, "password", None)])
     return redact(url)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether running the same work again later may succeed: the one retry policy of every surface.
+
+    The Airflow provider (task retries) and the Dagster integration (``Failure(allow_retries=...)``)
+    both ask this, so a task and an op facing the same error behave the same. Retryable: the
+    database unreachable, busy or slow (it may come back), a slot not granted in time (the holders
+    move on), a lost lease (a new attempt gets a new fencing token), a unique-key clash with a
+    concurrent change. Not retryable: a refused login, a missing database, missing privileges or
+    tables, an unknown resource and bad arguments, which only a person can fix.
+    """
+    if isinstance(exc, (AuthenticationError, DatabaseMissingError)):
+        return False
+    return isinstance(exc, (DatabaseUnavailableError, AcquireTimeout, LeaseLost, ConflictError))
