@@ -5,6 +5,7 @@ Dagster instances, Airflow deployments and shell jobs, and slots are leases that
 run dies instead of leaking.
 """
 
+from .checks import event_table_asset_check, judge_event_table
 from .ops import build_batch_op, build_worklist_op
 from .resource import ControlTableResource, StepIdentity, as_failure, batch_metadata, current_step
 from .sensors import controltable_run_cleanup_sensor, pending_events_sensor
@@ -27,5 +28,7 @@ __all__ = [
     "build_worklist_op",
     "controltable_run_cleanup_sensor",
     "current_step",
+    "event_table_asset_check",
+    "judge_event_table",
     "pending_events_sensor",
 ]

@@ -21,10 +21,11 @@ from dagster import (
     RetryRequested,
     op,
 )
-from sqlalchemy.exc import SQLAlchemyError
 
-from controltable import ControlTableError, LeaseLost
+from controltable import ControlTableError
 
+from . import defaults
+from .compat import keyword_for, renamed
 from .resource import ControlTableResource, _jsonable, batch_metadata, current_step
 
 try:  # type hints only
@@ -35,7 +36,7 @@ except ImportError:  # pragma: no cover
 
 BatchProcessor = Callable[[OpExecutionContext, Batch], Any]
 ItemProcessor = Callable[[OpExecutionContext, Item], Any]
-_MAX_KEYS = 100
+_MAX_KEYS = defaults.MAX_METADATA_KEYS
 
 
 def build_batch_op(
@@ -44,14 +45,15 @@ def build_batch_op(
     table: str,
     key: str,
     name: Optional[str] = None,
-    size: int = 100,
+    size: int = defaults.BATCH_SIZE,
     order_by: Optional[str] = None,
-    schema: Optional[str] = None,
+    table_schema: Optional[str] = None,
     lease: Optional[float] = None,
     max_batches: Optional[int] = None,
-    resource_key: str = "controltable",
+    resource_key: str = defaults.RESOURCE_KEY,
     description: Optional[str] = None,
     tags: Optional[dict[str, Any]] = None,
+    schema: Optional[str] = None,
     **event_options: Any,
 ) -> OpDefinition:
     """An op that claims batches of ``table``, calls ``process(context, batch)`` and completes them.
@@ -65,8 +67,10 @@ def build_batch_op(
 
     The op's output is a summary dict; its metadata holds the table, the batch count, the event
     count, the fencing tokens and the keys (first 100). The op has an optional ``start_after``
-    input of type ``Nothing`` for ordering it after another op.
+    input of type ``Nothing`` for ordering it after another op. ``table_schema`` is the event
+    table's schema (``schema=``: its deprecated old name).
     """
+    table_schema = renamed("build_batch_op", "schema", schema, "table_schema", table_schema)
     op_name = name or f"process_{table}"
 
     @op(
@@ -83,8 +87,8 @@ def build_batch_op(
         keys: list[Any] = []
         batches = 0
         while max_batches is None or batches < max_batches:
-            with resource.claim_batch(table, key=key, size=size, order_by=order_by, schema=schema, lease=lease,
-                                      **event_options) as batch:
+            with resource.claim_batch(table, key=key, size=size, order_by=order_by, table_schema=table_schema,
+                                      lease=lease, **event_options) as batch:
                 if batch is None:
                     break
                 try:
@@ -128,11 +132,13 @@ def build_worklist_op(
     worklist: str,
     name: Optional[str] = None,
     lease: Optional[float] = None,
-    poll: float = 0.5,
+    poll_interval: Optional[float] = None,
     timeout: Optional[float] = None,
-    resource_key: str = "controltable",
+    resource_key: str = defaults.RESOURCE_KEY,
     description: Optional[str] = None,
     tags: Optional[dict[str, Any]] = None,
+    owner: Optional[str] = None,
+    poll: Optional[float] = None,
 ) -> OpDefinition:
     """An op that allocates items of ``worklist`` in order until none are left.
 
@@ -141,8 +147,12 @@ def build_worklist_op(
     the same list. ``process(context, item)`` handles one item; the op completes it (fenced on
     the item's token). If ``process`` raises, the item is marked as error and the op fails: the
     list then stops at that order until the error is cleared, which is the work list's contract.
-    ``timeout`` bounds how long the op waits while other workers hold the current order's items.
+    ``timeout`` bounds how long the op waits while other workers hold the current order's items;
+    ``poll_interval`` (default: the core's) is how often it looks while it waits without a wake-up
+    (``poll=``: its deprecated old name). ``owner`` (default: the step's holder id,
+    ``dagster:<run id>:<step key>``) is who the items are allocated to.
     """
+    poll_interval = renamed("build_worklist_op", "poll", poll, "poll_interval", poll_interval)
     op_name = name or f"work_{worklist}"
 
     @op(
@@ -156,10 +166,12 @@ def build_worklist_op(
     def _worklist_op(context: OpExecutionContext):  # type: ignore[no-untyped-def]
         resource: ControlTableResource = getattr(context.resources, resource_key)
         wl = resource.worklist(worklist)
-        owner = current_step().holder
+        who = owner or current_step().holder
+        # The core's own default interval unless one was given, under the name the core takes.
+        waiting = {} if poll_interval is None else {keyword_for(wl.items, "poll_interval", "poll"): poll_interval}
         done: list[dict[str, Any]] = []
         try:
-            for item in wl.items(owner, lease=lease, poll=poll, timeout=timeout):
+            for item in wl.items(who, lease=lease, timeout=timeout, **waiting):
                 try:
                     process(context, item)
                 except Exception as exc:
@@ -182,7 +194,7 @@ def build_worklist_op(
                 item.complete()
                 done.append({"id": item.id, "order": item.order, "token": item.token})
                 context.log.info(f"completed work item {item.id} (order {item.order}, token {item.token})")
-        except (LeaseLost, ControlTableError, SQLAlchemyError) as exc:
+        except ControlTableError as exc:
             raise resource.failure(exc, f"working through {worklist!r}") from exc
         orders = sorted({d["order"] for d in done})
         return Output(

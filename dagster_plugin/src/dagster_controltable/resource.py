@@ -12,7 +12,6 @@ naming the fix, instead of a traceback from deep inside SQLAlchemy.
 import logging
 import math
 import os
-import re
 import threading
 import time
 from contextlib import contextmanager
@@ -29,7 +28,6 @@ from dagster import (
     RetryRequested,
 )
 from pydantic import Field, PrivateAttr
-from sqlalchemy.exc import SQLAlchemyError
 
 from controltable import (
     AcquireTimeout,
@@ -48,7 +46,12 @@ from controltable import (
     StatementTimeoutError,
     UnknownResourceError,
 )
-from controltable.defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_WAITER_TTL
+from controltable.errors import is_retryable, safe_url
+from controltable.holders import holder_id
+
+from . import defaults
+from .compat import keyword_for, renamed
+from .defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_WAITER_TTL
 
 try:  # only for type hints: these classes are reached through ControlTable.events()/worklist()
     from controltable.events import Batch, EventTable
@@ -61,17 +64,12 @@ log = logging.getLogger("dagster_controltable")
 T = TypeVar("T")
 
 WAIT_MODES = ("block", "retry")
-#: ``slot(wait="retry")``: seconds between a busy step's retries, and how many retries before it fails.
-DEFAULT_RETRY_INTERVAL = 30.0
-DEFAULT_MAX_RETRIES = 120
+#: ``slot(wait="retry")``: seconds between a busy step's retries, and how many retries before it fails
+#: (kept under these names for existing imports; the values live in :mod:`.defaults`).
+DEFAULT_RETRY_INTERVAL = defaults.RETRY_INTERVAL
+DEFAULT_MAX_RETRIES = defaults.MAX_RETRIES
 #: A run in one of these states will never pick up a grant: its requests can be withdrawn.
 RUN_ENDED_BADLY = frozenset({DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED, DagsterRunStatus.FAILURE})
-_AHEAD_SHOWN = 5
-#: How often the between-retries watcher looks for an interrupt, and reads the run status.
-_WATCH_TICK = 0.1
-_WATCH_STATUS_EVERY = 2.0
-_HOLDER_LIMIT = 200
-_UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class StepIdentity:
@@ -108,16 +106,18 @@ class StepIdentity:
 
         Stability across retries is what lets a step that raised ``RetryRequested`` keep its
         place in the FIFO queue; uniqueness keeps two steps from sharing one lease.
+        Built by the core's :func:`~controltable.holders.holder_id`: a step key too long for a
+        holder id is shortened with a hash of the whole id rather than cut, so two long step keys
+        never share one lease, and the run prefix is kept for :meth:`ControlTableResource.release_run`.
         """
         if self.run_id is None:
             return None
-        text = f"{run_holder_prefix(self.run_id)}{self.step_key or 'run'}"
-        return _UNSAFE.sub("_", text)[:_HOLDER_LIMIT]
+        return holder_id("dagster", self.run_id, self.step_key or "run")
 
 
 def run_holder_prefix(run_id: str) -> str:
     """The prefix every holder id of run ``run_id`` starts with (what withdrawing a whole run matches)."""
-    return _UNSAFE.sub("_", f"dagster:{run_id}:")
+    return holder_id("dagster", run_id, "")
 
 
 def current_step() -> StepIdentity:
@@ -144,14 +144,16 @@ def current_step() -> StepIdentity:
 
 
 def as_failure(exc: BaseException, action: str, *, url: str = "", namespace: str = "") -> Failure:
-    """Turn a controltable or SQLAlchemy error into a ``Failure`` that says what to change.
+    """Turn a controltable error (every database failure reaches the integration as one) into a ``Failure``
+    that says what to change.
 
-    Connection problems allow Dagster retries (the database may come back); configuration
-    problems do not, because retrying cannot fix them.
+    Whether Dagster may retry the step is the core's :func:`~controltable.errors.is_retryable`,
+    the policy the Airflow provider follows too: connection problems, busy databases, slots not
+    granted in time and lost leases allow retries; logins, missing tables, privileges and
+    configuration do not, because retrying cannot fix them.
     """
     where = f" (control table at {url}, namespace {namespace!r})" if url else ""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    retries: Optional[bool] = False
     if isinstance(exc, AuthenticationError):
         fix = ("check the user and password in the `url` of ControlTableResource (e.g. EnvVar('CONTROLTABLE_URL')); "
                "the database refused the login, so retrying cannot help")
@@ -163,11 +165,9 @@ def as_failure(exc: BaseException, action: str, *, url: str = "", namespace: str
     elif isinstance(exc, StatementTimeoutError):
         fix = ("a statement ran past statement_timeout: look for long locks on the control tables, or raise "
                "`statement_timeout` of ControlTableResource")
-        retries = True
         kind = "control-table statement timed out"
     elif isinstance(exc, DatabaseBusyError):
         fix = "the database kept rolling back on locks; the step may be retried"
-        retries = True
         kind = "control-table database busy"
     elif isinstance(exc, PermissionDeniedError):
         fix = "grant the database user the privileges named above on the control tables (or event table)"
@@ -175,7 +175,6 @@ def as_failure(exc: BaseException, action: str, *, url: str = "", namespace: str
     elif isinstance(exc, DatabaseUnavailableError):
         fix = ("check the `url` of ControlTableResource (e.g. EnvVar('CONTROLTABLE_URL')) and that the database "
                "server is running and reachable from this process; `connect_timeout` bounds the wait")
-        retries = True
         kind = "control-table database unreachable"
     elif isinstance(exc, NotInstalledError) and "event table" in first:
         fix = ("add the claim columns once with `controltable events prepare TABLE --key KEY` or "
@@ -190,12 +189,10 @@ def as_failure(exc: BaseException, action: str, *, url: str = "", namespace: str
         kind = "unknown controltable resource"
     elif isinstance(exc, AcquireTimeout):
         fix = "raise the timeout or the capacity, or see `controltable status` for who holds the slot"
-        retries = True
         kind = "slot not granted in time"
     elif isinstance(exc, LeaseLost):
         fix = ("the lease expired before it was renewed or completed; ask for a longer lease, and make the "
                "protected system reject stale fencing tokens")
-        retries = True
         kind = "lease lost"
     elif isinstance(exc, ConfigurationError):
         fix = "fix the argument or configuration named above"
@@ -203,19 +200,14 @@ def as_failure(exc: BaseException, action: str, *, url: str = "", namespace: str
     elif isinstance(exc, ControlTableError):
         fix = "see the message above"
         kind = "controltable error"
-    elif isinstance(exc, SQLAlchemyError):
-        fix = "check the `url`, the database permissions and that the tables exist"
-        retries = None
-        kind = "database error"
     else:
         fix = "see the chained exception"
-        retries = None
         kind = type(exc).__name__
     return Failure(
         description=f"{kind} while {action}{where}: {first}. Fix: {fix}.",
         metadata={"error": MetadataValue.text(f"{type(exc).__name__}: {first}"),
                   "control_table": MetadataValue.text(url or "?")},
-        allow_retries=retries,
+        allow_retries=is_retryable(exc),
     )
 
 
@@ -317,7 +309,7 @@ class ControlTableResource(ConfigurableResource):
             if run is not None and run.status in RUN_ENDED_BADLY:
                 break
             if attempt < retries:
-                time.sleep(_WATCH_TICK)
+                time.sleep(defaults.WATCH_TICK)
         else:
             return 0
         withdrawn = 0
@@ -347,7 +339,7 @@ class ControlTableResource(ConfigurableResource):
             self._ct = ControlTable(self.url, namespace=self.namespace, schema=self.schema_, prefix=self.prefix,
                                     **self._timeouts())
             self._setup_error = None
-        except (ControlTableError, SQLAlchemyError, ImportError) as exc:
+        except (ControlTableError, ImportError) as exc:
             self._setup_error = exc
 
     def _timeouts(self) -> dict[str, float]:
@@ -358,9 +350,7 @@ class ControlTableResource(ConfigurableResource):
     @property
     def safe_url(self) -> str:
         """The URL without its password, for messages."""
-        if self._ct is not None:
-            return str(self._ct.engine.url.render_as_string(hide_password=True))
-        return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", self.url)
+        return safe_url(self._ct.engine.url if self._ct is not None else self.url)
 
     def failure(self, exc: BaseException, action: str) -> Failure:
         """The ``Failure`` for ``exc`` hit while doing ``action``, naming this control table and the fix.
@@ -376,7 +366,7 @@ class ControlTableResource(ConfigurableResource):
         """Run one core call, translating its errors into a ``Failure`` naming ``action``."""
         try:
             return fn()
-        except (ControlTableError, SQLAlchemyError) as exc:
+        except ControlTableError as exc:
             raise self._fail(exc, action) from exc
 
     @property
@@ -460,7 +450,7 @@ class ControlTableResource(ConfigurableResource):
         try:
             return ct.acquire(resource, holder=who, slots=slots, mode=mode, timeout=timeout,
                               lease=lease or self.default_lease, waiter_ttl=waiter_ttl, attempt=step.attempt)
-        except (ControlTableError, SQLAlchemyError) as exc:
+        except ControlTableError as exc:
             raise self._fail(exc, f"acquiring {names}") from exc
         except BaseException:  # interrupted (run cancelled) while queued: give the place up now
             if who is not None:
@@ -492,7 +482,7 @@ class ControlTableResource(ConfigurableResource):
             with ControlTable(self.url, namespace=namespace, schema=self.schema_, prefix=self.prefix,
                               **self._timeouts()) as other:
                 return other.release_holders(run_holder_prefix(run_id))
-        except (ControlTableError, SQLAlchemyError) as exc:
+        except ControlTableError as exc:
             raise as_failure(exc, action, url=self.safe_url, namespace=namespace) from exc
 
     @contextmanager
@@ -580,7 +570,7 @@ class ControlTableResource(ConfigurableResource):
             granted.__exit__(None, None, None)
         except LeaseLost as exc:
             raise self._fail(exc, f"holding {names}") from exc
-        except (ControlTableError, SQLAlchemyError) as exc:
+        except ControlTableError as exc:
             raise self._fail(exc, f"releasing {names}") from exc
         step.log.info(f"controltable: released {names}")
 
@@ -603,7 +593,7 @@ class ControlTableResource(ConfigurableResource):
         try:
             granted = ct.acquire(resource, holder=who, slots=slots, mode=mode, timeout=timeout, lease=lease,
                                  waiter_ttl=waiter_ttl, attempt=step.attempt)
-        except (ControlTableError, SQLAlchemyError) as exc:
+        except ControlTableError as exc:
             raise self._fail(exc, f"waiting for {names}") from exc
         except BaseException:  # the run was cancelled while we waited: leave the queue at once
             if who is not None:
@@ -682,9 +672,9 @@ class ControlTableResource(ConfigurableResource):
     def _watch_loop(self) -> None:
         last_check = time.monotonic()
         while self._between_retries and self._entries and self._ct is not None:
-            time.sleep(_WATCH_TICK)
+            time.sleep(defaults.WATCH_TICK)
             interrupted = _interrupt_received()
-            if not interrupted and time.monotonic() - last_check < _WATCH_STATUS_EVERY:
+            if not interrupted and time.monotonic() - last_check < defaults.WATCH_STATUS_EVERY:
                 continue
             last_check = time.monotonic()
             # Under the lock, and only while no try is running: a step that is trying (or holds)
@@ -706,7 +696,7 @@ class ControlTableResource(ConfigurableResource):
         for name in _names_list(resource):
             try:
                 info = ct.wait_info(name, who)
-            except (ControlTableError, SQLAlchemyError) as exc:
+            except ControlTableError as exc:
                 raise self._fail(exc, f"reading the queue of {name!r}") from exc
             if info is not None:
                 infos.append(info)
@@ -715,7 +705,7 @@ class ControlTableResource(ConfigurableResource):
     def _nobody_waiting(self, ct: ControlTable, resource: Union[str, Mapping[str, int]]) -> bool:
         try:
             return all(not [w for w in st.waiters if not w.expired] for st in ct.status(_names_list(resource)))
-        except (ControlTableError, SQLAlchemyError) as exc:
+        except ControlTableError as exc:
             raise self._fail(exc, f"reading the queue of {_names(resource)}") from exc
 
     def _waited(self, ct: ControlTable, infos: list[Any]) -> float:
@@ -725,7 +715,7 @@ class ControlTableResource(ConfigurableResource):
             return 0.0
         try:
             now = ct.now()
-        except (ControlTableError, SQLAlchemyError):
+        except ControlTableError:
             return 0.0
         return max(0.0, now - min(_timestamp(t) for t in since))
 
@@ -783,8 +773,9 @@ class ControlTableResource(ConfigurableResource):
         *,
         key: str,
         order_by: Optional[str] = None,
-        schema: Optional[str] = None,
+        table_schema: Optional[str] = None,
         prepare: bool = False,
+        schema: Optional[str] = None,
         **options: Any,
     ) -> EventTable:
         """Batch claiming on the user's table ``table`` (core ``ControlTable.events``), checked now.
@@ -792,8 +783,11 @@ class ControlTableResource(ConfigurableResource):
         The table is reflected here so that a missing table, a missing key column or missing
         claim columns fail the step with the fix rather than at the first claim. ``prepare=True``
         adds missing claim columns and the claim index first (idempotent; needs DDL rights).
-        ``options`` go to the core (``max_attempts``, ``backoff``, ``lease``, ``where``...).
+        ``table_schema`` is the event table's schema (the resource's ``schema`` is the control
+        tables'); ``schema=`` is its deprecated old name. ``options`` go to the core
+        (``max_attempts``, ``backoff``, ``lease``, ``time_column``, ``where``...).
         """
+        schema = renamed("ControlTableResource.events", "schema", schema, "table_schema", table_schema)
         ct = self.control_table
         try:  # reuse the reflected table within this process (e.g. one claim per batch of a drain)
             cache_key: Optional[tuple[Any, ...]] = (table, key, order_by, schema, tuple(sorted(options.items())))
@@ -803,7 +797,8 @@ class ControlTableResource(ConfigurableResource):
         if cache_key is not None and not prepare and cache_key in self._events:
             return self._events[cache_key]
         action = f"opening event table {table!r}"
-        events = self._call(action, lambda: ct.events(table, key=key, order_by=order_by, schema=schema, **options))
+        where = {keyword_for(ct.events, "table_schema", "schema"): schema}
+        events = self._call(action, lambda: ct.events(table, key=key, order_by=order_by, **where, **options))
         if prepare:
             self._call(f"preparing event table {table!r}", events.prepare)
         self._call(action, lambda: events.table)
@@ -817,11 +812,12 @@ class ControlTableResource(ConfigurableResource):
         table: str,
         *,
         key: str,
-        size: int = 100,
+        size: int = defaults.BATCH_SIZE,
         order_by: Optional[str] = None,
-        schema: Optional[str] = None,
+        table_schema: Optional[str] = None,
         owner: Optional[str] = None,
         lease: Optional[float] = None,
+        schema: Optional[str] = None,
         **options: Any,
     ) -> Iterator[Optional[Batch]]:
         """Claim one batch for the ``with`` block and finish it: complete on success, fail on error.
@@ -831,8 +827,10 @@ class ControlTableResource(ConfigurableResource):
         is completed. An exception in the block gives the rows back for a retry after the
         table's back-off (counting an attempt); a cancelled run gives them back untouched.
         If the block already finished the batch (e.g. with ``batch.transaction()``), that stands.
+        ``table_schema`` is the event table's schema (``schema=``: its deprecated old name).
         """
-        events = self.events(table, key=key, order_by=order_by, schema=schema, **options)
+        schema = renamed("ControlTableResource.claim_batch", "schema", schema, "table_schema", table_schema)
+        events = self.events(table, key=key, order_by=order_by, table_schema=schema, **options)
         who = owner or self.default_holder()
         batch = self._call(f"claiming from {table!r}", lambda: events.claim(size, owner=who, lease=lease))
         if batch is None:
@@ -872,7 +870,7 @@ class ControlTableResource(ConfigurableResource):
         return wl
 
 
-def batch_metadata(batch: Batch, *, max_keys: int = 100) -> dict[str, MetadataValue]:
+def batch_metadata(batch: Batch, *, max_keys: int = defaults.MAX_METADATA_KEYS) -> dict[str, MetadataValue]:
     """Dagster metadata for a claimed batch: table, token, count and (up to ``max_keys``) keys."""
     keys = [_jsonable(k) for k in batch.keys]
     return {
@@ -891,7 +889,7 @@ def retry_waiter_ttl(retry_interval: float) -> float:
     to start the step again); it need not cover more, because a cancelled or failed run's places
     are withdrawn by the resource's teardown and the cleanup sensor rather than left to expire.
     """
-    return retry_interval + 30.0
+    return retry_interval + defaults.RETRY_WAITER_TTL_MARGIN
 
 
 def head_retry_interval(retry_interval: float) -> float:
@@ -902,7 +900,7 @@ def head_retry_interval(retry_interval: float) -> float:
     Not faster than once a second: every try is a step retry in Dagster's event log (and, with
     the multiprocess executor, a new step process).
     """
-    return min(retry_interval, max(1.0, min(5.0, retry_interval / 10.0)))
+    return min(retry_interval, max(defaults.HEAD_RETRY_MIN, min(defaults.HEAD_RETRY_MAX, retry_interval / 10.0)))
 
 
 def namespace_override_note(namespace: str, context: Any) -> Optional[str]:
@@ -933,8 +931,8 @@ def _ahead_text(ahead: list[str]) -> str:
     """ "a", "a and b", "a, b and c", "a, b, c, d, e and 7 more"."""
     if not ahead:
         return "nobody"
-    if len(ahead) > _AHEAD_SHOWN:
-        return ", ".join(ahead[:_AHEAD_SHOWN]) + f" and {len(ahead) - _AHEAD_SHOWN} more"
+    if len(ahead) > defaults.AHEAD_SHOWN:
+        return ", ".join(ahead[:defaults.AHEAD_SHOWN]) + f" and {len(ahead) - defaults.AHEAD_SHOWN} more"
     return ahead[0] if len(ahead) == 1 else ", ".join(ahead[:-1]) + " and " + ahead[-1]
 
 

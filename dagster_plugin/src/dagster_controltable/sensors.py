@@ -28,10 +28,11 @@ from dagster import (
     SkipReason,
     sensor,
 )
-from sqlalchemy.exc import SQLAlchemyError
 
 from controltable import ControlTableError
 
+from . import defaults
+from .compat import renamed
 from .resource import ControlTableResource
 
 RUN_KEY_TAG = "dagster/run_key"
@@ -46,39 +47,58 @@ IN_FLIGHT = {
 
 
 def _backlog(resource: ControlTableResource, table: str, key: str, order_by: Optional[str],
-             schema: Optional[str]) -> tuple[int, Any]:
+             schema: Optional[str], time_column: Optional[str] = None) -> tuple[int, Any]:
     """How many events are claimable now, and the newest claimable position (the backlog's signature)."""
-    events = resource.events(table, key=key, order_by=order_by, schema=schema)
+    events = resource.events(table, key=key, order_by=order_by, table_schema=schema, time_column=time_column)
     try:
         return events.backlog()
-    except (ControlTableError, SQLAlchemyError) as exc:
+    except ControlTableError as exc:
         raise resource.failure(exc, f"counting claimable events of {table!r}") from exc
 
 
 def _waiting_for(resource: ControlTableResource, table: str, key: str, order_by: Optional[str],
-                 schema: Optional[str], claimable: int) -> str:
-    """What the rest of the backlog waits for, for a skip reason a user can act on.
+                 schema: Optional[str], claimable: int, time_column: Optional[str] = None) -> str:
+    """What the rest of the backlog waits for, for a skip reason a user can act on (see :func:`describe_backlog`)."""
+    try:
+        st = resource.events(table, key=key, order_by=order_by, table_schema=schema, time_column=time_column).stats()
+    except Exception as exc:  # the skip reason is informational; the next tick tries again
+        return f"details unavailable ({type(exc).__name__})"
+    return describe_backlog(st, claimable, table=table, key=key)
+
+
+def describe_backlog(stats: Any, claimable: int, *, table: str, key: str) -> str:
+    """The events of ``stats`` (an ``EventStats``) that a claim cannot take now, and what each group waits for.
 
     Events that are not claimable are either claimed by a running batch (they come back if its
     lease runs out), backing off after a failed attempt, or in the error state (they wait for a
-    person: ``controltable events retry-errors``).
+    person: ``controltable events retry-errors``). The oldest pending event is named, with its
+    age when the table has a time column, so a stuck backlog shows how long it has been stuck.
     """
-    try:
-        st = resource.events(table, key=key, order_by=order_by, schema=schema).stats()
-    except Exception as exc:  # the skip reason is informational; the next tick tries again
-        return f"details unavailable ({type(exc).__name__})"
-    backing_off = max(st.pending - max(claimable - st.expired, 0), 0)
+    backing_off = max(stats.pending - max(claimable - stats.expired, 0), 0)
     parts = []
-    if st.claimed:
-        live = st.claimed - st.expired
-        parts.append(f"{live} claimed by running batches" + (f", {st.expired} with expired claims (claimable)"
-                                                             if st.expired else ""))
+    if stats.claimed:
+        live = stats.claimed - stats.expired
+        parts.append(f"{live} claimed by running batches" + (f", {stats.expired} with expired claims (claimable)"
+                                                             if stats.expired else ""))
     if backing_off:
         parts.append(f"{backing_off} backing off after a failed attempt")
-    if st.error:
-        parts.append(f"{st.error} in error after their last attempt (retry them with `controltable events "
+    if stats.error:
+        parts.append(f"{stats.error} in error after their last attempt (retry them with `controltable events "
                      f"retry-errors {table} --key {key}` or EventTable.retry_errors())")
+    if stats.pending and stats.oldest_pending_key is not None:
+        age = stats.oldest_pending_age
+        parts.append(f"oldest pending: {key}={stats.oldest_pending_key!r}"
+                     + (f", {_duration(age)} old" if age is not None else ""))
     return "; ".join(parts) if parts else "nothing else pending"
+
+
+def _duration(seconds: float) -> str:
+    """ "42 s", "7 min", "3.5 h" for a log line."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _run_for_key(context: SensorEvaluationContext, run_key: str) -> Optional[Any]:
@@ -107,23 +127,29 @@ def pending_events_sensor(
     key: str,
     min_events: int = 1,
     order_by: Optional[str] = None,
-    schema: Optional[str] = None,
+    table_schema: Optional[str] = None,
     name: Optional[str] = None,
-    minimum_interval_seconds: int = 30,
-    resource_key: str = "controltable",
+    minimum_interval_seconds: int = defaults.EVENTS_SENSOR_INTERVAL,
+    resource_key: str = defaults.RESOURCE_KEY,
     run_config: Optional[Mapping[str, Any]] = None,
     tags: Optional[Mapping[str, str]] = None,
-    rerequest_after: float = 600.0,
+    rerequest_after: float = defaults.REREQUEST_AFTER,
     default_status: DefaultSensorStatus = DefaultSensorStatus.STOPPED,
     description: Optional[str] = None,
+    time_column: Optional[str] = None,
+    schema: Optional[str] = None,
 ) -> SensorDefinition:
     """A sensor that requests ``job`` when ``table`` has at least ``min_events`` claimable events.
 
     The job should drain the table (e.g. with :func:`build_batch_op`). ``rerequest_after`` is
     how long to wait for a requested run to appear in this instance before assuming it was lost
     and requesting the backlog again; a run that is known and still queued or running always
-    blocks a second request for the same backlog.
+    blocks a second request for the same backlog. ``table_schema`` is the event table's schema
+    (``schema=``: its deprecated old name). A skip reason says what the events that are not
+    claimable wait for, and how old the oldest pending one is when ``time_column`` names the
+    column holding each event's time.
     """
+    schema = renamed("pending_events_sensor", "schema", schema, "table_schema", table_schema)
     if min_events < 1:
         raise ValueError(f"min_events must be at least 1, got {min_events}")
     sensor_name = name or f"{table}_pending_events"
@@ -140,10 +166,10 @@ def pending_events_sensor(
         # Dagster passes required resources as keyword arguments when the sensor is called directly
         # (tests), and through context.resources when the daemon evaluates a tick.
         resource: ControlTableResource = resources.get(resource_key) or getattr(context.resources, resource_key)
-        count, newest = _backlog(resource, table, key, order_by, schema)
+        count, newest = _backlog(resource, table, key, order_by, schema, time_column)
         if count < min_events:
             return SkipReason(f"{count} claimable event(s) in {table!r}, fewer than min_events={min_events}; "
-                              f"others: {_waiting_for(resource, table, key, order_by, schema, count)}")
+                              f"others: {_waiting_for(resource, table, key, order_by, schema, count, time_column)}")
         signature = json.dumps(newest if isinstance(newest, (int, float, str, bool)) else str(newest))
         cursor = _load_cursor(context.cursor)
         seq = int(cursor.get("seq", 0))
@@ -180,19 +206,17 @@ def pending_events_sensor(
 
 #: Run states whose slot requests the cleanup sensor withdraws (the run will never use them again).
 CLEANUP_STATUSES = (DagsterRunStatus.CANCELED, DagsterRunStatus.FAILURE)
-#: Seconds the cleanup sensor looks back before its cursor, so runs updated in the same instant as
-#: the last one seen (or written late by another process) are not missed; they are looked at again
-#: and skipped by run id.
-_CLEANUP_OVERLAP = 60.0
+#: Seconds the cleanup sensor looks back before its cursor (runs seen again are skipped by run id).
+_CLEANUP_OVERLAP = defaults.CLEANUP_OVERLAP
 
 
 def controltable_run_cleanup_sensor(
     *,
     name: str = "controltable_run_cleanup",
-    resource_key: str = "controltable",
-    minimum_interval_seconds: int = 5,
-    lookback: float = 3600.0,
-    max_runs: int = 500,
+    resource_key: str = defaults.RESOURCE_KEY,
+    minimum_interval_seconds: int = defaults.CLEANUP_SENSOR_INTERVAL,
+    lookback: float = defaults.CLEANUP_LOOKBACK,
+    max_runs: int = defaults.CLEANUP_MAX_RUNS,
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
     description: Optional[str] = None,
 ) -> SensorDefinition:
