@@ -1,0 +1,174 @@
+"""One vocabulary with the core and the Airflow provider: holder ids, the retry policy, renamed names, defaults."""
+
+import ast
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dagster import DagsterInstance, Failure, build_sensor_context, job
+
+import controltable.defaults as core_defaults
+from controltable import (
+    AcquireTimeout,
+    AuthenticationError,
+    ConfigurationError,
+    ConflictError,
+    DatabaseBusyError,
+    DatabaseMissingError,
+    DatabaseUnavailableError,
+    LeaseLost,
+    NotInstalledError,
+    PermissionDeniedError,
+    StatementTimeoutError,
+    UnknownResourceError,
+)
+from controltable.errors import UnexpectedDatabaseError, is_retryable
+from dagster_controltable import (
+    ControlTableResource,
+    StepIdentity,
+    as_failure,
+    build_batch_op,
+    build_worklist_op,
+    pending_events_sensor,
+)
+from dagster_controltable import defaults as dagster_defaults
+from dagster_controltable.compat import keyword_for
+from dagster_controltable.resource import head_retry_interval, retry_waiter_ttl, run_holder_prefix
+
+PLUGIN = Path(__file__).resolve().parents[2] / "dagster_plugin" / "src" / "dagster_controltable"
+
+
+# -- holder ids --------------------------------------------------------------------------------
+@pytest.mark.backends("sqlite")
+def test_long_step_keys_get_distinct_holders_that_keep_the_run_prefix(backend: str) -> None:
+    base = "fan_out[" + "x" * 300
+    a = StepIdentity("run-1", base + "a]", 0, None).holder
+    b = StepIdentity("run-1", base + "b]", 0, None).holder
+    assert a is not None and b is not None
+    assert a != b  # truncating at 200 characters made these one holder sharing one lease
+    assert len(a) <= core_defaults.NAME_LENGTH and len(b) <= core_defaults.NAME_LENGTH
+    assert a.startswith(run_holder_prefix("run-1")) and b.startswith(run_holder_prefix("run-1"))
+    assert StepIdentity("run-1", base + "a]", 3, None).holder == a  # stable across retries
+    assert StepIdentity("run-1", "load", 0, None).holder == "dagster:run-1:load"
+    assert StepIdentity("run-1", "lo\nad", 0, None).holder == "dagster:run-1:lo_ad"
+
+
+def test_release_run_withdraws_steps_with_long_keys(ct: Any, resource: ControlTableResource) -> None:
+    ct.set_capacity("wide", 2)
+    holders = [StepIdentity("run-7", "s" * 250 + tail, 0, None).holder for tail in ("a", "b")]
+    for holder in holders:
+        assert holder is not None
+        ct.acquire("wide", holder=holder, lease=60)
+    (st,) = ct.status(["wide"])
+    assert sorted(h.holder for h in st.holders) == sorted(holders)  # two holders, two slots
+    assert resource.release_run("run-7") == 2
+    (st,) = ct.status(["wide"])
+    assert st.holders == []
+
+
+# -- one retry policy ----------------------------------------------------------------------------
+@pytest.mark.backends("sqlite")
+@pytest.mark.parametrize("exc", [
+    AuthenticationError("login refused"), DatabaseMissingError("no db"), StatementTimeoutError("slow"),
+    DatabaseBusyError("deadlocks"), DatabaseUnavailableError("down"), PermissionDeniedError("no grant"),
+    NotInstalledError("no tables"), UnknownResourceError("no such resource"), AcquireTimeout("busy"),
+    LeaseLost("expired"), ConflictError("clash"), ConfigurationError("bad"), UnexpectedDatabaseError("odd"),
+    ValueError("not ours"),
+])
+def test_failure_allows_retries_exactly_when_the_core_says_retryable(backend: str, exc: BaseException) -> None:
+    failure = as_failure(exc, "doing something", url="sqlite:///x.db", namespace="n")
+    assert isinstance(failure, Failure)
+    assert failure.allow_retries is is_retryable(exc)
+    assert "Fix:" in (failure.description or "") and "doing something" in (failure.description or "")
+
+
+@pytest.mark.backends("sqlite")
+def test_failure_messages_stay(backend: str) -> None:
+    assert (as_failure(AcquireTimeout("t"), "acquiring 'r'").description or "").startswith(
+        "slot not granted in time while acquiring 'r': t. Fix: raise the timeout or the capacity")
+    assert (as_failure(LeaseLost("x"), "holding 'r'").description or "").startswith("lease lost while holding 'r'")
+
+
+# -- renamed names: old names still work, with a DeprecationWarning ------------------------------
+def _drain_job(op_def: Any) -> Any:
+    @job
+    def drain_job() -> None:
+        op_def()
+
+    return drain_job
+
+
+@pytest.mark.backends("sqlite")
+def test_schema_is_a_deprecated_alias_of_table_schema(ct: Any, resource: ControlTableResource,
+                                                      make_events: Any) -> None:
+    table = make_events(3)
+    with pytest.warns(DeprecationWarning, match="schema= is deprecated, use table_schema="):
+        op_def = build_batch_op(lambda context, batch: None, table=table, key="id", name="drain", schema="main")
+    result = _drain_job(op_def).execute_in_process(resources={"controltable": resource})
+    assert result.success and result.output_for_node("drain")["events"] == 3
+    with pytest.warns(DeprecationWarning, match="table_schema"):
+        events = resource.events(table, key="id", schema="main")
+    assert events.qualified_name == f"main.{table}"
+    with pytest.warns(DeprecationWarning, match="table_schema"):
+        sensor = pending_events_sensor(_drain_job(op_def), table=table, key="id", schema="main")
+    with DagsterInstance.ephemeral() as instance, build_sensor_context(
+            instance=instance, resources={"controltable": resource}) as ctx:
+        assert sensor(ctx).skip_message.startswith("0 claimable")  # type: ignore[union-attr]
+    with pytest.raises(TypeError, match="table_schema= only"):
+        build_batch_op(lambda context, batch: None, table=table, key="id", schema="main", table_schema="main")
+
+
+@pytest.mark.backends("sqlite")
+def test_poll_is_a_deprecated_alias_of_poll_interval(ct: Any, resource: ControlTableResource) -> None:
+    wl = ct.worklist("renamed")
+    wl.populate([{"n": 1}, {"n": 2}], order=1)
+    owners: list[str] = []
+    with pytest.warns(DeprecationWarning, match="poll= is deprecated, use poll_interval="):
+        worker = build_worklist_op(lambda context, item: owners.append(item.owner), worklist="renamed",
+                                   name="worker", poll=0.1, owner="shell:night", timeout=10)
+    result = _drain_job(worker).execute_in_process(resources={"controltable": resource})
+    assert result.success and owners == ["shell:night", "shell:night"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new name warns about nothing
+        build_worklist_op(lambda context, item: None, worklist="renamed", poll_interval=0.1)
+
+
+@pytest.mark.backends("sqlite")
+def test_keyword_for_picks_the_name_the_core_takes(backend: str) -> None:
+    def new(*, poll_interval: float = 1.0) -> None: ...
+
+    def old(*, poll: float = 1.0) -> None: ...
+
+    assert keyword_for(new, "poll_interval", "poll") == "poll_interval"
+    assert keyword_for(old, "poll_interval", "poll") == "poll"
+
+
+# -- defaults: the core's imported, the integration's in one module -------------------------------
+@pytest.mark.backends("sqlite")
+def test_core_defaults_are_the_core_objects(backend: str) -> None:
+    assert ControlTableResource.model_fields["default_lease"].default == core_defaults.DEFAULT_LEASE
+    for name in ("DEFAULT_LEASE", "DEFAULT_MODE", "DEFAULT_WAITER_TTL", "NAME_LENGTH"):
+        assert getattr(dagster_defaults, name) is getattr(core_defaults, name)
+    assert retry_waiter_ttl(10.0) == 10.0 + dagster_defaults.RETRY_WAITER_TTL_MARGIN
+    assert head_retry_interval(1000.0) == dagster_defaults.HEAD_RETRY_MAX
+
+
+def _numeric_defaults(path: Path) -> list[str]:
+    """Numeric literals used as argument defaults (other than 0 and 1) in one module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            for default in [*args.defaults, *[d for d in args.kw_defaults if d is not None]]:
+                if (isinstance(default, ast.Constant) and isinstance(default.value, (int, float))
+                        and not isinstance(default.value, bool) and default.value not in (0, 1)):
+                    found.append(f"{path.name}:{default.lineno} {node.name}(... = {default.value!r})")
+    return found
+
+
+@pytest.mark.backends("sqlite")
+def test_no_default_number_is_typed_outside_the_defaults_module(backend: str) -> None:
+    modules = [p for p in PLUGIN.glob("*.py") if p.name != "defaults.py"]
+    assert modules
+    assert [hit for p in modules for hit in _numeric_defaults(p)] == []
