@@ -171,6 +171,9 @@ def test_webserver_and_daemon_run_on_the_postgres_storage(live: dict[str, Any]) 
     for state in states.values():
         assert state["status"] == "RUNNING"
         assert all(t["status"] != "FAILURE" for t in state["ticks"]), state["ticks"]
+    # A skipped tick of the events sensor says how many events are claimable and what the rest wait for.
+    skipped = [t["skipReason"] for t in states[f"{live['events']}_pending_events"]["ticks"] if t["status"] == "SKIPPED"]
+    assert all("claimable event(s)" in reason for reason in skipped), skipped
 
 
 def test_six_queued_runs_on_a_capacity_one_slot(live: dict[str, Any]) -> None:
@@ -199,6 +202,10 @@ def test_terminate_a_waiting_and_a_holding_run(live: dict[str, Any], wait: str) 
                "the second run to queue")
     if wait == "retry":  # the step has given up its worker and sits in the queue between retries
         wait_until(lambda: "STEP_UP_FOR_RETRY" in dep.run_logs([waiter_run]), 60, "the step's retry")
+    # The waiting step's log says where it stands and behind whom (the holding run's step).
+    where = f"'{resource}': position 1 behind dagster:{holder_run}:hold"
+    wait_until(lambda: where in dep.run_logs([waiter_run], chars=1_000_000), 30,
+               f"the waiting step's log line {where!r}")
 
     started = time.monotonic()
     dep.terminate(waiter_run)

@@ -172,3 +172,30 @@ def test_no_default_number_is_typed_outside_the_defaults_module(backend: str) ->
     modules = [p for p in PLUGIN.glob("*.py") if p.name != "defaults.py"]
     assert modules
     assert [hit for p in modules for hit in _numeric_defaults(p)] == []
+
+
+@pytest.mark.backends("sqlite")
+def test_resource_schema_is_a_deprecated_alias_of_control_schema(backend_url: str, namespace: str) -> None:
+    with pytest.warns(DeprecationWarning, match="schema is deprecated, use control_schema"):
+        old = ControlTableResource(url=backend_url, namespace=namespace, schema="main")
+    assert old.control_tables_schema == "main"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        new = ControlTableResource(url=backend_url, namespace=namespace, control_schema="main")
+    assert new.install() >= 1
+    new.set_capacity("shared_name", 2)
+    assert [st.capacity for st in old.status(["shared_name"])] == [2]  # the same control tables
+    old.close()
+    new.close()
+    with pytest.raises(Exception, match="control_schema only"):
+        ControlTableResource(url=backend_url, schema="main", control_schema="main")
+
+
+@pytest.mark.backends("sqlite")
+def test_batch_op_owner(ct: Any, resource: ControlTableResource, make_events: Any) -> None:
+    table = make_events(2)
+    owners: list[str] = []
+    op_def = build_batch_op(lambda context, batch: owners.append(batch.owner), table=table, key="id",
+                            name="drain", owner="shell:nightly")
+    assert _drain_job(op_def).execute_in_process(resources={"controltable": resource}).success
+    assert owners == ["shell:nightly"]

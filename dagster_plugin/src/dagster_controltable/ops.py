@@ -53,6 +53,7 @@ def build_batch_op(
     resource_key: str = defaults.RESOURCE_KEY,
     description: Optional[str] = None,
     tags: Optional[dict[str, Any]] = None,
+    owner: Optional[str] = None,
     schema: Optional[str] = None,
     **event_options: Any,
 ) -> OpDefinition:
@@ -68,7 +69,8 @@ def build_batch_op(
     The op's output is a summary dict; its metadata holds the table, the batch count, the event
     count, the fencing tokens and the keys (first 100). The op has an optional ``start_after``
     input of type ``Nothing`` for ordering it after another op. ``table_schema`` is the event
-    table's schema (``schema=``: its deprecated old name).
+    table's schema (``schema=``: its deprecated old name). ``owner`` (default: the step's holder
+    id, ``dagster:<run id>:<step key>``) is recorded on the claimed rows.
     """
     table_schema = renamed("build_batch_op", "schema", schema, "table_schema", table_schema)
     op_name = name or f"process_{table}"
@@ -88,7 +90,7 @@ def build_batch_op(
         batches = 0
         while max_batches is None or batches < max_batches:
             with resource.claim_batch(table, key=key, size=size, order_by=order_by, table_schema=table_schema,
-                                      lease=lease, **event_options) as batch:
+                                      owner=owner, lease=lease, **event_options) as batch:
                 if batch is None:
                     break
                 try:

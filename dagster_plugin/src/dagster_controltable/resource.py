@@ -14,6 +14,7 @@ import math
 import os
 import threading
 import time
+import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar, Union
 
@@ -27,7 +28,7 @@ from dagster import (
     OpExecutionContext,
     RetryRequested,
 )
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, model_validator
 
 from controltable import (
     AcquireTimeout,
@@ -234,9 +235,11 @@ class ControlTableResource(ConfigurableResource):
                                  "postgresql+psycopg://user@host/db or sqlite:////data/controltable.db.")
     namespace: str = Field(default="default", description="Separates deployments sharing one database; "
                                                           "everyone who must share a limit uses the same one.")
+    control_schema: Optional[str] = Field(default=None, description="Database schema holding the control tables "
+                                                                    "(default: the connection's default schema).")
     schema_: Optional[str] = Field(default=None, alias="schema",
-                                   description="Database schema holding the control tables (default: the "
-                                               "connection's default schema).")
+                                   description="Deprecated old name of control_schema (it named the control "
+                                               "tables' schema, never an event table's).")
     default_lease: float = Field(default=DEFAULT_LEASE, description="Seconds a slot lease lasts between renewals; "
                                  "a holder that dies frees its slot after at most this long.")
     prefix: str = Field(default="ct_", description="Name prefix of the control tables.")
@@ -261,6 +264,21 @@ class ControlTableResource(ConfigurableResource):
     _watch_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _between_retries: bool = PrivateAttr(default=False)
     _namespace_note: Optional[str] = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _renamed_schema(self) -> "ControlTableResource":
+        """``schema`` is the deprecated name of ``control_schema``: the same vocabulary as the Airflow provider."""
+        if self.schema_ is not None:
+            if self.control_schema is not None:
+                raise ValueError("give control_schema only (schema is its deprecated old name)")
+            warnings.warn("ControlTableResource: schema is deprecated, use control_schema (same meaning)",
+                          DeprecationWarning, stacklevel=2)
+        return self
+
+    @property
+    def control_tables_schema(self) -> Optional[str]:
+        """The schema of the control tables: ``control_schema``, or the deprecated ``schema``."""
+        return self.control_schema if self.control_schema is not None else self.schema_
 
     # -- lifecycle -----------------------------------------------------------------------------
     def setup_for_execution(self, context: InitResourceContext) -> None:
@@ -336,8 +354,8 @@ class ControlTableResource(ConfigurableResource):
         if self._ct is not None:
             return
         try:
-            self._ct = ControlTable(self.url, namespace=self.namespace, schema=self.schema_, prefix=self.prefix,
-                                    **self._timeouts())
+            self._ct = ControlTable(self.url, namespace=self.namespace, schema=self.control_tables_schema,
+                                    prefix=self.prefix, **self._timeouts())
             self._setup_error = None
         except (ControlTableError, ImportError) as exc:
             self._setup_error = exc
@@ -479,7 +497,7 @@ class ControlTableResource(ConfigurableResource):
             ct = self.control_table
             return self._call(action, lambda: ct.release_holders(run_holder_prefix(run_id)))
         try:
-            with ControlTable(self.url, namespace=namespace, schema=self.schema_, prefix=self.prefix,
+            with ControlTable(self.url, namespace=namespace, schema=self.control_tables_schema, prefix=self.prefix,
                               **self._timeouts()) as other:
                 return other.release_holders(run_holder_prefix(run_id))
         except ControlTableError as exc:
@@ -783,8 +801,8 @@ class ControlTableResource(ConfigurableResource):
         The table is reflected here so that a missing table, a missing key column or missing
         claim columns fail the step with the fix rather than at the first claim. ``prepare=True``
         adds missing claim columns and the claim index first (idempotent; needs DDL rights).
-        ``table_schema`` is the event table's schema (the resource's ``schema`` is the control
-        tables'); ``schema=`` is its deprecated old name. ``options`` go to the core
+        ``table_schema`` is the event table's schema (the resource's ``control_schema`` is the
+        control tables'); ``schema=`` is its deprecated old name. ``options`` go to the core
         (``max_attempts``, ``backoff``, ``lease``, ``time_column``, ``where``...).
         """
         schema = renamed("ControlTableResource.events", "schema", schema, "table_schema", table_schema)
