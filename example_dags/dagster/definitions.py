@@ -40,6 +40,7 @@ from dagster_controltable import (
     build_batch_op,
     build_worklist_op,
     controltable_run_cleanup_sensor,
+    event_table_asset_check,
     pending_events_sensor,
 )
 
@@ -120,6 +121,10 @@ def customers_report(context: AssetExecutionContext, controltable: ControlTableR
     return MaterializeResult(metadata=_warehouse_query(context, controltable, "customers_report"))
 
 
+# The demo event table keeps up: no event in the error state (a check on the asset's page; add
+# time_column= and max_pending_age= for a table that records each event's time).
+demo_events_drained = event_table_asset_check(asset=demo_events, table=EVENT_TABLE, key="id", max_error_rows=0)
+
 warehouse_reports = define_asset_job("warehouse_reports", selection=AssetSelection.groups("controltable_demo"))
 
 
@@ -197,6 +202,7 @@ def work_through_steps() -> None:
 
 defs = Definitions(
     assets=[demo_events, orders_report, customers_report],
+    asset_checks=[demo_events_drained],
     jobs=[warehouse_reports, drain_demo_events, emit_events, work_through_steps],
     # The cleanup sensor withdraws the slots and queue places of cancelled and failed runs.
     sensors=[demo_events_sensor, controltable_run_cleanup_sensor()],

@@ -80,6 +80,8 @@ def test_example_jobs_in_process(example: Any) -> None:
         for name in ("orders_report", "customers_report")
     )
     assert tokens == [1, 2]  # one at a time through the capacity-1 slot
+    (check,) = warehouse.get_asset_check_evaluations()  # the demo table's check ran with its asset
+    assert check.check_name == "demo_events_drained" and check.passed
     assert defs.resolve_job_def("work_through_steps").execute_in_process().success
 
 
