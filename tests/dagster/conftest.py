@@ -6,6 +6,7 @@ nothing leaks into other test directories) and a ControlTableResource on the ``c
 database and namespace (SQLite, and PostgreSQL/MariaDB when the conftest at the root has them).
 """
 
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -14,7 +15,7 @@ import pytest
 pytest.importorskip("dagster")
 pytest.importorskip("dagster_controltable")
 
-from sqlalchemy import Column, Integer, MetaData, String, Table, insert  # noqa: E402
+from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, insert  # noqa: E402
 
 from dagster_controltable import ControlTableResource  # noqa: E402
 
@@ -56,6 +57,28 @@ def make_events(ct: Any, namespace: str) -> Iterator[Callable[..., str]]:
         _add_events(ct, name, range(1, n + 1))
         if prepare:
             ct.events(name, key="id").prepare()
+        return name
+
+    yield make
+    for table in created:
+        table.drop(ct.engine, checkfirst=True)
+
+
+@pytest.fixture
+def timed_events(ct: Any, namespace: str) -> Iterator[Callable[..., str]]:
+    """A prepared event table with a ``created_at`` column; rows ``(id, age in seconds)``; dropped after."""
+    created: list[Table] = []
+
+    def make(rows: list[tuple[int, float]]) -> str:
+        name = f"tev_{namespace}_{len(created)}"
+        table = Table(name, MetaData(), Column("id", Integer, primary_key=True, autoincrement=False),
+                      Column("created_at", DateTime, nullable=True))
+        table.create(ct.engine)
+        created.append(table)
+        now = datetime.now(timezone.utc).replace(tzinfo=None, microsecond=0)  # naive UTC, as stored
+        with ct.engine.begin() as conn:
+            conn.execute(insert(table), [{"id": i, "created_at": now - timedelta(seconds=age)} for i, age in rows])
+        ct.events(name, key="id").prepare()
         return name
 
     yield make

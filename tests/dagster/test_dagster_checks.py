@@ -1,39 +1,16 @@
 """event_table_asset_check on real event tables: passes while the table keeps up, fails on age and error rows."""
 
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Iterator
+from datetime import timedelta
+from typing import Any
 
 import pytest
 from dagster import AssetCheckSeverity, AssetSelection, asset, materialize
-from sqlalchemy import Column, DateTime, Integer, MetaData, Table, insert
 
 from controltable import ConfigurationError
 from controltable.events import EventStats
 from dagster_controltable import ControlTableResource, event_table_asset_check, judge_event_table
 
 pytestmark = pytest.mark.backends("sqlite", "postgres", "mysql")
-
-
-@pytest.fixture
-def timed_events(ct: Any, namespace: str) -> Iterator[Callable[..., str]]:
-    """A prepared event table with a ``created_at`` column; rows ``(id, age in seconds)``; dropped after."""
-    created: list[Table] = []
-
-    def make(rows: list[tuple[int, float]]) -> str:
-        name = f"tev_{namespace}_{len(created)}"
-        table = Table(name, MetaData(), Column("id", Integer, primary_key=True, autoincrement=False),
-                      Column("created_at", DateTime, nullable=True))
-        table.create(ct.engine)
-        created.append(table)
-        now = datetime.now(timezone.utc).replace(tzinfo=None, microsecond=0)  # naive UTC, as stored
-        with ct.engine.begin() as conn:
-            conn.execute(insert(table), [{"id": i, "created_at": now - timedelta(seconds=age)} for i, age in rows])
-        ct.events(name, key="id").prepare()
-        return name
-
-    yield make
-    for table in created:
-        table.drop(ct.engine, checkfirst=True)
 
 
 @asset

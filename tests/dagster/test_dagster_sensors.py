@@ -1,5 +1,6 @@
 """pending_events_sensor with build_sensor_context: requests, run keys, no double requests."""
 
+import re
 from typing import Any
 
 import pytest
@@ -123,3 +124,25 @@ def test_evaluate_tick_through_dagster(ct: Any, resource: ControlTableResource, 
     (request,) = data.run_requests
     assert request.tags["dagster/sensor_name"] == "my_sensor"
     assert data.cursor is not None
+
+
+def test_skip_reason_says_what_the_events_wait_for_and_how_old_the_oldest_is(
+    ct: Any, resource: ControlTableResource, timed_events: Any
+) -> None:
+    table = timed_events([(1, 7300.0), (2, 60.0), (3, 30.0), (4, 10.0)])
+    events = ct.events(table, key="id", max_attempts=1, backoff=600)
+    assert events.claim(1, owner="test").fail("boom") == 1  # id 1: in error after its last attempt
+    retrying = ct.events(table, key="id", max_attempts=5, backoff=600)
+    assert retrying.claim(1, owner="test").fail("flaky") == 1  # id 2: backing off for 10 minutes
+    assert retrying.claim(1, owner="test") is not None  # id 3: claimed by a running batch
+    sensor = pending_events_sensor(_job(table), table=table, key="id", min_events=5, time_column="created_at")
+    with DagsterInstance.ephemeral() as instance:
+        result = _tick(sensor, resource, instance)
+    assert isinstance(result, SkipReason)
+    reason = result.skip_message or ""
+    assert reason.startswith(f"1 claimable event(s) in {table!r}, fewer than min_events=5"), reason
+    assert "1 claimed by running batches" in reason
+    assert "1 backing off after a failed attempt" in reason
+    assert "1 in error after their last attempt" in reason and "retry-errors" in reason
+    # The oldest pending event in claim order (id 1 is in error, not pending), with its age.
+    assert re.search(r"oldest pending: id=2, (5\d|6\d) s old", reason), reason

@@ -33,6 +33,9 @@ HEAD_RETRY_MAX = 5.0
 #: How often the between-retries watcher looks for an interrupt, and how often it reads the run status.
 WATCH_TICK = 0.1
 WATCH_STATUS_EVERY = 2.0
+#: After a termination signal, how many more times (every WATCH_TICK) the run status is read
+#: while it does not yet say CANCELING.
+WATCH_INTERRUPT_RETRIES = 3
 
 # -- op factories and metadata ---------------------------------------------------------------------
 #: Events claimed per batch by :func:`build_batch_op` and ``claim_batch``.
@@ -43,6 +46,8 @@ MAX_METADATA_KEYS = 100
 AHEAD_SHOWN = 5
 
 # -- sensors -----------------------------------------------------------------------------------------
+#: The longest backlog signature kept in a run's ``controltable/backlog`` tag (characters).
+BACKLOG_TAG_LENGTH = 200
 #: Seconds between two evaluations of :func:`pending_events_sensor`.
 EVENTS_SENSOR_INTERVAL = 30
 #: Seconds to wait for a requested run to show up before the backlog is requested again.

@@ -702,7 +702,8 @@ class ControlTableResource(ConfigurableResource):
                     return
                 try:
                     when = "on its termination signal" if interrupted else "between retries"
-                    if self.withdraw_if_run_ended(self._instance, retries=3 if interrupted else 0, when=when):
+                    retries = defaults.WATCH_INTERRUPT_RETRIES if interrupted else 0
+                    if self.withdraw_if_run_ended(self._instance, retries=retries, when=when):
                         return
                 except Exception as exc:  # the teardown and the cleanup sensor remain
                     log.warning("controltable: watching run %s failed: %s", self._run_id, exc)

@@ -194,7 +194,7 @@ def pending_events_sensor(
                 **dict(tags or {}),
                 "controltable/table": table,
                 "controltable/claimable": str(count),
-                "controltable/backlog": signature[:200],
+                "controltable/backlog": signature[:defaults.BACKLOG_TAG_LENGTH],
             },
         )
         new_cursor = json.dumps({"backlog": signature, "run_key": run_key, "seq": seq, "at": time.time()})
