@@ -123,14 +123,14 @@ def private_core_access(source: str, core_members: frozenset[str]) -> list[Findi
 
 
 def _modules() -> list[tuple[str, Path]]:
-    out = []
+    out: list[tuple[str, Path]] = []
     for package, root in PLUGINS.items():
         out.extend((f"{package}/{p.relative_to(root).as_posix()}", p) for p in sorted(root.rglob("*.py")))
     return out
 
 
 def _params(rule: str) -> list[object]:
-    params = []
+    params: list[object] = []
     for name, path in _modules():
         reason = KNOWN.get(f"{rule}:{name}")
         marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []

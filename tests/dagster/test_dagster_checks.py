@@ -83,8 +83,8 @@ def test_a_missing_table_fails_the_check_step_with_the_fix(ct: Any, resource: Co
                          selection=AssetSelection.checks(check))
     assert not result.success
     (failure,) = result.get_step_failure_events()
-    assert "does not exist" in failure.step_failure_data.error.message
-    assert "Fix:" in failure.step_failure_data.error.message
+    error = failure.step_failure_data.error
+    assert error is not None and "does not exist" in error.message and "Fix:" in error.message
 
 
 @pytest.mark.backends("sqlite")
