@@ -29,8 +29,7 @@ from dagster import (
 from controltable import ConfigurationError, ControlTableError
 
 from . import defaults
-from .resource import ControlTableResource, _jsonable
-from .sensors import _duration
+from .resource import ControlTableResource, _duration, _jsonable
 
 AssetRef = Union[str, AssetKey, AssetsDefinition, SourceAsset]
 

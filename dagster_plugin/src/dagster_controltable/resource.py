@@ -955,6 +955,15 @@ def _ahead_text(ahead: list[str]) -> str:
     return ahead[0] if len(ahead) == 1 else ", ".join(ahead[:-1]) + " and " + ahead[-1]
 
 
+def _duration(seconds: float) -> str:
+    """ "42 s", "7 min", "3.5 h" for a log line."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def _add_output_metadata(step: StepIdentity, metadata: dict[str, Any]) -> None:
     """Add to the step's output metadata when Dagster allows it (one output); the log line has it anyway."""
     if step.context is None:

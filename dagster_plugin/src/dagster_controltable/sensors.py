@@ -33,7 +33,7 @@ from controltable import ControlTableError
 
 from . import defaults
 from .compat import renamed
-from .resource import ControlTableResource
+from .resource import ControlTableResource, _duration
 
 RUN_KEY_TAG = "dagster/run_key"
 IN_FLIGHT = {
@@ -90,15 +90,6 @@ def describe_backlog(stats: Any, claimable: int, *, table: str, key: str) -> str
         parts.append(f"oldest pending: {key}={stats.oldest_pending_key!r}"
                      + (f", {_duration(age)} old" if age is not None else ""))
     return "; ".join(parts) if parts else "nothing else pending"
-
-
-def _duration(seconds: float) -> str:
-    """ "42 s", "7 min", "3.5 h" for a log line."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def _run_for_key(context: SensorEvaluationContext, run_key: str) -> Optional[Any]:
