@@ -167,7 +167,7 @@ def cmd_worklist(args: argparse.Namespace) -> int:
         Path(args.ready).touch()
         _wait_for_file(Path(args.go), 120)
     with open(args.log, "a", encoding="utf-8") as log:
-        for item in wl.items(owner=args.name, poll=args.poll, timeout=args.max_seconds):
+        for item in wl.items(owner=args.name, poll_interval=args.poll, timeout=args.max_seconds):
             start = time.time()  # after allocate returned
             time.sleep(rnd.uniform(args.min_work, args.max_work))
             end = time.time()  # before complete is called
