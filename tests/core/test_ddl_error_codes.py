@@ -126,11 +126,10 @@ def test_sqlite_real_errors(tmp_path: Path) -> None:
 def _hold_table_lock(url: str, table: str, lock_sql: str, release: threading.Event, ready: threading.Event) -> None:
     engine = create_engine(url)
     try:
-        with engine.connect() as conn:
-            with conn.begin():
-                conn.execute(text(lock_sql.format(table=table)))
-                ready.set()
-                release.wait(10)
+        with engine.connect() as conn, conn.begin():
+            conn.execute(text(lock_sql.format(table=table)))
+            ready.set()
+            release.wait(10)
     finally:
         engine.dispose()
 
