@@ -198,3 +198,32 @@ def test_cli_release_command_and_its_deprecated_name_free(tmp_path: Path) -> Non
             assert ct.worklist("w").status().total("new") == 2
     assert "free" not in run("worklist", "--help").output, "the old name is hidden from the help"
     assert run("events", "stats", "nope", "--key", "id", "--table-schema", "main").exit_code != 0
+
+
+# -- the event engine's decisions, without a database ---------------------------------------------
+def test_backoff_schedule_doubles_up_to_the_cap() -> None:
+    from controltable.events.decisions import backoff_schedule
+
+    assert backoff_schedule(5, 30.0, 3600.0) == [(1, 30.0), (2, 60.0), (3, 120.0), (4, 240.0)]
+    assert backoff_schedule(50, 10.0, 25.0) == [(1, 10.0), (2, 20.0), (3, 25.0)], "stops at the cap"
+    assert backoff_schedule(1, 10.0, 25.0) == [], "one attempt: straight to error"
+    assert backoff_schedule(3, 0.0, 0.0) == [(1, 0.0)]
+
+
+def test_poisoned_keys_are_expired_claims_at_max_attempts() -> None:
+    from controltable.events.decisions import poisoned_keys
+
+    rows = [{"id": 1, "s": 1, "a": 3}, {"id": 2, "s": 1, "a": 2}, {"id": 3, "s": 0, "a": 9}]
+    assert poisoned_keys(rows, "id", "s", "a", 3) == [1], "pending rows are never poisoned"
+
+
+def test_read_handle_works_out_the_lease_of_old_and_new_handles() -> None:
+    from controltable.events.decisions import read_handle
+
+    new = read_handle({"keys": [1], "token": "7", "owner": "w", "lease": 20, "claimed_at": 5, "expires_at": 9}, 60)
+    assert (new.token, new.lease, new.claimed_at) == (7, 20.0, 5.0)
+    assert read_handle({"keys": [1], "token": 7, "owner": "w", "claimed_at": 100, "expires_at": 130}, 60).lease == 30
+    assert read_handle({"keys": [1], "token": 7, "owner": "w"}, 60).lease == 60
+    for bad in ({"keys": [1]}, {"keys": [1], "token": "x", "owner": "w"}, [1, 2], None):
+        with pytest.raises(ConfigurationError, match="not a batch handle"):
+            read_handle(bad, 60)  # type: ignore[arg-type]

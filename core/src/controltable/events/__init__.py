@@ -7,7 +7,8 @@ while the batch is processed (a "soft lock"). Completion is fenced on that token
 statement, so a worker whose lease ran out can never mark rows another worker re-claimed.
 
 Where things are: :mod:`.statements` builds every statement (pure functions over a
-:class:`ClaimColumns`), :mod:`.ddl` reflects the table and prepares it, :mod:`.workflow` is the
+:class:`ClaimColumns`), :mod:`.decisions` holds the pure decisions (back-off schedule, crash
+loops, batch handles), :mod:`.ddl` reflects the table and prepares it, :mod:`.workflow` is the
 workflow (:class:`EventTable`), :mod:`.values` the value objects (:class:`Batch`, :class:`EventStats`).
 """
 

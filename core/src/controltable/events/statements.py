@@ -252,19 +252,15 @@ def done_values(cols: ClaimColumns) -> dict[str, Any]:
     return cols.values(state=DONE, done_at=clock(), expires_at=None, error=None)
 
 
-def fail_values(table: Table, cols: ClaimColumns, message: str, *, max_attempts: int, backoff: float,
-                max_backoff: float) -> dict[str, Any]:
-    """Back to pending after ``min(backoff * 2**(attempts - 1), max_backoff)`` seconds, or to
-    error once ``attempts >= max_attempts``: decided in SQL from each row's stored attempts."""
+def fail_values(table: Table, cols: ClaimColumns, message: str, *, max_attempts: int,
+                schedule: Sequence[tuple[int, float]], max_backoff: float) -> dict[str, Any]:
+    """Back to pending after the delay ``schedule`` gives for the row's stored attempts (see
+    :func:`controltable.events.decisions.backoff_schedule`; ``max_backoff`` past its end), or to
+    error once ``attempts >= max_attempts``: decided in SQL, row by row."""
     now = clock()
     attempts = cols.of(table, "attempts")
     final = attempts >= max_attempts
-    delays = []
-    for attempt in range(1, max_attempts):
-        delay = min(backoff * (2 ** (attempt - 1)), max_backoff)
-        delays.append((attempts <= attempt, now + delay))
-        if delay >= max_backoff:
-            break
+    delays = [(attempts <= attempt, now + delay) for attempt, delay in schedule]
     available = case((final, None), *delays, else_=now + max_backoff)
     return cols.values(state=case((final, ERROR), else_=PENDING), owner=None, token=None, expires_at=None,
                        available_at=available, error=message)

@@ -36,6 +36,7 @@ from ..validation import (
 )
 from . import ddl
 from . import statements as sql
+from .decisions import backoff_schedule, poisoned_keys, read_handle
 from .statements import CLAIMED, DONE, ERROR, ERROR_LENGTH, STATE_NAMES, ClaimColumns, Where
 from .values import Batch, EventStats
 
@@ -404,8 +405,7 @@ class EventTable:
         result = conn.execute(self.claim_statement(size, condition, where))
         rows = [dict(r._mapping) for r in result.fetchmany(size)]
         result.close()
-        poisoned = [r[self.key] for r in rows
-                    if r[cols.state] == CLAIMED and r[cols.attempts] >= self.max_attempts]
+        poisoned = poisoned_keys(rows, self.key, cols.state, cols.attempts, self.max_attempts)
         in_list = dialects.max_in_list(self.db.dialect_name)
         for chunk in sql.chunks(poisoned, in_list):
             conn.execute(sql.update_keys(t, self.key, chunk, sql.poisoned_values(cols)))
@@ -435,15 +435,9 @@ class EventTable:
         the handle's age); the lease length comes from the handle (older handles without it:
         from ``expires_at - claimed_at``, else the table's default lease).
         """
-        try:
-            keys, token, owner = list(handle["keys"]), int(handle["token"]), str(handle["owner"])
-            lease = float(handle.get("lease") or 0.0)
-            claimed_at = float(handle.get("claimed_at") or 0.0)
-            expires_at = float(handle.get("expires_at") or 0.0)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ConfigurationError(f"not a batch handle (needs keys, token, owner): {handle!r}") from exc
-        if lease <= 0:
-            lease = expires_at - claimed_at if 0 < claimed_at < expires_at else self.lease
+        h = read_handle(handle, self.lease)
+        keys, token, owner, lease, claimed_at, expires_at = (
+            h.keys, h.token, h.owner, h.lease, h.claimed_at, h.expires_at)
         t, cols = self.table, self.cols
         rows: list[dict[str, Any]] = []
 
@@ -549,14 +543,15 @@ class EventTable:
         locked and checked first, so the outcome never depends on a reported row count."""
         t = self.table
         message = dialects.fit_message(reason, ERROR_LENGTH)
+        schedule = backoff_schedule(self.max_attempts, self.backoff, self.max_backoff)
 
         def fn(conn: Connection) -> int:
             held = self._keys_where(conn, keys, self._fenced(token), lock=True)
             lost = [k for k in keys if k not in held]
             if lost:
                 raise LeaseLost(f"cannot fail rows no longer held by this batch: {describe_keys(lost)}", keys=lost)
-            values = sql.fail_values(t, self.cols, message, max_attempts=self.max_attempts,
-                                     backoff=self.backoff, max_backoff=self.max_backoff)
+            values = sql.fail_values(t, self.cols, message, max_attempts=self.max_attempts, schedule=schedule,
+                                     max_backoff=self.max_backoff)
             for chunk in self._key_chunks(list(held)):
                 conn.execute(sql.update_keys(t, self.key, chunk, values, self._fenced(token)))
             self.runtime.notify(conn, [self.wakeup_key])
