@@ -22,6 +22,7 @@ from controltable import ConfigurationError, EventTable, WorkList
 from controltable.defaults import NAME_LENGTH
 from controltable.events import PENDING, ClaimColumns, claim_columns
 from controltable.events import statements as ev_sql
+from controltable.events.decisions import backoff_schedule
 from controltable.holders import process_holder_id
 from controltable.worklist import status_from_counts
 
@@ -55,7 +56,8 @@ def test_claim_statement_builds_without_a_database(dialect: Any) -> None:
 
 def test_fail_values_back_off_then_error_in_sql() -> None:
     t, cols = _table(), ClaimColumns()
-    values = ev_sql.fail_values(t, cols, "boom", max_attempts=3, backoff=10.0, max_backoff=15.0)
+    schedule = backoff_schedule(3, 10.0, 15.0)
+    values = ev_sql.fail_values(t, cols, "boom", max_attempts=3, schedule=schedule, max_backoff=15.0)
     assert set(values) == {"ct_state", "ct_owner", "ct_token", "ct_expires_at", "ct_available_at", "ct_error"}
     compiled = str(values["ct_available_at"].compile(dialect=postgresql.dialect(),
                                                      compile_kwargs={"literal_binds": True}))
@@ -202,8 +204,6 @@ def test_cli_release_command_and_its_deprecated_name_free(tmp_path: Path) -> Non
 
 # -- the event engine's decisions, without a database ---------------------------------------------
 def test_backoff_schedule_doubles_up_to_the_cap() -> None:
-    from controltable.events.decisions import backoff_schedule
-
     assert backoff_schedule(5, 30.0, 3600.0) == [(1, 30.0), (2, 60.0), (3, 120.0), (4, 240.0)]
     assert backoff_schedule(50, 10.0, 25.0) == [(1, 10.0), (2, 20.0), (3, 25.0)], "stops at the cap"
     assert backoff_schedule(1, 10.0, 25.0) == [], "one attempt: straight to error"
