@@ -66,6 +66,15 @@ def test_oracle_already_applied_by_code(code: str, expected: bool) -> None:
     assert is_already_applied(oracle_error(code)) is expected
 
 
+@pytest.mark.parametrize("state, expected", [("42701", True), ("42P07", True), ("23505", True), ("42601", False),
+                                             ("55P03", False)])
+def test_postgresql_already_applied_by_sqlstate(state: str, expected: bool) -> None:
+    # 23505: two sessions creating one index at once clash on the catalogue's unique index.
+    exc = _driver_class("psycopg.errors", "ProgrammingError")("boom")
+    exc.sqlstate = state  # type: ignore[attr-defined]
+    assert is_already_applied(exc) is expected
+
+
 def test_message_wording_alone_decides_nothing() -> None:
     """A message that merely mentions "exists" or "lock" is not taken for a code."""
     plain = RuntimeError("relation already exists; database is locked; Lock request time out (1222)")

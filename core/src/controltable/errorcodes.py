@@ -460,6 +460,9 @@ _PG_ALREADY = {
     "42P07",  # duplicate_table (also an index name already taken)
     "42710",  # duplicate_object
     "42704",  # undefined_object: DROP INDEX of an index a concurrent run dropped
+    # unique_violation: two sessions creating the same index or table at once race on the
+    # catalogue's own unique index (pg_class_relname_nsp_index) instead of getting 42P07.
+    "23505",
 }
 _MYSQL_ALREADY = {
     1050,  # ER_TABLE_EXISTS_ERROR
@@ -489,6 +492,7 @@ def is_already_applied(exc: BaseException) -> bool:
 
     Upgrade steps are idempotent: a concurrent installer that ran the same step first makes the
     loser's ``ADD COLUMN`` / ``CREATE INDEX`` / ``DROP INDEX`` fail this way, which means done.
+    Only meaningful for a DDL statement (on PostgreSQL a unique violation counts: see above).
     """
     orig = driver_error(exc)
     name = _dialect_of(orig)
