@@ -358,7 +358,7 @@ class EventTable:
         # The database clock goes into the statements as an expression (one value per
         # statement), except on the key-list path, which needs the value for its second step.
         one_statement = dialects.update_returning(conn.dialect, self.db.dialect_name)
-        now: Any = sql.clock() if one_statement else float(conn.scalar(sql.read_clock()) or 0)
+        now: Any = sql.clock() if one_statement else self._now(conn)
         values = sql.claim_values(t, self.cols, owner, token, now, lease_s)
         # Expired claims first: they are older work, and must not starve behind new events.
         # Finding none is the normal case, so after an empty look this object skips the
