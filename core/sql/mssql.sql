@@ -66,7 +66,7 @@ CREATE TABLE ct_worklist (
 	CONSTRAINT ct_worklist_pk PRIMARY KEY (namespace, name)
 );
 
--- ===== set_capacity (create or resize a resource) =====
+-- ===== set_capacity: lock or create the resource row, then a grant pass (more capacity may admit waiters) =====
 SELECT ct_resource.name 
 FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
@@ -82,7 +82,7 @@ FROM (SELECT TOP 2 ct_request.id AS id, ct_request.resource AS resource, ct_requ
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_2 AND ct_request.resource = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.ticket) AS anon_1;
 
--- ===== acquire: lock the resource row, reap expired entries, read the queue, grant =====
+-- ===== acquire: lock the resource rows, enqueue under the next ticket, grant pass over holders and head =====
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now 
 FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
@@ -99,7 +99,7 @@ WHERE ct_request.namespace = :namespace_2 AND ct_request.resource = :resource_2 
 UPDATE ct_request SET state=:state, token=:token, lease_seconds=:lease_seconds, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
 UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 
--- ===== try_acquire while held: enqueue or refresh a waiter =====
+-- ===== try_acquire while held: read its own entry without locks, then enqueue as a waiter (ticketed FIFO) =====
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now, (SELECT min(wq.ticket) AS min_1 
 FROM ct_request AS wq 
 WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting') AS head_ticket, (SELECT min(hq.expires_at) AS min_2 
@@ -129,14 +129,14 @@ SELECT min(ct_request.ticket) AS min_1
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 AND ct_request.resource = :resource_1 AND ct_request.state = 'waiting';
 
--- ===== renew a lease (fenced by the request key) =====
+-- ===== renew a lease: extend on the database clock while still granted and unexpired (fenced by request key) =====
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
 UPDATE ct_request SET lease_seconds=:lease_seconds, expires_at=:expires_at WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'granted' AND ct_request.expires_at >= :expires_at_1;
 SELECT count(*) AS count_1 
 FROM ct_request 
 WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'granted' AND ct_request.expires_at = :expires_at_1;
 
--- ===== release a lease =====
+-- ===== release a lease: lock the resource row, delete the entry, grant pass for the next in line =====
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now 
 FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
@@ -153,7 +153,7 @@ WHERE ct_request.namespace = :namespace_2 AND ct_request.resource = :resource_2 
 UPDATE ct_request SET state=:state, token=:token, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
 UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 
--- ===== status =====
+-- ===== status: resources, holders and waiters (no locks) =====
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
 SELECT ct_resource.namespace, ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.created_at, ct_resource.last_ticket 
 FROM ct_resource 
@@ -162,7 +162,7 @@ SELECT ct_request.id, ct_request.namespace, ct_request.resource, ct_request.hold
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 ORDER BY ct_request.resource, ct_request.ticket;
 
--- ===== reap expired holders and waiters =====
+-- ===== reap: resources with entries expired on the database clock (each then reaped under its lock) =====
 SELECT DISTINCT ct_request.resource 
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 AND ct_request.expires_at < (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0);

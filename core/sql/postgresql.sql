@@ -66,7 +66,7 @@ CREATE TABLE ct_worklist (
 	CONSTRAINT ct_worklist_pk PRIMARY KEY (namespace, name)
 );
 
--- ===== set_capacity (create or resize a resource) =====
+-- ===== set_capacity: lock or create the resource row, then a grant pass (more capacity may admit waiters) =====
 SELECT ct_resource.name 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
@@ -83,7 +83,7 @@ FROM ct_request
 WHERE ct_request.namespace = %(namespace_2)s::VARCHAR AND ct_request.resource = %(resource_2)s::VARCHAR AND ct_request.state = 'waiting' ORDER BY ct_request.ticket 
  LIMIT %(param_3)s::INTEGER) AS anon_1;
 
--- ===== acquire: lock the resource row, reap expired entries, read the queue, grant =====
+-- ===== acquire: lock the resource rows, enqueue under the next ticket, grant pass over holders and head =====
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS now 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
@@ -101,7 +101,7 @@ WHERE ct_request.namespace = %(namespace_2)s::VARCHAR AND ct_request.resource = 
 UPDATE ct_request SET state=%(state)s::VARCHAR, token=%(token)s::BIGINT, lease_seconds=%(lease_seconds)s, granted_at=%(granted_at)s, expires_at=%(expires_at)s WHERE ct_request.id = %(id_1)s::BIGINT AND ct_request.state = 'waiting';
 UPDATE ct_resource SET last_token=%(last_token)s::BIGINT, last_ticket=%(last_ticket)s::BIGINT WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR;
 
--- ===== try_acquire while held: enqueue or refresh a waiter =====
+-- ===== try_acquire while held: read its own entry without locks, then enqueue as a waiter (ticketed FIFO) =====
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS now, (SELECT min(wq.ticket) AS min_1 
 FROM ct_request AS wq 
 WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting') AS head_ticket, (SELECT min(hq.expires_at) AS min_2 
@@ -132,11 +132,11 @@ SELECT min(ct_request.ticket) AS min_1
 FROM ct_request 
 WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource = %(resource_1)s::VARCHAR AND ct_request.state = 'waiting';
 
--- ===== renew a lease (fenced by the request key) =====
+-- ===== renew a lease: extend on the database clock while still granted and unexpired (fenced by request key) =====
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
 UPDATE ct_request SET lease_seconds=%(lease_seconds)s, expires_at=%(expires_at)s WHERE ct_request.request_key = %(request_key_1)s::VARCHAR AND ct_request.state = 'granted' AND ct_request.expires_at >= %(expires_at_1)s;
 
--- ===== release a lease =====
+-- ===== release a lease: lock the resource row, delete the entry, grant pass for the next in line =====
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS now 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
@@ -154,7 +154,7 @@ WHERE ct_request.namespace = %(namespace_2)s::VARCHAR AND ct_request.resource = 
 UPDATE ct_request SET state=%(state)s::VARCHAR, token=%(token)s::BIGINT, granted_at=%(granted_at)s, expires_at=%(expires_at)s WHERE ct_request.id = %(id_1)s::BIGINT AND ct_request.state = 'waiting';
 UPDATE ct_resource SET last_token=%(last_token)s::BIGINT, last_ticket=%(last_ticket)s::BIGINT WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR;
 
--- ===== status =====
+-- ===== status: resources, holders and waiters (no locks) =====
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
 SELECT ct_resource.namespace, ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.created_at, ct_resource.last_ticket 
 FROM ct_resource 
@@ -163,7 +163,7 @@ SELECT ct_request.id, ct_request.namespace, ct_request.resource, ct_request.hold
 FROM ct_request 
 WHERE ct_request.namespace = %(namespace_1)s::VARCHAR ORDER BY ct_request.resource, ct_request.ticket;
 
--- ===== reap expired holders and waiters =====
+-- ===== reap: resources with entries expired on the database clock (each then reaped under its lock) =====
 SELECT DISTINCT ct_request.resource 
 FROM ct_request 
 WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.expires_at < CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION);

@@ -151,7 +151,7 @@ def test_work_list_order_and_priority_bounds(ct: ControlTable) -> None:
     with pytest.raises(ConfigurationError, match="timeout"):
         next(wl.items(timeout=float("nan")))
     with pytest.raises(ConfigurationError, match="poll"):
-        next(wl.items(poll=float("inf")))
+        next(wl.items(poll_interval=float("inf")))
     assert [o.order for o in wl.status().orders] == [defaults.MIN_ORDER, defaults.MAX_ORDER]
 
 

@@ -54,7 +54,7 @@ def test_work_item_finish_and_renew_confirmed(ct: Any, distrust_rowcount: None) 
     b.fail("boom")
     c = wl.allocate(owner="w", lease=30)
     assert c is not None
-    c.free()
+    c.release()
     st = wl.status()
     assert st.total("done") == 1 and st.total("error") == 1 and st.total("new") == 1
 

@@ -2,41 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import time
 import uuid
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, UniqueConstraint, func, insert, select, text, update
+from support import event_tables
 
 from controltable import ConfigurationError, LeaseLost, NotInstalledError
 
-_spec = importlib.util.spec_from_file_location("ct_event_workers", Path(__file__).with_name("event_workers.py"))
-assert _spec is not None and _spec.loader is not None
-workers_mod: Any = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(workers_mod)
-
 PENDING, CLAIMED, DONE, ERROR = 0, 1, 2, 3
-
-
-@pytest.fixture
-def tables(ct: Any) -> Iterator[Callable[..., Table]]:
-    """Create test tables through SQLAlchemy Core; every one is dropped at the end of the test."""
-    made: list[str] = []
-
-    def make(*columns: Any, prefix: str = "ev", **kw: Any) -> Table:
-        name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-        table = Table(name, MetaData(), *columns, **kw)
-        table.create(ct.engine)
-        made.append(name)
-        return table
-
-    yield make
-    for name in reversed(made):
-        Table(name, MetaData()).drop(ct.engine, checkfirst=True)
 
 
 @pytest.fixture
@@ -59,18 +36,8 @@ def events_table(ct: Any, tables: Callable[..., Table]) -> Callable[..., Table]:
     return make
 
 
-def _rows(ct: Any, name: str) -> dict[Any, dict[str, Any]]:
-    t = Table(name, MetaData(), autoload_with=ct.engine)
-    with ct.engine.connect() as conn:
-        return {r.id: dict(r._mapping) for r in conn.execute(select(t))}
-
-
-def _wait_past(ct: Any, expires_at: float) -> None:
-    """Sleep until the database clock is past ``expires_at``."""
-    deadline = time.monotonic() + 30
-    while ct.now() <= expires_at + 0.05:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+_rows = event_tables.rows
+_wait_past = event_tables.wait_past
 
 
 # -- leases and fencing ------------------------------------------------------------------------------

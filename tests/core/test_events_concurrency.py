@@ -6,48 +6,26 @@ completed, and the logs are checked against the table afterwards.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-from sqlalchemy import MetaData, Table, insert, select
-
-_spec = importlib.util.spec_from_file_location("ct_event_workers", Path(__file__).with_name("event_workers.py"))
-assert _spec is not None and _spec.loader is not None
-workers_mod: Any = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(workers_mod)
+from support import event_tables
+from support import event_workers as workers_mod
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def event_table_name(ct: Any) -> Iterator[str]:
-    """A fresh event table ``ev_<uuid8>`` (prepared for claiming), dropped afterwards."""
-    name = f"ev_{uuid.uuid4().hex[:8]}"
-    table = workers_mod.event_table(name)
-    table.create(ct.engine)
-    ct.events(name, key="id").prepare()
-    yield name
-    Table(name, MetaData()).drop(ct.engine, checkfirst=True)
+def event_table_name(event_table: Any) -> str:
+    """A fresh, prepared event table (dropped after the test)."""
+    return str(event_table().name)
 
 
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Any]:
-    w = workers_mod.Workers(tmp_path)
-    yield w
-    w.close()
-
-
-def _fill(ct: Any, name: str, start: int, count: int) -> None:
-    table = workers_mod.event_table(name)
-    with ct.engine.begin() as conn:
-        for s in range(start, start + count, 5000):
-            conn.execute(insert(table), workers_mod.event_rows(s, min(5000, start + count - s)))
+_fill = event_tables.fill
 
 
 def _completed(logs: list[Path]) -> tuple[list[Any], dict[str, list[dict[str, Any]]]]:
@@ -71,10 +49,7 @@ def _assert_exactly_once(keys: list[Any], expected: set[int]) -> None:
     assert not extra, f"unknown keys completed: {sorted(extra)[:10]}"
 
 
-def _claim_state(ct: Any, name: str) -> dict[int, dict[str, Any]]:
-    t = Table(name, MetaData(), autoload_with=ct.engine)
-    with ct.engine.connect() as conn:
-        return {r.id: dict(r._mapping) for r in conn.execute(select(t))}
+_claim_state = event_tables.rows
 
 
 def test_multi_process_drain_with_producer(ct: Any, backend: str, backend_url: str, event_table_name: str,

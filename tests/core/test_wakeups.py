@@ -81,7 +81,7 @@ def test_worklist_allocator_wakes_when_the_order_finishes(backend_url: str, name
     got: list[tuple[float, int]] = []
 
     def allocate() -> None:
-        for item in other.worklist("wake").items("b", poll=5.0, timeout=20):
+        for item in other.worklist("wake").items("b", poll_interval=5.0, timeout=20):
             got.append((time.monotonic(), item.order))
             item.complete()
 

@@ -98,7 +98,7 @@ def test_failed_item_blocks_later_orders_until_cleared(wl: Any) -> None:
     row = _by_id(wl)[a.id]
     assert row["state"] == "error" and row["last_error"] == "disk full" and row["finished_at"] is not None
     with pytest.raises(WorkListBlocked, match="clear_errors"):
-        list(wl.items(owner="w", poll=0.01, timeout=5))
+        list(wl.items(owner="w", poll_interval=0.01, timeout=5))
     with pytest.raises(LeaseLost):
         a.complete()  # a failed item is no longer held
 
@@ -126,11 +126,11 @@ def test_clear_errors_and_reset_all(wl: Any) -> None:
     st = wl.status()
     assert (st.orders[0].new, st.orders[0].error, st.orders[0].done) == (2, 0, 1)
     assert not st.blocked_by_errors
-    assert wl.reset_all() == 3
+    assert wl.reset() == 3
     rows = wl.items_list()
     assert all(r["state"] == "new" and r["attempts"] == 0 and r["owner"] is None and r["started_at"] is None
                and r["finished_at"] is None and r["last_error"] is None for r in rows)
-    done = [item.id for item in wl.items(owner="w", poll=0.01, timeout=10) if item.complete() is None]
+    done = [item.id for item in wl.items(owner="w", poll_interval=0.01, timeout=10) if item.complete() is None]
     assert sorted(done) == sorted(r["id"] for r in rows)
     assert wl.status().finished
 
@@ -139,14 +139,14 @@ def test_free_gives_the_item_back(wl: Any) -> None:
     wl.populate(["only"], order=100)
     item = wl.allocate(owner="w1")
     assert wl.allocate(owner="w2") is None
-    item.free()
+    item.release()
     row = _by_id(wl)[item.id]
     assert (row["state"], row["owner"], row["token"], row["started_at"]) == ("new", None, None, None)
     again = wl.allocate(owner="w2")
     assert again is not None and again.id == item.id and again.owner == "w2"
     with pytest.raises(LeaseLost):
         item.complete()
-    item.free()  # freeing an item no longer held is a no-op
+    item.release()  # freeing an item no longer held is a no-op
     assert _by_id(wl)[item.id]["owner"] == "w2"
     again.complete()
 
@@ -197,11 +197,11 @@ def test_items_iterator_stops_when_finished(wl: Any) -> None:
     wl.populate([1, 2], order=1)
     wl.populate([3], order=2)
     got = []
-    for item in wl.items(owner="w", poll=0.01, timeout=10):
+    for item in wl.items(owner="w", poll_interval=0.01, timeout=10):
         got.append(item.payload)
         item.complete()
     assert got == [1, 2, 3]
-    assert list(wl.items(owner="w", poll=0.01, timeout=1)) == []
+    assert list(wl.items(owner="w", poll_interval=0.01, timeout=1)) == []
 
 
 def test_drop_removes_the_list(ct: Any, namespace: str) -> None:

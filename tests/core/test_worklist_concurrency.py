@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
-_spec = importlib.util.spec_from_file_location("ct_event_workers", Path(__file__).with_name("event_workers.py"))
-assert _spec is not None and _spec.loader is not None
-workers_mod: Any = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(workers_mod)
+from support import event_workers as workers_mod
 
 pytestmark = pytest.mark.slow
 
 SEED_003_ORDERS = [100, 100, 200, 200, 200, 300, 400, 400, 500]
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Any]:
-    w = workers_mod.Workers(tmp_path)
-    yield w
-    w.close()
 
 
 def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:

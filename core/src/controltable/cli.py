@@ -475,7 +475,7 @@ def _event_options(fn: F) -> F:
 def events_prepare(obj: CT, table: str, key: str, order_by: Optional[str], table_schema: Optional[str],
                    dry_run: bool, filtered_indexes: bool, disable_lock_escalation: bool) -> None:
     """Add the claim columns and claim indexes to TABLE (only what is missing), then refresh its statistics."""
-    ev = obj.get().events(table, key=key, order_by=order_by, schema=table_schema)
+    ev = obj.get().events(table, key=key, order_by=order_by, table_schema=table_schema)
     options = {"filtered_indexes": filtered_indexes, "disable_lock_escalation": disable_lock_escalation}
     if dry_run:
         from sqlalchemy.schema import CreateIndex, DDLElement
@@ -503,7 +503,7 @@ def events_prepare(obj: CT, table: str, key: str, order_by: Optional[str], table
 def events_stats(obj: CT, table: str, key: str, order_by: Optional[str], table_schema: Optional[str],
                  as_json: bool) -> None:
     """Counts per claim state of TABLE."""
-    st = obj.get().events(table, key=key, order_by=order_by, schema=table_schema).stats()
+    st = obj.get().events(table, key=key, order_by=order_by, table_schema=table_schema).stats()
     if as_json:
         click.echo(json.dumps(st.as_dict(), default=str))
         return
@@ -520,7 +520,7 @@ def events_stats(obj: CT, table: str, key: str, order_by: Optional[str], table_s
 @handled
 def events_retry(obj: CT, table: str, key: str, order_by: Optional[str], table_schema: Optional[str]) -> None:
     """Put TABLE's error rows back to pending."""
-    n = obj.get().events(table, key=key, order_by=order_by, schema=table_schema).retry_errors()
+    n = obj.get().events(table, key=key, order_by=order_by, table_schema=table_schema).retry_errors()
     console.print(f"{n} rows back to pending")
 
 
@@ -616,8 +616,8 @@ def wl_allocate(obj: CT, name: str, owner: Optional[str], lease: float) -> None:
 
 
 def _item_command(name: str, help_text: str, action: Callable[[Any, Optional[str]], None],
-                  reason: bool = False) -> None:
-    @worklist.command(name, help=help_text)
+                  reason: bool = False, hidden: bool = False) -> None:
+    @worklist.command(name, help=help_text, hidden=hidden)
     @click.argument("worklist_name", metavar="NAME")
     @click.argument("item_id", type=int)
     @click.option("--token", type=int, default=None, help="Token from allocate (fences the call).")
@@ -633,7 +633,15 @@ def _item_command(name: str, help_text: str, action: Callable[[Any, Optional[str
 _item_command("complete", "Mark item ITEM_ID of NAME done.", lambda item, _r: item.complete())
 _item_command("fail", "Mark item ITEM_ID of NAME as error (blocks later orders).",
               lambda item, r: item.fail(r or ""), reason=True)
-_item_command("free", "Give item ITEM_ID of NAME back, untouched.", lambda item, _r: item.free())
+_item_command("release", "Give item ITEM_ID of NAME back, untouched.", lambda item, _r: item.release())
+
+
+def _free_deprecated(item: Any, _reason: Optional[str]) -> None:
+    err.print("`controltable worklist free` is deprecated; use `controltable worklist release`", highlight=False)
+    item.release()
+
+
+_item_command("free", "Deprecated: use `release`.", _free_deprecated, hidden=True)
 
 
 @worklist.command("reset")
@@ -642,7 +650,7 @@ _item_command("free", "Give item ITEM_ID of NAME back, untouched.", lambda item,
 @handled
 def wl_reset(obj: CT, name: str) -> None:
     """Every item of NAME back to new."""
-    console.print(f"{obj.get().worklist(name).reset_all()} items reset")
+    console.print(f"{obj.get().worklist(name).reset()} items reset")
 
 
 @worklist.command("clear-errors")

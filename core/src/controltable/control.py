@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 from sqlalchemy import insert, inspect, select, update
 from sqlalchemy.engine import Connection, Engine
@@ -21,6 +21,7 @@ from .defaults import (
     STATEMENT_TIMEOUT,
 )
 from .errors import ConfigurationError, DatabaseBusyError, NotInstalledError
+from .events import EventTable
 from .migrations import UPGRADES
 from .runtime import Runtime
 from .schema import SCHEMA_VERSION, ControlSchema, build_schema
@@ -34,10 +35,7 @@ from .validation import (
     normalize_request,
 )
 from .wakeups import Wakeups
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .events import EventTable
-    from .worklist import WorkList
+from .worklist import WorkList
 
 
 class ControlTable:
@@ -284,19 +282,19 @@ class ControlTable:
         *,
         key: str,
         order_by: Optional[str] = None,
-        schema: Optional[str] = None,
+        table_schema: Optional[str] = None,
         **options: Any,
     ) -> EventTable:
-        """Batch claiming on the user's own event table ``table`` (see :class:`EventTable`)."""
-        from .events import EventTable
+        """Batch claiming on the user's own event table ``table`` (see :class:`EventTable`).
 
-        return EventTable(self, table, key=key, order_by=order_by, schema=schema, **options)
+        ``table_schema`` is the event table's schema, not the control tables' (``schema=`` is
+        its deprecated older name, still accepted).
+        """
+        return EventTable(self.runtime, table, key=key, order_by=order_by, table_schema=table_schema, **options)
 
     def worklist(self, name: str) -> WorkList:
         """An ordered work list kept in the control tables (see :class:`WorkList`)."""
-        from .worklist import WorkList
-
-        return WorkList(self, check_name("work list", name))
+        return WorkList(self.runtime, check_name("work list", name))
 
     # -- wake-ups ------------------------------------------------------------------------------------
     def wakeup_keys(self, resource: Union[str, Mapping[str, int]], holder: Optional[str] = None) -> list[str]:

@@ -19,6 +19,7 @@ from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeDecorator
 
 from .defaults import DDL_LOCK_TIMEOUT, MSSQL_ROWS_PER_STATEMENT
+from .errorcodes import is_lock_timeout  # noqa: F401 - re-exported: by error code, one place
 
 SUPPORTED_DIALECTS = ("postgresql", "mssql", "mysql", "oracle", "sqlite")
 
@@ -403,23 +404,6 @@ def ddl_lock_timeout(dialect_name: str, seconds: int = DDL_LOCK_TIMEOUT) -> tupl
     if dialect_name == "mssql":
         return [f"SET LOCK_TIMEOUT {n * 1000}"], ["SET LOCK_TIMEOUT -1"]
     return [], []
-
-
-def is_lock_timeout(exc: BaseException) -> bool:
-    """Whether a driver error says a lock (a DDL's table lock) was not granted in time."""
-    orig = getattr(exc, "orig", exc)
-    code = str(getattr(orig, "sqlstate", "") or getattr(orig, "pgcode", "") or "")
-    args = getattr(orig, "args", ())
-    first = args[0] if args else None
-    number = first if isinstance(first, int) else getattr(first, "code", None)
-    text = str(orig)
-    return (
-        code == "55P03"  # PostgreSQL lock_not_available
-        or number in (1205, 54, 4021)  # MySQL lock wait timeout; ORA-00054, ORA-04021
-        or "ORA-00054" in text or "ORA-04021" in text
-        or "1222" in text and "Lock request time out" in text  # SQL Server
-        or "database is locked" in text
-    )
 
 
 def prepare_engine(engine: Engine, *, busy_timeout: float = 60.0) -> Engine:

@@ -419,3 +419,91 @@ def is_driver_error(exc: BaseException, dbapi: Any = None) -> bool:
     if isinstance(error_cls, type) and isinstance(exc, error_cls):
         return True
     return _dialect_of(exc) is not None and type(exc).__name__.endswith("Error") and not isinstance(exc, UnicodeError)
+
+
+# -- a DDL's lock not granted in time (prepare() on a busy table) ------------------------------------
+_PG_LOCK_TIMEOUT = {"55P03"}  # lock_not_available (lock_timeout, NOWAIT)
+_MYSQL_LOCK_TIMEOUT = {1205, 3572}  # ER_LOCK_WAIT_TIMEOUT (also metadata locks), ER_LOCK_NOWAIT
+_MSSQL_LOCK_TIMEOUT = {1222}  # lock request time out period exceeded (SET LOCK_TIMEOUT)
+_ORACLE_LOCK_TIMEOUT = {"ORA-00054", "ORA-04021", "ORA-30006"}  # busy (DDL_LOCK_TIMEOUT), object lock, WAIT
+_SQLITE_LOCK_TIMEOUT = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED (primary codes)
+
+
+def is_lock_timeout(exc: BaseException) -> bool:
+    """Whether a driver error says a lock (a DDL's table lock) was not granted in time.
+
+    Decided by code per driver, as :func:`classify` is: a lock timeout is one kind of
+    :attr:`Kind.TRANSIENT` error, but ``prepare()`` must tell it from a deadlock (a deadlocked
+    DDL is retried; a table busy throughout is reported with the DDL still to run).
+    """
+    orig = driver_error(exc)
+    name = _dialect_of(orig)
+    if name == "postgresql":
+        return sqlstate(exc) in _PG_LOCK_TIMEOUT
+    if name == "mysql":
+        return mysql_code(exc) in _MYSQL_LOCK_TIMEOUT
+    if name == "mssql":
+        return mssql_codes(exc)[1] in _MSSQL_LOCK_TIMEOUT
+    if name == "oracle":
+        return oracle_code(exc) in _ORACLE_LOCK_TIMEOUT
+    if name == "sqlite":
+        code = getattr(orig, "sqlite_errorcode", None)
+        if isinstance(code, int):
+            return code & 0xFF in _SQLITE_LOCK_TIMEOUT
+        return classify_sqlite(exc) is Kind.TRANSIENT  # Python < 3.11: SQLite's fixed wording
+    return False
+
+
+# -- a DDL that an earlier or concurrent run already applied (idempotent upgrade steps) --------------
+_PG_ALREADY = {
+    "42701",  # duplicate_column
+    "42P07",  # duplicate_table (also an index name already taken)
+    "42710",  # duplicate_object
+    "42704",  # undefined_object: DROP INDEX of an index a concurrent run dropped
+    # unique_violation: two sessions creating the same index or table at once race on the
+    # catalogue's own unique index (pg_class_relname_nsp_index) instead of getting 42P07.
+    "23505",
+}
+_MYSQL_ALREADY = {
+    1050,  # ER_TABLE_EXISTS_ERROR
+    1060,  # ER_DUP_FIELDNAME
+    1061,  # ER_DUP_KEYNAME
+    1091,  # ER_CANT_DROP_FIELD_OR_KEY: already dropped
+}
+_MSSQL_ALREADY = {
+    2705,  # column names in each table must be unique
+    1913,  # an index or statistics with that name already exists
+    2714,  # there is already an object named ... in the database
+    3701,  # cannot drop the index, it does not exist
+}
+_ORACLE_ALREADY = {
+    "ORA-01430",  # column being added already exists in table
+    "ORA-00955",  # name is already used by an existing object
+    "ORA-01408",  # such column list already indexed
+    "ORA-01418",  # specified index does not exist (already dropped)
+}
+# SQLite gives every SQL error SQLITE_ERROR (1); its messages are fixed English text, never
+# translated, so (as for a missing table) the message is the only code it offers.
+_SQLITE_ALREADY = re.compile(r"^duplicate column name\b|^(?:table|index) \S+ already exists|^no such index\b", re.I)
+
+
+def is_already_applied(exc: BaseException) -> bool:
+    """Whether a DDL failed because what it creates exists already (or what it drops is gone).
+
+    Upgrade steps are idempotent: a concurrent installer that ran the same step first makes the
+    loser's ``ADD COLUMN`` / ``CREATE INDEX`` / ``DROP INDEX`` fail this way, which means done.
+    Only meaningful for a DDL statement (on PostgreSQL a unique violation counts: see above).
+    """
+    orig = driver_error(exc)
+    name = _dialect_of(orig)
+    if name == "postgresql":
+        return sqlstate(exc) in _PG_ALREADY
+    if name == "mysql":
+        return mysql_code(exc) in _MYSQL_ALREADY
+    if name == "mssql":
+        return mssql_codes(exc)[1] in _MSSQL_ALREADY
+    if name == "oracle":
+        return oracle_code(exc) in _ORACLE_ALREADY
+    if name == "sqlite":
+        return bool(_SQLITE_ALREADY.search(str(orig).strip()))
+    return False

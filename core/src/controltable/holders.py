@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import socket
+import uuid
 
 from .defaults import NAME_LENGTH
 
@@ -28,3 +31,9 @@ def holder_id(*parts: object, limit: int = NAME_LENGTH) -> str:
         return raw
     digest = hashlib.sha256(raw.encode()).hexdigest()[:_DIGEST]
     return f"{raw[:limit - _DIGEST - 1]}~{digest}"
+
+
+def process_holder_id() -> str:
+    """A holder id unique to this process and call (host, process id, random part), for callers
+    that name no holder or owner: two workers never share one by accident."""
+    return holder_id(socket.gethostname(), os.getpid(), uuid.uuid4().hex[:12])

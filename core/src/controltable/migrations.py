@@ -18,11 +18,13 @@ from sqlalchemy import Column, Index, Table, func, inspect, select, text, update
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.sql.elements import TextClause
 
+from .errorcodes import is_already_applied
 from .schema import ControlSchema, build_schema
 
 log = logging.getLogger("controltable")
 
-_ALREADY = ("already exists", "duplicate", "exists", "ora-01430", "ora-00955", "ora-01408")
+#: Whether a DDL error means "a concurrent or earlier run did this already" (by error code).
+_ALREADY = is_already_applied
 
 
 def add_column_sql(table: Table, column: Column, dialect: Dialect) -> TextClause:
@@ -52,7 +54,7 @@ def _ddl(engine: object, step: Callable[[Connection], None]) -> None:
         with engine.begin() as conn:  # type: ignore[attr-defined]
             step(conn)
     except Exception as exc:
-        if any(m in str(exc).lower() for m in _ALREADY):
+        if _ALREADY(exc):
             return
         raise
 

@@ -8,11 +8,12 @@ layer. Value objects (``Lease``, ``Batch``, ``Item``) hold their engine, never t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from .db import Database
+from .errors import ConfigurationError
 from .schema import ControlSchema
 from .wakeups import Wakeups
 
@@ -27,6 +28,11 @@ class Runtime:
     schema: Optional[str]
     prefix: str
     wakeups: Wakeups
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine (for the caller's own tables, e.g. reflecting an event table)."""
+        return self.db.engine
 
     @property
     def dialect(self) -> str:
@@ -49,3 +55,17 @@ class Runtime:
     def push_active(self) -> bool:
         """Whether pushes are being received now; without them waiters poll."""
         return self.wakeups.active
+
+
+def runtime_of(owner: Any) -> Runtime:
+    """The :class:`Runtime` of ``owner``: a ``Runtime`` itself, or a ``ControlTable`` (its ``runtime``).
+
+    Engines accept either, so code that builds ``EventTable(ct, ...)`` by hand keeps working
+    while the engine itself depends on the runtime only.
+    """
+    if isinstance(owner, Runtime):
+        return owner
+    found = getattr(owner, "runtime", None)
+    if isinstance(found, Runtime):
+        return found
+    raise ConfigurationError(f"expected a ControlTable or its Runtime, not {type(owner).__name__}")

@@ -170,19 +170,24 @@ def captured_statements(
         with ct.db.engine.begin() as conn:
             conn.execute(md.tables[events_table].insert(), [{key: i, "payload": f"e{i}"} for i in range(1, rows + 1)])
 
-        section("set_capacity (create or resize a resource)", lambda: ct.set_capacity("warehouse", 1))
+        section("set_capacity: lock or create the resource row, then a grant pass (more capacity may admit waiters)",
+                lambda: ct.set_capacity("warehouse", 1))
         holder: dict[str, Any] = {}
 
         def acquire() -> None:
             holder["a"] = ct.acquire("warehouse", holder="a", lease=60)
 
-        section("acquire: lock the resource row, reap expired entries, read the queue, grant", acquire)
-        section("try_acquire while held: enqueue or refresh a waiter",
+        section("acquire: lock the resource rows, enqueue under the next ticket, grant pass over holders and head",
+                acquire)
+        section("try_acquire while held: read its own entry without locks, then enqueue as a waiter (ticketed FIFO)",
                 lambda: ct.try_acquire("warehouse", holder="b", lease=60))
-        section("renew a lease (fenced by the request key)", lambda: holder["a"].renew())
-        section("release a lease", lambda: holder["a"].release())
-        section("status", lambda: ct.status())
-        section("reap expired holders and waiters", lambda: ct.reap())
+        section("renew a lease: extend on the database clock while still granted and unexpired (fenced by request key)",
+                lambda: holder["a"].renew())
+        section("release a lease: lock the resource row, delete the entry, grant pass for the next in line",
+                lambda: holder["a"].release())
+        section("status: resources, holders and waiters (no locks)", lambda: ct.status())
+        section("reap: resources with entries expired on the database clock (each then reaped under its lock)",
+                lambda: ct.reap())
 
         ev = ct.events(events_table, key=key, order_by=order_by)
         ddl: list[Any] = []

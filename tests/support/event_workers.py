@@ -1,8 +1,8 @@
 """Worker processes for the event-claiming and work-list concurrency tests.
 
 Run as a standalone script (``python event_workers.py <command> ...``) so every worker is a real
-operating-system process with its own connection pool. The test modules also load this file
-(by path) for the event table definition and the process helpers at the bottom.
+operating-system process with its own connection pool. The test modules import it as
+``support.event_workers`` for the event table definition and the process helpers at the bottom.
 
 Commands:
   drain     claim batches until every event is done, logging completed keys as JSON lines
@@ -167,7 +167,7 @@ def cmd_worklist(args: argparse.Namespace) -> int:
         Path(args.ready).touch()
         _wait_for_file(Path(args.go), 120)
     with open(args.log, "a", encoding="utf-8") as log:
-        for item in wl.items(owner=args.name, poll=args.poll, timeout=args.max_seconds):
+        for item in wl.items(owner=args.name, poll_interval=args.poll, timeout=args.max_seconds):
             start = time.time()  # after allocate returned
             time.sleep(rnd.uniform(args.min_work, args.max_work))
             end = time.time()  # before complete is called

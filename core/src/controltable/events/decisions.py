@@ -1,0 +1,68 @@
+"""The event engine's decisions as pure functions (no SQL, no I/O), so they are tested without a database.
+
+The workflow asks these and the statement builders turn the answers into SQL: the back-off
+schedule a failure follows, which expired claims are a crash loop rather than a retry, and what
+a batch handle from another process says about its batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from ..errors import ConfigurationError
+from .statements import CLAIMED
+
+
+def backoff_schedule(max_attempts: int, backoff: float, max_backoff: float) -> list[tuple[int, float]]:
+    """``(attempts so far, seconds to wait)`` for a failed row, doubling from ``backoff`` up to ``max_backoff``.
+
+    A row failed after ``n`` attempts waits the delay of the first entry whose attempts are at
+    least ``n``; past the last entry it waits ``max_backoff``; at ``max_attempts`` it goes to
+    the error state instead (decided in SQL from the row's stored attempts, see
+    :func:`controltable.events.statements.fail_values`). The list stops at the first delay
+    that reaches ``max_backoff``, so it stays short however large ``max_attempts`` is.
+    """
+    schedule: list[tuple[int, float]] = []
+    for attempt in range(1, max_attempts):
+        delay = min(backoff * (2 ** (attempt - 1)), max_backoff)
+        schedule.append((attempt, delay))
+        if delay >= max_backoff:
+            break
+    return schedule
+
+
+def poisoned_keys(rows: Iterable[Mapping[str, Any]], key: str, state: str, attempts: str,
+                  max_attempts: int) -> list[Any]:
+    """Keys of expired claims already abandoned ``max_attempts`` times: a crash loop, not a retry.
+
+    ``state`` and ``attempts`` are the claim columns' names in ``rows`` (as a claim read them).
+    """
+    return [r[key] for r in rows if r[state] == CLAIMED and r[attempts] >= max_attempts]
+
+
+@dataclass(frozen=True)
+class HandleHistory:
+    """What a :meth:`Batch.handle` says about its batch, checked and with the lease worked out."""
+
+    keys: list[Any]
+    token: int
+    owner: str
+    lease: float
+    claimed_at: float
+    expires_at: float
+
+
+def read_handle(handle: Mapping[str, Any], default_lease: float) -> HandleHistory:
+    """Parse a batch handle; the lease comes from the handle, else (older handles) from
+    ``expires_at - claimed_at``, else ``default_lease``. Raises :class:`ConfigurationError`."""
+    try:
+        keys, token, owner = list(handle["keys"]), int(handle["token"]), str(handle["owner"])
+        lease = float(handle.get("lease") or 0.0)
+        claimed_at = float(handle.get("claimed_at") or 0.0)
+        expires_at = float(handle.get("expires_at") or 0.0)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ConfigurationError(f"not a batch handle (needs keys, token, owner): {handle!r}") from exc
+    if lease <= 0:
+        lease = expires_at - claimed_at if 0 < claimed_at < expires_at else default_lease
+    return HandleHistory(keys, token, owner, lease, claimed_at, expires_at)

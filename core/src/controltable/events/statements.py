@@ -1,0 +1,351 @@
+"""The event table's SQL: pure SQLAlchemy builders over a claim-columns object, nothing run here.
+
+Every statement the event engine sends is built by a function of this module from the reflected
+table, the :class:`ClaimColumns` naming the claim columns and plain values; the workflow
+(:mod:`controltable.events.workflow`) decides when to run them and in which transaction. Per-dialect
+differences are asked of :mod:`controltable.dialects`, never decided here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Integer,
+    SmallInteger,
+    Table,
+    and_,
+    case,
+    func,
+    or_,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.sql.elements import ColumnElement, TextClause
+
+from .. import dialects
+from ..defaults import NAME_LENGTH
+from ..schema import EpochSeconds
+from ..validation import where_clause
+
+PENDING, CLAIMED, DONE, ERROR = 0, 1, 2, 3
+STATE_NAMES = {PENDING: "pending", CLAIMED: "claimed", DONE: "done", ERROR: "error"}
+#: Keys per ``IN (...)`` list: under Oracle's 1000 items and SQL Server's 2100 parameters.
+CHUNK = 900
+#: The longest error message kept per row (characters; bytes on Oracle, see dialects.message_type).
+ERROR_LENGTH = 2000
+#: The message a claim stores on a row whose lease ran out ``max_attempts`` times.
+POISONED = "lease expired max_attempts times (worker crashed or hung)"
+
+#: A filter on the event table: an expression over its columns or a callable receiving the table.
+Where = Union[ColumnElement[Any], Callable[[Table], ColumnElement[Any]], None]
+
+#: The claim columns' short names, in the order ``prepare()`` adds them.
+FIELDS = ("state", "owner", "token", "expires_at", "available_at", "attempts", "error", "done_at")
+
+
+@dataclass(frozen=True)
+class ClaimColumns:
+    """The names of the claim columns an event table carries: ``<prefix><field>`` for each field.
+
+    One object per event table, so no statement spells a claim column by hand: ``cols.state``
+    is the column name, ``cols.of(table, "state")`` the reflected column, and
+    ``cols.values(state=DONE)`` a ``{column name: value}`` mapping for an UPDATE.
+    """
+
+    prefix: str = "ct_"
+
+    def name(self, field: str) -> str:
+        if field not in FIELDS:
+            raise KeyError(f"{field!r} is not a claim column (one of {', '.join(FIELDS)})")
+        return f"{self.prefix}{field}"
+
+    @property
+    def state(self) -> str:
+        return self.name("state")
+
+    @property
+    def token(self) -> str:
+        return self.name("token")
+
+    @property
+    def attempts(self) -> str:
+        return self.name("attempts")
+
+    @property
+    def expires_at(self) -> str:
+        return self.name("expires_at")
+
+    def names(self) -> list[str]:
+        return [self.name(f) for f in FIELDS]
+
+    def of(self, table: Table, field: str) -> Column[Any]:
+        """The reflected claim column ``field`` of ``table``."""
+        return table.c[self.name(field)]  # type: ignore[no-any-return]
+
+    def values(self, **by_field: Any) -> dict[str, Any]:
+        """``{column name: value}`` for an UPDATE, from values given by short field name."""
+        return {self.name(f): v for f, v in by_field.items()}
+
+    def is_claim_column(self, name: str) -> bool:
+        """Whether a column of the table is one of controltable's (else it is the user's)."""
+        return name.startswith(self.prefix)
+
+    def ddl(self) -> list[Column[Any]]:
+        """The columns ``prepare()`` adds to an event table, in order."""
+        return [
+            Column(self.state, SmallInteger, nullable=False, server_default="0"),
+            Column(self.name("owner"), dialects.name_type(NAME_LENGTH), nullable=True),
+            Column(self.token, BigInteger, nullable=True),
+            Column(self.expires_at, EpochSeconds, nullable=True),
+            Column(self.name("available_at"), EpochSeconds, nullable=True),
+            Column(self.attempts, Integer, nullable=False, server_default="0"),
+            Column(self.name("error"), dialects.message_type(ERROR_LENGTH), nullable=True),
+            Column(self.name("done_at"), EpochSeconds, nullable=True),
+        ]
+
+
+def claim_columns(prefix: str = "ct_") -> list[Column[Any]]:
+    """The columns ``prepare()`` adds to an event table, in order."""
+    return ClaimColumns(prefix).ddl()
+
+
+# -- the database clock -------------------------------------------------------------------------
+def clock() -> Any:
+    """The database clock as epoch seconds, an expression: leases never use the client's clock."""
+    return dialects.db_now()
+
+
+def read_clock() -> Any:
+    """``SELECT <database clock>``: for the statements that need the instant as a value."""
+    return select(clock())
+
+
+# -- conditions ------------------------------------------------------------------------------------
+def is_state(table: Table, cols: ClaimColumns, state: int) -> ColumnElement[bool]:
+    """``ct_state = <state>`` with the state as a literal (see :func:`dialects.state_literal`)."""
+    return cols.of(table, "state") == dialects.state_literal(state, SmallInteger())
+
+
+def fenced(table: Table, cols: ClaimColumns, token: int) -> ColumnElement[bool]:
+    """Rows still claimed under ``token``: the fence every finishing statement carries."""
+    return and_(cols.of(table, "token") == token, is_state(table, cols, CLAIMED))
+
+
+def expired_claims(table: Table, cols: ClaimColumns, now: Any) -> ColumnElement[bool]:
+    """Rows claimed under a lease that has run out (their worker crashed or hung)."""
+    return and_(is_state(table, cols, CLAIMED), cols.of(table, "expires_at") < now)
+
+
+def due_pending(table: Table, cols: ClaimColumns, now: Any) -> ColumnElement[bool]:
+    """Pending rows whose back-off (after a failure) has passed."""
+    avail = cols.of(table, "available_at")
+    return and_(is_state(table, cols, PENDING), or_(avail.is_(None), avail <= now))
+
+
+def claimable(table: Table, cols: ClaimColumns, now: Any) -> ColumnElement[bool]:
+    """Rows a claim may take: pending and due, or claimed under an expired lease."""
+    return or_(due_pending(table, cols, now), expired_claims(table, cols, now))
+
+
+def where_clauses(table: Table, *filters: Where) -> list[ColumnElement[Any]]:
+    """The table's own filter and a call's filter, as conditions (``None`` ones left out)."""
+    return [where_clause(w, table) for w in filters if w is not None]
+
+
+def claim_order(table: Table, key: str, order_by: str) -> list[Any]:
+    """The claim order: ``order_by`` then the key (once if they are the same column)."""
+    return list({table.c[order_by]: None, table.c[key]: None})
+
+
+# -- claiming --------------------------------------------------------------------------------------
+def claim_values(table: Table, cols: ClaimColumns, owner: str, token: int, now: Any, lease: float) -> dict[str, Any]:
+    """What a claim writes: claimed by ``owner`` under ``token`` until ``now + lease``, one more attempt."""
+    return cols.values(state=CLAIMED, owner=owner, token=token,
+                       attempts=cols.of(table, "attempts") + 1, expires_at=now + lease)
+
+
+def claim_select(
+    table: Table, key: str, order_by: str, dialect: str, size: int, condition: ColumnElement[bool],
+    conditions: Sequence[ColumnElement[Any]] = (), *, seekable: bool = False,
+) -> Any:
+    """A locking select of up to ``size`` rows meeting ``condition``, skipping rows others hold.
+
+    Each claim runs this once per state (expired claims, then due pending rows) rather than
+    once with an OR of both: with one equality on the state column the claim index returns
+    rows already in claim order, so the database reads and locks only the rows it returns.
+    (With the OR, MariaDB sorted every candidate and locked them all, so a concurrent claim
+    found nothing to take.) On SQL Server the select seeks the claim index (``FORCESEEK``,
+    once ``prepare()`` made it) and is capped at :func:`dialects.rows_per_statement`; on
+    Oracle it carries ``FIRST_ROWS(size)`` and the cursor fetches (and so locks) ``size``
+    rows at most.
+    """
+    cap = dialects.rows_per_statement(dialect)
+    if cap is not None:
+        size = min(size, cap)
+    stmt = select(table).where(condition, *conditions).order_by(*claim_order(table, key, order_by))
+    stmt = dialects.lock_rows(stmt, table, skip_locked=True, seek=seekable)
+    stmt = dialects.first_rows_hint(stmt, table, size)
+    stmt = dialects.limit_fetch(stmt, size)
+    return dialects.limit_locked(stmt, dialect, size)
+
+
+def claim_returning(
+    table: Table, key: str, order_by: str, size: int, condition: ColumnElement[bool],
+    conditions: Sequence[ColumnElement[Any]], values: dict[str, Any],
+) -> Any:
+    """Claim in one statement where the backend can: ``UPDATE ... WHERE key IN (SELECT ...
+    FOR UPDATE SKIP LOCKED LIMIT n) RETURNING *`` (PostgreSQL; SQLite, whose single writer
+    needs no skipping). One round trip instead of a select plus updates by key list."""
+    k = table.c[key]
+    chosen = dialects.lock_rows(
+        select(k).where(condition, *conditions).order_by(*claim_order(table, key, order_by)).limit(size),
+        table, skip_locked=True,
+    )
+    return update(table).where(k.in_(chosen)).values(values).returning(*table.c)
+
+
+def update_keys(table: Table, key: str, keys: Sequence[Any], values: dict[str, Any],
+                *conditions: ColumnElement[Any]) -> Any:
+    """``UPDATE <table> SET values WHERE key IN (keys) AND conditions``."""
+    return update(table).where(table.c[key].in_(list(keys)), *conditions).values(values)
+
+
+def poisoned_values(cols: ClaimColumns) -> dict[str, Any]:
+    """Expired claims abandoned ``max_attempts`` times are a crash loop, not a retry: to error."""
+    return cols.values(state=ERROR, owner=None, token=None, expires_at=None, error=POISONED)
+
+
+def expires_of(table: Table, cols: ClaimColumns, key: str, first_key: Any) -> Any:
+    """The expiry a claim stamped (read back when it was a database-clock expression)."""
+    return select(cols.of(table, "expires_at")).where(table.c[key] == first_key)
+
+
+def with_token(table: Table, cols: ClaimColumns, token: int) -> Any:
+    """Rows claimed under ``token``: what an earlier, committed attempt of the same claim took."""
+    return select(table).where(is_state(table, cols, CLAIMED), cols.of(table, "token") == token)
+
+
+def rows_by_keys(table: Table, cols: ClaimColumns, key: str, keys: Sequence[Any]) -> Any:
+    """The user columns and the claim history (attempts, expiry, token) of ``keys``."""
+    user = [c for c in table.c if not cols.is_claim_column(c.name)]
+    return select(*user, cols.of(table, "attempts"), cols.of(table, "expires_at"), cols.of(table, "token")).where(
+        table.c[key].in_(list(keys)))
+
+
+# -- finishing (all fenced on the batch token) ---------------------------------------------------
+def keys_where(table: Table, key: str, keys: Sequence[Any], conditions: Sequence[ColumnElement[Any]],
+               *, lock: bool = False) -> Any:
+    """Which of ``keys`` meet ``conditions`` now: with row locks if ``lock``, else (SQL Server)
+    looked up through the key's index, never by scanning past other workers' locked rows."""
+    stmt = select(table.c[key]).where(table.c[key].in_(list(keys)), *conditions)
+    if lock:
+        return dialects.lock_rows(stmt, table)
+    return stmt.with_hint(table, "WITH (FORCESEEK)", dialect_name="mssql")
+
+
+def done_values(cols: ClaimColumns) -> dict[str, Any]:
+    return cols.values(state=DONE, done_at=clock(), expires_at=None, error=None)
+
+
+def fail_values(table: Table, cols: ClaimColumns, message: str, *, max_attempts: int,
+                schedule: Sequence[tuple[int, float]], max_backoff: float) -> dict[str, Any]:
+    """Back to pending after the delay ``schedule`` gives for the row's stored attempts (see
+    :func:`controltable.events.decisions.backoff_schedule`; ``max_backoff`` past its end), or to
+    error once ``attempts >= max_attempts``: decided in SQL, row by row."""
+    now = clock()
+    attempts = cols.of(table, "attempts")
+    final = attempts >= max_attempts
+    delays = [(attempts <= attempt, now + delay) for attempt, delay in schedule]
+    available = case((final, None), *delays, else_=now + max_backoff)
+    return cols.values(state=case((final, ERROR), else_=PENDING), owner=None, token=None, expires_at=None,
+                       available_at=available, error=message)
+
+
+def release_values(table: Table, cols: ClaimColumns) -> dict[str, Any]:
+    """Back to pending untouched: the attempt the claim counted is taken back."""
+    attempts = cols.of(table, "attempts")
+    return cols.values(state=PENDING, owner=None, token=None, expires_at=None,
+                       attempts=case((attempts > 0, attempts - 1), else_=0))
+
+
+def renew_values(cols: ClaimColumns, expires_at: float) -> dict[str, Any]:
+    return cols.values(expires_at=expires_at)
+
+
+# -- administration --------------------------------------------------------------------------------
+def counts_by_state(table: Table, cols: ClaimColumns) -> Any:
+    state = cols.of(table, "state")
+    return select(state, func.count()).group_by(state)
+
+
+def count_expired(table: Table, cols: ClaimColumns, now: Any) -> Any:
+    return select(func.count()).select_from(table).where(expired_claims(table, cols, now))
+
+
+def oldest_pending(table: Table, cols: ClaimColumns, key: str, order_by: str, time_column: Optional[str]) -> Any:
+    extra = [table.c[time_column]] if time_column else []
+    return (select(table.c[key], *extra).where(is_state(table, cols, PENDING))
+            .order_by(table.c[order_by]).limit(1))
+
+
+def backlog(table: Table, cols: ClaimColumns, order_by: str, now: Any,
+            conditions: Sequence[ColumnElement[Any]]) -> Any:
+    """(rows a claim could take now, the largest ``order_by`` value among them) in one query."""
+    return (select(func.count(), func.max(table.c[order_by]))
+            .select_from(table).where(claimable(table, cols, now), *conditions))
+
+
+def pending_count(table: Table, cols: ClaimColumns, now: Any, conditions: Sequence[ColumnElement[Any]]) -> Any:
+    return select(func.count()).select_from(table).where(claimable(table, cols, now), *conditions)
+
+
+def retry_values(cols: ClaimColumns) -> dict[str, Any]:
+    return cols.values(state=PENDING, attempts=0, available_at=None, error=None)
+
+
+def reap_values(cols: ClaimColumns) -> dict[str, Any]:
+    return cols.values(state=PENDING, owner=None, token=None, expires_at=None)
+
+
+def reset_values(cols: ClaimColumns) -> dict[str, Any]:
+    return cols.values(state=PENDING, owner=None, token=None, expires_at=None, available_at=None, attempts=0,
+                       error=None, done_at=None)
+
+
+def page_keys(table: Table, key: str, conditions: Sequence[ColumnElement[Any]], after: Any, cap: int) -> Any:
+    """The next ``cap`` keys meeting ``conditions`` after ``after``, locked (SQL Server paging)."""
+    k = table.c[key]
+    stmt = select(k).where(*conditions, *([k > after] if after is not None else []))
+    return dialects.lock_rows(stmt.order_by(k).limit(cap), table)
+
+
+def update_where(table: Table, conditions: Sequence[ColumnElement[Any]], values: dict[str, Any]) -> Any:
+    return update(table).where(*conditions).values(values)
+
+
+def invalid_indexes(name: str, schema: Optional[str]) -> tuple[TextClause, dict[str, Any]]:
+    """PostgreSQL: the indexes of a table that an interrupted ``CREATE INDEX CONCURRENTLY`` left
+    invalid (a catalogue query; names are bound parameters)."""
+    return text(
+        "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "JOIN pg_class t ON t.oid = i.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace "
+        "WHERE NOT i.indisvalid AND t.relname = :name AND n.nspname = COALESCE(:schema, current_schema())"
+    ), {"name": name, "schema": schema}
+
+
+def chunks(keys: Sequence[Any], size: int = CHUNK) -> Iterator[list[Any]]:
+    """``keys`` in lists of at most ``size``."""
+    keys = list(keys)
+    for i in range(0, len(keys), size):
+        yield keys[i:i + size]
+
+
+def key_chunk_size(dialect: str) -> int:
+    """Keys per statement: short enough for one ``IN (...)`` and, on SQL Server, for one
+    statement's row cap (:func:`dialects.rows_per_statement`)."""
+    return min(dialects.max_in_list(dialect), dialects.rows_per_statement(dialect) or CHUNK, CHUNK)

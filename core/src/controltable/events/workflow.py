@@ -1,0 +1,683 @@
+"""The event engine's workflow: ``EventTable`` runs claims, fenced finishes and administration through ``Database.run``.
+
+Statements come from :mod:`controltable.events.statements`, DDL and reflection from
+:mod:`controltable.events.ddl`; this module decides transactions, retries across lost COMMIT
+replies, waiting (bounded, woken by the runtime's wake-ups), leases and fencing.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import threading
+import time
+import warnings
+from datetime import datetime, timezone
+from typing import Any, Iterator, Optional, Sequence
+
+from sqlalchemy import Table
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
+
+from .. import dialects
+from ..db import Database
+from ..defaults import DDL_LOCK_TIMEOUT, DEFAULT_BATCH_LEASE
+from ..errors import ConfigurationError, LeaseLost, describe_keys
+from ..holders import process_holder_id
+from ..runtime import Runtime, runtime_of
+from ..validation import (
+    check_batch_size,
+    check_identifier,
+    check_name,
+    check_poll_interval,
+    check_positive_int,
+    check_seconds,
+    check_where,
+)
+from . import ddl
+from . import statements as sql
+from .decisions import backoff_schedule, poisoned_keys, read_handle
+from .statements import CLAIMED, DONE, ERROR, ERROR_LENGTH, STATE_NAMES, ClaimColumns, Where
+from .values import Batch, EventStats
+
+#: After a claim found no expired claims, the same EventTable object looks again only after this.
+EXPIRED_CHECK_INTERVAL = 1.0
+#: The defaults of ``max_attempts``, ``backoff`` and ``max_backoff``.
+DEFAULT_MAX_ATTEMPTS, DEFAULT_BACKOFF, DEFAULT_MAX_BACKOFF = 5, 30.0, 3600.0
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(f"{old} is deprecated; use {new}", DeprecationWarning, stacklevel=3)
+
+
+class EventTable:
+    """Batch claiming over one of the user's tables.
+
+    ``key`` must be unique (primary key or unique index). ``order_by`` (default: ``key``) sets
+    claim order. ``table_schema`` is the event table's schema (not the control tables'; the
+    older name ``schema`` still works, deprecated). ``where`` narrows what is claimable: an
+    expression over ``events.table`` or a callable that receives the table. ``time_column``
+    (optional) is the column holding each event's time, used by ``stats()`` for the oldest
+    pending age. The first argument is the ``ControlTable`` or its :class:`Runtime`.
+    """
+
+    def __init__(
+        self,
+        runtime: Any,
+        table: str,
+        *,
+        key: str,
+        order_by: Optional[str] = None,
+        table_schema: Optional[str] = None,
+        where: Where = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        backoff: float = DEFAULT_BACKOFF,
+        max_backoff: float = DEFAULT_MAX_BACKOFF,
+        lease: float = DEFAULT_BATCH_LEASE,
+        time_column: Optional[str] = None,
+        column_prefix: str = "ct_",
+        schema: Optional[str] = None,
+    ) -> None:
+        if schema is not None:
+            _deprecated("EventTable(schema=...)", "table_schema=")
+            if table_schema is not None and table_schema != schema:
+                raise ConfigurationError("give the event table's schema once, as table_schema")
+            table_schema = schema
+        self.runtime: Runtime = runtime_of(runtime)
+        self.db: Database = self.runtime.db
+        self.name = check_identifier("table", table)
+        self.key = check_identifier("key column", key)
+        self.order_by = check_identifier("order_by column", order_by) if order_by else self.key
+        self.table_schema = check_identifier("table_schema", table_schema) if table_schema else None
+        self.time_column = check_identifier("time_column", time_column) if time_column else None
+        self.max_attempts = check_positive_int("max_attempts", max_attempts)
+        self.backoff = check_seconds("backoff", backoff, allow_zero=True) or 0.0
+        self.max_backoff = check_seconds("max_backoff", max_backoff, allow_zero=True) or 0.0
+        self.lease = check_seconds("lease", lease) or DEFAULT_BATCH_LEASE
+        self.prefix = check_identifier("column_prefix", column_prefix + "x")[:-1]
+        #: The claim columns' names (see :class:`~controltable.events.statements.ClaimColumns`).
+        self.cols = ClaimColumns(self.prefix)
+        self._where = check_where(where)
+        self._table: Optional[Table] = None
+        # One reflection at a time: threads sharing this object (claimers in a pool) would
+        # otherwise reflect concurrently through one engine, which SQLAlchemy does not support.
+        self._reflect_lock = threading.Lock()
+        #: SQL Server: whether the claim index exists, so claims may demand an index seek.
+        self._seekable = False
+        self._next_expired_check = 0.0
+        dialects.enable_fetch_limits(self.db.engine)
+
+    def __repr__(self) -> str:
+        return f"EventTable({self.qualified_name!r}, key={self.key!r}, order_by={self.order_by!r})"
+
+    @property
+    def schema(self) -> Optional[str]:
+        """Deprecated: the event table's schema is :attr:`table_schema`."""
+        _deprecated("EventTable.schema", "EventTable.table_schema")
+        return self.table_schema
+
+    @property
+    def ct(self) -> Runtime:
+        """Deprecated: the engine works through :attr:`runtime` (database, tables, wake-ups)."""
+        _deprecated("EventTable.ct", "EventTable.runtime")
+        return self.runtime
+
+    @property
+    def engine(self) -> Any:
+        """The SQLAlchemy engine of the database the event table lives in."""
+        return self.db.engine
+
+    @property
+    def wakeup_key(self) -> str:
+        """Wake-up key for claimers of this table (rows given back by release or fail)."""
+        return f"events:{self.qualified_name}"
+
+    def wakeup_keys(self) -> list[str]:
+        """The wake-up keys pushed when rows may be claimable again (see ``ControlTable.add_wakeup_listener``)."""
+        return [self.wakeup_key]
+
+    @property
+    def qualified_name(self) -> str:
+        return ddl.qualified(self.name, self.table_schema)
+
+    # -- the table ---------------------------------------------------------------------------
+    def _reflect(self) -> Table:
+        return ddl.reflect(self.db, self.name, self.table_schema)
+
+    def _check_columns(self, table: Table) -> None:
+        ddl.check_columns(self.db, table, self.name, self.table_schema, self.key, self.order_by, self.time_column)
+
+    @property
+    def table(self) -> Table:
+        """The reflected table; raises :class:`NotInstalledError` if ``prepare()`` was not run."""
+        if self._table is None:
+            with self._reflect_lock:
+                return self._load_table()
+        return self._table
+
+    def _load_table(self) -> Table:
+        if self._table is None:
+            table = self._reflect()
+            self._check_columns(table)
+            ddl.check_prepared(table, self.cols, self.name, self.table_schema, self.key)
+            if self.db.dialect_name == "mssql":
+                self._seekable = ddl.has_seek_index(self.db, self.cols, self.name, self.table_schema)
+            self._table = table
+        return self._table
+
+    @property
+    def c(self) -> Any:
+        """The table's columns, for ``where=`` expressions."""
+        return self.table.c
+
+    def _col(self, name: str) -> Any:
+        return self.cols.of(self.table, name)
+
+    def _is(self, state: int) -> ColumnElement[bool]:
+        """``ct_state = <state>`` with the state as a literal (see :func:`dialects.state_literal`)."""
+        return sql.is_state(self.table, self.cols, state)
+
+    def indexes(self, table: Table, *, filtered_indexes: bool = False) -> list[Any]:
+        """The claim indexes (see :func:`controltable.events.ddl.claim_indexes`)."""
+        return ddl.claim_indexes(table, self.cols, self.name, self.key, self.order_by, self.db.dialect_name,
+                                 filtered_indexes=filtered_indexes)
+
+    def prepare_statements(
+        self, *, filtered_indexes: bool = False, disable_lock_escalation: bool = False
+    ) -> list[Any]:
+        """The DDL ``prepare()`` would run now (only what is missing), one statement per entry.
+
+        ``disable_lock_escalation`` (SQL Server) adds ``ALTER TABLE ... SET (LOCK_ESCALATION =
+        DISABLE)``, for tables where even chunked statements of many workers should never
+        escalate. Statistics are refreshed after these (see :class:`dialects.AnalyzeTable`).
+        """
+        table = self._reflect()
+        self._check_columns(table)
+        return ddl.missing_ddl(self.db, table, self.cols, self.name, self.table_schema, self.key, self.order_by,
+                               filtered_indexes=filtered_indexes, disable_lock_escalation=disable_lock_escalation)
+
+    def prepare(
+        self,
+        *,
+        filtered_indexes: bool = False,
+        disable_lock_escalation: bool = False,
+        online: Optional[bool] = None,
+        analyze: bool = True,
+        lock_timeout: int = DDL_LOCK_TIMEOUT,
+    ) -> list[str]:
+        """Add the claim columns and the claim indexes if missing. Idempotent; returns what it ran.
+
+        Each DDL statement runs in a transaction of its own, so no lock on the table outlives
+        the statement that needs it. Indexes are built online where the server offers it
+        (``online=None``: detected; PostgreSQL ``CONCURRENTLY``, SQL Server and Oracle
+        Enterprise ``ONLINE``). Each statement waits at most ``lock_timeout`` seconds for the
+        table's lock; a table busy throughout raises :class:`TableBusyError` with the DDL still
+        to run. After any change the table's statistics are refreshed (``analyze``), so the
+        first claims get the plans later ones will. ``filtered_indexes`` and
+        ``disable_lock_escalation`` concern SQL Server only (see :meth:`indexes`).
+        """
+        lock_timeout = check_positive_int("lock_timeout", lock_timeout)
+        stmts = self.prepare_statements(
+            filtered_indexes=filtered_indexes, disable_lock_escalation=disable_lock_escalation)
+        if stmts and analyze:
+            stmts.append(dialects.AnalyzeTable(self._reflect()))
+        done = ddl.run_ddl(self.db, stmts, self.name, self.table_schema, online=online, lock_timeout=lock_timeout)
+        self._table = None
+        return done
+
+    # -- claiming ----------------------------------------------------------------------------
+    def _where_clause(self, where: Where) -> list[ColumnElement[Any]]:
+        return sql.where_clauses(self.table, self._where, where)
+
+    def expired_claims(self, now: Any) -> ColumnElement[bool]:
+        """Rows claimed under a lease that has run out (their worker crashed or hung)."""
+        return sql.expired_claims(self.table, self.cols, now)
+
+    def due_pending(self, now: Any) -> ColumnElement[bool]:
+        """Pending rows whose back-off (after a failure) has passed."""
+        return sql.due_pending(self.table, self.cols, now)
+
+    def claimable(self, now: Any) -> ColumnElement[bool]:
+        """Rows a claim may take: pending and due, or claimed under an expired lease."""
+        return sql.claimable(self.table, self.cols, now)
+
+    def claim_statement(self, size: int, condition: ColumnElement[bool], where: Where = None) -> Any:
+        """The claim's locking select (see :func:`controltable.events.statements.claim_select`)."""
+        return sql.claim_select(self.table, self.key, self.order_by, self.db.dialect_name, size, condition,
+                                self._where_clause(where), seekable=self._seekable)
+
+    def _now(self, conn: Connection) -> float:
+        """The database clock, read inside ``conn``'s transaction."""
+        return float(conn.scalar(sql.read_clock()) or 0.0)
+
+    def claim(
+        self,
+        size: int = 100,
+        *,
+        owner: Optional[str] = None,
+        lease: Optional[float] = None,
+        where: Where = None,
+        wait: Optional[float] = None,
+        poll_interval: float = 0.05,
+        max_poll_interval: float = 5.0,
+    ) -> Optional[Batch]:
+        """Claim up to ``size`` claimable rows for ``owner``; ``None`` when nothing is claimable.
+
+        ``wait`` (seconds) keeps trying until rows are claimable or the time is up, backing off
+        from ``poll_interval`` to ``max_poll_interval`` between attempts, and waking early on
+        PostgreSQL when rows are given back (release, fail) or a producer calls :meth:`notify`.
+        """
+        check_where(where)
+        if wait is None:
+            return self._claim_once(size, owner, lease, where)
+        budget = check_seconds("wait", wait, allow_zero=True)
+        poll_interval = check_poll_interval("poll_interval", poll_interval)
+        max_poll_interval = check_poll_interval("max_poll_interval", max_poll_interval)
+        assert budget is not None
+        deadline = time.monotonic() + budget
+        delay = poll_interval
+        keys = [self.wakeup_key]
+        while True:
+            since = self.runtime.mark(keys)
+            batch = self._claim_once(size, owner, lease, where, deadline=deadline)
+            left = deadline - time.monotonic()
+            if batch is not None or left <= 0:
+                return batch
+            self.runtime.wait(keys, min(delay * (0.5 + random.random()), left), since)
+            delay = min(delay * 1.5, max_poll_interval)
+
+    def notify(self) -> None:
+        """Tell waiting claimers that new rows arrived (PostgreSQL; elsewhere they poll).
+
+        For producers: call after inserting events, so that ``claim(wait=...)`` wakes at once
+        instead of at its next poll.
+        """
+        self.db.run(lambda conn: self.runtime.notify(conn, [self.wakeup_key]))
+
+    def _claim_once(
+        self, size: int, owner: Optional[str], lease: Optional[float], where: Where,
+        deadline: Optional[float] = None,
+    ) -> Optional[Batch]:
+        size = check_batch_size(size)
+        owner = check_name("owner", owner) if owner is not None else process_holder_id()
+        lease_s = check_seconds("lease", lease) if lease is not None else self.lease
+        assert lease_s is not None
+        self.table  # noqa: B018 - reflect (and check) the table before the transaction, not inside it
+        return self._claim_run(size, owner, lease_s, where, deadline=deadline)
+
+    def _claim_run(
+        self, size: int, owner: str, lease_s: float, where: Where,
+        complete: Optional[tuple[int, list[Any]]] = None, deadline: Optional[float] = None,
+    ) -> Optional[Batch]:
+        """Run a claim (after completing ``complete = (token, keys)`` in the same transaction).
+
+        The batch token is chosen here, once, by the client, so the claim is safe to retry: when
+        the reply to its COMMIT is lost, the retry first looks for rows already carrying the
+        token and, if the first attempt did commit, returns them instead of claiming a second
+        batch (which would sit orphaned for a whole lease).
+        """
+        token = secrets.randbits(62) + 1
+        attempt = [0]
+
+        def fn(conn: Connection) -> Optional[Batch]:
+            attempt[0] += 1
+            if attempt[0] > 1:
+                already = self._batch_with_token(conn, token, owner, lease_s)
+                if already is not None:
+                    return already
+            if complete is not None:
+                self._complete(conn, complete[0], complete[1], whole=True)
+            return self._claim_in(conn, size, owner, lease_s, where, token=token)
+
+        return self.db.run(fn, deadline=deadline)
+
+    def _batch_with_token(self, conn: Connection, token: int, owner: str, lease_s: float) -> Optional[Batch]:
+        """The batch an earlier, committed attempt of this claim made, or None if none did."""
+        rows = [dict(r._mapping) for r in conn.execute(sql.with_token(self.table, self.cols, token))]
+        if not rows:
+            return None
+        return self._make_batch(rows, owner, token, lease_s)
+
+    def _make_batch(self, claimed: list[dict[str, Any]], owner: str, token: int, lease_s: float) -> Batch:
+        user_cols = [c.name for c in self.table.c if not self.cols.is_claim_column(c.name)]
+        claimed.sort(key=lambda r: (r[self.order_by], r[self.key]))
+        expires = max(float(r[self.cols.expires_at] or 0) for r in claimed)
+        return Batch(
+            self, owner, token,
+            rows=[{c: r[c] for c in user_cols} for r in claimed],
+            attempts={r[self.key]: int(r[self.cols.attempts]) for r in claimed},
+            claimed_at=expires - lease_s, _expires_at=expires, lease_seconds=lease_s,
+        )
+
+    def _claim_in(
+        self, conn: Connection, size: int, owner: str, lease_s: float, where: Where, *, token: Optional[int] = None
+    ) -> Optional[Batch]:
+        """The claim itself, inside the caller's transaction."""
+        t = self.table
+        token = token if token is not None else secrets.randbits(62) + 1
+        # The database clock goes into the statements as an expression (one value per
+        # statement), except on the key-list path, which needs the value for its second step.
+        one_statement = dialects.update_returning(conn.dialect, self.db.dialect_name)
+        now: Any = sql.clock() if one_statement else self._now(conn)
+        values = sql.claim_values(t, self.cols, owner, token, now, lease_s)
+        # Expired claims first: they are older work, and must not starve behind new events.
+        # Finding none is the normal case, so after an empty look this object skips the
+        # look for EXPIRED_CHECK_INTERVAL: an abandoned claim waits at most that much longer.
+        claimed: list[dict[str, Any]] = []
+        if time.monotonic() >= self._next_expired_check:
+            claimed = self._claim_by_keys(conn, self.expired_claims(now), size, values, where)
+            if not claimed:
+                self._next_expired_check = time.monotonic() + EXPIRED_CHECK_INTERVAL
+        need = size - len(claimed)
+        if need > 0:
+            if one_statement:
+                claimed += self._claim_returning(conn, self.due_pending(now), need, values, where)
+            else:
+                claimed += self._claim_by_keys(conn, self.due_pending(now), need, values, where)
+        if not claimed:
+            return None
+        return self._make_batch(claimed, owner, token, lease_s)
+
+    def _claim_by_keys(
+        self, conn: Connection, condition: ColumnElement[bool], size: int, values: dict[str, Any], where: Where
+    ) -> list[dict[str, Any]]:
+        """Lock up to ``size`` rows with a skip-locked select, then mark them by key (every backend).
+
+        Returns the rows as they are after marking. Expired claims that were abandoned
+        ``max_attempts`` times are a crash loop, not a retry: they go to the error state instead.
+        On SQL Server this runs in chunks of :func:`dialects.rows_per_statement` rows, so no
+        statement escalates to a table lock.
+        """
+        cap = dialects.rows_per_statement(self.db.dialect_name) or size
+        claimed: list[dict[str, Any]] = []
+        while len(claimed) < size:
+            chunk = min(size - len(claimed), cap)
+            got = self._claim_chunk(conn, condition, chunk, values, where)
+            claimed += got
+            if len(got) < chunk or not got:
+                break
+        return claimed
+
+    def _claim_chunk(
+        self, conn: Connection, condition: ColumnElement[bool], size: int, values: dict[str, Any], where: Where
+    ) -> list[dict[str, Any]]:
+        t, cols = self.table, self.cols
+        result = conn.execute(self.claim_statement(size, condition, where))
+        rows = [dict(r._mapping) for r in result.fetchmany(size)]
+        result.close()
+        poisoned = poisoned_keys(rows, self.key, cols.state, cols.attempts, self.max_attempts)
+        in_list = dialects.max_in_list(self.db.dialect_name)
+        for chunk in sql.chunks(poisoned, in_list):
+            conn.execute(sql.update_keys(t, self.key, chunk, sql.poisoned_values(cols)))
+        rows = [r for r in rows if r[self.key] not in set(poisoned)]
+        for chunk in sql.chunks([r[self.key] for r in rows], in_list):
+            conn.execute(sql.update_keys(t, self.key, chunk, values))
+        expires = values[cols.expires_at]
+        if rows and not isinstance(expires, (int, float)):  # an expression of the database clock
+            expires = conn.scalar(sql.expires_of(t, cols, self.key, rows[0][self.key]))
+        for r in rows:
+            r[cols.attempts] = int(r[cols.attempts]) + 1
+            r[cols.expires_at] = expires
+        return rows
+
+    def _claim_returning(
+        self, conn: Connection, condition: ColumnElement[bool], size: int, values: dict[str, Any], where: Where
+    ) -> list[dict[str, Any]]:
+        """Claim in one statement (see :func:`controltable.events.statements.claim_returning`)."""
+        stmt = sql.claim_returning(self.table, self.key, self.order_by, size, condition,
+                                   self._where_clause(where), values)
+        return [dict(r._mapping) for r in conn.execute(stmt)]
+
+    def batch(self, handle: dict[str, Any]) -> Batch:
+        """Rebuild a :class:`Batch` from :meth:`Batch.handle` (e.g. in another Airflow task).
+
+        The rows, their attempts and the expiry are read from the table (the truth, whatever
+        the handle's age); the lease length comes from the handle (older handles without it:
+        from ``expires_at - claimed_at``, else the table's default lease).
+        """
+        h = read_handle(handle, self.lease)
+        keys, token, owner, lease, claimed_at, expires_at = (
+            h.keys, h.token, h.owner, h.lease, h.claimed_at, h.expires_at)
+        t, cols = self.table, self.cols
+        rows: list[dict[str, Any]] = []
+
+        def fn(conn: Connection) -> None:
+            rows.clear()
+            for chunk in sql.chunks(keys):
+                for r in conn.execute(sql.rows_by_keys(t, cols, self.key, chunk)):
+                    rows.append(dict(r._mapping))
+
+        self.db.run(fn)
+        order = {k: i for i, k in enumerate(keys)}
+        rows.sort(key=lambda r: order.get(r[self.key], 0))
+        held = [r for r in rows if r[cols.token] == token]
+        attempts = {k: 1 for k in keys}
+        attempts.update({r[self.key]: int(r[cols.attempts] or 1) for r in held})
+        if held:
+            expires_at = max(float(r[cols.expires_at] or 0) for r in held) or expires_at
+        if claimed_at <= 0:
+            claimed_at = expires_at - lease
+        user_names = [c.name for c in t.c if not cols.is_claim_column(c.name)]
+        return Batch(self, owner, token, [{c: r[c] for c in user_names} for r in rows], attempts,
+                     claimed_at, expires_at, lease_seconds=lease)
+
+    # -- finishing (all fenced on the batch token) -----------------------------------------------
+    def _fenced(self, token: int) -> ColumnElement[bool]:
+        return sql.fenced(self.table, self.cols, token)
+
+    def _key_chunks(self, keys: Sequence[Any]) -> Iterator[list[Any]]:
+        """``keys`` in lists short enough for one ``IN (...)`` and one statement's row cap."""
+        return sql.chunks(keys, sql.key_chunk_size(self.db.dialect_name))
+
+    def _raise_lost(self, missing: int, keys: Sequence[Any], lost: list[Any]) -> None:
+        raise LeaseLost(
+            f"{missing} of {len(set(keys))} rows of {self.qualified_name!r} are no longer held by this "
+            f"batch (lease expired and they were re-claimed or reaped): {describe_keys(lost)}; nothing was "
+            "completed and the transaction was rolled back",
+            keys=lost,
+        )
+
+    def _keys_where(self, conn: Connection, keys: Sequence[Any], *conditions: ColumnElement[bool],
+                    lock: bool = False) -> set[Any]:
+        """Which of ``keys`` meet ``conditions`` now (with row locks if ``lock``)."""
+        found: set[Any] = set()
+        for chunk in self._key_chunks(keys):
+            found.update(r[0] for r in conn.execute(sql.keys_where(self.table, self.key, chunk, conditions,
+                                                                   lock=lock)))
+        return found
+
+    def _done_under(self, conn: Connection, token: int, keys: Sequence[Any]) -> set[Any]:
+        """Keys that are done under ``token``: completed by this call or by an earlier one of
+        the same batch whose commit went through (a retry after a lost reply)."""
+        return self._keys_where(conn, keys, self._col("token") == token, self._is(DONE))
+
+    def _held_lost(self, conn: Connection, token: int, keys: Sequence[Any]) -> list[Any]:
+        """Keys not claimed under ``token`` right now (done already, re-claimed or reset)."""
+        held = self._keys_where(conn, keys, self._fenced(token))
+        return [k for k in keys if k not in held]
+
+    def _complete(self, conn: Connection, token: int, keys: Sequence[Any], *, whole: bool = False) -> int:
+        """Mark ``keys`` done if, and only if, every one is claimed (or already done) under ``token``.
+
+        ``whole``: ``keys`` are all the batch's unsettled rows, so one ``UPDATE ... WHERE token``
+        marks them without sending the keys (not on SQL Server, where statements go by key
+        chunks under the row cap). The update's row count is trusted only where the driver
+        reports it faithfully (:func:`dialects.trusts_rowcount`); otherwise, and whenever the
+        count falls short, a select in the same transaction confirms which keys are done under
+        the token. Rows already done under it count as completed, so a retry after a lost COMMIT
+        reply succeeds. For part of a batch the update runs in a savepoint, so that on a
+        mismatch the rows this call marked are put back. Either way a mismatch raises LeaseLost
+        and the caller's transaction rolls back.
+        """
+        t = self.table
+        unique = set(keys)
+        if not unique:
+            return 0
+        values = sql.done_values(self.cols)
+        dialect = self.db.dialect_name
+        trusted = dialects.trusts_rowcount(dialect)
+        by_token = whole and dialects.rows_per_statement(dialect) is None
+        savepoint = None if whole else conn.begin_nested()
+        n = 0
+        if by_token:
+            n = int(conn.execute(sql.update_where(t, [self._fenced(token)], values)).rowcount)
+        else:
+            for chunk in self._key_chunks(keys):
+                n += int(conn.execute(sql.update_keys(t, self.key, chunk, values, self._fenced(token))).rowcount)
+        if not trusted or n != len(unique):
+            n = len(self._done_under(conn, token, keys) & unique)
+        if n == len(unique):
+            if savepoint is not None:
+                savepoint.commit()
+            return n
+        if savepoint is not None:
+            savepoint.rollback()
+        done = self._done_under(conn, token, keys)
+        lost = [k for k in keys if k not in done and k not in self._keys_where(conn, keys, self._fenced(token))]
+        self._raise_lost(len(unique) - n, keys, lost or [k for k in keys if k not in done])
+        return n  # pragma: no cover - _raise_lost raises
+
+    def _fail(self, token: int, keys: Sequence[Any], reason: str) -> int:
+        """Give ``keys`` back for a retry, or to the error state, deciding in SQL from each row's
+        stored attempts (see :func:`controltable.events.statements.fail_values`). The rows are
+        locked and checked first, so the outcome never depends on a reported row count."""
+        t = self.table
+        message = dialects.fit_message(reason, ERROR_LENGTH)
+        schedule = backoff_schedule(self.max_attempts, self.backoff, self.max_backoff)
+
+        def fn(conn: Connection) -> int:
+            held = self._keys_where(conn, keys, self._fenced(token), lock=True)
+            lost = [k for k in keys if k not in held]
+            if lost:
+                raise LeaseLost(f"cannot fail rows no longer held by this batch: {describe_keys(lost)}", keys=lost)
+            values = sql.fail_values(t, self.cols, message, max_attempts=self.max_attempts, schedule=schedule,
+                                     max_backoff=self.max_backoff)
+            for chunk in self._key_chunks(list(held)):
+                conn.execute(sql.update_keys(t, self.key, chunk, values, self._fenced(token)))
+            self.runtime.notify(conn, [self.wakeup_key])
+            return len(held)
+
+        return self.db.run(fn, idempotent=False)
+
+    def _release(self, token: int, keys: Sequence[Any]) -> int:
+        t = self.table
+
+        def fn(conn: Connection) -> int:
+            held = self._keys_where(conn, keys, self._fenced(token), lock=True)
+            for chunk in self._key_chunks(list(held)):
+                conn.execute(sql.update_keys(t, self.key, chunk, sql.release_values(t, self.cols),
+                                             self._fenced(token)))
+            self.runtime.notify(conn, [self.wakeup_key])
+            return len(held)
+
+        return self.db.run(fn)
+
+    def _renew(self, token: int, keys: Sequence[Any], seconds: float) -> float:
+        t = self.table
+
+        def fn(conn: Connection) -> float:
+            now = self._now(conn)
+            held = self._keys_where(conn, keys, self._fenced(token), self._col("expires_at") >= now, lock=True)
+            if len(held) != len(set(keys)):
+                lost = self._held_lost(conn, token, keys)
+                raise LeaseLost(f"cannot renew rows no longer held by this batch: {describe_keys(lost)}", keys=lost)
+            for chunk in self._key_chunks(list(held)):
+                conn.execute(sql.update_keys(t, self.key, chunk, sql.renew_values(self.cols, now + seconds),
+                                             self._fenced(token)))
+            return now + seconds
+
+        return self.db.run(fn)
+
+    # -- administration ----------------------------------------------------------------------------
+    def stats(self) -> EventStats:
+        """Counts per state (claimed rows whose lease ran out count as ``expired`` too)."""
+        t, cols = self.table, self.cols
+
+        def fn(conn: Connection) -> EventStats:
+            now = self._now(conn)
+            st = EventStats(self.qualified_name)
+            for row in conn.execute(sql.counts_by_state(t, cols)):
+                setattr(st, STATE_NAMES.get(int(row[0]), "error"), int(row[1]))
+            st.expired = int(conn.scalar(sql.count_expired(t, cols, now)) or 0)
+            first = conn.execute(sql.oldest_pending(t, cols, self.key, self.order_by, self.time_column)).first()
+            if first is not None:
+                st.oldest_pending_key = first[0]
+                if self.time_column is not None and first[1] is not None:
+                    st.oldest_pending_age = _age(first[1], now)
+            return st
+
+        return self.db.run(fn)
+
+    def backlog(self, where: Where = None) -> tuple[int, Any]:
+        """(rows a claim could take now, the largest ``order_by`` value among them) in one query.
+
+        Sensors use the pair as a run key: a new key means new work arrived.
+        """
+        t = self.table
+
+        def fn(conn: Connection) -> tuple[int, Any]:
+            row = conn.execute(sql.backlog(t, self.cols, self.order_by, self._now(conn),
+                                           self._where_clause(where))).one()
+            return int(row[0] or 0), row[1]
+
+        return self.db.run(fn)
+
+    def pending_count(self, where: Where = None) -> int:
+        """How many rows a claim could take right now."""
+        t = self.table
+
+        def fn(conn: Connection) -> int:
+            return int(conn.scalar(sql.pending_count(t, self.cols, self._now(conn), self._where_clause(where))) or 0)
+
+        return self.db.run(fn)
+
+    def _update_where(self, conditions: list[ColumnElement[Any]], values: dict[str, Any]) -> int:
+        """``UPDATE <table> SET values WHERE conditions``; returns how many rows it changed.
+
+        One statement where the backend allows it. On SQL Server, which escalates a statement
+        taking about 5,000 row locks to a table lock and whose reported row counts are not
+        trusted, the rows are paged by key: each transaction locks at most
+        :func:`dialects.rows_per_statement` rows, updates them by key and counts them itself.
+        """
+        t = self.table
+        cap = dialects.rows_per_statement(self.db.dialect_name)
+        if cap is None:
+            return self.db.run(lambda c: int(c.execute(sql.update_where(t, conditions, values)).rowcount))
+        total, last = 0, None
+        while True:
+            def page(conn: Connection, after: Any = last) -> list[Any]:
+                found = [r[0] for r in conn.execute(sql.page_keys(t, self.key, conditions, after, cap))]
+                for chunk in self._key_chunks(found):
+                    conn.execute(sql.update_keys(t, self.key, chunk, values, *conditions))
+                return found
+
+            keys = self.db.run(page)
+            total += len(keys)
+            if len(keys) < cap:
+                return total
+            last = keys[-1]
+
+    def retry_errors(self, where: Where = None) -> int:
+        """Put error rows back to pending with their attempts reset."""
+        return self._update_where([self._is(ERROR), *self._where_clause(where)], sql.retry_values(self.cols))
+
+    def reap(self) -> int:
+        """Return expired claims to pending now (claims would take them anyway); returns how many."""
+        return self._update_where([self._is(CLAIMED), self._col("expires_at") < sql.clock()],
+                                  sql.reap_values(self.cols))
+
+    def reset(self) -> int:
+        """Every row back to pending, attempts cleared (for reprocessing a table from scratch)."""
+        return self._update_where([], sql.reset_values(self.cols))
+
+
+def _age(value: Any, now: float) -> Optional[float]:
+    """Seconds between an event time (datetime or epoch number) and the database clock."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return max(now - value.timestamp(), 0.0)
+    if isinstance(value, (int, float)):
+        return max(now - float(value), 0.0)
+    return None
+

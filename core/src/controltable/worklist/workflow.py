@@ -1,0 +1,325 @@
+"""The work list's workflow: ``WorkList`` runs allocation, fenced finishes and administration through ``Database.run``.
+
+Allocation locks the work list's row, so two workers can never both decide "order 300 is
+finished" from a stale view. Completion needs no lock: it can only make the lowest unfinished
+order move forward, and an allocation that ran just before it merely saw the older, stricter state.
+
+Every operation is safe to run twice across a lost COMMIT reply: a retried allocation finds the
+item its first attempt stamped, and a retried complete/fail recognises "already done by this
+token" (fencing tokens are never reissued), so a dropped connection costs neither an orphaned
+item nor a false LeaseLost.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
+
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from .. import dialects
+from ..db import Database
+from ..defaults import DEFAULT_ITEM_LEASE
+from ..errors import ConfigurationError, ControlTableError, LeaseLost
+from ..holders import process_holder_id
+from ..runtime import Runtime, runtime_of
+from ..validation import check_name, check_order, check_poll_interval, check_priority, check_seconds
+from . import statements as sql
+from .statements import ACTIVE, INSERT_CHUNK, NEW
+from .values import Item, WorkListBlocked, WorkListStatus, status_from_counts
+
+T = TypeVar("T")
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(f"{old} is deprecated; use {new}", DeprecationWarning, stacklevel=3)
+
+
+class WorkList:
+    """An ordered list of tasks with JSON payloads, kept in the namespace's control tables.
+
+    The first argument is the ``ControlTable`` or its :class:`Runtime`.
+    """
+
+    def __init__(self, runtime: Any, name: str, *, lease: float = DEFAULT_ITEM_LEASE) -> None:
+        self.runtime: Runtime = runtime_of(runtime)
+        self.db: Database = self.runtime.db
+        self.name = name
+        self.lease = check_seconds("lease", lease) or DEFAULT_ITEM_LEASE
+        self.t = self.runtime.tables.item
+        self.w = self.runtime.tables.worklist
+        self.ns = self.runtime.namespace
+
+    def __repr__(self) -> str:
+        return f"WorkList({self.name!r}, namespace={self.ns!r})"
+
+    @property
+    def ct(self) -> Runtime:
+        """Deprecated: the engine works through :attr:`runtime` (database, tables, wake-ups)."""
+        _deprecated("WorkList.ct", "WorkList.runtime")
+        return self.runtime
+
+    @property
+    def wakeup_key(self) -> str:
+        """Wake-up key for allocators waiting on this list (finished items, new items)."""
+        return f"worklist:{self.name}"
+
+    def _now(self, conn: Connection) -> float:
+        """The database clock, read inside ``conn``'s transaction."""
+        return float(conn.scalar(sql.read_clock()) or 0.0)
+
+    def _ensure(self, conn: Connection) -> Any:
+        """Lock (creating if needed) the work list's row: the allocation lock."""
+        stmt = sql.lock_list(self.w, self.ns, self.name)
+        row = conn.execute(stmt).first()
+        if row is None:
+            # Two first uses of a new list may both find no row; the loser's INSERT fails on the
+            # primary key and :meth:`_run` runs its transaction again, which then finds the row.
+            conn.execute(sql.create_list(self.w, self.ns, self.name))
+            row = conn.execute(stmt).first()
+        return row
+
+    def _run(self, fn: Callable[[Connection], T], *, idempotent: bool = True) -> T:
+        """Run a transaction that begins with :meth:`_ensure`, once more if it lost the race to create the row.
+
+        The first attempt rolled back entirely (the failed INSERT aborts it), so the second run
+        starts clean and finds the winner's row.
+        """
+        try:
+            return self.db.run(fn, idempotent=idempotent)
+        except ControlTableError as exc:
+            if not isinstance(exc.__cause__, IntegrityError):
+                raise
+            return self.db.run(fn, idempotent=idempotent)
+
+    # -- filling ----------------------------------------------------------------------------------
+    def populate(
+        self,
+        payloads: Iterable[Any],
+        order: int = 100,
+        *,
+        priority: int = 0,
+        progress: Optional[Callable[[int], None]] = None,
+    ) -> int:
+        """Add one item per payload at execution ``order``.
+
+        Payloads are checked for JSON first, so a bad one adds nothing. Returns the count added.
+        """
+        order, priority = check_order(order), check_priority(priority)
+        encoded = []
+        for i, payload in enumerate(payloads):
+            try:
+                encoded.append(json.dumps(payload, sort_keys=True, allow_nan=False))
+            except (TypeError, ValueError) as exc:
+                raise ConfigurationError(
+                    f"payload #{i} is not JSON-serialisable ({exc}): {payload!r}; nothing was added"
+                ) from exc
+
+        def fn(conn: Connection) -> int:
+            self._ensure(conn)
+            now = self._now(conn)
+            for start in range(0, len(encoded), INSERT_CHUNK):
+                chunk = encoded[start:start + INSERT_CHUNK]
+                conn.execute(sql.insert_items(self.t), sql.item_rows(self.ns, self.name, chunk, order, priority, now))
+                if progress is not None:
+                    progress(len(chunk))
+            self.runtime.notify(conn, [self.wakeup_key])
+            return len(encoded)
+
+        return self._run(fn, idempotent=False)
+
+    # -- working ----------------------------------------------------------------------------------
+    def allocate(self, owner: Optional[str] = None, lease: Optional[float] = None) -> Optional[Item]:
+        """Hand out one item of the lowest order that still has unfinished items, or ``None``.
+
+        ``None`` means: everything is done, or the current order's remaining items are all being
+        worked on (or errored). :meth:`status` tells which. When the reply to the allocation's
+        COMMIT is lost, the retry returns the item that COMMIT allocated, not a second one.
+        """
+        owner = check_name("owner", owner) if owner is not None else process_holder_id()
+        lease_s = check_seconds("lease", lease) if lease is not None else self.lease
+        assert lease_s is not None
+        # What the last attempt wrote, known to this client before its COMMIT was sent: if the
+        # reply to that COMMIT is lost, the retry looks for exactly this allocation (the item
+        # id, its fencing token and the database-clock instant it was stamped with) and returns
+        # it, instead of allocating a second item and orphaning the first for its lease.
+        attempted: list[tuple[int, int, float]] = []
+
+        def fn(conn: Connection) -> Optional[Item]:
+            lock = self._ensure(conn)
+            if attempted:
+                found = self._find_allocation(conn, owner, *attempted[-1])
+                if found is not None:
+                    return found
+            head = conn.execute(sql.current_order(self.t, self.ns, self.name)).one()
+            now, current = float(head.now), head.current
+            if current is None:
+                return None
+            row = conn.execute(sql.next_item(self.t, self.ns, self.name, current, now)).first()
+            if row is None:
+                return None
+            token = int(lock.last_token) + 1
+            conn.execute(sql.set_last_token(self.w, self.ns, self.name, token))
+            conn.execute(sql.allocate_item(self.t, int(row.id), owner, token, now, lease_s))
+            attempted.append((int(row.id), token, now))
+            return Item(self, int(row.id), json.loads(row.payload), int(row.exec_order), int(row.priority), owner,
+                        token, int(row.attempts) + 1, now + lease_s, lease_s)
+
+        return self._run(fn)
+
+    def _find_allocation(self, conn: Connection, owner: str, item_id: int, token: int,
+                         started_at: float) -> Optional[Item]:
+        """The item an earlier attempt of this allocation committed, if it did (else ``None``).
+
+        A fencing token is handed out once per work list only when its transaction commits, so
+        a row still active under this token, owner and start instant can only be that attempt's.
+        """
+        row = conn.execute(
+            sql.find_allocation(self.t, self.ns, self.name, item_id, token, owner, started_at)).first()
+        if row is None:
+            return None
+        return self._item(row)
+
+    def _item(self, row: Any) -> Item:
+        lease_s = float(row.expires_at - row.started_at) if row.expires_at and row.started_at else self.lease
+        return Item(self, int(row.id), json.loads(row.payload), int(row.exec_order), int(row.priority),
+                    str(row.owner), int(row.token), int(row.attempts), float(row.expires_at or 0), lease_s)
+
+    def items(
+        self, owner: Optional[str] = None, *, lease: Optional[float] = None, poll_interval: float = 0.5,
+        timeout: Optional[float] = None, poll: Optional[float] = None,
+    ) -> Iterator[Item]:
+        """Allocate items until the list is finished, waiting while the current order is busy.
+
+        Between attempts it waits up to ``poll_interval`` seconds (less when woken: finished or
+        new items push on PostgreSQL); ``poll`` is the deprecated older name. Raises
+        :class:`WorkListBlocked` when only errored items stand in the way.
+        """
+        if poll is not None:
+            _deprecated("WorkList.items(poll=...)", "poll_interval=")
+            poll_interval = poll
+        wait = check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
+        interval = check_poll_interval("poll_interval", poll_interval)
+        deadline = None if wait is None else time.monotonic() + wait
+        keys = [self.wakeup_key]
+        while True:
+            since = self.runtime.mark(keys)
+            item = self.allocate(owner, lease)
+            if item is not None:
+                yield item
+                continue
+            st = self.status()
+            if st.finished:
+                return
+            if st.blocked_by_errors:
+                raise WorkListBlocked(
+                    f"work list {self.name!r} is blocked at order {st.current_order} by errored items; "
+                    "fix them and run clear_errors() (or `controltable worklist clear-errors`)"
+                )
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            self.runtime.wait(keys, interval, since)
+
+    def _finish(self, item: Item, state: str, error: Optional[str]) -> None:
+        t = self.t
+        values = sql.finish_values(state, error)
+
+        def fn(conn: Connection) -> int:
+            # After the update the row carries ``state`` under this token (a freed row carries
+            # no token): that is what confirms the update where rowcount cannot be trusted.
+            count = dialects.confirmed_count(
+                conn, sql.finish(t, item.id, item.token, values), sql.count_finished(t, item.id, item.token, state),
+                self.db.dialect_name,
+            )
+            if count == 0 and state != NEW:
+                # Already done by this token: the first attempt's COMMIT went through and only
+                # its reply was lost (or the caller finished the item twice). The token is never
+                # handed out again, so the row can only be in this state by our own hand.
+                return int(conn.scalar(sql.count_in_state(t, item.id, item.token, state)) or 0)
+            self.runtime.notify(conn, [self.wakeup_key])
+            return count
+
+        # Every finish is idempotent across a lost COMMIT reply (see above), so it is retried.
+        if self.db.run(fn) != 1:
+            if state == NEW:
+                return
+            raise LeaseLost(
+                f"work item {item.id} of {self.name!r} is no longer held under token {item.token} "
+                "(its lease expired and it was re-allocated or reset); its work may have run twice"
+            )
+
+    def _renew(self, item: Item, seconds: float) -> float:
+        t = self.t
+
+        def fn(conn: Connection) -> float:
+            now = self._now(conn)
+            n = dialects.confirmed_count(
+                conn, sql.renew(t, item.id, item.token, now + seconds),
+                sql.count_renewed(t, item.id, item.token, now + seconds), self.db.dialect_name,
+            )
+            if n != 1:
+                raise LeaseLost(f"work item {item.id} of {self.name!r} is no longer held under token {item.token}")
+            return now + seconds
+
+        return self.db.run(fn)
+
+    # -- administration ------------------------------------------------------------------------------
+    def status(self) -> WorkListStatus:
+        def fn(conn: Connection) -> list[Any]:
+            return list(conn.execute(sql.counts(self.t, self.ns, self.name, self._now(conn))).all())
+
+        return status_from_counts(self.name, self.db.run(fn))
+
+    def items_list(self, state: Optional[str] = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Items as dictionaries (for listings), optionally of one state."""
+        stmt = sql.listing(self.t, self.ns, self.name, state, limit)
+        rows = self.db.run(lambda c: list(c.execute(stmt).all()))
+        return [dict(r._mapping, payload=json.loads(r.payload)) for r in rows]
+
+    def get(self, item_id: int, token: Optional[int] = None) -> Item:
+        """Rebuild an allocated :class:`Item` by id (e.g. to complete it from another process)."""
+        row = self.db.run(lambda c: c.execute(sql.by_id(self.t, self.ns, self.name, item_id)).first())
+        if row is None:
+            raise ConfigurationError(f"work list {self.name!r} has no item {item_id}")
+        if row.state != ACTIVE:
+            raise LeaseLost(f"work item {item_id} of {self.name!r} is {row.state}, not allocated")
+        if token is not None and int(row.token) != int(token):
+            raise LeaseLost(f"work item {item_id} of {self.name!r} was re-allocated (token {row.token}, not {token})")
+        return self._item(row)
+
+    def reset(self) -> int:
+        """Every item back to new, attempts cleared (as ``EventTable.reset`` does for its rows)."""
+        return self._update(sql.reset(self.t, self.ns, self.name))
+
+    def reset_all(self) -> int:
+        """Deprecated alias of :meth:`reset`."""
+        _deprecated("WorkList.reset_all()", "WorkList.reset()")
+        return self.reset()
+
+    def clear_error(self, item_id: int) -> int:
+        """One errored item back to new."""
+        return self._update(sql.clear_errors(self.t, self.ns, self.name, item_id))
+
+    def clear_errors(self) -> int:
+        """Every errored item back to new."""
+        return self._update(sql.clear_errors(self.t, self.ns, self.name))
+
+    def drop(self) -> int:
+        """Delete the work list and its items; returns items deleted."""
+        def fn(conn: Connection) -> int:
+            n = int(conn.execute(sql.drop_items(self.t, self.ns, self.name)).rowcount)
+            conn.execute(sql.drop_list(self.w, self.ns, self.name))
+            return n
+
+        return self.db.run(fn)
+
+    def _update(self, stmt: Any) -> int:
+        def fn(conn: Connection) -> int:
+            count = int(conn.execute(stmt).rowcount)
+            self.runtime.notify(conn, [self.wakeup_key])
+            return count
+
+        return self.db.run(fn)
