@@ -178,7 +178,7 @@ def build_worklist_op(
                     process(context, item)
                 except Exception as exc:
                     if isinstance(exc, RetryRequested):
-                        item.free()
+                        item.release()
                         raise
                     item.fail(f"{type(exc).__name__}: {exc}")
                     if isinstance(exc, Failure):
@@ -191,7 +191,7 @@ def build_worklist_op(
                         metadata={"controltable/item": MetadataValue.json(_item_json(item))},
                     ) from exc
                 except BaseException:  # cancelled: hand the item back for another worker
-                    item.free()
+                    item.release()
                     raise
                 item.complete()
                 done.append({"id": item.id, "order": item.order, "token": item.token})

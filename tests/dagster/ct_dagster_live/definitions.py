@@ -83,7 +83,7 @@ def hold_job_mp() -> None:
 
 def _drain(context: OpExecutionContext, batch) -> None:  # type: ignore[no-untyped-def]
     """Log every key with the batch token, in the transaction that completes the batch."""
-    log = Table(f"{EVENTS}_log", MetaData(), autoload_with=batch.events.ct.engine)
+    log = Table(f"{EVENTS}_log", MetaData(), autoload_with=batch.events.engine)
     with batch.transaction() as conn:
         conn.execute(insert(log), [{"event_id": int(k), "token": int(batch.token), "run_id": context.run_id}
                                    for k in batch.keys])
