@@ -1059,6 +1059,20 @@ class EventTable:
 
         return self.ct.db.run(fn)
 
+    def error_rows(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The rows in the error state (key, attempts, last error), in claim order.
+
+        For status pages and alerts: which events gave up and why, without the caller writing SQL
+        against the claim columns. At most ``limit`` rows.
+        """
+        limit = check_positive_int("limit", limit)
+        t = self.table
+        key, attempts, error = t.c[self.key], self._col("attempts"), self._col("error")
+        stmt = (select(key, attempts, error).where(self._is(ERROR))
+                .order_by(t.c[self.order_by], key).limit(limit))
+        rows = self.ct.db.run(lambda c: list(c.execute(stmt).all()))
+        return [{"key": r[0], "attempts": int(r[1] or 0), "error": r[2]} for r in rows]
+
     def backlog(self, where: Where = None) -> tuple[int, Any]:
         """(rows a claim could take now, the largest ``order_by`` value among them) in one query.
 
