@@ -17,6 +17,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
 
 from sqlalchemy import (
@@ -1187,7 +1188,7 @@ def _age(value: Any, now: float) -> Optional[float]:
 
             value = value.replace(tzinfo=timezone.utc)
         return max(now - value.timestamp(), 0.0)
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float, Decimal)):  # a reflected MySQL DOUBLE/NUMERIC reads as Decimal
         return max(now - float(value), 0.0)
     return None
 
