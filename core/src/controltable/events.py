@@ -1069,8 +1069,8 @@ class EventTable:
         limit = check_positive_int("limit", limit)
         t = self.table
         key, attempts, error = t.c[self.key], self._col("attempts"), self._col("error")
-        stmt = (select(key, attempts, error).where(self._is(ERROR))
-                .order_by(t.c[self.order_by], key).limit(limit))
+        order = [t.c[self.order_by]] + ([key] if self.order_by != self.key else [])  # the claim index's order
+        stmt = select(key, attempts, error).where(self._is(ERROR)).order_by(*order).limit(limit)
         rows = self.ct.db.run(lambda c: list(c.execute(stmt).all()))
         return [{"key": r[0], "attempts": int(r[1] or 0), "error": r[2]} for r in rows]
 

@@ -271,7 +271,7 @@ class StatusSource:
         if not hasattr(ct, "history"):
             return None
         out: dict[str, list[float]] = {}
-        for rec in ct.history(since=since, limit=10_000):
+        for rec in ct.history(since=since):
             wait = grant_wait(rec)
             if wait is not None:
                 out.setdefault(str(rec.resource), []).append(wait)
