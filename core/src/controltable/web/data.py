@@ -344,7 +344,8 @@ class StatusSource:
         ct = self.ct
         now = ct.now()
         resources = self.resources(now)
-        stats = self.stats([r["name"] for r in resources]) if charts else {"available": self.has_history}
+        stats = self.stats([r["name"] for r in resources]) if charts else {"available": self.has_history,
+                                                                           "charts": False}
         return {
             "namespace": ct.namespace,
             "database": ct.db.safe_url,

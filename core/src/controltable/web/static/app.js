@@ -131,7 +131,7 @@
         el("span", {class: "meter" + (r.used >= r.capacity ? " full" : ""), title: `${r.used} of ${r.capacity}`},
           el("span", {style: `width:${pct}%`})),
         el("span", {class: "used", "data-used": r.used}, `${r.used} / ${r.capacity} used`),
-        el("span", {class: "muted"}, "rate ", r.rate ? r.rate.text : dash),
+        el("span", {class: "muted"}, "rate limit ", r.rate ? r.rate.text : dash),
         el("span", {class: "muted"}, `${r.waiters.length} waiting`),
         cur ? el("span", {class: "muted"}, `last hour: ${show(cur.grants)} grants, wait p50 ${dur(cur.wait_p50)},`
           + ` p95 ${dur(cur.wait_p95)}, ${cur.utilisation === null ? dash : Math.round(cur.utilisation * 100) + "%"} used,`
@@ -227,8 +227,8 @@
     if (data.stats && data.stats.series) lastStats = data.stats;
     const stats = lastStats;
     const note = document.getElementById("chart-note");
-    if (data.stats && data.stats.available === false && data.stats.note) { note.hidden = false; note.textContent = data.stats.note; }
-    else note.hidden = true;
+    if (data.stats && data.stats.note) { note.hidden = false; note.textContent = data.stats.note; }
+    else if (data.stats && data.stats.series) note.hidden = true;  // a refresh without charts leaves it as it is
     const res = document.getElementById("resources");
     res.replaceChildren(...(data.resources.length ? data.resources.map(r => resourceCard(r, stats))
       : [el("p", {class: "muted"}, "no resources in this namespace; create one with `controltable capacity set NAME N`")]));
