@@ -30,6 +30,11 @@ def populate(ct: ControlTable) -> None:
     ct.set_capacity("warehouse", 3)
     ct.set_capacity("orders_table", 1)
     ct.set_capacity("partner_api", 5)
+    policies = hasattr(ct, "stats_series")  # a controltable with slot policies: show a rate limit and priorities
+    if policies:
+        ct.set_capacity("partner_api", 5, rate=(100, 60))  # type: ignore[call-arg]
+        ct.set_capacity("warehouse", 3, aging=60)  # type: ignore[call-arg]
+    prio = {"priority": 5} if policies else {}
     # History: grants that had to wait, over a few rounds.
     for i in range(4):
         first = ct.acquire("orders_table", holder=f"rebuild/{i}")
@@ -42,7 +47,7 @@ def populate(ct: ControlTable) -> None:
         ct.acquire("warehouse", holder=name, lease=600)
     assert ct.try_acquire("warehouse", holder="cron:hourly_refresh", waiter_ttl=600) is None
     assert ct.try_acquire("warehouse", holder="dag:backfill/run-0409/rebuild", mode="exclusive",
-                          waiter_ttl=600) is None
+                          waiter_ttl=600, **prio) is None
     ct.acquire("orders_table", holder="dag:orders_rebuild/run-77", mode="exclusive", lease=900)
     assert ct.try_acquire("orders_table", holder="dagster:5be01a/orders_report", waiter_ttl=600) is None
     for i in range(2):

@@ -45,6 +45,10 @@
     else t = (a / 86400).toFixed(1) + " d";
     return s < 0 ? "-" + t : t;
   }
+  function pctText(u) {
+    if (u === null || u === undefined) return dash;
+    return (u > 0 && u < 0.1 ? (u * 100).toFixed(1) : Math.round(u * 100)) + "%";
+  }
   function clock(epoch) {
     if (epoch === null || epoch === undefined) return dash;
     return new Date(epoch * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC";
@@ -66,7 +70,7 @@
 
   // -- charts ----------------------------------------------------------------------------------------
   function waitChart(points, label) {
-    const W = 300, H = 90, L = 34, B = 14;
+    const W = 250, H = 90, L = 34, B = 14;
     const s = svg("svg", {class: "chart wait", width: W, height: H, viewBox: `0 0 ${W} ${H}`, "data-window": label,
       role: "img", "aria-label": `wait p50 and p95, last ${label}`});
     const vals = points.flatMap(p => [p.wait_p50, p.wait_p95]).filter(v => v !== null && v !== undefined);
@@ -80,18 +84,24 @@
     const zero = svg("text", {x: 2, y: H - B}); zero.textContent = "0"; s.append(zero);
     const span = svg("text", {x: L, y: H - 2}); span.textContent = `last ${label}`; s.append(span);
     for (const key of ["wait_p50", "wait_p95"]) {
+      const cls = key === "wait_p50" ? "p50" : "p95";
       let d = "";
+      const dots = [];
       points.forEach((p, i) => {
         const v = p[key];
-        if (v === null || v === undefined) return;
+        if (v === null || v === undefined) return;  // no grants in that bucket: a gap, not a zero
         d += (d ? "L" : "M") + x(i).toFixed(1) + "," + y(v).toFixed(1);
+        const c = svg("circle", {class: cls + " dot", cx: x(i).toFixed(1), cy: y(v).toFixed(1), r: 2.5});
+        const t = svg("title", {}); t.textContent = `${cls} ${dur(v)}, ${show(p.grants)} grants`;
+        c.append(t); dots.push(c);
       });
-      if (d) s.append(svg("path", {class: key === "wait_p50" ? "p50" : "p95", d}));
+      if (d) s.append(svg("path", {class: cls, d}));
+      s.append(...dots);
     }
     return s;
   }
   function utilChart(points, label) {
-    const W = 300, H = 90, L = 34, B = 14;
+    const W = 250, H = 90, L = 34, B = 14;
     const s = svg("svg", {class: "chart util", width: W, height: H, viewBox: `0 0 ${W} ${H}`, "data-window": label,
       role: "img", "aria-label": `utilisation, last ${label}`});
     const n = Math.max(1, points.length);
@@ -133,13 +143,13 @@
         el("span", {class: "used", "data-used": r.used}, `${r.used} / ${r.capacity} used`),
         el("span", {class: "muted"}, "rate limit ", r.rate ? r.rate.text : dash),
         el("span", {class: "muted"}, `${r.waiters.length} waiting`),
-        cur ? el("span", {class: "muted"}, `last hour: ${show(cur.grants)} grants, wait p50 ${dur(cur.wait_p50)},`
-          + ` p95 ${dur(cur.wait_p95)}, ${cur.utilisation === null ? dash : Math.round(cur.utilisation * 100) + "%"} used,`
-          + ` ${show(cur.expired)} lease expiries`) : null,
         actions ? el("button", {onclick: () => {
           const v = prompt(`new capacity of ${r.name}`, String(r.capacity));
           if (v) act("api/capacity", {resource: r.name, capacity: parseInt(v, 10)});
         }}, "capacity…") : null));
+    if (cur) card.append(el("div", {class: "muted last-hour"}, `last hour: ${show(cur.grants)} grants, wait p50 `
+      + `${dur(cur.wait_p50)}, p95 ${dur(cur.wait_p95)}, max ${dur(cur.wait_max)}, ${pctText(cur.utilisation)} used, `
+      + `${show(cur.expired)} lease expiries`));
     if (r.holders.length) {
       const t = el("table", {class: "holders"}, el("tr", {},
         ["holder", "mode", "slots", "token", "since", "lease"].map(h => el("th", {class: ["slots", "token"].includes(h) ? "num" : ""}, h)),
@@ -161,8 +171,9 @@
       const t = el("table", {class: "waiters"}, el("tr", {},
         ["#", "waiter", "mode", "slots", "priority", "waiting", "behind"].map(h => el("th", {class: ["#", "slots", "priority"].includes(h) ? "num" : ""}, h))));
       for (const w of r.waiters) {
-        const prio = w.priority === null ? dash : (w.effective_priority !== null && w.effective_priority !== w.priority
-          ? `${w.priority} (→ ${w.effective_priority})` : String(w.priority));
+        const eff = w.effective_priority;
+        const prio = w.priority === null ? dash : (eff !== null && Math.abs(eff - w.priority) >= 0.05
+          ? `${w.priority} (aged → ${Number.isInteger(eff) ? eff : eff.toFixed(1)})` : String(w.priority));
         const ahead = w.ahead || [];
         t.append(el("tr", {class: "waiter", "data-holder": w.holder, "data-position": w.position},
           el("td", {class: "num"}, w.position), el("td", {}, w.holder), el("td", {}, w.mode),
