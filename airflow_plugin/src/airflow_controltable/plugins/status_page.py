@@ -122,9 +122,15 @@ def build_app(options: Optional[dict[str, Any]] = None) -> Any:
     opts = options or _options()
 
     def open_control_table() -> Any:
+        from airflow_controltable.exceptions import ControlTableAirflowError
         from airflow_controltable.hooks.controltable import ControlTableHook
+        from controltable import ConfigurationError
 
-        return ControlTableHook(opts["conn_id"]).get_control_table()
+        try:
+            return ControlTableHook(opts["conn_id"]).get_control_table()
+        except ControlTableAirflowError as exc:  # shown on the page (503), retried on the next request
+            raise ConfigurationError(
+                f"{exc} (the status page uses the connection named by [{SECTION}] status_page_conn_id)") from exc
 
     source = StatusSource(open_control_table, events=[parse_event_spec(e) for e in opts["events"]],
                           worklists=opts["worklists"])

@@ -244,6 +244,8 @@ class StatusSource:
                 "last_token": st.last_token,
                 "rate": rate_view(getattr(st, "rate", None)),
                 "aging": getattr(st, "aging", None),
+                # Seconds until the rate window allows the next grant, when the head waits for it.
+                "rate_opens_in": getattr(st, "rate_opens_in", None),
                 "holders": holders,
                 "waiters": waiters,
                 "expired_holders": sum(1 for h in holders if h["expired"]),

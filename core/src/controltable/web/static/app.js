@@ -142,6 +142,8 @@
           el("span", {style: `width:${pct}%`})),
         el("span", {class: "used", "data-used": r.used}, `${r.used} / ${r.capacity} used`),
         el("span", {class: "muted"}, "rate limit ", r.rate ? r.rate.text : dash),
+        r.rate_opens_in ? el("span", {class: "blocker"}, `rate limit reached: next grant in ${dur(r.rate_opens_in)}`) : null,
+        r.aging ? el("span", {class: "muted"}, `aging +1 priority per ${dur(r.aging)}`) : null,
         el("span", {class: "muted"}, `${r.waiters.length} waiting`),
         actions ? el("button", {onclick: () => {
           const v = prompt(`new capacity of ${r.name}`, String(r.capacity));
