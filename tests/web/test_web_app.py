@@ -158,6 +158,8 @@ def test_actions_are_off_by_default_and_need_the_token(busy: ControlTable) -> No
     assert client(ct).post("/api/release", json={"resource": "wh", "holder": "load-a"}).status_code in (404, 405)
     with pytest.raises(ConfigurationError, match="authentication"):
         create_app(StatusSource(ct), actions=True)
+    with pytest.raises(ConfigurationError, match="at least 16"):
+        create_app(StatusSource(ct), actions=True, token="guessable")
     c = client(ct, actions=True, token=TOKEN)
     assert c.post("/api/release", json={"resource": "wh", "holder": "load-a"}).status_code == 401
     wrong = {"Authorization": "Bearer " + TOKEN[:-1] + "x"}
