@@ -137,7 +137,7 @@ def test_page_in_chromium_inside_airflow(live: tuple[LiveAirflow, ControlTable])
     ct.set_capacity("api", 1)
     ct.acquire("api", holder="export-job", lease=300)
     assert ct.try_acquire("api", holder="sync-job", waiter_ttl=300) is None
-    for browser in launch_chromium():
+    with launch_chromium() as browser:
         context = browser.new_context(viewport={"width": 1280, "height": 800})
         context.add_cookies([{"name": "_token", "value": login(airflow), "url": airflow.base}])
         page = context.new_page()

@@ -15,6 +15,7 @@ pytest.importorskip("starlette", reason="the web extra is not installed: pip ins
 from web_helpers import launch_chromium  # noqa: E402
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
-    yield from launch_chromium()
+    with launch_chromium() as browser:
+        yield browser

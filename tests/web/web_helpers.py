@@ -12,6 +12,7 @@ import shutil
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -56,8 +57,13 @@ def browser_required() -> bool:
     return "browser" in os.environ.get("CONTROLTABLE_TEST_REQUIRE", "")
 
 
+@contextmanager
 def launch_chromium() -> Iterator[Any]:
-    """Yield a Playwright browser on Debian's chromium; skip (or fail when required) without one."""
+    """A Playwright browser on Debian's chromium; skips (or fails when required) without one.
+
+    Scope it to a module, never to the session: while Playwright's sync API runs it marks an asyncio
+    loop as running on the main thread, which would break later tests that call ``asyncio.run``.
+    """
     os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
     problem: Optional[str] = None
     try:
