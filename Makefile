@@ -16,8 +16,15 @@ $(VENV)/.core-installed: core/pyproject.toml
 	$(BIN)/pip install --quiet -e 'core[postgres,mysql]'
 	touch $@
 
+# The status page's browser tests drive Debian's chromium (never a downloaded browser) through Playwright.
+# The egg-info an editable install leaves in airflow_plugin/src would make Airflow see the provider's
+# plugin entry point twice (once per sys.path entry) and report a duplicate plugin.
 $(VENV)/.all-installed: $(VENV)/.core-installed pyproject.toml airflow_plugin/pyproject.toml dagster_plugin/pyproject.toml
-	$(BIN)/pip install --quiet -e 'core[postgres,mysql]' -e airflow_plugin -e dagster_plugin --group dev
+	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+		|| echo "warning: could not install chromium (apt-get); the browser tests need /usr/bin/chromium"
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/pip install --quiet -e 'core[postgres,mysql,web]' -e 'airflow_plugin[web]' \
+		-e dagster_plugin --group dev
+	rm -rf airflow_plugin/src/*.egg-info
 	touch $@
 
 $(VENV_SA14)/.installed: core/pyproject.toml

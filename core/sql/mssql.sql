@@ -249,6 +249,11 @@ SELECT TOP 1 events.event_id
 FROM events 
 WHERE events.ct_state = 0 ORDER BY events.event_id;
 
+-- ===== events error rows (the status page) =====
+SELECT TOP 20 events.event_id, events.ct_attempts, events.ct_error 
+FROM events 
+WHERE events.ct_state = 3 ORDER BY events.event_id;
+
 -- ===== events retry_errors =====
 SELECT TOP 1000 events.event_id 
 FROM events WITH (UPDLOCK, ROWLOCK) 

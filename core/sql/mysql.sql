@@ -249,6 +249,12 @@ FROM events
 WHERE events.ct_state = 0 ORDER BY events.event_id 
  LIMIT %s;
 
+-- ===== events error rows (the status page) =====
+SELECT events.event_id, events.ct_attempts, events.ct_error 
+FROM events 
+WHERE events.ct_state = 3 ORDER BY events.event_id 
+ LIMIT %s;
+
 -- ===== events retry_errors =====
 UPDATE events SET ct_state=%s, ct_available_at=%s, ct_attempts=%s, ct_error=%s WHERE events.ct_state = 3;
 

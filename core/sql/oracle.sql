@@ -244,6 +244,12 @@ FROM events
 WHERE events.ct_state = 0 ORDER BY events.event_id
  FETCH FIRST 1 ROWS ONLY;
 
+-- ===== events error rows (the status page) =====
+SELECT events.event_id, events.ct_attempts, events.ct_error 
+FROM events 
+WHERE events.ct_state = 3 ORDER BY events.event_id
+ FETCH FIRST 20 ROWS ONLY;
+
 -- ===== events retry_errors =====
 UPDATE events SET ct_state=:ct_state, ct_available_at=:ct_available_at, ct_attempts=:ct_attempts, ct_error=:ct_error WHERE events.ct_state = 3;
 

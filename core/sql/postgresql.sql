@@ -245,6 +245,12 @@ FROM events
 WHERE events.ct_state = 0 ORDER BY events.event_id 
  LIMIT %(param_2)s::INTEGER;
 
+-- ===== events error rows (the status page) =====
+SELECT events.event_id, events.ct_attempts, events.ct_error 
+FROM events 
+WHERE events.ct_state = 3 ORDER BY events.event_id 
+ LIMIT %(param_2)s::INTEGER;
+
 -- ===== events retry_errors =====
 UPDATE events SET ct_state=%(ct_state)s::SMALLINT, ct_available_at=%(ct_available_at)s, ct_attempts=%(ct_attempts)s::INTEGER, ct_error=%(ct_error)s::VARCHAR WHERE events.ct_state = 3;
 

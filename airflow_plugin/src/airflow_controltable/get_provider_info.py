@@ -10,7 +10,7 @@ from typing import Any
 
 
 def get_provider_info() -> dict[str, Any]:
-    """Describe the provider: its connection type, hooks, operators, sensors and triggers."""
+    """Describe the provider: its connection type, hooks, operators, sensors, triggers and plugin."""
     return {
         "package-name": "airflow-provider-controltable",
         "name": "ControlTable",
@@ -89,6 +89,13 @@ def get_provider_info() -> dict[str, Any]:
                         "schema": {"type": ["boolean", "null"], "default": False},
                     },
                 },
+            }
+        ],
+        # The status page in the api-server and the UI's navigation (needs the `web` extra).
+        "plugins": [
+            {
+                "name": "controltable",
+                "plugin-class": "airflow_controltable.plugins.status_page.ControlTableStatusPlugin",
             }
         ],
         "task-decorators": [

@@ -445,6 +445,28 @@ def demo(obj: CT, workers: int, rounds: int, cap: int, n_events: int) -> None:
                       console=Console()))  # the demo's own output uses rich markup
 
 
+# -- status page -------------------------------------------------------------------------------------
+@cli.command()
+@click.option("--host", default=defaults.WEB_HOST, show_default=True, help="Address to listen on.")
+@click.option("--port", default=defaults.WEB_PORT, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--events", "event_tables", multiple=True, metavar="[SCHEMA.]TABLE:KEY[:ORDER_BY[:TIME_COLUMN]]",
+              help="An event table to show (repeatable); TIME_COLUMN gives the oldest pending age.")
+@click.option("--worklist", "worklists", multiple=True, metavar="NAME", help="A work list to show (repeatable).")
+@click.option("--actions", is_flag=True,
+              help=f"Allow releasing holders and changing capacities; needs the token in {defaults.WEB_TOKEN_ENV}.")
+@click.option("--poll", type=Seconds(defaults.MAX_POLL_SECONDS), default=defaults.WEB_POLL_INTERVAL,
+              show_default=True, help="Seconds between the page's refreshes.")
+@click.pass_obj
+@handled
+def serve(obj: CT, host: str, port: int, event_tables: tuple[str, ...], worklists: tuple[str, ...], actions: bool,
+          poll: float) -> None:
+    """Serve a live status page (and /metrics, /api/status) of the control table; read-only by default."""
+    from .web.serve import run
+
+    run(obj.get(), host=host, port=port, events=event_tables, worklists=worklists, actions=actions,
+        poll_interval=poll, announce=lambda line: console.print(line, highlight=False))
+
+
 # -- events ------------------------------------------------------------------------------------------
 @cli.group()
 def events() -> None:

@@ -112,3 +112,16 @@ MAX_CONNECT_TIMEOUT = 3600.0
 MAX_STATEMENT_TIMEOUT = 86400.0
 #: The most transaction retries.
 MAX_RETRIES = 100
+
+# -- the status page (``controltable serve``, ``controltable.web``) ---------------------------------
+#: Where ``controltable serve`` listens: loopback only unless told otherwise, since the page shows
+#: holder ids and event errors.
+WEB_HOST = "127.0.0.1"
+WEB_PORT = 8787
+#: How often the page asks for fresh data (seconds); each request reads the control tables once.
+WEB_POLL_INTERVAL = 2.0
+#: Error rows shown per event table and per work list (the newest first).
+WEB_ERROR_ROWS = 20
+#: The environment variable holding the token that actions (release a holder, change a capacity)
+#: require; ``serve --actions`` refuses to start without it.
+WEB_TOKEN_ENV = "CONTROLTABLE_WEB_TOKEN"

@@ -245,6 +245,7 @@ def captured_statements(
             section(f"events claim of {large_batch} rows", claim(large_batch, "large"))
             section(f"batch complete of {large_batch} rows", lambda: batch["large"].complete())
         section("events stats", lambda: ev.stats())
+        section("events error rows (the status page)", lambda: ev.error_rows(20))
         section("events retry_errors", lambda: ev.retry_errors())
 
         wl = ct.worklist("example")

@@ -293,6 +293,13 @@ def oldest_pending(table: Table, cols: ClaimColumns, key: str, order_by: str, ti
             .order_by(table.c[order_by]).limit(1))
 
 
+def error_rows(table: Table, cols: ClaimColumns, key: str, order_by: str, limit: int) -> Any:
+    """Rows in the error state (key, attempts, last error), in the claim index's order."""
+    order = [table.c[order_by]] + ([table.c[key]] if order_by != key else [])
+    return (select(table.c[key], cols.of(table, "attempts"), cols.of(table, "error"))
+            .where(is_state(table, cols, ERROR)).order_by(*order).limit(limit))
+
+
 def backlog(table: Table, cols: ClaimColumns, order_by: str, now: Any,
             conditions: Sequence[ColumnElement[Any]]) -> Any:
     """(rows a claim could take now, the largest ``order_by`` value among them) in one query."""

@@ -13,6 +13,7 @@ import threading
 import time
 import warnings
 from datetime import datetime, timezone
+from decimal import Decimal
 from typing import Any, Iterator, Optional, Sequence
 
 from sqlalchemy import Table
@@ -608,6 +609,16 @@ class EventTable:
 
         return self.db.run(fn)
 
+    def error_rows(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The rows in the error state (key, attempts, last error), in claim order.
+
+        For status pages and alerts: which events gave up and why, without the caller writing SQL
+        against the claim columns. At most ``limit`` rows.
+        """
+        stmt = sql.error_rows(self.table, self.cols, self.key, self.order_by, check_positive_int("limit", limit))
+        rows = self.db.run(lambda c: list(c.execute(stmt).all()))
+        return [{"key": r[0], "attempts": int(r[1] or 0), "error": r[2]} for r in rows]
+
     def backlog(self, where: Where = None) -> tuple[int, Any]:
         """(rows a claim could take now, the largest ``order_by`` value among them) in one query.
 
@@ -677,7 +688,7 @@ def _age(value: Any, now: float) -> Optional[float]:
         if value.tzinfo is None:
             value = value.replace(tzinfo=timezone.utc)
         return max(now - value.timestamp(), 0.0)
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float, Decimal)):  # a reflected MySQL DOUBLE/NUMERIC reads as Decimal
         return max(now - float(value), 0.0)
     return None
 

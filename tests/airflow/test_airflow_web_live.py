@@ -1,0 +1,157 @@
+"""The status page mounted in a running Airflow api-server, behind Airflow's own authentication.
+
+One deployment for the module (``live_airflow.py``: scheduler, triggerer, dag-processor, api-server on
+a throwaway PostgreSQL metadata database); the control table is the PostgreSQL one the harness's
+``controltable_default`` connection names. Checked: the provider's plugin mounts the page at
+``/controltable`` and adds the navigation entry; nothing under ``/controltable`` answers without a
+token Airflow accepts; with one, the page in headless Chromium shows the live holders and waiters,
+also inside Airflow's own UI frame, and follows a release without a reload.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Optional
+
+import pytest
+from live_airflow import LiveAirflow, postgres_reachable
+
+from controltable import ControlTable
+
+pytestmark = pytest.mark.timeout(600)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "web"))
+from web_helpers import launch_chromium, screenshot  # noqa: E402
+
+
+def _postgres_url() -> str:
+    url = os.environ.get("CONTROLTABLE_TEST_POSTGRES_URL")
+    required = "postgres" in os.environ.get("CONTROLTABLE_TEST_REQUIRE", "")
+    problem = "CONTROLTABLE_TEST_POSTGRES_URL is not set" if not url else postgres_reachable(url)
+    if problem:
+        message = f"the live Airflow status-page test needs PostgreSQL for the metadata database: {problem}"
+        if required:
+            pytest.fail(message)
+        pytest.skip(message)
+    assert url is not None
+    return url
+
+
+#: A real login, not the harness's all-admins mode: in that mode Airflow itself adds an admin token to
+#: every request (SimpleAllAdminMiddleware), so there would be no unauthenticated request to refuse.
+PASSWORD = uuid.uuid4().hex
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveAirflow, ControlTable]]:
+    pytest.importorskip("starlette", reason="the web extra is not installed")
+    url = _postgres_url()
+    namespace = f"web_{uuid.uuid4().hex[:10]}"
+    ct = ControlTable(url, namespace=namespace)
+    ct.install()
+    passwords = tmp_path_factory.mktemp("airflow-users") / "passwords.json"
+    passwords.write_text(json.dumps({"viewer": PASSWORD}))
+    airflow = LiveAirflow(server_url=url, control_url=url, namespace=namespace, dag_files=[], extra_env={
+        "AIRFLOW__CONTROLTABLE__STATUS_PAGE_POLL_INTERVAL": "0.5",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "viewer:viewer",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+    })
+    try:
+        airflow.start()
+        yield airflow, ct
+    finally:
+        airflow.stop()
+        ct.close()
+
+
+def login(airflow: LiveAirflow) -> str:
+    """A JWT for the least-privileged user (role viewer), as the UI's login gets one."""
+    body = json.dumps({"username": "viewer", "password": PASSWORD}).encode()
+    req = urllib.request.Request(airflow.base + "/auth/token", data=body, method="POST")
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return str(json.loads(resp.read())["access_token"])
+
+
+def _get(url: str, token: Optional[str] = None, cookie: Optional[str] = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    if cookie:
+        req.add_header("Cookie", f"_token={cookie}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_mounted_page_needs_airflow_auth(live: tuple[LiveAirflow, ControlTable]) -> None:
+    airflow, ct = live
+    ct.set_capacity("warehouse", 1)
+    ct.acquire("warehouse", holder="nightly-load", lease=300)
+    assert ct.try_acquire("warehouse", holder="report-refresh", waiter_ttl=300) is None
+
+    for path in ("/controltable/", "/controltable/api/status", "/controltable/metrics", "/controltable/static/app.js"):
+        status, body = _get(airflow.base + path)
+        assert status == 401, (path, status, body[:200])
+        assert _get(airflow.base + path, token="not-a-jwt")[0] == 401
+        assert _get(airflow.base + path, cookie="not-a-jwt")[0] == 401
+
+    token = login(airflow)
+    status, body = _get(airflow.base + "/controltable/api/status", token=token)
+    assert status == 200, body[:500]
+    data = json.loads(body)
+    assert data["namespace"] == ct.namespace and data["actions"] is False
+    (wh,) = [r for r in data["resources"] if r["name"] == "warehouse"]
+    assert [h["holder"] for h in wh["holders"]] == ["nightly-load"]
+    assert [w["holder"] for w in wh["waiters"]] == ["report-refresh"]
+    status, body = _get(airflow.base + "/controltable/metrics", cookie=token)  # the UI's cookie works too
+    assert status == 200 and b'controltable_resource_waiters{resource="warehouse"} 1.0' in body
+    # Read-only inside Airflow: the action routes do not exist.
+    req = urllib.request.Request(airflow.base + "/controltable/api/release", data=b"{}", method="POST")
+    req.add_header("Authorization", f"Bearer {token}")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=30)
+    assert err.value.code in (404, 405)
+
+    status, body = _get(airflow.base + "/api/v2/plugins", token=token)
+    assert status == 200, body[:300]
+    plugins = json.loads(body)["plugins"]
+    (mine,) = [p for p in plugins if p["name"] == "controltable"]
+    assert [v["url_route"] for v in mine["external_views"]] == ["controltable"]
+    assert mine["external_views"][0]["href"] == "/controltable/"
+    assert [a["url_prefix"] for a in mine["fastapi_apps"]] == ["/controltable"]
+
+
+def test_page_in_chromium_inside_airflow(live: tuple[LiveAirflow, ControlTable]) -> None:
+    airflow, ct = live
+    ct.set_capacity("api", 1)
+    ct.acquire("api", holder="export-job", lease=300)
+    assert ct.try_acquire("api", holder="sync-job", waiter_ttl=300) is None
+    with launch_chromium() as browser:
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        context.add_cookies([{"name": "_token", "value": login(airflow), "url": airflow.base}])
+        page = context.new_page()
+        page.goto(airflow.base + "/controltable/")
+        card = page.locator('section.resource[data-resource="api"]')
+        card.locator('tr.holder[data-holder="export-job"]').wait_for(timeout=20_000)
+        assert card.locator('tr.waiter[data-holder="sync-job"]').count() == 1
+        ct.release("api", "export-job")
+        card.locator('tr.holder[data-holder="sync-job"]').wait_for(timeout=20_000)
+
+        # The navigation entry: Airflow's UI shows the page in its frame.
+        page.goto(airflow.base + "/plugin/controltable")
+        frame = page.frame_locator("iframe")
+        frame.locator('section.resource[data-resource="api"] tr.holder[data-holder="sync-job"]').wait_for(
+            timeout=60_000)
+        screenshot(page, "status-page-airflow.png")
+        context.close()

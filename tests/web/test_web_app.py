@@ -1,0 +1,198 @@
+"""The status page's JSON, /metrics and actions against live control tables (SQLite, PostgreSQL, MariaDB).
+
+Everything is read from real holders, waiters, event rows and work items made through the public
+API; the Prometheus output is parsed with prometheus_client's own parser.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import Column, Float, Integer, MetaData, String, Table, insert
+
+from controltable import ControlTable
+from controltable.cli import cli
+from controltable.errors import ConfigurationError
+from controltable.web import StatusSource, create_app, parse_event_spec
+
+warnings.filterwarnings("ignore", message=".*httpx.*")
+from starlette.testclient import TestClient  # noqa: E402
+
+TOKEN = "s3cret-token-for-the-tests"
+
+
+@pytest.fixture
+def event_table(ct: ControlTable) -> Iterator[Table]:
+    """An event table of 5 rows with a time column; row 1 ends in the error state, row 2 done."""
+    table = Table(f"web_ev_{ct.namespace}", MetaData(), Column("id", Integer, primary_key=True, autoincrement=False),
+                  Column("created_at", Float(53), nullable=False), Column("body", String(50)))
+    table.create(ct.engine)
+    now = ct.now()
+    with ct.engine.begin() as conn:
+        conn.execute(insert(table), [{"id": i, "created_at": now - 100 * i, "body": f"e{i}"} for i in range(1, 6)])
+    ev = ct.events(table.name, key="id", order_by="id", max_attempts=1)
+    ev.prepare()
+    batch = ev.claim(2, owner="web-test")
+    assert batch is not None and batch.keys == [1, 2]
+    batch.fail("disk full on host 'a'", keys=[1])
+    batch.complete(keys=[2])
+    try:
+        yield table
+    finally:
+        table.drop(ct.engine, checkfirst=True)
+
+
+@pytest.fixture
+def busy(ct: ControlTable) -> Iterator[ControlTable]:
+    """Resource ``wh`` (capacity 2) held by two holders with two waiters behind; ``idle`` with nobody."""
+    ct.set_capacity("wh", 2)
+    ct.set_capacity("idle", 3)
+    ct.acquire("wh", holder="load-a", lease=120)
+    ct.acquire("wh", holder="load-b", lease=120)
+    assert ct.try_acquire("wh", holder="load-c", waiter_ttl=120) is None
+    assert ct.try_acquire("wh", holder="load-d", mode="exclusive", waiter_ttl=120) is None
+    yield ct
+    ct.release_holders("load-")
+
+
+def client(ct: ControlTable, **kw: Any) -> TestClient:
+    source = StatusSource(ct, events=kw.pop("events", ()), worklists=kw.pop("worklists", ()))
+    return TestClient(create_app(source, **kw))
+
+
+def test_status_json_shows_holders_waiters_events_and_worklists(busy: ControlTable, event_table: Table) -> None:
+    ct = busy
+    wl = ct.worklist("nightly")
+    wl.populate([{"t": 1}, {"t": 2}], order=1)
+    wl.populate([{"t": 3}], order=2)
+    item = wl.allocate("worker-7")
+    assert item is not None
+    c = client(ct, events=[parse_event_spec(f"{event_table.name}:id:id:created_at")], worklists=["nightly"])
+    data = c.get("/api/status").json()
+    assert data["namespace"] == ct.namespace
+    wh = {r["name"]: r for r in data["resources"]}["wh"]
+    assert (wh["capacity"], wh["used"]) == (2, 2)
+    assert [h["holder"] for h in wh["holders"]] == ["load-a", "load-b"]
+    assert all(h["token"] and h["expires_in"] > 60 and h["since"] for h in wh["holders"])
+    assert [(w["holder"], w["position"], w["mode"]) for w in wh["waiters"]] == [
+        ("load-c", 1, "shared"), ("load-d", 2, "exclusive")]
+    # FIFO: the second waiter waits behind both holders and the first waiter.
+    assert wh["waiters"][1]["ahead"] == ["load-a", "load-b", "load-c"]
+    assert wh["oldest_wait"] is not None and wh["oldest_wait"] >= 0
+    idle = {r["name"]: r for r in data["resources"]}["idle"]
+    assert idle["holders"] == [] and idle["waiters"] == []
+
+    (ev,) = data["events"]
+    assert (ev["pending"], ev["done"], ev["error"]) == (3, 1, 1)
+    assert ev["errors"] == [{"key": 1, "attempts": 1, "error": "disk full on host 'a'"}]
+    assert ev["oldest_pending_key"] == 3 and 250 < ev["oldest_pending_age"] < 400
+
+    (w,) = data["worklists"]
+    assert (w["done"], w["total"], w["current_order"]) == (0, 3, 1)
+    assert "order 2 waits for order 1" in w["blocker"] and "worker-7" in w["blocker"]
+
+
+def test_page_is_self_contained_and_relative(ct: ControlTable) -> None:
+    c = client(ct)
+    html = c.get("/").text
+    assert '<base href="/">' in html and 'src="static/app.js"' in html
+    assert "http://" not in html and "https://" not in html  # nothing from another host
+    resp = c.get("/static/app.js")
+    assert resp.status_code == 200 and "api/status" in resp.text
+    assert "default-src 'self'" in c.get("/").headers["content-security-policy"]
+    # Mounted under a prefix (as in Airflow's api-server) the page points at its own prefix.
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    outer = TestClient(Starlette(routes=[Mount("/controltable", app=create_app(StatusSource(ct)))]))
+    assert '<base href="/controltable/">' in outer.get("/controltable/").text
+    assert outer.get("/controltable/api/status").json()["namespace"] == ct.namespace
+
+
+def test_metrics_parse_with_the_prometheus_parser(busy: ControlTable, event_table: Table) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    ct = busy
+    c = client(ct, events=[parse_event_spec(f"{event_table.name}:id::created_at")])
+    resp = c.get("/metrics")
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    families = {}
+    for family in text_string_to_metric_families(resp.text):
+        families[family.name] = family.type
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    res = (("resource", "wh"),)
+    assert samples[("controltable_resource_capacity", res)] == 2
+    assert samples[("controltable_resource_used_slots", res)] == 2
+    assert samples[("controltable_resource_holders", res)] == 2
+    assert samples[("controltable_resource_waiters", res)] == 2
+    assert samples[("controltable_resource_waiters", (("resource", "idle"),))] == 0
+    assert samples[("controltable_resource_grants_total", res)] == 2  # two fencing tokens handed out
+    assert families["controltable_resource_grants"] == "counter"
+    assert samples[("controltable_resource_oldest_wait_seconds", res)] >= 0
+    table = event_table.name
+    assert samples[("controltable_events_rows", (("state", "pending"), ("table", table)))] == 3
+    assert samples[("controltable_events_rows", (("state", "error"), ("table", table)))] == 1
+    assert samples[("controltable_events_oldest_pending_age_seconds", (("table", table),))] > 250
+    if hasattr(ControlTable, "history"):
+        assert families["controltable_resource_wait_seconds"] == "histogram"
+        assert samples[("controltable_resource_wait_seconds_count", res)] >= 2
+
+
+def test_an_unreadable_event_table_is_reported_not_fatal(ct: ControlTable) -> None:
+    ct.set_capacity("r", 1)
+    c = client(ct, events=[parse_event_spec("no_such_table_here:id")])
+    data = c.get("/api/status").json()
+    assert data["resources"][0]["name"] == "r"
+    assert "no_such_table_here" in data["events"][0]["problem"]
+    assert "controltable_events_readable{table=\"no_such_table_here\"} 0.0" in c.get("/metrics").text
+
+
+def test_actions_are_off_by_default_and_need_the_token(busy: ControlTable) -> None:
+    ct = busy
+    assert client(ct).post("/api/release", json={"resource": "wh", "holder": "load-a"}).status_code in (404, 405)
+    with pytest.raises(ConfigurationError, match="authentication"):
+        create_app(StatusSource(ct), actions=True)
+    with pytest.raises(ConfigurationError, match="at least 16"):
+        create_app(StatusSource(ct), actions=True, token="guessable")
+    c = client(ct, actions=True, token=TOKEN)
+    assert c.post("/api/release", json={"resource": "wh", "holder": "load-a"}).status_code == 401
+    wrong = {"Authorization": "Bearer " + TOKEN[:-1] + "x"}
+    assert c.post("/api/release", json={"resource": "wh", "holder": "load-a"}, headers=wrong).status_code == 401
+    ok = {"Authorization": f"Bearer {TOKEN}"}
+    resp = c.post("/api/release", json={"resource": "wh", "holder": "load-a"}, headers=ok)
+    assert resp.json() == {"ok": True, "released": 1}
+    holders = [h.holder for h in ct.status(["wh"])[0].holders]
+    assert "load-a" not in holders and "load-c" in holders  # the freed slot went to the next in line
+    assert c.post("/api/capacity", json={"resource": "wh", "capacity": 0}, headers=ok).status_code == 400
+    assert c.post("/api/capacity", json={"resource": "nope", "capacity": 2}, headers=ok).status_code == 400
+    assert c.post("/api/capacity", json={"resource": "wh", "capacity": 5}, headers=ok).json()["capacity"] == 5
+    assert ct.status(["wh"])[0].capacity == 5
+
+
+@pytest.mark.backends("sqlite")
+def test_serve_refuses_actions_without_a_token_and_bad_event_specs(backend_url: str, monkeypatch: Any) -> None:
+    runner = CliRunner()
+    monkeypatch.delenv("CONTROLTABLE_WEB_TOKEN", raising=False)
+    assert runner.invoke(cli, ["--url", backend_url, "init"]).exit_code == 0
+    result = runner.invoke(cli, ["--url", backend_url, "serve", "--actions"])
+    assert result.exit_code == 2 and "CONTROLTABLE_WEB_TOKEN" in result.output
+    result = runner.invoke(cli, ["--url", backend_url, "serve", "--events", "events;drop"])
+    assert result.exit_code == 2 and "TABLE:KEY" in result.output
+    result = runner.invoke(cli, ["--url", backend_url, "serve", "--events", "bad name:id"])
+    assert result.exit_code == 2
+
+
+def test_parse_event_spec() -> None:
+    spec = parse_event_spec("raw.rainfall_events:event_id:seq:created_at")
+    assert (spec.schema, spec.table, spec.key, spec.order_by, spec.time_column) == (
+        "raw", "rainfall_events", "event_id", "seq", "created_at")
+    assert parse_event_spec("ev:id").label == "ev"
+    for bad in ("", "ev", "ev:", ":id", "ev:id:a:b:c", "e v:id", "ev:i-d", 'ev":id'):
+        with pytest.raises(ConfigurationError):
+            parse_event_spec(bad)
