@@ -115,8 +115,16 @@ class ControlTable:
         self.db.ping()
 
         def create() -> None:
-            with self.db.translating():  # e.g. no CREATE privilege: PermissionDeniedError, not a driver error
-                self.tables.metadata.create_all(self.db.engine, checkfirst=True)
+            for attempt in range(3):
+                try:
+                    with self.db.translating():  # e.g. no CREATE privilege: PermissionDeniedError, not a driver error
+                        self.tables.metadata.create_all(self.db.engine, checkfirst=True)
+                    return
+                except Exception as exc:
+                    # A concurrent install created a table between the check and the CREATE (on
+                    # PostgreSQL a unique violation in the catalog): the next check sees it.
+                    if attempt == 2 or not (errorcodes.is_unique_violation(exc) or "already exists" in str(exc)):
+                        raise
 
         _retry_busy(create)
         meta = self.tables.meta
