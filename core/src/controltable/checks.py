@@ -126,7 +126,7 @@ def rate_violations(grants: Iterable[Grant], rates: Mapping[str, tuple[int, floa
     for resource, (count, per) in rates.items():
         ts = sorted(times.get(resource, []))
         for i in range(len(ts) - count):
-            if ts[i + count] - ts[i] < per:
+            if ts[i + count] - ts[i] < per - 1e-6:  # float rounding of the stored clock
                 problems.append(f"{resource}: {count + 1} grants within {ts[i + count] - ts[i]:.3f} s "
                                 f"(rate {count}/{per:g}s) from {ts[i]:.6f}")
                 break
