@@ -255,7 +255,8 @@ def test_v3_upgrade_columns_compile(dialect: str) -> None:
 
     from controltable.migrations import add_column_sql
 
-    d = {"mssql": mssql, "oracle": oracle, "postgresql": postgresql, "mysql": mysql, "sqlite": sqlite}[dialect].dialect()
+    modules = {"mssql": mssql, "oracle": oracle, "postgresql": postgresql, "mysql": mysql, "sqlite": sqlite}
+    d = modules[dialect].dialect()
     t = build_schema("ct_")
     for table, name in ((t.resource, "rate_count"), (t.resource, "rate_per"), (t.resource, "aging"),
                         (t.request, "priority"), (t.request, "queue_key")):
