@@ -393,6 +393,9 @@ class _Peek:
     recorded_attempt: Optional[int] = None
     #: Seconds until the rate window allows the next grant (when the head waits for it).
     rate_opens_in: Optional[float] = None
+    #: One of the request's resources has a rate limit (a new head then looks at once: the grant
+    #: it would wait for may be the rate window's, which nobody pushes).
+    rate_limited: bool = False
 
 
 class SlotEngine:
@@ -780,7 +783,8 @@ class SlotEngine:
             if self.ct._wait_for_wakeup(keys, sleep, since):
                 delay = HEAD_POLL_INTERVAL
                 woke = self.ct._wakeups.mark(keys)
-                if woke[0] == since[0] and woke[1] == since[1]:
+                rate_limited = peek is not None and peek.rate_limited
+                if woke[0] == since[0] and woke[1] == since[1] and not rate_limited:
                     # Only "you are the head now": in a busy queue the grant follows within
                     # moments, so wait a little for it and look once for both.
                     grant_only = (woke[0], woke[1])
@@ -1113,6 +1117,7 @@ class SlotEngine:
             head=head,
             recorded_attempt=recorded,
             rate_opens_in=opens_in,
+            rate_limited=any(row.rate_count is not None for row in rows),
         )
 
     def _withdraw(self, req: _Request) -> Optional[_Outcome]:
