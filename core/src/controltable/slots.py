@@ -132,6 +132,8 @@ class _Outcome:
     attempt: Optional[int] = None
     #: The smallest capacity among the requested resources (to pace polling by queue position).
     capacity: int = 1
+    #: One of the requested resources has a rate limit.
+    rate_limited: bool = False
 
 
 @dataclass
@@ -637,7 +639,10 @@ class SlotEngine:
                                  .values(last_token=res[name].last_token, last_ticket=res[name].last_ticket))
                     res[name].dirty = False
             for name, key in decision.heads.items():
-                if key != first_before.get(name) and key in rows_by_key:
+                rate_spent = queues[name].budget == 0
+                # A new head times the holders' leases; a head stopped by a spent rate budget times
+                # the window's next opening (which nobody pushes): either way, tell it to look.
+                if (key != first_before.get(name) or rate_spent) and key in rows_by_key:
                     # A new head: it now times the holders' leases, so tell it.
                     row = rows_by_key[key][0]
                     notify.append(head_key(min(spans.get(key, {name})), row.holder))
@@ -783,7 +788,7 @@ class SlotEngine:
             if self.ct._wait_for_wakeup(keys, sleep, since):
                 delay = HEAD_POLL_INTERVAL
                 woke = self.ct._wakeups.mark(keys)
-                rate_limited = peek is not None and peek.rate_limited
+                rate_limited = peek.rate_limited if peek is not None else outcome.rate_limited
                 if woke[0] == since[0] and woke[1] == since[1] and not rate_limited:
                     # Only "you are the head now": in a busy queue the grant follows within
                     # moments, so wait a little for it and look once for both.
@@ -980,7 +985,7 @@ class SlotEngine:
                 position[name] = max(entered.ticket - int(head if head is not None else entered.ticket), 0) + 1
             capacity = min(res[name].capacity for name in names)
             return _Outcome(False, entered.key, {}, now + req.ttl, None, position, entered.ticket, entered.attempt,
-                            capacity)
+                            capacity, any(res[name].rate_count is not None for name in names))
 
         return self._with_pass_custom(set(names), fn, deadline=req.deadline)
 
