@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable, Optional, Sequence, Union
 
-from sqlalchemy import and_, delete, func, insert, or_, select, update
+from sqlalchemy import delete, func, insert, or_, select, update
 from sqlalchemy.sql import Delete, Insert, Select, Update
 
 from .errors import ConfigurationError
@@ -194,20 +194,24 @@ def overlapping(t: ControlSchema, namespace: str, resource: str, start: float, e
     )
 
 
-def prunable(t: ControlSchema, namespace: str, resource: str, before: float, batch: int) -> Select:  # type: ignore[type-arg]
-    """Up to ``batch`` tokens of ended grants made before ``before`` (oldest first)."""
+def prune_edge(t: ControlSchema, namespace: str, resource: str, before: float, batch: int) -> Select:  # type: ignore[type-arg]
+    """The grant time of the ``batch``-th oldest ended grant made before ``before`` (None: fewer)."""
     h = t.history
     return (
-        select(h.c.token)
+        select(h.c.granted_at)
         .where(h.c.namespace == namespace, h.c.resource == resource, h.c.granted_at < before, h.c.outcome != HELD)
         .order_by(h.c.granted_at)
-        .limit(batch)
+        .offset(batch - 1)
+        .limit(1)
     )
 
 
-def delete_tokens(t: ControlSchema, namespace: str, resource: str, tokens: Sequence[int]) -> Delete:
+def delete_ended(t: ControlSchema, namespace: str, resource: str, upto: float, inclusive: bool) -> Delete:
+    """Delete the ended grants of ``resource`` made before (or at) ``upto``: a range of the time
+    index, so the plan does not depend on the table's statistics (a list of keys may be scanned)."""
     h = t.history
-    return delete(h).where(and_(h.c.namespace == namespace, h.c.resource == resource, h.c.token.in_(list(tokens))))
+    edge = h.c.granted_at <= upto if inclusive else h.c.granted_at < upto
+    return delete(h).where(h.c.namespace == namespace, h.c.resource == resource, edge, h.c.outcome != HELD)
 
 
 def delete_resource(t: ControlSchema, namespace: str, resource: str) -> Delete:

@@ -1462,11 +1462,11 @@ class SlotEngine:
             while max_batches is None or batches < max_batches:
                 def fn(conn: Connection, name: str = name) -> int:
                     now = float(conn.scalar(select(dialects.db_now())) or 0.0)
-                    tokens = [int(t) for t in conn.execute(
-                        hist.prunable(self.t, self.ns, name, now - older_than, HISTORY_PRUNE_BATCH)).scalars()]
-                    if tokens:
-                        conn.execute(hist.delete_tokens(self.t, self.ns, name, tokens))
-                    return len(tokens)
+                    before = now - older_than
+                    edge = conn.scalar(hist.prune_edge(self.t, self.ns, name, before, HISTORY_PRUNE_BATCH))
+                    if edge is None:  # fewer than a batch left: the rest
+                        return int(conn.execute(hist.delete_ended(self.t, self.ns, name, before, False)).rowcount)
+                    return int(conn.execute(hist.delete_ended(self.t, self.ns, name, float(edge), True)).rowcount)
 
                 n = self.db.run(fn)
                 total += n
