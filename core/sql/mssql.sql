@@ -280,9 +280,12 @@ SELECT ct_resource.name
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1;
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
-SELECT TOP 1000 ct_grant_history.token 
+SELECT ct_grant_history.granted_at 
 FROM ct_grant_history 
-WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history.resource = :resource_1 AND ct_grant_history.granted_at < :granted_at_1 AND ct_grant_history.outcome != 'held' ORDER BY ct_grant_history.granted_at;
+WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history.resource = :resource_1 AND ct_grant_history.granted_at < :granted_at_1 AND ct_grant_history.outcome != 'held' ORDER BY ct_grant_history.granted_at
+ OFFSET :param_2 ROWS
+ FETCH FIRST :param_3 ROWS ONLY;
+DELETE FROM ct_grant_history WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history.resource = :resource_1 AND ct_grant_history.granted_at < :granted_at_1 AND ct_grant_history.outcome != 'held';
 
 -- ===== events prepare (introspection) =====
 

@@ -285,10 +285,11 @@ SELECT ct_resource.name
 FROM ct_resource 
 WHERE ct_resource.namespace = %s;
 SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
-SELECT ct_grant_history.token 
+SELECT ct_grant_history.granted_at 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = %s AND ct_grant_history.resource = %s AND ct_grant_history.granted_at < %s AND ct_grant_history.outcome != 'held' ORDER BY ct_grant_history.granted_at 
- LIMIT %s;
+ LIMIT %s, %s;
+DELETE FROM ct_grant_history WHERE ct_grant_history.namespace = %s AND ct_grant_history.resource = %s AND ct_grant_history.granted_at < %s AND ct_grant_history.outcome != 'held';
 
 -- ===== events prepare (introspection) =====
 

@@ -285,10 +285,12 @@ SELECT ct_resource.name
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1;
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
-SELECT ct_grant_history.token 
+SELECT ct_grant_history.granted_at 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.granted_at < :granted_at_1 AND ct_grant_history.outcome != 'held' ORDER BY ct_grant_history.granted_at
- FETCH FIRST 1000 ROWS ONLY;
+ OFFSET 999 ROWS
+ FETCH FIRST 1 ROWS ONLY;
+DELETE FROM ct_grant_history WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.granted_at < :granted_at_1 AND ct_grant_history.outcome != 'held';
 
 -- ===== events prepare (introspection) =====
 

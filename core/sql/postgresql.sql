@@ -285,10 +285,11 @@ SELECT ct_resource.name
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR;
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
-SELECT ct_grant_history.token 
+SELECT ct_grant_history.granted_at 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.resource = %(resource_1)s::VARCHAR AND ct_grant_history.granted_at < %(granted_at_1)s AND ct_grant_history.outcome != 'held' ORDER BY ct_grant_history.granted_at 
- LIMIT %(param_2)s::INTEGER;
+ LIMIT %(param_2)s::INTEGER OFFSET %(param_3)s::INTEGER;
+DELETE FROM ct_grant_history WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.resource = %(resource_1)s::VARCHAR AND ct_grant_history.granted_at < %(granted_at_1)s AND ct_grant_history.outcome != 'held';
 
 -- ===== events prepare (introspection) =====
 

@@ -283,10 +283,11 @@ SELECT ct_resource.name
 FROM ct_resource 
 WHERE ct_resource.namespace = ?;
 SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
-SELECT ct_grant_history.token 
+SELECT ct_grant_history.granted_at 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = ? AND ct_grant_history.resource = ? AND ct_grant_history.granted_at < ? AND ct_grant_history.outcome != 'held' ORDER BY ct_grant_history.granted_at
  LIMIT ? OFFSET ?;
+DELETE FROM ct_grant_history WHERE ct_grant_history.namespace = ? AND ct_grant_history.resource = ? AND ct_grant_history.granted_at < ? AND ct_grant_history.outcome != 'held';
 
 -- ===== events prepare (introspection) =====
 
