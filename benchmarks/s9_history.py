@@ -47,7 +47,11 @@ def alternate(ct: ControlTable, resources: list[str], samples: int) -> dict[str,
     out: dict[str, list[float]] = {r: [] for r in resources}
     for i in range(samples + 20):
         for r in resources:
-            s = timed(lambda r=r: ct.acquire(r, timeout=0).release())
+
+            def once(name: str = r) -> None:
+                ct.acquire(name, timeout=0).release()
+
+            s = timed(once)
             if i >= 20:
                 out[r].append(s)
     return out
