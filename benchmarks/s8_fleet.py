@@ -76,8 +76,8 @@ def fleet_process(url: str, namespace: str, threads: int, hold: float, start_at:
     def one(i: int) -> None:
         try:
             time.sleep(max(start_at - time.time(), 0))
-            extra = {"priority": i % 4} if priorities else {}  # four levels, mixed across the queue
-            with ct.slot("fleet", holder=f"{os.getpid()}-{i}", lease=60, timeout=600, **extra):
+            priority = i % 4 if priorities else 0  # four levels, mixed across the queue
+            with ct.slot("fleet", holder=f"{os.getpid()}-{i}", lease=60, timeout=600, priority=priority):
                 time.sleep(hold)
             done.append(time.time())
         except Exception as exc:  # reported to the parent
