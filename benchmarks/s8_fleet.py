@@ -33,7 +33,9 @@ from controltable import ControlTable
 from .common import Config, Report, Row, backend_of, percentile, raw_connection, select_one, timed
 from .workers import SPAWN
 
-DATABASE = "controltable_bench_slots"
+#: The scenario's own database (CONTROLTABLE_BENCH_SLOTS_DATABASE overrides, e.g. to run beside
+#: another checkout whose control tables have another schema version).
+DATABASE = os.environ.get("CONTROLTABLE_BENCH_SLOTS_DATABASE", "controltable_bench_slots")
 CAPACITY, HOLD = 4, 0.1
 
 
@@ -65,7 +67,8 @@ def transactions(url: str) -> int:
 
 
 # -- worker processes ------------------------------------------------------------------------------
-def fleet_process(url: str, namespace: str, threads: int, hold: float, start_at: float, out: Any) -> None:
+def fleet_process(url: str, namespace: str, threads: int, hold: float, start_at: float, out: Any,
+                  priorities: bool = False) -> None:
     ct = ControlTable(url, namespace=namespace)
     done: list[float] = []
     errors: list[str] = []
@@ -73,7 +76,8 @@ def fleet_process(url: str, namespace: str, threads: int, hold: float, start_at:
     def one(i: int) -> None:
         try:
             time.sleep(max(start_at - time.time(), 0))
-            with ct.slot("fleet", holder=f"{os.getpid()}-{i}", lease=60, timeout=600):
+            priority = i % 4 if priorities else 0  # four levels, mixed across the queue
+            with ct.slot("fleet", holder=f"{os.getpid()}-{i}", lease=60, timeout=600, priority=priority):
                 time.sleep(hold)
             done.append(time.time())
         except Exception as exc:  # reported to the parent
@@ -119,18 +123,32 @@ def doomed_waiter(url: str, namespace: str, ready: Any) -> None:
 
 
 # -- the figures -----------------------------------------------------------------------------------
-def scale(cfg: Config, report: Report, url: str, backend: str) -> None:
+#: The policy variants of the scale figure: none, priorities (four levels, aging 5 s per step),
+#: and a rate limit half the capacity's throughput (so that it binds: ideal = N / rate).
+POLICIES = ("none", "priorities", "rate")
+RATE = (20, 1.0)
+AGING = 5.0
+
+
+def scale(cfg: Config, report: Report, url: str, backend: str, policy: str = "none") -> float:
+    """The fleet figure; returns wall time over its ideal (for the ratio of policy variants)."""
     per = cfg.scale(100, 20)
     n = 3 * per
-    ns = f"bench_s8_{int(time.time())}"
+    ns = f"bench_s8_{policy}_{int(time.time())}"
     ct = ControlTable(url, namespace=ns)
     ct.install()
-    ct.set_capacity("fleet", CAPACITY)
+    if policy == "rate":
+        ct.set_capacity("fleet", CAPACITY, rate=RATE)
+    elif policy == "priorities":
+        ct.set_capacity("fleet", CAPACITY, aging=AGING)
+    else:
+        ct.set_capacity("fleet", CAPACITY)
     report.log(f"scenario 8 [{backend}]: {n} waiters (3 processes x {per} threads), capacity {CAPACITY}, "
-               f"{HOLD} s holds")
+               f"{HOLD} s holds, policy {policy}")
     out: Any = SPAWN.Queue()
     start_at = time.time() + 8.0  # all threads of all processes start queueing at once
-    procs = [SPAWN.Process(target=fleet_process, args=(url, ns, per, HOLD, start_at, out)) for _ in range(3)]
+    procs = [SPAWN.Process(target=fleet_process, args=(url, ns, per, HOLD, start_at, out, policy == "priorities"))
+             for _ in range(3)]
     for p in procs:
         p.start()
     time.sleep(max(start_at - time.time() - 1.0, 0))
@@ -143,16 +161,32 @@ def scale(cfg: Config, report: Report, url: str, backend: str) -> None:
     grants = sum(r[1] for r in results)
     wall = max(r[0] for r in results) - start_at
     ideal = n * HOLD / CAPACITY
+    anchor = "ideal N x hold / capacity"
+    if policy == "rate":
+        ideal = max(ideal, (n - RATE[0]) * RATE[1] / RATE[0])
+        anchor = f"ideal at rate {RATE[0]}/{RATE[1]:g}s"
     ct.delete_resource("fleet", force=True)
     ct.close()
     note = f"{grants}/{n} grants" + (f"; errors: {errors}" if errors else "")
-    report.add(Row(f"8 fleet {n} waiters", backend, "wall time", wall, "s", "ideal N x hold / capacity", ideal,
+    label = f"8 fleet {n} waiters" + ("" if policy == "none" else f", {policy}")
+    report.add(Row(label, backend, "wall time", wall, "s", anchor, ideal,
                    "s", wall / ideal, goal="<= 1.5", met=wall / ideal <= 1.5 and grants == n, note=note))
     if backend == "postgres":
         per_grant = (after - before) / max(grants, 1)
-        report.add(Row(f"8 fleet {n} waiters", backend, "transactions per grant", per_grant, "tx", "one grant",
+        report.add(Row(label, backend, "transactions per grant", per_grant, "tx", "one grant",
                        1, "grant", per_grant, goal="<= 6", met=per_grant <= 6,
                        note="pg_stat_database xact_commit + xact_rollback of the scenario's own database"))
+    return wall / ideal
+
+
+def policies(cfg: Config, report: Report, url: str, backend: str) -> None:
+    """The fleet figure with each policy, against the same scenario without them in the same run."""
+    base = scale(cfg, report, url, backend, "none")
+    for policy in POLICIES[1:]:
+        ratio = scale(cfg, report, url, backend, policy)
+        report.add(Row(f"8 fleet, {policy} vs none", backend, "wall/ideal", ratio, "x", "wall/ideal without policies",
+                       base, "x", ratio / base, goal="<= 1.3", met=ratio / base <= 1.3,
+                       note="same run, same machine; the rate variant's ideal is the rate's"))
 
 
 def uncontended(cfg: Config, report: Report, url: str, backend: str) -> None:
@@ -282,7 +316,7 @@ def dead_head(cfg: Config, report: Report, url: str, backend: str) -> None:
 
 def run(cfg: Config, report: Report, url: str, backend: str) -> None:
     url = own_database(url)
-    scale(cfg, report, url, backend)
+    policies(cfg, report, url, backend)
     if backend == "postgres":
         uncontended(cfg, report, url, backend)
         handoff(cfg, report, url, backend)

@@ -3,6 +3,21 @@
 -- (SELECT, INSERT, UPDATE, DELETE on the tables below and on your event tables).
 
 -- ===== control tables =====
+CREATE TABLE ct_grant_history (
+	namespace VARCHAR2(100 CHAR) NOT NULL, 
+	"resource" VARCHAR2(200 CHAR) NOT NULL, 
+	token NUMBER(19) NOT NULL, 
+	holder VARCHAR2(200 CHAR) NOT NULL, 
+	"mode" VARCHAR2(10 CHAR) NOT NULL, 
+	slots INTEGER NOT NULL, 
+	priority INTEGER NOT NULL, 
+	enqueued_at BINARY_DOUBLE NOT NULL, 
+	granted_at BINARY_DOUBLE NOT NULL, 
+	ended_at BINARY_DOUBLE, 
+	outcome VARCHAR2(10 CHAR) NOT NULL, 
+	CONSTRAINT ct_grant_history_pk PRIMARY KEY (namespace, "resource", token)
+);
+CREATE INDEX ct_grant_history_time_ix ON ct_grant_history (namespace, "resource", granted_at);
 CREATE TABLE ct_meta (
 	key VARCHAR2(64 CHAR) NOT NULL, 
 	value VARCHAR2(255 CHAR) NOT NULL, 
@@ -25,11 +40,13 @@ CREATE TABLE ct_request (
 	ticket NUMBER(19) DEFAULT 0 NOT NULL, 
 	attempt INTEGER, 
 	pickup_seconds BINARY_DOUBLE, 
+	priority INTEGER DEFAULT 0 NOT NULL, 
+	queue_key BINARY_DOUBLE DEFAULT 0 NOT NULL, 
 	PRIMARY KEY (id), 
 	CONSTRAINT ct_request_holder_uq UNIQUE (namespace, "resource", holder)
 );
 CREATE INDEX ct_request_key_ix ON ct_request (request_key);
-CREATE INDEX ct_request_state_ix ON ct_request (namespace, "resource", state, ticket);
+CREATE INDEX ct_request_order_ix ON ct_request (namespace, "resource", state, queue_key, ticket);
 CREATE TABLE ct_resource (
 	namespace VARCHAR2(100 CHAR) NOT NULL, 
 	name VARCHAR2(200 CHAR) NOT NULL, 
@@ -37,6 +54,9 @@ CREATE TABLE ct_resource (
 	last_token NUMBER(19) NOT NULL, 
 	created_at BINARY_DOUBLE NOT NULL, 
 	last_ticket NUMBER(19) DEFAULT 0 NOT NULL, 
+	rate_count INTEGER, 
+	rate_per BINARY_DOUBLE, 
+	aging BINARY_DOUBLE, 
 	CONSTRAINT ct_resource_pk PRIMARY KEY (namespace, name)
 );
 CREATE TABLE ct_work_item (
@@ -71,95 +91,100 @@ SELECT ct_resource.name
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (:namespace, :name, :capacity, :last_token, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))), :last_ticket);
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
 UPDATE ct_resource SET capacity=:capacity WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
-SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
-FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.ticket
+WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 2 ROWS ONLY) anon_1;
 
 -- ===== acquire: lock the resource rows, enqueue under the next ticket, grant pass over holders and head =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
-SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.holder = :holder_1;
-INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds) VALUES (:namespace, :"resource", :holder, :request_key, :slots, :"mode", :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds) RETURNING ct_request.id INTO :ret_0;
-SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (:namespace, :"resource", :holder, :request_key, :slots, :"mode", :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds, :priority, :queue_key) RETURNING ct_request.id INTO :ret_0;
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
-FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.ticket
+WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 2 ROWS ONLY) anon_1;
 UPDATE ct_request SET state=:state, token=:token, lease_seconds=:lease_seconds, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
+INSERT INTO ct_grant_history (namespace, "resource", token, holder, "mode", slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:namespace, :"resource", :token, :holder, :"mode", :slots, :priority, :enqueued_at, :granted_at, :ended_at, :outcome);
 UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 
 -- ===== try_acquire while held: read its own entry without locks, then enqueue as a waiter (ticketed FIFO) =====
-SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now, (SELECT min(wq.ticket) AS min_1 
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now, (SELECT wq.ticket 
 FROM ct_request wq 
-WHERE wq.namespace = ct_request.namespace AND wq."resource" = ct_request."resource" AND wq.state = 'waiting') AS head_ticket, (SELECT min(hq.expires_at) AS min_2 
+WHERE wq.namespace = ct_request.namespace AND wq."resource" = ct_request."resource" AND wq.state = 'waiting' ORDER BY wq.queue_key, wq.ticket
+ FETCH FIRST 1 ROWS ONLY) AS head_ticket, (SELECT min(hq.expires_at) AS min_1 
 FROM ct_request hq 
 WHERE hq.namespace = ct_request.namespace AND hq."resource" = ct_request."resource" AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), :coalesce_2) AS coalesce_1 
 FROM ct_request hq 
 WHERE hq.namespace = ct_request.namespace AND hq."resource" = ct_request."resource" AND hq.state = 'granted') AS used, (SELECT count(*) AS count_1 
 FROM ct_request hq 
-WHERE hq.namespace = ct_request.namespace AND hq."resource" = ct_request."resource" AND hq.state = 'granted' AND hq."mode" = :mode_1) AS excl, ct_resource.capacity 
+WHERE hq.namespace = ct_request.namespace AND hq."resource" = ct_request."resource" AND hq.state = 'granted' AND hq."mode" = :mode_1) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
 FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request."resource" 
 WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.holder = :holder_1;
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
-SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.holder = :holder_1;
-INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds) VALUES (:namespace, :"resource", :holder, :request_key, :slots, :"mode", :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds) RETURNING ct_request.id INTO :ret_0;
-SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (:namespace, :"resource", :holder, :request_key, :slots, :"mode", :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds, :priority, :queue_key) RETURNING ct_request.id INTO :ret_0;
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
-FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.ticket
+WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 2 ROWS ONLY) anon_1;
 UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
-SELECT min(ct_request.ticket) AS min_1 
+SELECT ct_request.ticket 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" = :resource_1 AND ct_request.state = 'waiting';
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" = :resource_1 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
+ FETCH FIRST 1 ROWS ONLY;
 
 -- ===== renew a lease: extend on the database clock while still granted and unexpired (fenced by request key) =====
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
 UPDATE ct_request SET lease_seconds=:lease_seconds, expires_at=:expires_at WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'granted' AND ct_request.expires_at >= :expires_at_1;
 
 -- ===== release a lease: lock the resource row, delete the entry, grant pass for the next in line =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
-SELECT ct_request.id, ct_request.state, ct_request.expires_at 
+SELECT ct_request.id, ct_request."resource", ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
 WHERE ct_request.request_key = :request_key_1;
 DELETE FROM ct_request WHERE ct_request.request_key = :request_key_1;
-SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds 
+UPDATE ct_grant_history SET ended_at=:ended_at, outcome=:outcome WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.token = :token_1 AND ct_grant_history.outcome = 'held';
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds 
-FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.ticket
+WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 2 ROWS ONLY) anon_1;
 UPDATE ct_request SET state=:state, token=:token, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
+INSERT INTO ct_grant_history (namespace, "resource", token, holder, "mode", slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:namespace, :"resource", :token, :holder, :"mode", :slots, :priority, :enqueued_at, :granted_at, :ended_at, :outcome);
 UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 
 -- ===== status: resources, holders and waiters (no locks) =====
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
-SELECT ct_resource.namespace, ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.created_at, ct_resource.last_ticket 
+SELECT ct_resource.namespace, ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.created_at, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 ORDER BY ct_resource.name;
-SELECT ct_request.id, ct_request.namespace, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.lease_seconds, ct_request.enqueued_at, ct_request.granted_at, ct_request.expires_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds 
+SELECT ct_request.id, ct_request.namespace, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.lease_seconds, ct_request.enqueued_at, ct_request.granted_at, ct_request.expires_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.priority, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 ORDER BY ct_request."resource", ct_request.ticket;
 
@@ -167,6 +192,105 @@ WHERE ct_request.namespace = :namespace_1 ORDER BY ct_request."resource", ct_req
 SELECT DISTINCT ct_request."resource" 
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 AND ct_request.expires_at < (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')));
+
+-- ===== set_capacity with a rate limit and aging (rewrites the waiters' queue order) =====
+SELECT ct_resource.name 
+FROM ct_resource 
+WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
+INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (:namespace, :name, :capacity, :last_token, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))), :last_ticket);
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now 
+FROM ct_resource 
+WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
+UPDATE ct_request SET queue_key=(ct_request.enqueued_at - ct_request.priority * :priority_1) WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" = :resource_1 AND ct_request.state = 'waiting';
+UPDATE ct_resource SET capacity=:capacity, rate_count=:rate_count, rate_per=:rate_per, aging=:aging WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
+ FETCH FIRST 2 ROWS ONLY) anon_1;
+SELECT count(*) AS count_1 
+FROM ct_grant_history 
+WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.granted_at > :granted_at_1;
+
+-- ===== rate-limited grants: the window's budget from the grant history; the head times the next opening =====
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now 
+FROM ct_resource 
+WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.holder = :holder_1;
+INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (:namespace, :"resource", :holder, :request_key, :slots, :"mode", :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds, :priority, :queue_key) RETURNING ct_request.id INTO :ret_0;
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
+ FETCH FIRST 2 ROWS ONLY) anon_1;
+SELECT count(*) AS count_1 
+FROM ct_grant_history 
+WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.granted_at > :granted_at_1;
+UPDATE ct_request SET state=:state, token=:token, lease_seconds=:lease_seconds, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
+INSERT INTO ct_grant_history (namespace, "resource", token, holder, "mode", slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:namespace, :"resource", :token, :holder, :"mode", :slots, :priority, :enqueued_at, :granted_at, :ended_at, :outcome);
+UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+SELECT ct_request.id, ct_request."resource", ct_request.state, ct_request.token, ct_request.expires_at 
+FROM ct_request 
+WHERE ct_request.request_key = :request_key_1;
+DELETE FROM ct_request WHERE ct_request.request_key = :request_key_1;
+UPDATE ct_grant_history SET ended_at=:ended_at, outcome=:outcome WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.token = :token_1 AND ct_grant_history.outcome = 'held';
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now, (SELECT wq.ticket 
+FROM ct_request wq 
+WHERE wq.namespace = ct_request.namespace AND wq."resource" = ct_request."resource" AND wq.state = 'waiting' ORDER BY wq.queue_key, wq.ticket
+ FETCH FIRST 1 ROWS ONLY) AS head_ticket, (SELECT min(hq.expires_at) AS min_1 
+FROM ct_request hq 
+WHERE hq.namespace = ct_request.namespace AND hq."resource" = ct_request."resource" AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), :coalesce_2) AS coalesce_1 
+FROM ct_request hq 
+WHERE hq.namespace = ct_request.namespace AND hq."resource" = ct_request."resource" AND hq.state = 'granted') AS used, (SELECT count(*) AS count_1 
+FROM ct_request hq 
+WHERE hq.namespace = ct_request.namespace AND hq."resource" = ct_request."resource" AND hq.state = 'granted' AND hq."mode" = :mode_1) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
+FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request."resource" 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.holder = :holder_1;
+SELECT ct_request.ticket 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" = :resource_1 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
+ FETCH FIRST 1 ROWS ONLY;
+UPDATE ct_request SET expires_at=:expires_at WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'waiting' AND ct_request.expires_at >= :expires_at_1;
+SELECT ct_grant_history.granted_at 
+FROM ct_grant_history 
+WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.granted_at > :granted_at_1 ORDER BY ct_grant_history.granted_at;
+
+-- ===== grant history (newest first) =====
+SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+SELECT ct_grant_history.namespace, ct_grant_history."resource", ct_grant_history.token, ct_grant_history.holder, ct_grant_history."mode", ct_grant_history.slots, ct_grant_history.priority, ct_grant_history.enqueued_at, ct_grant_history.granted_at, ct_grant_history.ended_at, ct_grant_history.outcome 
+FROM ct_grant_history 
+WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history.granted_at >= :granted_at_1 AND ct_grant_history."resource" = :resource_1 ORDER BY ct_grant_history.granted_at DESC, ct_grant_history.token DESC
+ FETCH FIRST 1000 ROWS ONLY;
+
+-- ===== stats and stats_series from the grant history =====
+SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+SELECT ct_resource.name, ct_resource.capacity 
+FROM ct_resource 
+WHERE ct_resource.namespace = :namespace_1 ORDER BY ct_resource.name;
+SELECT ct_grant_history.slots, ct_grant_history.enqueued_at, ct_grant_history.granted_at, ct_grant_history.ended_at, ct_grant_history.outcome 
+FROM ct_grant_history 
+WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.granted_at < :granted_at_1 AND (ct_grant_history.ended_at IS NULL OR ct_grant_history.ended_at > :ended_at_1);
+SELECT ct_resource.capacity 
+FROM ct_resource 
+WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+
+-- ===== prune_history (batches per resource) =====
+SELECT ct_resource.name 
+FROM ct_resource 
+WHERE ct_resource.namespace = :namespace_1;
+SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+SELECT ct_grant_history.granted_at 
+FROM ct_grant_history 
+WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.granted_at < :granted_at_1 AND ct_grant_history.outcome != 'held' ORDER BY ct_grant_history.granted_at
+ OFFSET 999 ROWS
+ FETCH FIRST 1 ROWS ONLY;
+DELETE FROM ct_grant_history WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.granted_at < :granted_at_1 AND ct_grant_history.outcome != 'held';
 
 -- ===== events prepare (introspection) =====
 

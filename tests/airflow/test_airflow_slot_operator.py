@@ -185,3 +185,30 @@ def test_triggers_of_one_process_share_one_listener_and_wake_on_push(conn_id: st
     assert elapsed < 10, elapsed
     tables = {id(t._ct) for t in triggers}
     assert len(tables) == 1 and next(iter(t._ct for t in triggers)) is ControlTableHook(conn_id).get_control_table()
+
+
+def test_use_priority_weight_queues_by_the_tasks_weight(conn_id: str, ct: Any) -> None:
+    """Opt-in: the task's priority_weight is the slot request's priority, through the trigger too."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_controltable.triggers.controltable import SlotTrigger
+
+    ct.set_capacity("warehouse", 1)
+    other = ct.acquire("warehouse", holder="other", timeout=0)
+    assert ct.try_acquire("warehouse", holder="earlier-low") is None
+    op = operator(conn_id, lambda lease=None: lease.token, use_priority_weight=True, priority_weight=7)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx())
+    (st,) = ct.status(["warehouse"])
+    assert [(w.holder, w.priority) for w in st.waiters] == [(HOLDER, 7), ("earlier-low", 0)]
+    _, kwargs = deferred.value.trigger.serialize()
+    assert kwargs["priority"] == 7
+    rebuilt = SlotTrigger(**json.loads(json.dumps(kwargs)))
+    threading.Timer(0.3, other.release).start()
+    event = asyncio.run(first_event(rebuilt))
+    assert event.payload["status"] == "granted"  # ahead of the earlier, lower request
+    assert op.execute_in_slot(ctx(), event=event.payload) == event.payload["token"]
+    ct.release("warehouse", "earlier-low")
+    # Off by default: plain FIFO whatever the weight.
+    plain = operator(conn_id, lambda lease=None: lease.token, priority_weight=7)
+    assert plain._slot_priority() == 0

@@ -7,6 +7,10 @@
   wait URL NAMESPACE RESOURCE HOLDER OUT         queue as a waiter, write 'queued', then hang
   fleet URL NAMESPACE WORKER THREADS SEED OUT    THREADS waiters in one process (one ControlTable),
                                                  each acquiring once; one JSON line per grant to OUT
+  policy URL NAMESPACE RESOURCE WORKER SEED ROUNDS PRIORITIES SLOTS HOLD_MIN HOLD_MAX DELAY OUT
+                                                 ROUNDS requests of SLOTS with a priority drawn from
+                                                 PRIORITIES (comma-separated), random holds, after
+                                                 DELAY seconds; one JSON line per grant to OUT
 """
 
 from __future__ import annotations
@@ -91,6 +95,29 @@ def fleet(url: str, namespace: str, worker: str, threads: int, seed: int, out: s
         raise SystemExit(f"{len(errors)} waiters failed, first: {errors[0]!r}")
 
 
+def policy(url: str, namespace: str, resource: str, worker: str, seed: int, rounds: int, priorities: str,
+           slots: int, hold_min: float, hold_max: float, delay: float, out: str) -> None:
+    ct = ControlTable(url, namespace=namespace)
+    rng = random.Random(seed)
+    choices = [int(p) for p in priorities.split(",")]
+    time.sleep(delay)
+    with open(out, "a", encoding="utf-8") as log:
+        for i in range(rounds):
+            priority = rng.choice(choices)
+            time.sleep(rng.uniform(0, 0.03))
+            asked = time.time()
+            with ct.slot(resource, holder=f"{worker}-{i}", slots=slots, priority=priority, lease=30,
+                         timeout=120) as lease:
+                start = time.time()
+                time.sleep(rng.uniform(hold_min, hold_max))
+                end = time.time()
+                record = dict(worker=f"{worker}-{i}", resource=resource, mode="shared", slots=slots, start=start,
+                              end=end, ticket=lease.ticket, token=lease.token)
+            log.write(json.dumps(dict(record, priority=priority, asked=asked)) + "\n")
+            log.flush()
+    ct.close()
+
+
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
     if cmd == "stress":
@@ -99,6 +126,9 @@ if __name__ == "__main__":
         hold(args[0], args[1], args[2], args[3], float(args[4]), args[5], *args[6:7])
     elif cmd == "fleet":
         fleet(args[0], args[1], args[2], int(args[3]), int(args[4]), args[5])
+    elif cmd == "policy":
+        policy(args[0], args[1], args[2], args[3], int(args[4]), int(args[5]), args[6], int(args[7]),
+               float(args[8]), float(args[9]), float(args[10]), args[11])
     elif cmd == "wait":
         wait(args[0], args[1], args[2], args[3], args[4])
     else:

@@ -147,3 +147,42 @@ def test_events_and_worklist_commands(backend_url: str, namespace: str, tmp_path
     assert run(backend_url, namespace, "worklist", "reset", wl).returncode == 0
     assert run(backend_url, namespace, "worklist", "drop", wl, "--yes").returncode == 0
     assert run(backend_url, namespace, "worklist", "allocate", wl).returncode == 5
+
+
+def test_policies_from_the_command_line(backend_url: str, namespace: str) -> None:
+    """capacity set --rate/--aging, acquire --priority, status "waits behind", stats as a table and JSON."""
+    run(backend_url, namespace, "init")
+    made = run(backend_url, namespace, "capacity", "set", "api", "1", "--rate", "100/60s", "--aging", "30")
+    assert made.returncode == 0 and "rate 100/60s" in made.stdout and "aging 30s" in made.stdout
+    kept = run(backend_url, namespace, "capacity", "set", "api", "2")
+    assert "rate 100/60s" in kept.stdout  # left out: kept
+    assert "rate" not in run(backend_url, namespace, "capacity", "set", "api", "1", "--rate", "none").stdout
+    bad = run(backend_url, namespace, "capacity", "set", "api", "1", "--rate", "fast")
+    assert bad.returncode == 2 and "COUNT/PERIOD" in bad.stderr
+    assert run(backend_url, namespace, "acquire", "api", "--holder", "first", "--timeout", "0").returncode == 0
+    ct = ControlTable(backend_url, namespace=namespace)
+    assert ct.try_acquire("api", holder="low-waiter") is None
+    assert ct.try_acquire("api", holder="high-waiter", priority=7) is None
+    st = run(backend_url, namespace, "status", "api")
+    assert st.returncode == 0 and "aging 30s" in st.stdout
+    high_line = next(line for line in st.stdout.splitlines() if "high-waiter" in line)
+    low_line = next(line for line in st.stdout.splitlines() if "low-waiter" in line)
+    assert "waiting #1" in high_line and "first" in high_line
+    assert "waiting #2" in low_line and "first, high-waiter" in low_line
+    data = json.loads(run(backend_url, namespace, "status", "--json", "api").stdout)
+    assert data[0]["aging"] == 30.0 and data[0]["waiters"][1]["ahead"] == ["first", "high-waiter"]
+    ct.release("api", "low-waiter")
+    ct.release("api", "high-waiter")
+    ct.close()
+    late = run(backend_url, namespace, "acquire", "api", "--holder", "urgent", "--priority", "9", "--timeout", "0.5")
+    assert late.returncode == 3  # "first" still holds the only slot
+    assert run(backend_url, namespace, "release", "api", "--holder", "first").returncode == 0
+    ran = run(backend_url, namespace, "run", "--resource", "api", "--priority", "3", "--", sys.executable, "-c",
+              "print('ran')")
+    assert ran.returncode == 0 and "ran" in ran.stdout
+    table = run(backend_url, namespace, "stats", "--window", "1h")
+    assert table.returncode == 0 and "api" in table.stdout and "wait p95" in table.stdout
+    (stats,) = json.loads(run(backend_url, namespace, "stats", "api", "--json").stdout)
+    assert stats["resource"] == "api" and stats["grants"] == 2 and stats["capacity"] == 1
+    missing = run(backend_url, namespace, "stats", "nope")
+    assert missing.returncode == 2

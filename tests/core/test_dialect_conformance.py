@@ -245,3 +245,22 @@ def test_oracle_claim_cursor_fetches_no_more_than_the_batch(tmp_path: Path) -> N
     dialects.apply_fetch_limit(cursor, SimpleNamespace(execution_options=stmt.get_execution_options()))
     assert (cursor.arraysize, cursor.prefetchrows) == (7, 7)
     ct.close()
+
+
+@pytest.mark.parametrize("dialect", ["mssql", "oracle", "postgresql", "mysql", "sqlite"])
+def test_v3_upgrade_columns_compile(dialect: str) -> None:
+    """The ALTER TABLE ... ADD of the v2 -> v3 upgrade, for every dialect (SQL Server and Oracle
+    say ADD without COLUMN; defaults come before NOT NULL)."""
+    from sqlalchemy.dialects import mssql, mysql, oracle, postgresql, sqlite
+
+    from controltable.migrations import add_column_sql
+
+    modules = {"mssql": mssql, "oracle": oracle, "postgresql": postgresql, "mysql": mysql, "sqlite": sqlite}
+    d = modules[dialect].dialect()
+    t = build_schema("ct_")
+    for table, name in ((t.resource, "rate_count"), (t.resource, "rate_per"), (t.resource, "aging"),
+                        (t.request, "priority"), (t.request, "queue_key")):
+        sql = str(add_column_sql(table, table.c[name], d))
+        assert (" ADD COLUMN " in sql) == (dialect not in ("mssql", "oracle")), sql
+        if name in ("priority", "queue_key"):
+            assert sql.endswith("DEFAULT 0 NOT NULL"), sql

@@ -267,3 +267,41 @@ def test_interrupt_while_waiting_leaves_the_queue(ct: Any, resource: ControlTabl
     finally:
         blocker.release()
         resource.close()
+
+
+def test_priority_from_the_dagster_priority_tags(ct: Any, resource: ControlTableResource) -> None:
+    """Opt-in: the run's plus the op's ``dagster/priority`` tags are the slot request's priority."""
+    ct.set_capacity("warehouse", 1)
+    other = ct.acquire("warehouse", holder="other", timeout=0)
+    assert ct.try_acquire("warehouse", holder="earlier-low") is None
+    seen: dict[str, Any] = {}
+
+    def watch() -> None:  # once the step waits, note its place and priority, then free the slot
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            (st,) = ct.status(["warehouse"])
+            mine = [w for w in st.waiters if w.holder.startswith("dagster:")]
+            if mine:
+                seen["waiters"] = [(w.holder.startswith("dagster:"), w.priority) for w in st.waiters]
+                break
+            time.sleep(0.05)
+        other.release()
+
+    @op(tags={"dagster/priority": "3"})
+    def urgent(controltable: ControlTableResource) -> None:
+        with controltable.slot("warehouse", priority_from_tag=True, timeout=30) as lease:
+            seen["token"] = lease.token
+
+    @job(tags={"dagster/priority": "2"})
+    def urgent_job() -> None:
+        urgent()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    result = urgent_job.execute_in_process(resources={"controltable": resource})
+    watcher.join(30)
+    assert result.success
+    assert seen["waiters"] == [(True, 5), (False, 0)]  # 2 + 3, ahead of the earlier request
+    order = [r.holder for r in reversed(ct.history("warehouse"))]  # oldest first
+    assert order[0] == "other" and order[1].startswith("dagster:") and order[2] == "earlier-low"
+    ct.release("warehouse", "earlier-low")

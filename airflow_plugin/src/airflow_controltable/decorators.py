@@ -38,6 +38,7 @@ from airflow_controltable.operators.slots import SlotPythonOperator
 from airflow_controltable.utils import (
     DEFAULT_RENEWED_LEASE,
     airflow_errors,
+    slot_priority,
     start_renewing,
     task_instance_holder,
     translate,
@@ -69,6 +70,7 @@ def slot_held(
     lease: float = DEFAULT_RENEWED_LEASE,
     namespace: Optional[str] = None,
     control_schema: Optional[str] = None,
+    use_priority_weight: bool = False,
 ) -> Iterator[Lease]:
     """Acquire ``resource`` inside a running task, renew it while the block runs, release on exit or kill.
 
@@ -76,6 +78,7 @@ def slot_held(
         same task re-acquire idempotently and nothing else shares the slot by accident.
     :param timeout: seconds to wait in line (None: until the task's ``execution_timeout``).
     :param lease: seconds; renewed every third of it in the background.
+    :param use_priority_weight: queue by the task's ``priority_weight`` (higher first).
     :raises ControlTableLeaseLost: if the lease was lost while the block ran (renewal failed
         longer than the lease): the work may have overlapped with the next holder.
     """
@@ -90,7 +93,7 @@ def slot_held(
         table = hook.get_control_table()
         log.info("controltable: waiting for %d %s slot(s) of %r as %r", slots, slot_mode, resource, holder)
         held = table.acquire(resource, holder=holder, slots=slots, mode=slot_mode, timeout=timeout, lease=lease,
-                             attempt=try_number(context))
+                             attempt=try_number(context), priority=slot_priority(task, use_priority_weight))
     log.info("controltable: acquired %r, fencing token %d", resource, held.token)
     start_renewing(held)
 

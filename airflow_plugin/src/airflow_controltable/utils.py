@@ -154,6 +154,21 @@ def try_number(context: Mapping[str, Any]) -> Optional[int]:
     return int(value) if isinstance(value, int) and value >= 1 else None
 
 
+def slot_priority(task: Any, use_priority_weight: bool) -> int:
+    """The slot request's priority: the task's ``priority_weight`` when opted in, else 0 (plain FIFO).
+
+    Airflow's weight rule (e.g. ``downstream``) is not applied here: the task's own weight is what
+    the user set on it. Clamped to the core's priority range.
+    """
+    if not use_priority_weight:
+        return 0
+    from controltable.defaults import MAX_PRIORITY, MIN_PRIORITY
+
+    weight = getattr(task, "priority_weight", 0)
+    value = int(weight) if isinstance(weight, (int, float)) and not isinstance(weight, bool) else 0
+    return max(MIN_PRIORITY, min(MAX_PRIORITY, value))
+
+
 def start_renewing(lease: Any) -> None:
     """Renew ``lease`` from this process, stopping if the process is orphaned (its supervisor died).
 

@@ -18,6 +18,7 @@ from .errors import (
     UnknownResourceError,
 )
 from .events import Batch, EventStats, EventTable, TableBusyError
+from .history import GrantRecord, Rate, ResourceStats
 from .slots import Entry, Lease, ResourceStatus, WaitInfo
 from .worklist import Item, WorkList, WorkListBlocked, WorkListStatus
 
@@ -44,6 +45,9 @@ __all__ = [
     "ControlTableError",
     "DatabaseUnavailableError",
     "Entry",
+    "GrantRecord",
+    "Rate",
+    "ResourceStats",
     "Lease",
     "LeaseLost",
     "NotInstalledError",

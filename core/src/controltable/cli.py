@@ -31,7 +31,7 @@ from rich.table import Table
 from . import defaults
 from .control import ControlTable
 from .db import DEFAULT_URL
-from .defaults import DEFAULT_MODE
+from .defaults import DEFAULT_MODE, DEFAULT_SLOT_PRIORITY
 from .errors import (
     AcquireTimeout,
     ConfigurationError,
@@ -243,12 +243,29 @@ def capacity() -> None:
 @capacity.command("set")
 @click.argument("name")
 @click.argument("slots", type=int)
+@click.option("--rate", default=None, metavar="COUNT/PERIOD",
+              help="Also at most COUNT grants in any PERIOD, e.g. 100/60s or 10/1m; 'none' clears.")
+@click.option("--aging", default=None, metavar="SECONDS",
+              help="A waiter's priority rises by one per SECONDS waited (e.g. 30 or 5m); 'none' clears.")
 @click.pass_obj
 @handled
-def capacity_set(obj: CT, name: str, slots: int) -> None:
-    """Set NAME's capacity to SLOTS (creates it). Shrinking never evicts holders."""
-    obj.get().set_capacity(name, slots)
-    console.print(f"{name}: capacity {slots}")
+def capacity_set(obj: CT, name: str, slots: int, rate: Optional[str], aging: Optional[str]) -> None:
+    """Set NAME's capacity to SLOTS (creates it). Shrinking never evicts holders.
+
+    --rate and --aging left out keep what is set.
+    """
+    from .history import parse_duration, parse_rate
+
+    policy: dict[str, Any] = {}
+    if rate is not None:
+        policy["rate"] = None if rate.lower() == "none" else parse_rate(rate)
+    if aging is not None:
+        policy["aging"] = None if aging.lower() == "none" else parse_duration(aging)
+    ct = obj.get()
+    ct.set_capacity(name, slots, **policy)
+    (st,) = ct.status([name])
+    extra = "".join([f", rate {st.rate}" if st.rate else "", f", aging {st.aging:g}s" if st.aging else ""])
+    console.print(f"{name}: capacity {slots}{extra}")
 
 
 @capacity.command("list")
@@ -256,9 +273,10 @@ def capacity_set(obj: CT, name: str, slots: int) -> None:
 @handled
 def capacity_list(obj: CT) -> None:
     """List resources and their capacity."""
-    table = Table("resource", "capacity", "in use", "waiting", title=f"namespace {obj.namespace}")
+    table = Table("resource", "capacity", "rate", "aging", "in use", "waiting", title=f"namespace {obj.namespace}")
     for st in obj.get().status():
-        table.add_row(st.name, str(st.capacity), str(st.used), str(sum(1 for w in st.waiters if not w.expired)))
+        table.add_row(st.name, str(st.capacity), str(st.rate or ""), f"{st.aging:g}s" if st.aging else "",
+                      str(st.used), str(sum(1 for w in st.waiters if not w.expired)))
     console.print(table)
 
 
@@ -292,23 +310,68 @@ def status(obj: CT, as_json: bool, resources: tuple[str, ...]) -> None:
         console.print(f"no resources in namespace {obj.namespace!r}; "
                       "create one with `controltable capacity set NAME N`")
         return
-    table = Table("resource", "capacity", "in use", "state", "holder", "mode", "slots", "token", "since (UTC)",
-                  "lease", title=f"controltable status: namespace {obj.namespace}")
+    table = Table("resource", "capacity", "in use", "state", "holder", "mode", "slots", "priority", "token",
+                  "since (UTC)", "lease", "waits behind", title=f"controltable status: namespace {obj.namespace}")
     for st in states:
         rows = [(h, "holding") for h in st.holders] + [(w, f"waiting #{w.position}") for w in st.waiters]
+        policy = "".join([f"\nrate {st.rate}" if st.rate else "", f"\naging {st.aging:g}s" if st.aging else ""])
         if not rows:
-            table.add_row(st.name, str(st.capacity), str(st.used), "idle", "", "", "", "", "", "")
+            table.add_row(st.name + policy, str(st.capacity), str(st.used), "idle", "", "", "", "", "", "", "", "")
         for i, (e, state) in enumerate(rows):
-            table.add_row(st.name if i == 0 else "", str(st.capacity) if i == 0 else "",
+            prio = str(e.priority)
+            if e.effective_priority != e.priority:
+                prio += f" ({e.effective_priority:.1f})"  # what aging made of it
+            behind = "" if e.state == "granted" else _behind(e.ahead)
+            table.add_row(st.name + policy if i == 0 else "", str(st.capacity) if i == 0 else "",
                           str(st.used) if i == 0 else "", state + (" (expired)" if e.expired else ""), e.holder,
-                          e.mode, str(e.slots), str(e.token or ""), when(e.since), in_seconds(e.expires_at, now))
+                          e.mode, str(e.slots), prio, str(e.token or ""), when(e.since),
+                          in_seconds(e.expires_at, now), behind)
     console.print(table)
+
+
+def _behind(ahead: list[str], show: int = 3) -> str:
+    """The first few holders and waiters ahead of a waiter ("who blocks me"), and how many more."""
+    if not ahead:
+        return ""
+    more = f" +{len(ahead) - show} more" if len(ahead) > show else ""
+    return ", ".join(ahead[:show]) + more
 
 
 def _status_dict(st: Any) -> dict[str, Any]:
     from dataclasses import asdict
 
     return asdict(st)
+
+
+@cli.command()
+@click.argument("resource", required=False)
+@click.option("--window", default="1h", show_default=True, help="How far back: seconds or e.g. 15m, 1h, 1d.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+@handled
+def stats(obj: CT, resource: Optional[str], window: str, as_json: bool) -> None:
+    """Waits (p50/p95/max), utilisation, grants per hour and expired leases, from the grant history."""
+    from dataclasses import asdict
+
+    from .history import parse_duration
+
+    rows = obj.get().stats([resource] if resource else None, window=parse_duration(window))
+    if as_json:
+        click.echo(json.dumps([asdict(r) for r in rows], default=str, indent=2))
+        return
+    if resource and not rows:
+        fail(f"resource {resource!r} does not exist in namespace {obj.namespace!r}", EXIT_USAGE)
+
+    def secs(value: Optional[float]) -> str:
+        return "" if value is None else f"{value:.2f}s"
+
+    table = Table("resource", "capacity", "grants", "grants/h", "wait p50", "wait p95", "wait max", "utilisation",
+                  "expired", title=f"controltable stats: namespace {obj.namespace}, last {window}")
+    for r in rows:
+        table.add_row(r.resource, str(r.capacity), str(r.grants), f"{r.grants_per_hour:.1f}", secs(r.wait_p50),
+                      secs(r.wait_p95), secs(r.wait_max), "" if r.utilisation is None else f"{r.utilisation:.0%}",
+                      str(r.expired))
+    console.print(table)
 
 
 @cli.command()
@@ -329,13 +392,15 @@ def reap(obj: CT) -> None:
 @click.option("--attempt", type=int, default=None, help="Attempt number (a retry gets a new token).")
 @click.option("--timeout", type=float, default=None, help="Seconds to wait (default: forever; 0: try once).")
 @click.option("--lease", type=float, default=300.0, show_default=True, help="Lease seconds; renew with `renew`.")
+@click.option("--priority", type=int, default=DEFAULT_SLOT_PRIORITY, show_default=True,
+              help="Higher is granted first; equal priorities in arrival order.")
 @click.pass_obj
 @handled
 def acquire(obj: CT, resource: str, holder: str, slots: int, shared: bool, attempt: Optional[int],
-            timeout: Optional[float], lease: float) -> None:
+            timeout: Optional[float], lease: float, priority: int) -> None:
     """Wait for and take a slot; prints the fencing token. Exit 3 on timeout."""
     got = obj.get().acquire(resource, holder=holder, slots=slots, mode="shared" if shared else "exclusive",
-                            timeout=timeout, lease=lease, attempt=attempt)
+                            timeout=timeout, lease=lease, attempt=attempt, priority=priority)
     click.echo(got.token)
 
 
@@ -377,11 +442,13 @@ def renew(obj: CT, resource: str, holder: str, lease: Optional[float]) -> None:
 @click.option("--timeout", type=float, default=None, help="Seconds to wait (default: forever). Exit 3 on timeout.")
 @click.option("--lease", type=float, default=60.0, show_default=True,
               help="Lease seconds; renewed every third of it while the command runs.")
+@click.option("--priority", type=int, default=DEFAULT_SLOT_PRIORITY, show_default=True,
+              help="Higher is granted first; equal priorities in arrival order.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_obj
 @handled
 def run(obj: CT, resources: tuple[str, ...], slots: int, shared: bool, attempt: Optional[int],
-        holder: Optional[str], timeout: Optional[float], lease: float, command: tuple[str, ...]) -> None:
+        holder: Optional[str], timeout: Optional[float], lease: float, priority: int, command: tuple[str, ...]) -> None:
     """Hold a slot while COMMAND runs (flock(1) for the whole fleet); exits with COMMAND's code.
 
     The lease is renewed in the background; SIGTERM/SIGINT are passed to COMMAND and the slot is
@@ -400,7 +467,7 @@ def run(obj: CT, resources: tuple[str, ...], slots: int, shared: bool, attempt: 
                 fail(f"--resource {spec!r}: slots after ':' must be a whole number", EXIT_USAGE)
     ct = obj.get()
     lease_obj = ct.acquire(request, holder=holder, mode="shared" if shared else "exclusive", timeout=timeout,
-                           lease=lease, attempt=attempt)
+                           lease=lease, attempt=attempt, priority=priority)
     lease_obj.start_renewing()
     env = dict(os.environ, CONTROLTABLE_TOKEN=str(lease_obj.token), CONTROLTABLE_HOLDER=lease_obj.holder)
     try:

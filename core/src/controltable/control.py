@@ -17,11 +17,14 @@ from .defaults import (
     DEFAULT_LEASE,
     DEFAULT_MODE,
     DEFAULT_PICKUP,
+    DEFAULT_SLOT_PRIORITY,
     DEFAULT_WAITER_TTL,
+    HISTORY_RETENTION,
     STATEMENT_TIMEOUT,
 )
 from .errors import ConfigurationError, DatabaseBusyError, NotInstalledError
 from .events import EventTable
+from .history import GrantRecord, Rate, ResourceStats, check_rate
 from .migrations import UPGRADES
 from .runtime import Runtime
 from .schema import SCHEMA_VERSION, ControlSchema, build_schema
@@ -31,11 +34,22 @@ from .validation import (
     check_name,
     check_namespace,
     check_positive_int,
+    check_priority,
     check_seconds,
     normalize_request,
 )
 from .wakeups import Wakeups
 from .worklist import WorkList
+
+
+class _Keep:
+    """The default of ``set_capacity``'s policy arguments: keep what is set (None clears)."""
+
+    def __repr__(self) -> str:
+        return "<keep>"
+
+
+KEEP: Any = _Keep()
 
 
 class ControlTable:
@@ -99,8 +113,16 @@ class ControlTable:
         self.db.ping()
 
         def create() -> None:
-            with self.db.translating():  # e.g. no CREATE privilege: PermissionDeniedError, not a driver error
-                self.tables.metadata.create_all(self.db.engine, checkfirst=True)
+            for attempt in range(3):
+                try:
+                    with self.db.translating():  # e.g. no CREATE privilege: PermissionDeniedError, not a driver error
+                        self.tables.metadata.create_all(self.db.engine, checkfirst=True)
+                    return
+                except Exception as exc:
+                    # A concurrent install created a table between the check and the CREATE (on
+                    # PostgreSQL a unique violation in the catalog): the next check sees it.
+                    if attempt == 2 or not (errorcodes.is_unique_violation(exc) or "already exists" in str(exc)):
+                        raise
 
         _retry_busy(create)
         meta = self.tables.meta
@@ -153,9 +175,26 @@ class ControlTable:
         return int(value) if value is not None else None
 
     # -- resources ----------------------------------------------------------------------------
-    def set_capacity(self, name: str, capacity: int) -> None:
-        """Create ``name`` or change its capacity. Shrinking never evicts current holders."""
-        self._slots.set_capacity(check_name("resource", name), check_positive_int("capacity", capacity))
+    def set_capacity(
+        self,
+        name: str,
+        capacity: int,
+        *,
+        rate: Union[Rate, tuple[int, float], None] = KEEP,
+        aging: Optional[float] = KEEP,
+    ) -> None:
+        """Create ``name`` or change its capacity. Shrinking never evicts current holders.
+
+        ``rate=(100, 60)`` (or ``Rate(100, 60)``) also allows at most 100 grants in any 60
+        seconds; ``aging=30`` raises a waiter's effective priority by one for every 30 seconds it
+        waits, so no priority can starve it. ``None`` clears either; leaving one out keeps it.
+        """
+        policy: dict[str, Any] = {}
+        if rate is not KEEP:
+            policy["rate"] = check_rate(rate)
+        if aging is not KEEP:
+            policy["aging"] = check_seconds("aging", aging, allow_none=True)
+        self._slots.set_capacity(check_name("resource", name), check_positive_int("capacity", capacity), policy)
 
     def delete_resource(self, name: str, *, force: bool = False) -> bool:
         """Remove a resource. Refuses while it has live holders or waiters unless ``force``."""
@@ -174,8 +213,9 @@ class ControlTable:
         poll_interval: float = 0.05,
         attempt: Optional[int] = None,
         pickup: float = DEFAULT_PICKUP,
+        priority: int = DEFAULT_SLOT_PRIORITY,
     ) -> Lease:
-        """Wait in FIFO order for ``slots`` of ``resource`` (or a mapping of several) and take them.
+        """Wait in queue order for ``slots`` of ``resource`` (or a mapping of several) and take them.
 
         ``mode="shared"`` (the default) counts: up to ``capacity`` slots are held at once, as
         with an Airflow pool. ``mode="exclusive"`` runs alone on the resource (a writer lock).
@@ -185,10 +225,13 @@ class ControlTable:
         same work: a higher attempt gets the same grant with a new, higher fencing token; a lower
         one than recorded raises :class:`LeaseLost`. A grant made on this request's behalf while
         it waits must be picked up within ``pickup`` seconds, else it passes to the next in line.
+        ``priority`` (higher first, equal ones FIFO; raised by the resource's aging while waiting)
+        orders the queue.
         """
         return self._slots.acquire(
             resource, holder=holder, slots=slots, mode=mode, timeout=timeout, lease=lease,
             waiter_ttl=waiter_ttl, poll_interval=poll_interval, attempt=attempt, pickup=pickup,
+            priority=check_priority(priority),
         )
 
     def try_acquire(
@@ -202,6 +245,7 @@ class ControlTable:
         waiter_ttl: float = DEFAULT_WAITER_TTL,
         attempt: Optional[int] = None,
         pickup: float = DEFAULT_PICKUP,
+        priority: int = DEFAULT_SLOT_PRIORITY,
     ) -> Optional[Lease]:
         """Poll once: return the lease if granted now, else ``None`` and *keep the place in the queue*.
 
@@ -213,7 +257,7 @@ class ControlTable:
         """
         return self._slots.try_acquire(
             resource, holder=holder, slots=slots, mode=mode, lease=lease, waiter_ttl=waiter_ttl,
-            attempt=attempt, pickup=pickup,
+            attempt=attempt, pickup=pickup, priority=check_priority(priority),
         )
 
     @contextmanager
@@ -229,6 +273,7 @@ class ControlTable:
         waiter_ttl: float = DEFAULT_WAITER_TTL,
         attempt: Optional[int] = None,
         pickup: float = DEFAULT_PICKUP,
+        priority: int = DEFAULT_SLOT_PRIORITY,
     ) -> Iterator[Lease]:
         """Hold a slot for the duration of a ``with`` block, renewing its lease in the background.
 
@@ -236,7 +281,8 @@ class ControlTable:
         own exception, if any, takes precedence).
         """
         lease_obj = self.acquire(resource, holder=holder, slots=slots, mode=mode, timeout=timeout,
-                                 lease=lease, waiter_ttl=waiter_ttl, attempt=attempt, pickup=pickup)
+                                 lease=lease, waiter_ttl=waiter_ttl, attempt=attempt, pickup=pickup,
+                                 priority=priority)
         lease_obj.start_renewing()
         with lease_obj:
             yield lease_obj
@@ -270,6 +316,40 @@ class ControlTable:
     def reap(self) -> int:
         """Remove expired holders and waiters of this namespace; returns how many."""
         return self._slots.reap()
+
+    # -- grant history ------------------------------------------------------------------------
+    def history(self, resource: Optional[str] = None, *, since: float = 3600.0, limit: int = 1000) -> list[GrantRecord]:
+        """The grants of the last ``since`` seconds (of ``resource``, or all), newest first."""
+        name = check_name("resource", resource) if resource is not None else None
+        window = check_seconds("since", since)
+        assert window is not None
+        return self._slots.history(name, window, check_positive_int("limit", limit))
+
+    def stats(self, resources: Optional[list[str]] = None, *, window: float = 3600.0) -> list[ResourceStats]:
+        """Per resource: grants, wait p50/p95/max, utilisation, grants per hour and expired
+        leases over the last ``window`` seconds (from the grant history)."""
+        names = [check_name("resource", n) for n in resources] if resources else None
+        seconds = check_seconds("window", window)
+        assert seconds is not None
+        return self._slots.stats(names, seconds)
+
+    def stats_series(self, resource: str, *, window: float = 3600.0, buckets: int = 12) -> list[ResourceStats]:
+        """:meth:`stats` of ``resource`` for ``buckets`` equal parts of the last ``window``, oldest first."""
+        seconds = check_seconds("window", window)
+        assert seconds is not None
+        return self._slots.stats_series(check_name("resource", resource), seconds,
+                                        check_positive_int("buckets", buckets, maximum=10_000))
+
+    def prune_history(self, older_than: Optional[float] = None) -> int:
+        """Delete ended grants older than ``older_than`` seconds (default: the retention, 7 days).
+
+        Runs in batches of short transactions; returns the rows deleted. Releases also prune a
+        batch now and then, so calling this is only needed to shrink the history at once.
+        """
+        seconds = check_seconds("older_than", HISTORY_RETENTION if older_than is None else older_than,
+                                allow_zero=True)
+        assert seconds is not None
+        return self._slots.prune_history(seconds)
 
     def now(self) -> float:
         """The database clock as UTC epoch seconds (the clock all leases use)."""

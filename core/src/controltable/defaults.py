@@ -27,6 +27,16 @@ DEFAULT_WAITER_TTL = 60.0
 #: How long a grant made on a waiter's behalf (by whoever freed the capacity) waits to be picked
 #: up before it lapses and passes to the next in line: a dead waiter delays its queue by this much.
 DEFAULT_PICKUP = 8.0
+#: A slot request's priority when none is given (higher is granted first; any 32-bit value).
+DEFAULT_SLOT_PRIORITY = 0
+#: How long the grant history keeps ended grants (seconds): 7 days. ``prune_history()`` and the
+#: engine's own occasional pruning delete older rows.
+HISTORY_RETENTION = 7 * 86400.0
+#: Rows one pruning statement deletes at most (a short transaction that never blocks grants long).
+HISTORY_PRUNE_BATCH = 1000
+#: How often (seconds) a process prunes one batch of a resource's history after a release, so
+#: pruning keeps pace with grants without running on every grant.
+HISTORY_PRUNE_INTERVAL = 60.0
 
 # -- event batches and work items ----------------------------------------------------------------
 #: A claimed batch's lease (seconds).

@@ -4,9 +4,14 @@ The engine (``slots.py``) locks the resource rows, reads their holders and the *
 waiting queue, and asks :func:`decide` which waiters may now run. No I/O happens here, so the
 rules are tested without a database:
 
-* Strict FIFO per resource: waiters are considered in ticket order, and the first one that does
-  not fit stops its queue (a waiting exclusive request blocks later shared ones; a big request
-  blocks smaller ones behind it: no starvation).
+* Queue order per resource: higher effective priority first, equal ones in ticket order (FIFO).
+  A waiter's effective priority is its priority plus, when the resource has ``aging``, one for
+  every ``aging`` seconds it has waited. Waiters are considered in that order, and the first one
+  that does not fit stops its queue (a waiting exclusive request blocks later requests that do
+  not outrank it; a big request blocks smaller ones behind it: no starvation).
+* Rate: a resource with a rate has a budget, the grants its window still allows; a spent budget
+  stops the queue like a head that does not fit (nobody overtakes the head). The engine counts
+  the budget from the recorded grant times; :func:`next_opening` says when it grows again.
 * A shared request fits when no exclusive holder is present and the slots in use plus its own
   stay within the capacity; an exclusive request fits when nobody holds the resource.
 * A multi-resource request is granted all-or-nothing, only when it is first in *every* queue it
@@ -17,6 +22,7 @@ rules are tested without a database:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,9 @@ class Waiter:
     mode: str  # "shared" | "exclusive"
     #: Every resource of the request (one name for most requests).
     resources: frozenset[str]
+    priority: int = 0
+    #: When it entered the queue (database clock, epoch seconds); what aging counts from.
+    enqueued_at: float = 0.0
 
 
 @dataclass
@@ -43,6 +52,10 @@ class Queue:
     head: list[Waiter] = field(default_factory=list)
     #: Whether ``head`` is the whole waiting queue (else more wait behind the last one read).
     complete: bool = True
+    #: Seconds of waiting worth one priority step (None: no aging).
+    aging: Optional[float] = None
+    #: Grants the rate window still allows now (None: no rate limit).
+    budget: Optional[int] = None
 
 
 @dataclass
@@ -57,8 +70,51 @@ class Decision:
     more: set[str] = field(default_factory=set)
 
 
+def queue_key(priority: int, enqueued_at: float, aging: Optional[float]) -> float:
+    """The static sort key of a waiter (smaller goes first; ties in ticket order).
+
+    With aging ``a`` the effective priority at time ``t`` is ``p + (t - e) / a``; ordering by
+    it (descending) is ordering by ``e - p * a`` (ascending) at every ``t``, a key fixed at
+    enqueue that an index can serve. Without aging it is ``-p``.
+    """
+    if aging is None:
+        return float(-priority)
+    return enqueued_at - priority * aging
+
+
+def effective_priority(priority: int, enqueued_at: float, now: float, aging: Optional[float]) -> float:
+    """``priority`` plus one per ``aging`` seconds waited (just ``priority`` without aging)."""
+    if aging is None:
+        return float(priority)
+    return priority + max(now - enqueued_at, 0.0) / aging
+
+
+def order(waiters: Sequence[Waiter], aging: Optional[float]) -> list[Waiter]:
+    """Waiters in grant order: by :func:`queue_key`, then ticket (FIFO among equals)."""
+    return sorted(waiters, key=lambda w: (queue_key(w.priority, w.enqueued_at, aging), w.ticket))
+
+
+def rate_budget(count: int, per: float, grant_times: Sequence[float], now: float) -> int:
+    """Grants allowed now: ``count`` minus the grants in the window ``(now - per, now]``."""
+    return max(count - sum(1 for t in grant_times if t > now - per), 0)
+
+
+def next_opening(count: int, per: float, grant_times: Sequence[float], now: float) -> Optional[float]:
+    """When the rate window next allows a grant (``now`` if it does; None without grants).
+
+    With ``k >= count`` grants in the window, the budget grows when the ``(k - count + 1)``-th
+    oldest of them leaves it, ``per`` seconds after it was made.
+    """
+    inside = sorted(t for t in grant_times if t > now - per)
+    if len(inside) < count:
+        return now
+    return inside[len(inside) - count] + per
+
+
 def fits(queue: Queue, slots: int, mode: str) -> bool:
-    """Whether a request for ``slots`` in ``mode`` can run now beside the current holders."""
+    """Whether a request for ``slots`` in ``mode`` can run now beside the current holders (and the rate)."""
+    if queue.budget is not None and queue.budget <= 0:
+        return False
     if mode == "exclusive":
         return queue.used == 0 and not queue.exclusive_held
     return not queue.exclusive_held and queue.used + slots <= queue.capacity
@@ -68,14 +124,18 @@ def _take(queue: Queue, slots: int, mode: str) -> None:
     queue.used += slots
     if mode == "exclusive":
         queue.exclusive_held = True
+    if queue.budget is not None:
+        queue.budget -= 1
 
 
 def decide(queues: dict[str, Queue]) -> Decision:
-    """Grant, in FIFO order, every waiter of the locked ``queues`` that may now run.
+    """Grant, in queue order, every waiter of the locked ``queues`` that may now run.
 
-    ``queues`` is changed in place (usage grows by what was granted), so a caller can apply the
-    decision and inspect what is left.
+    ``queues`` is changed in place (usage grows and budgets shrink by what was granted, heads are
+    put in queue order), so a caller can apply the decision and inspect what is left.
     """
+    for queue in queues.values():
+        queue.head = order(queue.head, queue.aging)
     out = Decision()
     granted: set[str] = set()
     blocked: set[str] = set()  # queues whose head cannot run now

@@ -84,10 +84,14 @@ def upgrade_v1_to_v2(engine: object, tables: ControlSchema) -> None:
     with engine.begin() as conn:  # type: ignore[attr-defined]
         backfill(conn)
 
-    new_index = next(i for i in q.indexes if i.name and i.name.endswith("request_state_ix"))
+    # The v2 index (state, ticket); v2 -> v3 replaces it in turn (built on a scratch copy, as
+    # it is no longer part of the declared schema).
+    v2_name = q.name[: -len("request")] + "request_state_ix"
+    v2_scratch = build_schema(q.name[: -len("request")], q.schema).request
+    new_index = Index(v2_name, v2_scratch.c.namespace, v2_scratch.c.resource, v2_scratch.c.state, v2_scratch.c.ticket)
 
     def create_index(conn: Connection) -> None:
-        if str(new_index.name).lower() not in _indexes(conn, q):
+        if v2_name.lower() not in _indexes(conn, q):
             new_index.create(conn)
 
     _ddl(engine, create_index)
@@ -108,5 +112,51 @@ def upgrade_v1_to_v2(engine: object, tables: ControlSchema) -> None:
         log.warning("controltable: could not drop the old index %s (%s); it is unused now", old_name, exc)
 
 
+def upgrade_v2_to_v3(engine: object, tables: ControlSchema) -> None:
+    """Rate limits and aging on resources, priorities and the queue order on requests, the grant history.
+
+    Existing requests get priority 0 and queue key 0 (the column defaults): the queue order of
+    a v2 installation is its ticket order, which the new (state, queue_key, ticket) index keeps.
+    Its live holders get no history rows (their grants predate it); their releases find none
+    to close, which is harmless.
+    """
+    r, q, h = tables.resource, tables.request, tables.history
+    dialect: Dialect = engine.dialect  # type: ignore[attr-defined]
+    for table, name in ((r, "rate_count"), (r, "rate_per"), (r, "aging"), (q, "priority"), (q, "queue_key")):
+
+        def add(conn: Connection, table: Table = table, name: str = name) -> None:
+            if name not in _columns(conn, table):
+                conn.execute(add_column_sql(table, table.c[name], dialect))
+
+        _ddl(engine, add)
+
+    def create_history(conn: Connection) -> None:
+        h.create(conn, checkfirst=True)  # with its time index
+
+    _ddl(engine, create_history)
+
+    new_index = next(i for i in q.indexes if i.name and i.name.endswith("request_order_ix"))
+
+    def create_index(conn: Connection) -> None:
+        if str(new_index.name).lower() not in _indexes(conn, q):
+            new_index.create(conn)
+
+    _ddl(engine, create_index)
+
+    # The v2 queue index (state, ticket) is superseded by the (state, queue_key, ticket) one.
+    scratch = build_schema(q.name[: -len("request")], q.schema).request
+    old_name = q.name[: -len("request")] + "request_state_ix"
+    old = Index(old_name, scratch.c.namespace, scratch.c.resource, scratch.c.state, scratch.c.ticket)
+
+    def drop_old(conn: Connection) -> None:
+        if old_name.lower() in _indexes(conn, q):
+            old.drop(conn)
+
+    try:
+        _ddl(engine, drop_old)
+    except Exception as exc:  # harmless to keep: only costs a little on inserts
+        log.warning("controltable: could not drop the old index %s (%s); it is unused now", old_name, exc)
+
+
 #: ``from_version -> step`` bringing the tables to ``from_version + 1``.
-UPGRADES: dict[int, Callable[[object, ControlSchema], None]] = {1: upgrade_v1_to_v2}
+UPGRADES: dict[int, Callable[[object, ControlSchema], None]] = {1: upgrade_v1_to_v2, 2: upgrade_v2_to_v3}

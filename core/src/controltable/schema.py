@@ -30,10 +30,13 @@ from .dialects import StateString, name_type, text_type
 
 #: Bumped whenever the control tables change; ``install()`` records it in the meta table and
 #: later releases migrate from the recorded version.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: What each version added, for the migration in ``ControlTable.install()``:
 #: 2 - per-resource queue tickets (``resource.last_ticket``, ``request.ticket``), attempts and
 #:     pickup deadlines on requests, the (state, ticket) queue index, identities for Oracle.
+#: 3 - slot policies: rate limits and aging on resources (``rate_count``, ``rate_per``,
+#:     ``aging``), request priorities and their queue order (``priority``, ``queue_key``, the
+#:     (state, queue_key, ticket) index replacing the (state, ticket) one), the grant history table.
 
 
 #: Epoch seconds need double precision: MySQL's plain FLOAT is single precision (about two
@@ -62,10 +65,11 @@ class ControlSchema:
     request: Table
     worklist: Table
     item: Table
+    history: Table
 
     @property
     def tables(self) -> list[Table]:
-        return [self.meta, self.resource, self.request, self.worklist, self.item]
+        return [self.meta, self.resource, self.request, self.worklist, self.item, self.history]
 
 
 def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSchema:
@@ -89,6 +93,11 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
         # Queue ticket counter: bumped under this row's lock, so ticket order is exactly the order
         # in which requests entered the queue, on every backend (identities may be unordered).
         Column("last_ticket", BigInteger, nullable=False, server_default=text("0")),
+        # Rate limit: at most rate_count grants in any window of rate_per seconds (NULL: none).
+        Column("rate_count", Integer, nullable=True),
+        Column("rate_per", EpochSeconds, nullable=True),
+        # Aging: a waiter's effective priority rises by one per `aging` seconds waited (NULL: off).
+        Column("aging", EpochSeconds, nullable=True),
         PrimaryKeyConstraint("namespace", "name", name=f"{prefix}resource_pk"),
     )
     request = Table(
@@ -115,10 +124,16 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
         Column("attempt", Integer, nullable=True),
         # How long a grant made on this waiter's behalf waits to be picked up (NULL: the default).
         Column("pickup_seconds", EpochSeconds, nullable=True),
+        # The request's priority (higher is granted first) and its place in the queue order:
+        # -priority without aging, enqueued_at - priority * aging with it (an effective priority
+        # priority + waited / aging orders exactly like that static key, so the order stays an
+        # index order). Rewritten for the waiting rows when a resource's aging changes.
+        Column("priority", Integer, nullable=False, server_default=text("0")),
+        Column("queue_key", EpochSeconds, nullable=False, server_default=text("0")),
         UniqueConstraint("namespace", "resource", "holder", name=f"{prefix}request_holder_uq"),
-        # The queue and the holders of a resource, in ticket order: a grant pass reads only the
-        # head of the waiting queue and the (at most capacity) holders through it.
-        Index(f"{prefix}request_state_ix", "namespace", "resource", "state", "ticket"),
+        # The queue and the holders of a resource, in queue order (ties in ticket order): a grant
+        # pass reads only the head of the waiting queue and the (at most capacity) holders.
+        Index(f"{prefix}request_order_ix", "namespace", "resource", "state", "queue_key", "ticket"),
         Index(f"{prefix}request_key_ix", "request_key"),
         sqlite_autoincrement=True,
     )
@@ -152,4 +167,24 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
         Index(f"{prefix}work_item_ix", "namespace", "worklist", "state", "exec_order"),
         sqlite_autoincrement=True,
     )
-    return ControlSchema(md, meta, resource, request, worklist, item)
+    history = Table(
+        f"{prefix}grant_history",
+        md,
+        # One row per grant, written in the grant's transaction; the token is unique per resource
+        # (the fencing counter), so (namespace, resource, token) names a grant.
+        Column("namespace", name_type(NAMESPACE_LENGTH), nullable=False),
+        Column("resource", name_type(NAME_LENGTH), nullable=False),
+        Column("token", BigInteger, nullable=False),
+        Column("holder", name_type(NAME_LENGTH), nullable=False),
+        Column("mode", String(10), nullable=False),
+        Column("slots", Integer, nullable=False),
+        Column("priority", Integer, nullable=False),
+        Column("enqueued_at", EpochSeconds, nullable=False),
+        Column("granted_at", EpochSeconds, nullable=False),
+        Column("ended_at", EpochSeconds, nullable=True),
+        Column("outcome", StateString(10), nullable=False),  # held | released | expired
+        PrimaryKeyConstraint("namespace", "resource", "token", name=f"{prefix}grant_history_pk"),
+        # Rate windows, statistics and pruning read a resource's grants by time.
+        Index(f"{prefix}grant_history_time_ix", "namespace", "resource", "granted_at"),
+    )
+    return ControlSchema(md, meta, resource, request, worklist, item, history)

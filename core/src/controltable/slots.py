@@ -33,10 +33,20 @@ from sqlalchemy import and_, delete, func, insert, select, union_all, update
 from sqlalchemy.engine import Connection
 
 from . import dialects, errorcodes, grants
-from .defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_PICKUP, DEFAULT_WAITER_TTL  # noqa: F401 - re-exported
+from . import history as hist
+from .defaults import (  # noqa: F401 - re-exported
+    DEFAULT_LEASE,
+    DEFAULT_MODE,
+    DEFAULT_PICKUP,
+    DEFAULT_WAITER_TTL,
+    HISTORY_PRUNE_BATCH,
+    HISTORY_PRUNE_INTERVAL,
+    HISTORY_RETENTION,
+)
 from .errors import AcquireTimeout, ConfigurationError, LeaseLost, UnknownResourceError
+from .history import Rate
 from .renewal import BackgroundRenewal
-from .validation import check_mode, check_name, check_poll_interval, check_seconds, normalize_request
+from .validation import check_mode, check_name, check_poll_interval, check_priority, check_seconds, normalize_request
 
 if TYPE_CHECKING:  # pragma: no cover
     from .control import ControlTable
@@ -122,6 +132,8 @@ class _Outcome:
     attempt: Optional[int] = None
     #: The smallest capacity among the requested resources (to pace polling by queue position).
     capacity: int = 1
+    #: One of the requested resources has a rate limit.
+    rate_limited: bool = False
 
 
 @dataclass
@@ -134,6 +146,9 @@ class _Res:
     last_ticket: int
     #: The counters changed and are written back at the end of the transaction's grant pass.
     dirty: bool = False
+    rate_count: Optional[int] = None
+    rate_per: Optional[float] = None
+    aging: Optional[float] = None
 
 
 @dataclass
@@ -159,6 +174,8 @@ class _Request:
     #: When a waiting ``acquire(timeout=...)`` gives up (``time.monotonic()``), plus a short grace:
     #: bounds every transaction of the wait, so a silent server cannot hold the caller past it.
     deadline: Optional[float] = None
+    #: Higher is granted first (see :mod:`controltable.grants`).
+    priority: int = 0
 
 
 class Lease(BackgroundRenewal):
@@ -298,6 +315,11 @@ class Entry:
     token: Optional[int]
     position: int
     expired: bool = False
+    priority: int = 0
+    #: The priority plus what aging added (waiters: now; holders: when granted).
+    effective_priority: float = 0.0
+    #: For waiters: the holders and the waiters ahead of it, in order (who it waits behind).
+    ahead: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -327,6 +349,8 @@ class ResourceStatus:
     last_token: int
     holders: list[Entry] = field(default_factory=list)
     waiters: list[Entry] = field(default_factory=list)
+    rate: Optional[Rate] = None
+    aging: Optional[float] = None
 
 
 class _NeedLocks(Exception):
@@ -369,6 +393,11 @@ class _Peek:
     holder_expiry_in: Optional[float] = None
     head: bool = False
     recorded_attempt: Optional[int] = None
+    #: Seconds until the rate window allows the next grant (when the head waits for it).
+    rate_opens_in: Optional[float] = None
+    #: One of the request's resources has a rate limit (a new head then looks at once: the grant
+    #: it would wait for may be the rate window's, which nobody pushes).
+    rate_limited: bool = False
 
 
 class SlotEngine:
@@ -385,6 +414,8 @@ class SlotEngine:
         self.db = ct.db
         self.t = ct.tables
         self.ns = ct.namespace
+        #: When this process next prunes a batch of history (``time.monotonic()``).
+        self._next_prune = time.monotonic() + HISTORY_PRUNE_INTERVAL * random.random()
 
     # -- running a change followed by a grant pass ---------------------------------------------
     def _with_pass(self, names: set[str], action: Callable[[Connection, dict[str, Any], float], T]) -> T:
@@ -439,7 +470,8 @@ class SlotEngine:
                 continue
             row = conn.execute(
                 dialects.lock_rows(
-                    select(r.c.name, r.c.capacity, r.c.last_token, r.c.last_ticket, dialects.db_now().label("now"))
+                    select(r.c.name, r.c.capacity, r.c.last_token, r.c.last_ticket, r.c.rate_count, r.c.rate_per,
+                           r.c.aging, dialects.db_now().label("now"))
                     .where(r.c.namespace == self.ns, r.c.name == name),
                     r,
                 )
@@ -449,20 +481,24 @@ class SlotEngine:
                     f"resource {name!r} does not exist in namespace {self.ns!r}; create it with "
                     f"set_capacity({name!r}, n) or `controltable capacity set {name} N`"
                 )
-            rows[name] = _Res(name, int(row.capacity), int(row.last_token), int(row.last_ticket))
+            rows[name] = _Res(name, int(row.capacity), int(row.last_token), int(row.last_ticket),
+                              rate_count=None if row.rate_count is None else int(row.rate_count),
+                              rate_per=None if row.rate_per is None else float(row.rate_per),
+                              aging=None if row.aging is None else float(row.aging))
             now = max(now, float(row.now))
         return rows, now
 
     def _cols(self, q: Any) -> list[Any]:
         return [q.c.id, q.c.resource, q.c.holder, q.c.request_key, q.c.slots, q.c.mode, q.c.state, q.c.token,
-                q.c.expires_at, q.c.granted_at, q.c.ticket, q.c.attempt, q.c.pickup_seconds, q.c.lease_seconds]
+                q.c.expires_at, q.c.granted_at, q.c.ticket, q.c.attempt, q.c.pickup_seconds, q.c.lease_seconds,
+                q.c.priority, q.c.enqueued_at, q.c.queue_key]
 
     def _snapshot(self, conn: Connection, res: dict[str, Any]) -> list[Any]:
         """The holders of the locked resources and the head of each waiting queue, in one statement.
 
         Reads at most ``capacity + 1`` waiters per queue (no more can be granted by one pass),
-        through the (namespace, resource, state, ticket) index: the work does not depend on how
-        many wait behind.
+        in queue order through the (namespace, resource, state, queue_key, ticket) index: the work
+        does not depend on how many wait behind.
         """
         q = self.t.request
         cols = self._cols(q)
@@ -473,12 +509,28 @@ class SlotEngine:
             head = (
                 select(*cols)
                 .where(q.c.namespace == self.ns, q.c.resource == name, q.c.state == "waiting")
-                .order_by(q.c.ticket)
+                .order_by(q.c.queue_key, q.c.ticket)
                 .limit(self._head_size(res[name]))
                 .subquery()
             )
             parts.append(select(*head.c))
         return list(conn.execute(union_all(*parts)).all())
+
+    def _budget(self, conn: Connection, res: _Res, now: float) -> Optional[int]:
+        """Grants the resource's rate window still allows at ``now`` (None: no rate limit)."""
+        if res.rate_count is None or res.rate_per is None:
+            return None
+        used = int(conn.scalar(hist.window_count(self.t, self.ns, res.name, now - res.rate_per)) or 0)
+        return max(res.rate_count - used, 0)
+
+    def _end_grants(self, conn: Connection, rows: list[Any], now: float, outcome: Optional[str] = None) -> None:
+        """Close the history rows of the granted ``rows`` being removed: released while their lease
+        was live, expired otherwise (or ``outcome``)."""
+        for row in rows:
+            if row.state != "granted" or row.token is None:
+                continue
+            how = outcome or (hist.RELEASED if float(row.expires_at) >= now else hist.EXPIRED)
+            conn.execute(hist.end_grant(self.t, self.ns, row.resource, int(row.token), how, now))
 
     @staticmethod
     def _head_size(res: _Res) -> int:
@@ -501,7 +553,8 @@ class SlotEngine:
         reaped = 0
         for _ in range(100):  # each round grants at least one waiter or ends
             rows = self._snapshot(conn, res)
-            queues = {name: grants.Queue(name, res[name].capacity) for name in res}
+            queues = {name: grants.Queue(name, res[name].capacity, aging=res[name].aging,
+                                         budget=self._budget(conn, res[name], now)) for name in res}
             waiting: dict[str, list[Any]] = {name: [] for name in res}
             first_before: dict[str, str] = {}
             seen: set[int] = set()
@@ -514,6 +567,9 @@ class SlotEngine:
                     gone = conn.execute(delete(q).where(q.c.id == row.id, q.c.expires_at < now)).rowcount
                     if gone:
                         reaped += 1
+                        if row.state == "granted" and row.token is not None:
+                            conn.execute(hist.end_grant(self.t, self.ns, row.resource, int(row.token),
+                                                        hist.EXPIRED, now))
                         continue
                 if row.state == "granted":
                     queue = queues[row.resource]
@@ -537,8 +593,9 @@ class SlotEngine:
                     if len(span) != key_size(row.request_key):
                         continue  # partly removed (expired or withdrawn): never granted, expires whole
                     queue.head.append(grants.Waiter(row.request_key, int(row.ticket), int(row.slots), row.mode,
-                                                    frozenset(span)))
+                                                    frozenset(span), int(row.priority), float(row.enqueued_at)))
                     rows_by_key.setdefault(row.request_key, []).append(row)
+                queue.head = grants.order(queue.head, queue.aging)
                 if queue.head:
                     first_before[name] = queue.head[0].key
             decision = grants.decide(queues)
@@ -570,6 +627,8 @@ class SlotEngine:
                             state="granted", token=token, granted_at=now, **values
                         )
                     )
+                    # In the grant's transaction: the rate window counts these rows.
+                    conn.execute(hist.record_grant(self.t, self.ns, row.resource, token, row, int(row.priority), now))
                 if not mine:
                     others = True
                     first = min(row.resource for row in rows_by_key[key])
@@ -580,7 +639,10 @@ class SlotEngine:
                                  .values(last_token=res[name].last_token, last_ticket=res[name].last_ticket))
                     res[name].dirty = False
             for name, key in decision.heads.items():
-                if key != first_before.get(name) and key in rows_by_key:
+                rate_spent = queues[name].budget == 0
+                # A new head times the holders' leases; a head stopped by a spent rate budget times
+                # the window's next opening (which nobody pushes): either way, tell it to look.
+                if (key != first_before.get(name) or rate_spent) and key in rows_by_key:
                     # A new head: it now times the holders' leases, so tell it.
                     row = rows_by_key[key][0]
                     notify.append(head_key(min(spans.get(key, {name})), row.holder))
@@ -593,8 +655,11 @@ class SlotEngine:
         return reaped  # pragma: no cover - a hundred rounds of grants in one pass
 
     # -- capacity ----------------------------------------------------------------------------
-    def set_capacity(self, name: str, capacity: int) -> None:
-        r = self.t.resource
+    def set_capacity(self, name: str, capacity: int, policy: Optional[dict[str, Any]] = None) -> None:
+        """Create or change a resource; ``policy`` may hold ``rate`` (a Rate or None) and ``aging``
+        (seconds or None) to set - keys left out are kept."""
+        r, q = self.t.resource, self.t.request
+        policy = policy or {}
 
         def create(conn: Connection) -> None:
             found = conn.execute(
@@ -615,7 +680,22 @@ class SlotEngine:
                 raise
 
         def change(conn: Connection, res: dict[str, Any], now: float) -> None:
-            conn.execute(update(r).where(r.c.namespace == self.ns, r.c.name == name).values(capacity=capacity))
+            values: dict[str, Any] = dict(capacity=capacity)
+            if "rate" in policy:
+                rate: Optional[Rate] = policy["rate"]
+                values.update(rate_count=None if rate is None else rate.count,
+                              rate_per=None if rate is None else rate.per)
+                res[name].rate_count = values["rate_count"]
+                res[name].rate_per = values["rate_per"]
+            if "aging" in policy and policy["aging"] != res[name].aging:
+                aging: Optional[float] = policy["aging"]
+                values["aging"] = aging
+                res[name].aging = aging
+                # The queue order's key depends on aging: rewrite it for the waiters (under the lock).
+                key = -q.c.priority if aging is None else q.c.enqueued_at - q.c.priority * aging
+                conn.execute(update(q).where(q.c.namespace == self.ns, q.c.resource == name, q.c.state == "waiting")
+                             .values(queue_key=key))
+            conn.execute(update(r).where(r.c.namespace == self.ns, r.c.name == name).values(**values))
             res[name].capacity = capacity  # a larger capacity grants the waiters that now fit
 
         self._with_pass({name}, change)
@@ -640,6 +720,7 @@ class SlotEngine:
                     "to expire, or delete with force=True (--force)"
                 )
             conn.execute(delete(q).where(q.c.namespace == self.ns, q.c.resource == name))
+            conn.execute(hist.delete_resource(self.t, self.ns, name))
             conn.execute(delete(r).where(r.c.namespace == self.ns, r.c.name == name))
             return True
 
@@ -648,7 +729,7 @@ class SlotEngine:
     # -- acquire -----------------------------------------------------------------------------
     def _request(
         self, resource: Union[str, Mapping[str, int]], holder: Optional[str], slots: int, mode: str, lease: float,
-        waiter_ttl: float, pickup: float, attempt: Optional[int],
+        waiter_ttl: float, pickup: float, attempt: Optional[int], priority: int = 0,
     ) -> _Request:
         parts = normalize_request(resource, slots)
         mode = check_mode(mode)
@@ -658,7 +739,8 @@ class SlotEngine:
         pick = check_seconds("pickup", pickup)
         att = check_attempt(attempt)
         assert lease_s is not None and ttl is not None and pick is not None
-        return _Request(parts, holder, mode, lease_s, ttl, pick, att, request_key(parts))
+        return _Request(parts, holder, mode, lease_s, ttl, pick, att, request_key(parts),
+                        priority=check_priority(priority))
 
     def acquire(
         self,
@@ -673,8 +755,9 @@ class SlotEngine:
         poll_interval: float,
         attempt: Optional[int] = None,
         pickup: float = DEFAULT_PICKUP,
+        priority: int = 0,
     ) -> Lease:
-        req = self._request(resource, holder, slots, mode, lease, waiter_ttl, pickup, attempt)
+        req = self._request(resource, holder, slots, mode, lease, waiter_ttl, pickup, attempt, priority)
         wait = check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
         poll_interval = check_poll_interval("poll_interval", poll_interval)
         deadline = None if wait is None else time.monotonic() + wait
@@ -705,7 +788,8 @@ class SlotEngine:
             if self.ct._wait_for_wakeup(keys, sleep, since):
                 delay = HEAD_POLL_INTERVAL
                 woke = self.ct._wakeups.mark(keys)
-                if woke[0] == since[0] and woke[1] == since[1]:
+                rate_limited = peek.rate_limited if peek is not None else outcome.rate_limited
+                if woke[0] == since[0] and woke[1] == since[1] and not rate_limited:
                     # Only "you are the head now": in a busy queue the grant follows within
                     # moments, so wait a little for it and look once for both.
                     grant_only = (woke[0], woke[1])
@@ -750,6 +834,9 @@ class SlotEngine:
             sleep = min(refresh_in, MAX_POLL_INTERVAL, req.ttl / 4.0, HEAD_POLL_INTERVAL * (1 + capacity_rounds))
         if expiry is not None:
             sleep = min(sleep, expiry + 0.05)
+        if peek is not None and peek.rate_opens_in is not None:
+            # The rate window's next opening: no jitter early (that would only look too soon).
+            return min(sleep * (0.75 + random.random() / 2), peek.rate_opens_in + 0.01 + 0.02 * random.random())
         return sleep * (0.75 + random.random() / 2)
 
     def _lease(self, req: _Request, outcome: _Outcome) -> Lease:
@@ -778,6 +865,7 @@ class SlotEngine:
         waiter_ttl: float,
         attempt: Optional[int] = None,
         pickup: float = DEFAULT_PICKUP,
+        priority: int = 0,
     ) -> Optional[Lease]:
         """One look that keeps the queue entry when not granted (for sensors and triggers).
 
@@ -785,7 +873,8 @@ class SlotEngine:
         its behalf); only a new request, a new attempt or a head that must pass capacity on
         itself takes the resource locks.
         """
-        req = self._request(resource, check_name("holder", holder), slots, mode, lease, waiter_ttl, pickup, attempt)
+        req = self._request(resource, check_name("holder", holder), slots, mode, lease, waiter_ttl, pickup, attempt,
+                            priority)
         peek = self._look(req, True)
         newer = attempt is not None and attempt != peek.recorded_attempt
         if peek.state == "granted" and peek.outcome is not None and not newer:
@@ -827,6 +916,7 @@ class SlotEngine:
                                                         q.c.expires_at < now)).rowcount
                     if gone:
                         conn.execute(delete(q).where(q.c.request_key == mine[0].request_key))
+                        self._end_grants(conn, mine, now, hist.EXPIRED)
                         mine = []
             attempt = req.attempt
             if mine:
@@ -850,6 +940,8 @@ class SlotEngine:
                     if newer:
                         for name in names:
                             res[name].last_token += 1
+                            conn.execute(hist.retoken_grant(self.t, self.ns, name, tokens[name],
+                                                            res[name].last_token))
                             tokens[name] = res[name].last_token
                             conn.execute(update(r).where(r.c.namespace == self.ns, r.c.name == name)
                                          .values(last_token=tokens[name]))
@@ -871,7 +963,8 @@ class SlotEngine:
                 conn.execute(insert(q).values(
                     namespace=self.ns, resource=name, holder=req.holder, request_key=key, slots=req.parts[name],
                     mode=req.mode, state="waiting", lease_seconds=req.lease, enqueued_at=now,
-                    expires_at=now + req.ttl, ticket=tickets[name], attempt=attempt, pickup_seconds=req.pickup))
+                    expires_at=now + req.ttl, ticket=tickets[name], attempt=attempt, pickup_seconds=req.pickup,
+                    priority=req.priority, queue_key=grants.queue_key(req.priority, now, res[name].aging)))
             return _Entered(key, attempt, min(tickets.values()))
 
         def fn(conn: Connection, res: dict[str, Any], now: float) -> _Outcome:
@@ -886,12 +979,13 @@ class SlotEngine:
                                 entered.ticket, entered.attempt)
             position = {}
             for name in names:
-                head = conn.scalar(select(func.min(q.c.ticket)).where(
-                    q.c.namespace == self.ns, q.c.resource == name, q.c.state == "waiting"))
+                head = conn.scalar(select(q.c.ticket).where(
+                    q.c.namespace == self.ns, q.c.resource == name, q.c.state == "waiting")
+                    .order_by(q.c.queue_key, q.c.ticket).limit(1))
                 position[name] = max(entered.ticket - int(head if head is not None else entered.ticket), 0) + 1
             capacity = min(res[name].capacity for name in names)
             return _Outcome(False, entered.key, {}, now + req.ttl, None, position, entered.ticket, entered.attempt,
-                            capacity)
+                            capacity, any(res[name].rate_count is not None for name in names))
 
         return self._with_pass_custom(set(names), fn, deadline=req.deadline)
 
@@ -933,13 +1027,16 @@ class SlotEngine:
         hq, wq = q.alias("hq"), q.alias("wq")
         same_h = and_(hq.c.namespace == q.c.namespace, hq.c.resource == q.c.resource, hq.c.state == "granted")
         same_w = and_(wq.c.namespace == q.c.namespace, wq.c.resource == q.c.resource, wq.c.state == "waiting")
-        head_ticket = select(func.min(wq.c.ticket)).where(same_w).scalar_subquery()
+        # The head's ticket: the first waiter in queue order, one index probe.
+        head_ticket = (select(wq.c.ticket).where(same_w).order_by(wq.c.queue_key, wq.c.ticket).limit(1)
+                       .scalar_subquery())
         hold_exp = select(func.min(hq.c.expires_at)).where(same_h).scalar_subquery()
         used = select(func.coalesce(func.sum(hq.c.slots), 0)).where(same_h).scalar_subquery()
         excl = select(func.count()).where(same_h, hq.c.mode == "exclusive").scalar_subquery()
         rows = conn.execute(
             select(*self._cols(q), dialects.db_now().label("now"), head_ticket.label("head_ticket"),
-                   hold_exp.label("hold_exp"), used.label("used"), excl.label("excl"), r.c.capacity)
+                   hold_exp.label("hold_exp"), used.label("used"), excl.label("excl"), r.c.capacity,
+                   r.c.rate_count, r.c.rate_per)
             .select_from(q.join(r, and_(r.c.namespace == q.c.namespace, r.c.name == q.c.resource)))
             .where(q.c.namespace == self.ns, q.c.resource.in_(names), q.c.holder == req.holder)
         ).all()
@@ -987,6 +1084,8 @@ class SlotEngine:
         fits_all = True
         expired_holder = False
         soonest: Optional[float] = None
+        opens_in: Optional[float] = None
+        rescue = False
         for row in rows:
             first = int(row.head_ticket) if row.head_ticket is not None else int(row.ticket)
             position[row.resource] = max(int(row.ticket) - first, 0) + 1
@@ -996,16 +1095,34 @@ class SlotEngine:
                 expired_holder = expired_holder or left < 0
                 soonest = left if soonest is None else min(soonest, left)
             queue = grants.Queue(row.resource, int(row.capacity), int(row.used or 0), int(row.excl or 0) > 0)
+            if row.rate_count is not None and row.rate_per is not None and position[row.resource] <= 2:
+                # The head (and the one behind it, should the head be gone) times the rate window:
+                # nobody else grants when it opens, so a waiter sleeps until then and runs the pass.
+                count, per = int(row.rate_count), float(row.rate_per)
+                times = [float(t) for t in conn.execute(hist.window_times(self.t, self.ns, row.resource, now - per))
+                         .scalars()]
+                queue.budget = grants.rate_budget(count, per, times, now)
+                opening = grants.next_opening(count, per, times, now)
+                if opening is not None and opening > now:
+                    wait = opening - now
+                    opens_in = wait if opens_in is None else max(opens_in, wait)
+                elif position[row.resource] == 2 and queue.budget > 0 and grants.fits(queue, 1, "shared"):
+                    # Room and budget, yet the head still waits: if the window opened a while ago
+                    # and nobody ran a pass since (a dead head), this waiter runs it.
+                    left_at = conn.scalar(hist.last_left(self.t, self.ns, row.resource, now - per))
+                    rescue = left_at is not None and now - (float(left_at) + per) > REAP_GRACE
             fits_all = fits_all and grants.fits(queue, int(row.slots), row.mode)
         capacity = min(int(row.capacity) for row in rows)
         behind_expired = expired_holder and soonest is not None and soonest < -REAP_GRACE
         return _Peek(
             "waiting",
             _Outcome(False, key, {}, now + req.ttl, None, position, ticket, recorded, capacity),
-            needs_pass=(head and (expired_holder or fits_all)) or behind_expired,
+            needs_pass=(head and (expired_holder or fits_all)) or behind_expired or rescue,
             holder_expiry_in=None if soonest is None else max(soonest, 0.0),
             head=head,
             recorded_attempt=recorded,
+            rate_opens_in=opens_in,
+            rate_limited=any(row.rate_count is not None for row in rows),
         )
 
     def _withdraw(self, req: _Request) -> Optional[_Outcome]:
@@ -1028,6 +1145,7 @@ class SlotEngine:
                                 min(int(row.ticket) for row in rows), rows[0].attempt)
             for key in {row.request_key for row in rows}:
                 conn.execute(delete(q).where(q.c.request_key == key))
+            self._end_grants(conn, list(rows), now, hist.EXPIRED)  # a grant made for us that lapsed
             return None
 
         return self._with_pass(set(req.parts), action)
@@ -1050,7 +1168,10 @@ class SlotEngine:
                 self.db.dialect_name,
             )
             if renewed != n:
+                left = conn.execute(select(q.c.resource, q.c.state, q.c.token, q.c.expires_at)
+                                    .where(q.c.request_key == lease.request_key)).all()
                 conn.execute(delete(q).where(q.c.request_key == lease.request_key))
+                self._end_grants(conn, list(left), now, hist.EXPIRED)
                 return -1.0
             return now + seconds
 
@@ -1077,15 +1198,18 @@ class SlotEngine:
         def action(conn: Connection, res: dict[str, Any], now: float) -> tuple[int, int, float]:
             nonlocal completed
             rows = conn.execute(
-                select(q.c.id, q.c.state, q.c.expires_at).where(q.c.request_key == lease.request_key)
+                select(q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at)
+                .where(q.c.request_key == lease.request_key)
             ).all()
             live = sum(1 for row in rows if row.state == "granted" and float(row.expires_at) >= now)
             if rows:
                 conn.execute(delete(q).where(q.c.request_key == lease.request_key))
+                self._end_grants(conn, list(rows), now)
             completed += 1
             return live, len(rows), now
 
         live, found, now = self._with_pass(set(lease.resources), action)
+        self._maybe_prune(lease.resources)
         if live == n:
             return
         if found == 0 and completed > 1 and now < lease._expires_at:
@@ -1137,7 +1261,10 @@ class SlotEngine:
             extra = {row.resource for row in spans} - set(res)
             if extra:
                 raise _NeedLocks(extra)
+            gone = conn.execute(select(q.c.resource, q.c.state, q.c.token, q.c.expires_at)
+                                .where(q.c.request_key.in_(keys))).all()
             conn.execute(delete(q).where(q.c.request_key.in_(keys)))
+            self._end_grants(conn, list(gone), now)
             return len(keys)
 
         return self._with_pass(names, action)
@@ -1177,11 +1304,11 @@ class SlotEngine:
             ).first()
             if mine is None or mine.state == "granted":
                 return now, mine, []
+            before = (q.c.queue_key < mine.queue_key) | ((q.c.queue_key == mine.queue_key) & (q.c.ticket < mine.ticket))
             ahead = conn.execute(
                 select(q.c.holder, q.c.state, q.c.expires_at)
-                .where(q.c.namespace == self.ns, q.c.resource == resource,
-                       (q.c.state == "granted") | (q.c.ticket < mine.ticket))
-                .order_by(q.c.state, q.c.ticket)  # "granted" sorts before "waiting"
+                .where(q.c.namespace == self.ns, q.c.resource == resource, (q.c.state == "granted") | before)
+                .order_by(q.c.state, q.c.queue_key, q.c.ticket)  # "granted" sorts before "waiting"
             ).all()
             return now, mine, list(ahead)
 
@@ -1248,24 +1375,117 @@ class SlotEngine:
         now, resources, requests = self.db.run(fn)
         out = []
         for res in resources:
-            st = ResourceStatus(res.name, int(res.capacity), 0, int(res.last_token))
-            pos = 0
-            for row in requests:
-                if row.resource != res.name:
+            aging = None if res.aging is None else float(res.aging)
+            rate = None if res.rate_count is None else Rate(int(res.rate_count), float(res.rate_per))
+            st = ResourceStatus(res.name, int(res.capacity), 0, int(res.last_token), rate=rate, aging=aging)
+            mine = [row for row in requests if row.resource == res.name]
+            waiting = sorted((row for row in mine if row.state != "granted"),
+                             key=lambda row: (grants.queue_key(int(row.priority), float(row.enqueued_at), aging),
+                                              int(row.ticket)))
+            live_ahead: list[str] = []
+            for row in mine:
+                if row.state != "granted":
                     continue
                 expired = float(row.expires_at) < now
-                if row.state == "granted":
-                    entry = Entry(row.holder, int(row.slots), row.mode, row.state, utc(row.granted_at),
-                                  utc(row.expires_at), int(row.token), 0, expired)
-                    st.holders.append(entry)
-                    if not expired:
-                        st.used += int(row.slots)
-                else:
-                    pos += 0 if expired else 1
-                    st.waiters.append(Entry(row.holder, int(row.slots), row.mode, row.state, utc(row.enqueued_at),
-                                            utc(row.expires_at), None, pos, expired))
+                eff = grants.effective_priority(int(row.priority), float(row.enqueued_at), float(row.granted_at), aging)
+                st.holders.append(Entry(row.holder, int(row.slots), row.mode, row.state, utc(row.granted_at),
+                                        utc(row.expires_at), int(row.token), 0, expired, int(row.priority), eff))
+                if not expired:
+                    st.used += int(row.slots)
+                    live_ahead.append(row.holder)
+            pos = 0
+            for row in waiting:
+                expired = float(row.expires_at) < now
+                pos += 0 if expired else 1
+                eff = grants.effective_priority(int(row.priority), float(row.enqueued_at), now, aging)
+                st.waiters.append(Entry(row.holder, int(row.slots), row.mode, row.state, utc(row.enqueued_at),
+                                        utc(row.expires_at), None, pos, expired, int(row.priority), eff,
+                                        list(live_ahead)))
+                if not expired:
+                    live_ahead.append(row.holder)
             out.append(st)
         return out
+
+    # -- history -----------------------------------------------------------------------------
+    def history(self, resource: Optional[str], since: float, limit: int) -> list[hist.GrantRecord]:
+        def fn(conn: Connection) -> list[Any]:
+            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
+            return list(conn.execute(hist.records_query(self.t, self.ns, resource, now - since, limit)).all())
+
+        return [hist.to_record(row) for row in self.db.run(fn)]
+
+    def stats(self, names: Optional[list[str]], window: float) -> list[hist.ResourceStats]:
+        """Per resource (all when ``names`` is None), statistics of the last ``window`` seconds."""
+        r = self.t.resource
+
+        def fn(conn: Connection) -> tuple[float, list[Any]]:
+            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
+            rs = select(r.c.name, r.c.capacity).where(r.c.namespace == self.ns).order_by(r.c.name)
+            if names:
+                rs = rs.where(r.c.name.in_(names))
+            out = []
+            for row in conn.execute(rs).all():
+                rows = conn.execute(hist.overlapping(self.t, self.ns, row.name, now - window, now)).all()
+                out.append(hist.compute_stats(row.name, int(row.capacity), rows, now - window, now))
+            return now, out
+
+        return self.db.run(fn)[1]
+
+    def stats_series(self, name: str, window: float, buckets: int) -> list[hist.ResourceStats]:
+        r = self.t.resource
+
+        def fn(conn: Connection) -> list[hist.ResourceStats]:
+            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
+            capacity = conn.scalar(select(r.c.capacity).where(r.c.namespace == self.ns, r.c.name == name))
+            if capacity is None:
+                raise UnknownResourceError(
+                    f"resource {name!r} does not exist in namespace {self.ns!r}; check the name and namespace")
+            start = now - window
+            rows = conn.execute(hist.overlapping(self.t, self.ns, name, start, now)).all()
+            step = window / buckets
+            return [hist.compute_stats(name, int(capacity), rows, start + i * step, start + (i + 1) * step)
+                    for i in range(buckets)]
+
+        return self.db.run(fn)
+
+    def prune_history(self, older_than: float, names: Optional[list[str]] = None,
+                      max_batches: Optional[int] = None) -> int:
+        """Delete ended grants made more than ``older_than`` seconds ago, in batches of
+        ``HISTORY_PRUNE_BATCH`` rows per transaction (each short; grants interleave)."""
+        r = self.t.resource
+        if names is None:
+            names = [row[0] for row in self.db.run(
+                lambda c: c.execute(select(r.c.name).where(r.c.namespace == self.ns)).all())]
+        total = 0
+        for name in names:
+            batches = 0
+            while max_batches is None or batches < max_batches:
+                def fn(conn: Connection, name: str = name) -> int:
+                    now = float(conn.scalar(select(dialects.db_now())) or 0.0)
+                    before = now - older_than
+                    edge = conn.scalar(hist.prune_edge(self.t, self.ns, name, before, HISTORY_PRUNE_BATCH))
+                    if edge is None:  # fewer than a batch left: the rest
+                        return int(conn.execute(hist.delete_ended(self.t, self.ns, name, before, False)).rowcount)
+                    return int(conn.execute(hist.delete_ended(self.t, self.ns, name, float(edge), True)).rowcount)
+
+                n = self.db.run(fn)
+                total += n
+                batches += 1
+                if n < HISTORY_PRUNE_BATCH:
+                    break
+        return total
+
+    def _maybe_prune(self, names: Mapping[str, int]) -> None:
+        """Now and then (once per ``HISTORY_PRUNE_INTERVAL`` per process), after a release, prune
+        one batch of the released resources' history: pruning keeps pace with the grants
+        without a job to schedule, and never runs on the grant path."""
+        if time.monotonic() < self._next_prune:
+            return
+        self._next_prune = time.monotonic() + HISTORY_PRUNE_INTERVAL
+        try:
+            self.prune_history(HISTORY_RETENTION, sorted(names), max_batches=1)
+        except Exception as exc:  # pruning is housekeeping: never fail a release for it
+            log.warning("controltable: pruning the grant history failed (%s); it is retried later", exc)
 
     def reap(self) -> int:
         """Remove expired holders and waiters of this namespace, passing freed capacity on."""

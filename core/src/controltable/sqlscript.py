@@ -188,6 +188,21 @@ def captured_statements(
         section("status: resources, holders and waiters (no locks)", lambda: ct.status())
         section("reap: resources with entries expired on the database clock (each then reaped under its lock)",
                 lambda: ct.reap())
+        section("set_capacity with a rate limit and aging (rewrites the waiters' queue order)",
+                lambda: ct.set_capacity("api", 1, rate=(2, 60), aging=30))
+
+        def rate_limited() -> None:
+            ct.acquire("api", holder="r1", priority=1).release()
+            ct.acquire("api", holder="r2").release()
+            ct.try_acquire("api", holder="r3", priority=2)  # queued: the budget is spent
+            ct.try_acquire("api", holder="r3", priority=2)  # the head's look times the window
+
+        section("rate-limited grants: the window's budget from the grant history; the head times the "
+                "next opening", rate_limited)
+        section("grant history (newest first)", lambda: ct.history("api"))
+        section("stats and stats_series from the grant history",
+                lambda: (ct.stats(), ct.stats_series("api", buckets=2)))
+        section("prune_history (batches per resource)", lambda: ct.prune_history())
 
         ev = ct.events(events_table, key=key, order_by=order_by)
         ddl: list[Any] = []

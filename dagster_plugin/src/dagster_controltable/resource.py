@@ -47,6 +47,7 @@ from controltable import (
     StatementTimeoutError,
     UnknownResourceError,
 )
+from controltable.defaults import MAX_PRIORITY, MIN_PRIORITY
 from controltable.errors import is_retryable, safe_url
 from controltable.holders import holder_id
 
@@ -87,6 +88,30 @@ class StepIdentity:
         #: executor, step launchers): the process lives only for this try of the step, and its
         #: parent is the run worker. False in the run worker itself (in-process executor).
         self.own_process = own_process
+
+    def tag_priority(self) -> int:
+        """The ``dagster/priority`` tags as Dagster's own pools weigh them: the run's plus the step's.
+
+        Unset or not a whole number counts as 0 (as in Dagster); clamped to the core's range.
+        """
+        if self.context is None:
+            return 0
+        total = 0
+        sources: list[Any] = []
+        try:
+            sources.append(self.context.run.tags)
+        except Exception:  # pragma: no cover - no run (direct invocation)
+            pass
+        try:
+            sources.append(self.context.get_step_execution_context().step.tags or {})
+        except Exception:  # pragma: no cover - framework-author API
+            pass
+        for tags in sources:
+            try:
+                total += int(tags.get("dagster/priority", 0))
+            except (TypeError, ValueError):
+                continue
+        return max(MIN_PRIORITY, min(MAX_PRIORITY, total))
 
     @property
     def attempt(self) -> Optional[int]:
@@ -517,6 +542,8 @@ class ControlTableResource(ConfigurableResource):
         wait: str = "block",
         retry_interval: float = DEFAULT_RETRY_INTERVAL,
         max_retries: int = DEFAULT_MAX_RETRIES,
+        priority: int = 0,
+        priority_from_tag: bool = False,
     ) -> Iterator[Lease]:
         """Hold slots of ``resource`` for the ``with`` block, renewing the lease in the background.
 
@@ -538,6 +565,10 @@ class ControlTableResource(ConfigurableResource):
         overlapped with another holder). Each retry of the step gets a higher fencing token.
         The wait (seconds, queue position, who was ahead) goes to the step log and, for ops and
         assets with one output, into its output metadata.
+
+        ``priority`` orders the queue (higher first, equal ones FIFO); ``priority_from_tag=True``
+        takes it from the ``dagster/priority`` tags instead (the run's plus the op's, as Dagster's
+        own pools weigh them).
         """
         if wait not in WAIT_MODES:
             raise Failure(description=f"slot(wait={wait!r}) must be one of {', '.join(WAIT_MODES)}")
@@ -548,14 +579,15 @@ class ControlTableResource(ConfigurableResource):
         who = holder or step.holder
         names = _names(resource)
         lease_s = lease or self.default_lease
+        prio = step.tag_priority() if priority_from_tag else priority
         if wait == "retry":
             granted, wait_s, position = self._try_or_retry(
                 ct, resource, who, step, slots=slots, mode=mode, lease=lease_s, waiter_ttl=waiter_ttl,
-                retry_interval=retry_interval, max_retries=max_retries)
+                retry_interval=retry_interval, max_retries=max_retries, priority=prio)
         else:
             granted, wait_s, position = self._block(
                 ct, resource, who, step, slots=slots, mode=mode, timeout=timeout, lease=lease_s,
-                waiter_ttl=waiter_ttl if waiter_ttl is not None else DEFAULT_WAITER_TTL)
+                waiter_ttl=waiter_ttl if waiter_ttl is not None else DEFAULT_WAITER_TTL, priority=prio)
         step.log.info(
             f"controltable: holding {names} ({mode}, {slots} slot(s)) as {granted.holder!r}, fencing token "
             f"{granted.token}, after waiting {wait_s:.1f} s"
@@ -594,7 +626,7 @@ class ControlTableResource(ConfigurableResource):
 
     def _block(
         self, ct: ControlTable, resource: Union[str, Mapping[str, int]], who: Optional[str], step: StepIdentity,
-        *, slots: int, mode: str, timeout: Optional[float], lease: float, waiter_ttl: float,
+        *, slots: int, mode: str, timeout: Optional[float], lease: float, waiter_ttl: float, priority: int = 0,
     ) -> tuple[Lease, float, Optional[int]]:
         names = _names(resource)
         started = time.monotonic()
@@ -603,14 +635,14 @@ class ControlTableResource(ConfigurableResource):
         if who is not None:  # one poll first, to tell the user where they stand before waiting
             first = self._call(f"acquiring {names}", lambda: ct.try_acquire(
                 resource, holder=who, slots=slots, mode=mode, lease=lease, waiter_ttl=waiter_ttl,
-                attempt=step.attempt))
+                attempt=step.attempt, priority=priority))
             if first is not None:
                 return first, time.monotonic() - started, None
             position, where = self._where(ct, resource, who)
             step.log.info(f"controltable: waiting for {names}: {where}")
         try:
             granted = ct.acquire(resource, holder=who, slots=slots, mode=mode, timeout=timeout, lease=lease,
-                                 waiter_ttl=waiter_ttl, attempt=step.attempt)
+                                 waiter_ttl=waiter_ttl, attempt=step.attempt, priority=priority)
         except ControlTableError as exc:
             raise self._fail(exc, f"waiting for {names}") from exc
         except BaseException:  # the run was cancelled while we waited: leave the queue at once
@@ -622,7 +654,7 @@ class ControlTableResource(ConfigurableResource):
     def _try_or_retry(
         self, ct: ControlTable, resource: Union[str, Mapping[str, int]], who: Optional[str], step: StepIdentity,
         *, slots: int, mode: str, lease: float, waiter_ttl: Optional[float], retry_interval: float,
-        max_retries: int,
+        max_retries: int, priority: int = 0,
     ) -> tuple[Lease, float, Optional[int]]:
         names = _names(resource)
         if who is None:
@@ -644,7 +676,7 @@ class ControlTableResource(ConfigurableResource):
         self._track(resource, who)
         granted = self._call(f"acquiring {names}", lambda: ct.try_acquire(
             resource, holder=who, slots=slots, mode=mode, lease=lease, waiter_ttl=ttl, attempt=step.attempt,
-            **({"pickup": pickup} if pickup is not None else {})))
+            priority=priority, **({"pickup": pickup} if pickup is not None else {})))
         waited = self._waited(ct, before)
         if granted is not None:
             # the position it had at its previous try (0: a grant was waiting for it; it waited all the same)

@@ -49,6 +49,7 @@ from airflow_controltable.utils import (
     check_wait_args,
     dag_run_holder,
     resume_not_before,
+    slot_priority,
     start_renewing,
     task_instance_holder,
     try_number,
@@ -94,6 +95,8 @@ class HoldSlotMixin(BaseOperator):
     :param pickup: seconds a grant made on this task's behalf waits for its trigger to pick it up.
     :param poll_interval: how often the trigger checks on a backend without push.
     :param conn_id: a ``controltable`` or SQL connection; ``namespace`` / ``control_schema`` override it.
+    :param use_priority_weight: queue by the task's ``priority_weight`` (higher first; equal ones in
+        arrival order), as the core's ``priority``; off by default (plain FIFO).
     """
 
     slot_template_fields: Sequence[str] = ("resource", "holder")
@@ -117,9 +120,11 @@ class HoldSlotMixin(BaseOperator):
         conn_id: str = DEFAULT_CONN_ID,
         namespace: Optional[str] = None,
         control_schema: Optional[str] = None,
+        use_priority_weight: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.use_priority_weight = use_priority_weight
         self.resource = resource
         self.slots = slots
         self.slot_mode = slot_mode
@@ -146,12 +151,17 @@ class HoldSlotMixin(BaseOperator):
         core_pickup = float(getattr(core_defaults, "DEFAULT_PICKUP", 0))
         return max(float(self.pickup), 3.0 * float(self.poll_interval), core_pickup)
 
+    def _slot_priority(self) -> int:
+        """The task's ``priority_weight`` when ``use_priority_weight`` is on, else 0 (FIFO)."""
+        return slot_priority(self, self.use_priority_weight)
+
     def _try_slot(self, context: Context) -> Any:
         holder = self._slot_holder(context)
         with airflow_errors():
             return self._slot_table().try_acquire(
                 self.resource, holder=holder, slots=self.slots, mode=self.slot_mode, lease=float(self.lease),
                 waiter_ttl=float(self.waiter_ttl), attempt=try_number(context), pickup=self._pickup(),
+                priority=self._slot_priority(),
             )
 
     def _defer_for_slot(self, context: Context) -> None:
@@ -177,7 +187,7 @@ class HoldSlotMixin(BaseOperator):
                 lease=float(self.lease), waiter_ttl=float(self.waiter_ttl), attempt=try_number(context),
                 pickup=self._pickup(), conn_id=self.conn_id, namespace=self.namespace,
                 control_schema=self.control_schema, poll_interval=float(self.poll_interval), deadline=deadline,
-                not_before=resume_not_before(),
+                not_before=resume_not_before(), priority=self._slot_priority(),
             ),
             method_name="execute_in_slot",
             # Airflow's own deferral timeout is only a backstop: the trigger gives up (and withdraws

@@ -24,6 +24,7 @@ from airflow_controltable.utils import (
     check_wait_args,
     dag_run_holder,
     resume_not_before,
+    slot_priority,
     try_number,
 )
 from controltable.defaults import DEFAULT_MODE
@@ -48,6 +49,8 @@ class SlotSensor(UsesControlTable, BaseSensorOperator):
     :param conn_id: a ``controltable`` or SQL connection.
     :param namespace: the control-table namespace (default: the connection's).
     :param deferrable: wait in the triggerer instead of a worker.
+    :param use_priority_weight: queue by the sensor's ``priority_weight`` (higher first), as the
+        core's ``priority``; off by default (plain FIFO).
     """
 
     template_fields: Sequence[str] = ("resource", "holder")
@@ -67,9 +70,11 @@ class SlotSensor(UsesControlTable, BaseSensorOperator):
         control_schema: Optional[str] = None,
         deferrable: bool = False,
         poke_interval: float = 10.0,
+        use_priority_weight: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
+        self.use_priority_weight = use_priority_weight
         self.resource = resource
         self.slots = slots
         self.slot_mode = slot_mode
@@ -103,6 +108,7 @@ class SlotSensor(UsesControlTable, BaseSensorOperator):
             lease = self._table().try_acquire(
                 self.resource, holder=self._holder(context), slots=self.slots, mode=self.slot_mode,
                 lease=self.lease, waiter_ttl=self._ttl(), attempt=try_number(context), pickup=self._pickup(),
+                priority=slot_priority(self, self.use_priority_weight),
             )
         if lease is None:
             return None
@@ -139,6 +145,7 @@ class SlotSensor(UsesControlTable, BaseSensorOperator):
                 lease=self.lease, waiter_ttl=self._ttl(), attempt=try_number(context), pickup=self._pickup(),
                 conn_id=self.conn_id, namespace=self.namespace, control_schema=self.control_schema,
                 poll_interval=min(float(self.poke_interval), 5.0), not_before=resume_not_before(),
+                priority=slot_priority(self, self.use_priority_weight),
             ),
             method_name="execute_complete",
             timeout=timeout,

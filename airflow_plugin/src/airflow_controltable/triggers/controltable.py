@@ -203,10 +203,12 @@ class SlotTrigger(_ControlTableTrigger):
         deadline: Optional[float] = None,
         withdraw_on_timeout: bool = True,
         not_before: Optional[float] = None,
+        priority: int = 0,
     ) -> None:
         super().__init__(conn_id=conn_id, namespace=namespace, control_schema=control_schema,
                          poll_interval=poll_interval, refresh_interval=refresh_interval, deadline=deadline,
                          not_before=not_before)
+        self.priority = int(priority)
         self.resource = resource
         self.holder = holder
         self.slots = slots
@@ -232,6 +234,7 @@ class SlotTrigger(_ControlTableTrigger):
                 "attempt": self.attempt,
                 "pickup": self.pickup,
                 "withdraw_on_timeout": self.withdraw_on_timeout,
+                "priority": self.priority,
                 **self._conn_kwargs(),
             },
         )
@@ -240,7 +243,7 @@ class SlotTrigger(_ControlTableTrigger):
         return list(table.wakeup_keys(self.resource, self.holder))
 
     def _check(self) -> Optional[dict[str, Any]]:
-        options: dict[str, Any] = {"attempt": self.attempt}
+        options: dict[str, Any] = {"attempt": self.attempt, "priority": self.priority}
         if self.pickup is not None:
             options["pickup"] = self.pickup
         lease = self._shared_table().try_acquire(

@@ -1,0 +1,181 @@
+"""Slot policies through the API: rate limits, priorities with aging, the grant history and its statistics."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from controltable import AcquireTimeout, ConfigurationError, ControlTable, GrantRecord, LeaseLost, Rate, ResourceStats
+from controltable.checks import Grant, aging_violations, priority_violations, rate_violations
+from controltable.history import parse_duration, parse_rate
+
+
+def test_set_capacity_keeps_sets_and_clears_policies(ct: ControlTable) -> None:
+    ct.set_capacity("api", 5, rate=(100, 60), aging=30)
+    (st,) = ct.status(["api"])
+    assert st.rate == Rate(100, 60.0) and st.aging == 30.0
+    ct.set_capacity("api", 6)  # policies left out are kept
+    (st,) = ct.status(["api"])
+    assert st.capacity == 6 and st.rate == Rate(100, 60.0) and st.aging == 30.0
+    ct.set_capacity("api", 6, rate=Rate(10, 1.5))
+    assert ct.status(["api"])[0].rate == Rate(10, 1.5) and ct.status(["api"])[0].aging == 30.0
+    ct.set_capacity("api", 6, rate=None, aging=None)
+    (st,) = ct.status(["api"])
+    assert st.rate is None and st.aging is None
+
+
+@pytest.mark.parametrize("rate", [(0, 60), (5, 0), (5, -1), (5, float("inf")), "100/60", (1, 2, 3)])
+def test_bad_rates_are_refused(ct: ControlTable, rate: object) -> None:
+    with pytest.raises(ConfigurationError):
+        ct.set_capacity("api", 1, rate=rate)  # type: ignore[arg-type]
+
+
+def test_bad_priorities_and_aging_are_refused(ct: ControlTable) -> None:
+    ct.set_capacity("r", 1)
+    with pytest.raises(ConfigurationError):
+        ct.try_acquire("r", holder="h", priority=2**31)
+    with pytest.raises(ConfigurationError):
+        ct.acquire("r", holder="h", priority="high", timeout=0)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError):
+        ct.set_capacity("r", 1, aging=0)
+
+
+def test_parse_rate_and_duration() -> None:
+    assert parse_rate("100/60s") == Rate(100, 60.0) and parse_rate("10/1m") == Rate(10, 60.0)
+    assert parse_rate("5/2") == Rate(5, 2.0) and parse_duration("1h") == 3600.0
+    for bad in ("100", "x/60s", "5/abc", "0/60s"):
+        with pytest.raises(ConfigurationError):
+            parse_rate(bad)
+
+
+def test_higher_priority_is_granted_first_equal_ones_in_fifo_order(ct: ControlTable) -> None:
+    ct.set_capacity("r", 1)
+    first = ct.acquire("r", holder="holder", timeout=0)
+    for holder, priority in (("low-1", 0), ("high-1", 5), ("mid", 2), ("high-2", 5), ("low-2", 0)):
+        assert ct.try_acquire("r", holder=holder, priority=priority) is None
+    (st,) = ct.status(["r"])
+    assert [w.holder for w in st.waiters] == ["high-1", "high-2", "mid", "low-1", "low-2"]
+    assert st.waiters[2].ahead == ["holder", "high-1", "high-2"] and st.waiters[2].priority == 2
+    assert ct.wait_info("r", "mid").ahead == ["holder", "high-1", "high-2"]  # type: ignore[union-attr]
+    order = []
+    current = first
+    for _ in range(5):
+        current.release()
+        (st,) = ct.status(["r"])
+        (holder,) = st.holders
+        nxt = ct.try_acquire("r", holder=holder.holder, priority=holder.priority)
+        assert nxt is not None
+        order.append(nxt.holder)
+        current = nxt
+    current.release()
+    assert order == ["high-1", "high-2", "mid", "low-1", "low-2"]
+    records = ct.history("r")
+    assert [r.holder for r in records][:5] == ["low-2", "low-1", "mid", "high-2", "high-1"]
+    assert priority_violations([Grant.from_record(r) for r in records]) == []
+
+
+def test_aging_raises_a_waiter_above_newer_higher_priorities(ct: ControlTable) -> None:
+    ct.set_capacity("r", 1, aging=0.5)
+    holder = ct.acquire("r", holder="holder", timeout=0)
+    assert ct.try_acquire("r", holder="old-low") is None
+    time.sleep(1.6)  # three aging steps and more: effective priority above 3
+    assert ct.try_acquire("r", holder="new-high", priority=3) is None
+    (st,) = ct.status(["r"])
+    assert [w.holder for w in st.waiters] == ["old-low", "new-high"]
+    assert st.waiters[0].effective_priority > 3.0 and st.waiters[1].effective_priority < 3.5
+    holder.release()
+    got = ct.try_acquire("r", holder="old-low")
+    assert got is not None
+    got.release()
+    holder = ct.try_acquire("r", holder="new-high", priority=3)  # granted on its behalf meanwhile
+    assert holder is not None
+    # Turning aging off reorders the queue by plain priority at once.
+    assert ct.try_acquire("r", holder="a-low") is None
+    time.sleep(1.2)
+    assert ct.try_acquire("r", holder="b-high", priority=1) is None
+    assert [w.holder for w in ct.status(["r"])[0].waiters] == ["a-low", "b-high"]
+    ct.set_capacity("r", 1, aging=None)
+    assert [w.holder for w in ct.status(["r"])[0].waiters] == ["b-high", "a-low"]
+    holder.release()
+    got = ct.try_acquire("r", holder="b-high", priority=1)
+    assert got is not None
+    got.release()
+    ct.release("r", "a-low")
+
+
+def test_rate_limit_holds_the_head_and_grants_when_the_window_opens(ct: ControlTable) -> None:
+    ct.set_capacity("api", 5, rate=(3, 2.0))
+    start = time.monotonic()
+    for i in range(3):
+        ct.acquire("api", holder=f"h{i}", timeout=0).release()
+    assert ct.try_acquire("api", holder="next") is None  # capacity free, budget spent
+    # Nobody overtakes the head, whatever its priority...
+    assert ct.try_acquire("api", holder="later") is None
+    with pytest.raises(AcquireTimeout):
+        ct.acquire("api", holder="impatient", timeout=0.2)
+    # ...and a waiting acquire is granted when the window opens, without anybody else acting.
+    lease = ct.acquire("api", holder="next", timeout=10)
+    waited = time.monotonic() - start
+    assert 1.5 < waited < 4.0, waited
+    lease.release()
+    times = sorted(r.granted_at.timestamp() for r in ct.history("api"))
+    assert len(times) in (4, 5) and times[3] - times[0] >= 2.0  # "later" may share the opening
+    grants = [Grant.from_record(r) for r in ct.history("api")]
+    assert rate_violations(grants, {"api": (3, 2.0)}) == []
+    assert rate_violations(grants, {"api": (3, 60.0)}) != []  # the check can fail
+    ct.release("api", "later")
+
+
+def test_history_records_release_and_expiry(ct: ControlTable) -> None:
+    ct.set_capacity("r", 2)
+    kept = ct.acquire("r", holder="kept", timeout=0)
+    released = ct.acquire("r", holder="released", slots=1, mode="shared", timeout=0, priority=3)
+    released.release()
+    dying = ct.acquire("r", holder="dying", lease=0.3, timeout=0)
+    time.sleep(0.6)
+    assert ct.reap() >= 1
+    with pytest.raises(LeaseLost):
+        dying.release()
+    records = {r.holder: r for r in ct.history("r")}
+    assert records["kept"].outcome == "held" and records["kept"].ended_at is None
+    assert records["released"].outcome == "released" and records["released"].priority == 3
+    assert records["dying"].outcome == "expired" and records["dying"].ended_at is not None
+    assert isinstance(records["kept"], GrantRecord) and records["kept"].wait_seconds >= 0.0
+    assert records["kept"].token == kept.token
+    assert ct.history("r", limit=1)[0].holder == "dying"  # newest first
+    (stats,) = ct.stats(["r"], window=60)
+    assert isinstance(stats, ResourceStats)
+    assert stats.grants == 3 and stats.expired == 1 and stats.capacity == 2
+    assert stats.wait_p50 is not None and stats.wait_max is not None and stats.wait_max < 5
+    assert stats.utilisation is not None and 0 < stats.utilisation <= 1
+    assert stats.grants_per_hour == pytest.approx(3 * 60, rel=1e-6)
+    series = ct.stats_series("r", window=60, buckets=6)
+    assert len(series) == 6 and series[0].start < series[-1].start and sum(s.grants for s in series) == 3
+    # Pruning keeps what is held; what ended goes once old enough.
+    assert ct.prune_history(3600) == 0
+    assert ct.prune_history(0) == 2
+    assert [r.holder for r in ct.history("r")] == ["kept"]
+    kept.release()
+    assert ct.delete_resource("r")
+    assert ct.history("r") == []
+
+
+def test_a_new_attempt_keeps_its_history_row(ct: ControlTable) -> None:
+    ct.set_capacity("r", 1)
+    first = ct.acquire("r", holder="task", attempt=1, timeout=0)
+    second = ct.acquire("r", holder="task", attempt=2, timeout=0)
+    assert second.token > first.token
+    second.release()
+    (record,) = ct.history("r")
+    assert record.token == second.token and record.outcome == "released"
+
+
+def test_policy_checks_detect_violations() -> None:
+    # A low-priority grant while a higher one waited.
+    g = [Grant("r", "low", 0, 0.0, 5.0), Grant("r", "high", 5, 1.0, 6.0)]
+    assert priority_violations(g) != []
+    # With aging 0.1 s/step, at t=5 the low one is at 0 + 50 and the high one at 5 + 40: fine.
+    assert priority_violations(g, {"r": 0.1}) == []
+    assert aging_violations(g, {"r": 0.1}, max_priority=5, slack=5.0) == []
+    assert aging_violations(g, {"r": 0.1}, max_priority=5, slack=0.0) != []
