@@ -30,6 +30,9 @@ class BatchEngine(Protocol):
     lease: float
     db: Database
 
+    @property
+    def qualified_name(self) -> str: ...
+
     def _complete(self, conn: Connection, token: int, keys: Sequence[Any], *, whole: bool = False) -> int: ...
 
     def _claim_run(self, size: int, owner: str, lease_s: float, where: Where,
