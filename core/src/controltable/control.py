@@ -83,7 +83,7 @@ class ControlTable:
         self._wakeups = Wakeups(self.db, self.namespace, f"{prefix}wakeup")
         #: What the engines work through (see :mod:`controltable.runtime`).
         self.runtime = Runtime(self.db, self.tables, self.namespace, self.schema, prefix, self._wakeups)
-        self._slots = SlotEngine(self)
+        self._slots = SlotEngine(self.runtime)
 
     def __repr__(self) -> str:
         return f"ControlTable({self.db.safe_url!r}, namespace={self.namespace!r})"

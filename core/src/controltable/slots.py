@@ -27,7 +27,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, TypeVar, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar, Union
 
 from sqlalchemy import and_, delete, func, insert, select, union_all, update
 from sqlalchemy.engine import Connection
@@ -46,10 +46,8 @@ from .defaults import (  # noqa: F401 - re-exported
 from .errors import AcquireTimeout, ConfigurationError, LeaseLost, UnknownResourceError
 from .history import Rate
 from .renewal import BackgroundRenewal
+from .runtime import Runtime, runtime_of
 from .validation import check_mode, check_name, check_poll_interval, check_priority, check_seconds, normalize_request
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .control import ControlTable
 
 log = logging.getLogger("controltable")
 
@@ -187,7 +185,7 @@ class Lease(BackgroundRenewal):
 
     def __init__(
         self,
-        ct: ControlTable,
+        engine: SlotEngine,
         *,
         resources: dict[str, int],
         mode: str,
@@ -200,7 +198,8 @@ class Lease(BackgroundRenewal):
         ticket: int = 0,
         attempt: Optional[int] = None,
     ) -> None:
-        self._ct = ct
+        #: The engine that granted it: renewal and release go through it (never the ControlTable).
+        self.engine = engine
         #: The caller's attempt number this grant belongs to (None when none was given).
         self.attempt = attempt
         #: The queue ticket (FIFO position); grants follow ticket order, so tokens do too.
@@ -257,7 +256,7 @@ class Lease(BackgroundRenewal):
         assert seconds is not None
         if self.released:
             raise LeaseLost(f"lease of {self.holder!r} on {self._names()} was already released")
-        self._expires_at = self._ct._slots.renew(self, seconds)
+        self._expires_at = self.engine.renew(self, seconds)
         self.lease_seconds = seconds
         return self
 
@@ -267,11 +266,11 @@ class Lease(BackgroundRenewal):
         if self.released:
             return
         self.released = True
-        self._ct._slots.release(self)
+        self.engine.release(self)
 
     def is_held(self) -> bool:
         """Ask the database whether this lease still holds all its slots."""
-        return not self.released and self._ct._slots.is_held(self)
+        return not self.released and self.engine.is_held(self)
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` if the lease is no longer held (e.g. before a critical write)."""
@@ -409,11 +408,12 @@ class SlotEngine:
     :func:`grants.decide`). Waiters only read their own entry and pick the grant up.
     """
 
-    def __init__(self, ct: ControlTable) -> None:
-        self.ct = ct
-        self.db = ct.db
-        self.t = ct.tables
-        self.ns = ct.namespace
+    def __init__(self, runtime: Any) -> None:
+        rt: Runtime = runtime_of(runtime)
+        self.runtime = rt
+        self.db = rt.db
+        self.t = rt.tables
+        self.ns = rt.namespace
         #: When this process next prunes a batch of history (``time.monotonic()``).
         self._next_prune = time.monotonic() + HISTORY_PRUNE_INTERVAL * random.random()
 
@@ -649,7 +649,7 @@ class SlotEngine:
             if others or reaped:
                 notify.extend(slot_key(name) for name in sorted(res))
             if notify:
-                self.ct._notify(conn, notify)
+                self.runtime.notify(conn, notify)
             if not decision.more or not decision.grant:
                 return reaped
         return reaped  # pragma: no cover - a hundred rounds of grants in one pass
@@ -764,7 +764,7 @@ class SlotEngine:
         if deadline is not None:
             req = dataclasses.replace(req, deadline=deadline + DEADLINE_GRACE)
         keys = [holder_key(min(req.parts), req.holder), head_key(min(req.parts), req.holder)]
-        since = self.ct._wakeups.mark(keys)
+        since = self.runtime.mark(keys)
         outcome = self._enqueue(req)
         refreshed = time.monotonic()
         delay = max(min(poll_interval, HEAD_POLL_INTERVAL), 0.01)
@@ -785,16 +785,16 @@ class SlotEngine:
             delay = min(delay * 1.5, MAX_POLL_INTERVAL)
             if deadline is not None:
                 sleep = min(sleep, max(deadline - now, 0.0))
-            if self.ct._wait_for_wakeup(keys, sleep, since):
+            if self.runtime.wait(keys, sleep, since):
                 delay = HEAD_POLL_INTERVAL
-                woke = self.ct._wakeups.mark(keys)
+                woke = self.runtime.mark(keys)
                 rate_limited = peek.rate_limited if peek is not None else outcome.rate_limited
                 if woke[0] == since[0] and woke[1] == since[1] and not rate_limited:
                     # Only "you are the head now": in a busy queue the grant follows within
                     # moments, so wait a little for it and look once for both.
                     grant_only = (woke[0], woke[1])
-                    self.ct._wait_for_wakeup(keys[:1], HEAD_SETTLE, grant_only)
-            since = self.ct._wakeups.mark(keys)
+                    self.runtime.wait(keys[:1], HEAD_SETTLE, grant_only)
+            since = self.runtime.mark(keys)
             # Refresh on any look once most of the interval has passed (sleeps are jittered both ways).
             refresh = time.monotonic() - refreshed >= req.ttl * REFRESH_FRACTION * 0.6
             peek = self._look(req, refresh)
@@ -824,7 +824,7 @@ class SlotEngine:
         position = max(outcome.position.values() or [1])
         head = position <= 1 if peek is None else peek.head
         expiry = peek.holder_expiry_in if peek is not None and peek.head else None
-        if self.ct._wakeups.active:
+        if self.runtime.push_active:
             sleep = refresh_in
             if head or position <= HEAD_POSITIONS:
                 sleep = min(sleep, max(delay * 10, PUSH_POLL_INTERVAL), req.pickup * 0.7)
@@ -841,7 +841,7 @@ class SlotEngine:
 
     def _lease(self, req: _Request, outcome: _Outcome) -> Lease:
         return Lease(
-            self.ct,
+            self,
             resources=req.parts,
             mode=req.mode,
             holder=req.holder,
@@ -1346,7 +1346,7 @@ class SlotEngine:
         if not rows:
             return None
         return Lease(
-            self.ct,
+            self,
             resources={row.resource: int(row.slots) for row in rows},
             mode=rows[0].mode,
             holder=holder,
