@@ -44,10 +44,6 @@ AIRFLOW_ENV = {
     "AIRFLOW_HOME": str(AIRFLOW_HOME),
     "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-    # In-process tests run a trigger in the very process that deferred (it never exits), so the
-    # wait for the deferring process's exit is off here; test_airflow_triggers_settle.py tests it
-    # with real processes, and the live deployment (its own environment) runs with it on.
-    "AIRFLOW__CONTROLTABLE__RESUME_SETTLE": "0",
 }
 if "airflow" in sys.modules:  # pragma: no cover - someone imported Airflow before us
     raise RuntimeError("tests/airflow must configure AIRFLOW_HOME before Airflow is imported")

@@ -251,6 +251,26 @@ def test_trigger_fires_settle_seconds_after_the_deferring_process_exits(conn_id:
 
 @pytest.mark.usefixtures("airflow_db")
 @pytest.mark.backends("sqlite")
+def test_trigger_in_the_deferring_process_itself_fires_at_once(conn_id: str, ct: Any) -> None:
+    """``dag.test()`` runs the trigger inline in the process that deferred: no executor report to wait for."""
+    from airflow_controltable.triggers.controltable import SlotTrigger
+
+    ct.set_capacity("warehouse", 1)
+    at = time.time()
+    trigger = SlotTrigger(resource="warehouse", holder="h", lease=60, waiter_ttl=60, conn_id=conn_id,
+                          poll_interval=0.1, deferral=facts(at=at, settle=30.0, pid=os.getpid()))
+
+    async def first() -> Any:
+        async for event in trigger.run():
+            return event
+
+    event = asyncio.run(asyncio.wait_for(first(), 30))
+    assert event.payload["status"] == "granted"
+    assert time.time() - at < 10
+
+
+@pytest.mark.usefixtures("airflow_db")
+@pytest.mark.backends("sqlite")
 def test_trigger_on_another_host_waits_the_allowance_plus_settle(conn_id: str, ct: Any) -> None:
     from airflow_controltable.defaults import DEFAULT_EXIT_ALLOWANCE
     from airflow_controltable.triggers.controltable import SlotTrigger

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -66,6 +67,15 @@ def process_alive(pid: int, created: Optional[float]) -> bool:
         return bool(proc.status() != psutil.STATUS_ZOMBIE)
     except Exception:  # gone (NoSuchProcess), not ours to see (AccessDenied), or no psutil
         return False
+
+
+def in_deferring_process(deferral: dict[str, Any]) -> bool:
+    """Whether this trigger runs in the very process that deferred (``dag.test()`` / ``airflow dags test``).
+
+    There the trigger runs inline, no executor reports the deferral's exit, and the process never
+    exits while the trigger waits: nothing to wait for.
+    """
+    return deferral.get("host") == socket.gethostname() and deferral.get("pid") == os.getpid()
 
 
 def exit_time(deferral: dict[str, Any], first_seen_alive: bool, now: float, exited_seen: Optional[float]) -> float:
@@ -205,7 +215,8 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
         """Note when the deferring process exits (same host only); runs beside the wait from the start."""
         deferral = self.deferral
         try:
-            if deferral is None or deferral.get("host") != socket.gethostname() or not deferral.get("pid"):
+            if (deferral is None or deferral.get("host") != socket.gethostname() or not deferral.get("pid")
+                    or in_deferring_process(deferral)):
                 return
             latest = float(deferral.get("at") or 0) + float(deferral.get("linger") or 0) + DEFAULT_EXIT_ALLOWANCE
             while time.time() < latest:
@@ -222,7 +233,7 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
     async def _settle(self, watcher: Optional[asyncio.Task[None]]) -> None:
         """Wait until firing cannot make Airflow's scheduler fail the resumed task (module docstring)."""
         exited: Optional[float] = None
-        if self.deferral is not None:
+        if self.deferral is not None and not in_deferring_process(self.deferral):
             if watcher is not None:
                 await watcher  # bounded by the deferral's linger
             exited = exit_time(self.deferral, self._seen_alive, time.time(), self._exited_seen)
