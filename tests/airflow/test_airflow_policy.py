@@ -187,8 +187,11 @@ def test_exit_time_decisions() -> None:
     from airflow_controltable.triggers.controltable import exit_time, fire_not_before
 
     d = facts()
-    # never seen alive (another host, or gone before the trigger looked): assumed gone after the allowance
+    # could not look (another host): assumed gone after the allowance
     assert exit_time(d, False, 1500.0, None) == 1000.0 + DEFAULT_EXIT_ALLOWANCE
+    # already gone at the first look on this host: gone before that look (bounded by Airflow's kill)
+    assert exit_time(d, False, 1500.0, None, first_look=1001.0) == 1001.0
+    assert exit_time(d, False, 1500.0, None, first_look=1400.0) == 1000.0 + 20.0 + DEFAULT_EXIT_ALLOWANCE
     # seen alive, then seen gone: that moment
     assert exit_time(d, True, 1500.0, 1002.5) == 1002.5
     # seen alive and still there: not before now, and never later than Airflow's kill of a lingering process

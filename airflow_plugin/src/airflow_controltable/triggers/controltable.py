@@ -78,19 +78,25 @@ def in_deferring_process(deferral: dict[str, Any]) -> bool:
     return deferral.get("host") == socket.gethostname() and deferral.get("pid") == os.getpid()
 
 
-def exit_time(deferral: dict[str, Any], first_seen_alive: bool, now: float, exited_seen: Optional[float]) -> float:
+def exit_time(
+    deferral: dict[str, Any], first_seen_alive: bool, now: float, exited_seen: Optional[float],
+    first_look: Optional[float] = None,
+) -> float:
     """When the deferring process exited, as far as the trigger can tell (a pure decision, unit tested).
 
-    ``exited_seen`` is when the trigger saw it gone after having seen it alive. A process never
-    seen alive (another host, another pid namespace, or gone before the trigger started) is assumed
-    gone ``DEFAULT_EXIT_ALLOWANCE`` seconds after the deferral. Airflow kills a process that
-    lingers ``linger`` seconds after its task ended, so no exit is later than that (plus the same
-    allowance).
+    ``first_look`` is when the trigger first looked for the process on this host (None: it could
+    not look, the process runs on another host); ``exited_seen`` is when it saw the process gone
+    after having seen it alive. A process already gone at the first look exited before it; one the
+    trigger could not look for is assumed gone ``DEFAULT_EXIT_ALLOWANCE`` seconds after the
+    deferral. Airflow kills a process that lingers ``linger`` seconds after its task ended, so no
+    exit is later than that (plus the same allowance).
     """
     at = float(deferral.get("at") or 0.0)
     latest = at + float(deferral.get("linger") or 0.0) + DEFAULT_EXIT_ALLOWANCE
     if not first_seen_alive:
-        return at + DEFAULT_EXIT_ALLOWANCE
+        if first_look is None:
+            return at + DEFAULT_EXIT_ALLOWANCE
+        return min(max(first_look, at), latest)
     if exited_seen is None:
         return min(max(now, at), latest)
     return min(exited_seen, latest)
@@ -148,6 +154,7 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
         self.deferral = dict(deferral) if deferral else None
         self._seen_alive = False
         self._exited_seen: Optional[float] = None
+        self._first_look: Optional[float] = None
         self._watch_done = deferral is None
         self._ct: Any = None
         #: How the last wake-ups came (for tests and logs): checks made, and how many a push caused.
@@ -219,6 +226,7 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
                     or in_deferring_process(deferral)):
                 return
             latest = float(deferral.get("at") or 0) + float(deferral.get("linger") or 0) + DEFAULT_EXIT_ALLOWANCE
+            self._first_look = time.time()
             while time.time() < latest:
                 alive = await asyncio.to_thread(process_alive, int(deferral["pid"]), deferral.get("created"))
                 if not alive:
@@ -236,7 +244,7 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
         if self.deferral is not None and not in_deferring_process(self.deferral):
             if watcher is not None:
                 await watcher  # bounded by the deferral's linger
-            exited = exit_time(self.deferral, self._seen_alive, time.time(), self._exited_seen)
+            exited = exit_time(self.deferral, self._seen_alive, time.time(), self._exited_seen, self._first_look)
         earliest = fire_not_before(self.deferral, self.not_before, exited)
         delay = earliest - time.time()
         if delay > 0:
