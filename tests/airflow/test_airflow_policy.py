@@ -290,3 +290,62 @@ def test_trigger_on_another_host_waits_the_allowance_plus_settle(conn_id: str, c
     event = asyncio.run(asyncio.wait_for(first(), 30))
     assert event.payload["status"] == "granted"
     assert time.time() - at >= DEFAULT_EXIT_ALLOWANCE + 0.5 - 0.05
+
+
+def test_scheduler_caught_up_needs_two_heartbeats_after_the_report() -> None:
+    from airflow_controltable.triggers.controltable import scheduler_caught_up
+
+    assert not scheduler_caught_up(100.0, [])
+    assert not scheduler_caught_up(100.0, [98.0, 99.5])  # loops that may have started before the report
+    assert not scheduler_caught_up(100.0, [99.0, 101.0])  # the loop ending at 101 may have read before 100
+    assert scheduler_caught_up(100.0, [101.0, 102.0])  # the loop ending at 102 started after 101 > 100
+    assert scheduler_caught_up(100.0, [99.0, 101.0, 103.0])
+
+
+@pytest.mark.usefixtures("airflow_db")
+@pytest.mark.backends("sqlite")
+def test_trigger_waits_for_a_slow_scheduler_to_heartbeat_after_the_exit(
+    conn_id: str, ct: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A scheduler stuck in a long loop (no heartbeat) holds the event back until it heartbeats twice."""
+    import json
+    import threading
+    from datetime import datetime, timezone
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from airflow_controltable.defaults import DEFAULT_EXIT_ALLOWANCE
+    from airflow_controltable.triggers.controltable import SlotTrigger
+
+    at = time.time()
+    resumes = at + DEFAULT_EXIT_ALLOWANCE + 3.0  # the scheduler heartbeats again only from here on
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            beat = time.time() if time.time() >= resumes else at - 1.0
+            body = json.dumps({"scheduler": {"status": "healthy", "latest_scheduler_heartbeat":
+                                             datetime.fromtimestamp(beat, timezone.utc).isoformat()}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTION_API_SERVER_URL", f"http://127.0.0.1:{server.server_port}/execution/")
+    try:
+        ct.set_capacity("warehouse", 1)
+        trigger = SlotTrigger(resource="warehouse", holder="h", lease=60, waiter_ttl=60, conn_id=conn_id,
+                              poll_interval=0.1, deferral=facts(at=at, settle=0.2, wake=0.0, host="another-host"))
+
+        async def first() -> Any:
+            async for event in trigger.run():
+                return event
+
+        event = asyncio.run(asyncio.wait_for(first(), 60))
+    finally:
+        server.shutdown()
+    assert event.payload["status"] == "granted"
+    assert time.time() >= resumes + 0.4, "fired before the scheduler heartbeated twice after the exit report"

@@ -25,6 +25,8 @@ __all__ = [
     "DEFAULT_TRIGGER_POLL_INTERVAL",
     "DEFER_TIMEOUT_MARGIN",
     "MAX_ID",
+    "SCHEDULER_CATCH_UP_LIMIT",
+    "SCHEDULER_HEARTBEAT_POLL",
     "SENSOR_MIN_PICKUP",
     "SENSOR_MIN_WAITER_TTL",
     "SLOT_MODES",
@@ -118,6 +120,14 @@ DEFAULT_RESUME_MARGIN = 5.0
 #: When the triggerer cannot see the deferring process (another host), the seconds allowed for it
 #: to exit after it deferred.
 DEFAULT_EXIT_ALLOWANCE = 3.0
+
+#: After the settle, the trigger also waits (when Airflow's health endpoint answers) until the
+#: scheduler has heartbeated twice after the exit report was due: a heartbeat ends a scheduler loop,
+#: so the loop that ended with the second one started after the first, and read the report. A
+#: scheduler that does not heartbeat for this long is not waited for any longer (seconds).
+SCHEDULER_CATCH_UP_LIMIT = 120.0
+#: How often the trigger reads the scheduler's heartbeat meanwhile (seconds).
+SCHEDULER_HEARTBEAT_POLL = 0.5
 
 #: Deprecated: the settle used to be a fixed 10 s after the deferral; it is now computed from the
 #: worker's heartbeat interval (``[controltable] resume_settle`` still overrides it).

@@ -124,6 +124,7 @@ def deferral_facts() -> Optional[dict[str, Any]]:
     return {
         "at": time.time(),
         "settle": settle,
+        "wake": max(_airflow_conf("workers", "min_heartbeat_interval", WORKER_MIN_HEARTBEAT_INTERVAL), 0.0),
         "linger": _airflow_conf("core", "task_success_overtime", WORKER_TASK_SUCCESS_OVERTIME),
         "host": socket.gethostname(),
         "pid": os.getpid(),

@@ -20,8 +20,10 @@ task (see :mod:`airflow_controltable.defaults`). That event comes at the latest 
 min_heartbeat_interval`` after the deferring process exited, and the scheduler reads it on its next
 loop. So a trigger given the deferral's facts (``deferral``) fires no sooner than ``settle`` seconds
 after that process exited: watched through its pid when the triggerer runs on the same host (and
-can see the process alive), else assumed ``DEFAULT_EXIT_ALLOWANCE`` seconds after the deferral. A
-grant is held meanwhile (its pick-up lease covers it), so only grants that come within seconds of
+can see the process alive), else assumed ``DEFAULT_EXIT_ALLOWANCE`` seconds after the deferral;
+and then until the scheduler has heartbeated twice after the exit report was due (read from
+Airflow's health endpoint, when it answers), since a busy scheduler's loop can outlast any fixed
+margin. A grant is held meanwhile (its pick-up lease covers it), so only grants that come within seconds of
 a deferral wait.
 """
 
@@ -43,6 +45,8 @@ from airflow_controltable.defaults import (
     DEFAULT_MODE,
     DEFAULT_REFRESH_INTERVAL,
     DEFAULT_TRIGGER_POLL_INTERVAL,
+    SCHEDULER_CATCH_UP_LIMIT,
+    SCHEDULER_HEARTBEAT_POLL,
 )
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
 from airflow_controltable.utils import check_wait_args
@@ -108,6 +112,49 @@ def fire_not_before(deferral: Optional[dict[str, Any]], not_before: Optional[flo
     if deferral is not None and exited is not None:
         earliest = max(earliest, exited + float(deferral.get("settle") or 0.0))
     return earliest
+
+
+def scheduler_caught_up(report_due: float, heartbeats: list[float]) -> bool:
+    """Whether the scheduler has surely read an executor report queued by ``report_due`` (a pure decision).
+
+    ``heartbeats`` are the scheduler's distinct heartbeat times as observed, oldest first. A
+    heartbeat is written at the end of a scheduler loop, and every loop reads the executor's
+    reports; so once a heartbeat later than ``report_due`` has been seen, the loop that ends with
+    the next heartbeat started after the report was queued, and has read and handled it.
+    """
+    later = [h for h in heartbeats if h > report_due]
+    return len(later) >= 2
+
+
+def health_url() -> Optional[str]:
+    """Airflow's health endpoint (it names the scheduler's latest heartbeat), from this process's configuration."""
+    try:
+        from urllib.parse import urlsplit
+
+        from airflow.sdk import conf
+
+        base = conf.get("core", "execution_api_server_url", fallback="") or conf.get("api", "base_url", fallback="")
+        parts = urlsplit(str(base))
+        if not parts.scheme or not parts.netloc:
+            return None
+        return f"{parts.scheme}://{parts.netloc}/api/v2/monitor/health"
+    except Exception:
+        return None
+
+
+def read_scheduler_heartbeat(url: str) -> Optional[float]:
+    """The scheduler's latest heartbeat (epoch seconds) from the health endpoint, or None if unavailable."""
+    import json
+    import urllib.request
+    from datetime import datetime
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - Airflow's own api-server
+            body = json.loads(resp.read())
+        stamp = (body.get("scheduler") or {}).get("latest_scheduler_heartbeat")
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp() if stamp else None
+    except Exception:
+        return None
 
 
 def lease_payload(lease: Any) -> dict[str, Any]:
@@ -250,6 +297,31 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
         if delay > 0:
             log.info("controltable: firing in %.1f s, once Airflow has seen the deferring process exit", delay)
             await asyncio.sleep(delay)
+        if self.deferral is not None and exited is not None:
+            await self._scheduler_catch_up(exited + float(self.deferral.get("wake") or 0.0))
+
+    async def _scheduler_catch_up(self, report_due: float) -> None:
+        """Wait (bounded) until the scheduler has surely read the exit report: a busy scheduler's loop
+        can take longer than the settle's margin. Without a health endpoint, the settle alone applies."""
+        url = health_url()
+        if url is None:
+            return
+        heartbeats: list[float] = []
+        started = time.time()
+        while time.time() - started < SCHEDULER_CATCH_UP_LIMIT:
+            beat = await asyncio.to_thread(read_scheduler_heartbeat, url)
+            if beat is None:
+                return
+            if not heartbeats or beat != heartbeats[-1]:
+                heartbeats.append(beat)
+            if scheduler_caught_up(report_due, heartbeats):
+                waited = time.time() - started
+                if waited > 1.0:
+                    log.info("controltable: waited %.1f s for the scheduler to read the deferral's exit", waited)
+                return
+            await asyncio.sleep(SCHEDULER_HEARTBEAT_POLL)
+        log.warning("controltable: the scheduler did not heartbeat twice in %.0f s; firing anyway",
+                    SCHEDULER_CATCH_UP_LIMIT)
 
     async def _wait(self) -> AsyncIterator[dict[str, Any]]:
         """Yield the first non-None result of ``self._check()``; errors become error events."""
