@@ -12,7 +12,12 @@ file, same load code, one after the other. Prints per pattern:
 * load end -> next load start p50 (what a user sees between loads);
 * release -> next grant p50 for grants that waited (controltable only: the slot engine and push);
 * slot idle time per grant: held but not working. controltable: grant -> load start (the resume
-  on a worker); pool: queued -> load start (a pool slot counts from the moment the task is queued).
+  on a worker); pool: queued -> load start (a pool slot counts from the moment the task is queued);
+* how many tasks the scheduler failed as "finished but queued" (the deferral race the triggers
+  wait out), and the deferral -> exit-report delays it measured.
+
+The deployment runs with Airflow's default ``[workers] min_heartbeat_interval`` (5 s) unless
+``--min-heartbeat-interval`` says otherwise (the live tests use 10 s to widen the kill window).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from sqlalchemy import select
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "airflow"))
 
-from live_airflow import LiveAirflow, live_intervals  # noqa: E402
+from live_airflow import LiveAirflow, live_intervals, state_mismatches  # noqa: E402
 
 from controltable import ControlTable  # noqa: E402
 
@@ -102,6 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--long-runs", type=int, default=20, help="runs with 30 s loads (issue: 20)")
     p.add_argument("--long-seconds", type=float, default=30.0)
     p.add_argument("--postgres-url", default=os.environ.get("CONTROLTABLE_BENCH_POSTGRES_URL", DEFAULT_PG))
+    p.add_argument("--min-heartbeat-interval", type=float, default=5.0,
+                   help="[workers] min_heartbeat_interval of the deployment (Airflow's default: 5)")
     a = p.parse_args(argv)
 
     namespace = f"bench_{uuid.uuid4().hex[:8]}"
@@ -110,8 +117,11 @@ def main(argv: list[str] | None = None) -> None:
     table = live_intervals(namespace)
     table.create(ct.engine, checkfirst=True)
     airflow = LiveAirflow(server_url=a.postgres_url, control_url=a.postgres_url, namespace=namespace,
-                          dag_files=[DAGS], parallelism=32)
+                          dag_files=[DAGS], parallelism=32,
+                          extra_env={"AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": f"{a.min_heartbeat_interval:g}"})
     results: list[dict[str, Any]] = []
+    mismatches: list[str] = []
+    lags: list[float] = []
     try:
         started = time.monotonic()
         airflow.start()
@@ -126,6 +136,8 @@ def main(argv: list[str] | None = None) -> None:
                 results.append(measure(airflow, ct, pattern, runs, seconds))
                 r = results[-1]
                 print(f"   wall {r['wall']:.1f} s (ideal {r['ideal']:.0f} s), failed runs {r['failed']}", flush=True)
+        mismatches = state_mismatches(airflow.logs("scheduler", 500_000_000))
+        lags = airflow.resume_lags()
     finally:
         airflow.stop()
         table.drop(ct.engine, checkfirst=True)
@@ -142,6 +154,12 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['wall'] / pool['wall']:.2f} | {r['end_to_start_p50']:.2f} | {rtg} | "
               f"{r['idle_per_grant']:.2f} | {r['deferred'] if r['pattern'] == 'controltable' else '-'} | "
               f"{r['failed']} |")
+    print(f"\ntasks the scheduler failed as ended but queued/running (the deferral race): {len(mismatches)}")
+    for line in mismatches[:5]:
+        print("  ", line[:300])
+    if lags:
+        print(f"deferral -> scheduler received the deferring process's exit: {len(lags)} deferrals, "
+              f"p50 {_p50(lags):.2f} s, max {max(lags):.2f} s")
 
 
 if __name__ == "__main__":

@@ -34,13 +34,9 @@ PLUGINS = {
 URL_MODULES = {"sqlalchemy.engine.url"}
 #: Names allowed from ``sqlalchemy`` / ``sqlalchemy.engine`` themselves.
 URL_NAMES = {"make_url", "URL"}
-#: Modules of the other plugin that still break a rule on this branch: strict xfails, to be removed
-#: when the plugin's own branch (edited in parallel) is merged. Keys: "package/relative path".
-KNOWN: dict[str, str] = {
-    "sqlalchemy:airflow_controltable/hooks/controltable.py": (
-        "airflow_controltable/hooks/controltable.py imports sqlalchemy.exc.ArgumentError (to catch make_url's "
-        "error); the Airflow provider's branch changes this module meanwhile"),
-}
+#: Known exceptions to the rules, as strict xfails with a reason ("rule:package/relative path").
+#: None today; an entry must say why the module cannot follow the rule yet.
+KNOWN: dict[str, str] = {}
 
 
 @dataclass(frozen=True)

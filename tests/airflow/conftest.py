@@ -50,6 +50,14 @@ if "airflow" in sys.modules:  # pragma: no cover - someone imported Airflow befo
 os.environ.update(AIRFLOW_ENV)
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Keep each phase's report on the test item, so fixtures can add diagnostics to failed tests."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
 @pytest.fixture(scope="session")
 def airflow_db() -> Path:
     """Run ``airflow db migrate`` once; returns AIRFLOW_HOME."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -24,6 +25,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
 
@@ -43,6 +45,16 @@ def live_intervals(namespace: str) -> Table:
         Column("token", Integer), Column("deferred", Boolean, nullable=False), Column("granted", Float),
         Column("started", Float, nullable=False), Column("finished", Float), Column("closed", Boolean, nullable=False),
     )
+
+
+def _epoch(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def state_mismatches(scheduler_log: str) -> list[str]:
+    """Lines where the scheduler failed a task whose process it thought had ended (the deferral race)."""
+    return [line[:600] for line in scheduler_log.splitlines()
+            if "but the task instance's state attribute is" in line or "state mismatch" in line]
 
 
 def free_port() -> int:
@@ -194,6 +206,55 @@ class LiveAirflow:
         path = self.home / f"{name}.log"
         return path.read_text(errors="replace")[-tail:] if path.exists() else ""
 
+    def log_size(self, name: str) -> int:
+        path = self.home / f"{name}.log"
+        return path.stat().st_size if path.exists() else 0
+
+    def log_since(self, name: str, offset: int) -> str:
+        path = self.home / f"{name}.log"
+        if not path.exists():
+            return ""
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode(errors="replace")
+
+    def diagnostics(self, tail: int = 6000) -> str:
+        """The end of the scheduler's and triggerer's logs and every state mismatch: for failure messages."""
+        parts = [f"--- {name}.log (last {tail} characters)\n{self.logs(name, tail)}"
+                 for name in ("scheduler", "triggerer")]
+        parts.append("--- state mismatches:\n" + "\n".join(state_mismatches(self.logs("scheduler", 50_000_000))))
+        parts.append(f"--- AIRFLOW_HOME: {self.home} (kept when CT_LIVE_KEEP_HOME=1)")
+        return "\n".join(parts)
+
+    def resume_lags(self) -> list[float]:
+        """Per deferral: seconds from the task's deferral to the scheduler receiving that process's exit event.
+
+        The window in which a trigger that fires would let the scheduler fail the resumed task.
+        """
+        defers: list[tuple[float, tuple[str, ...]]] = []
+        for path in self.home.glob("logs/dag_id=*/run_id=*/task_id=*/attempt=*.log"):
+            key = tuple(p.split("=", 1)[1].removesuffix(".log") for p in path.parts[-4:])
+            for line in path.read_text(errors="replace").splitlines():
+                if "Pausing task as DEFERRED" in line:
+                    try:
+                        defers.append((_epoch(json.loads(line)["timestamp"]), key))
+                    except (ValueError, KeyError):
+                        pass
+        events: dict[tuple[str, ...], list[float]] = {}
+        pattern = re.compile(r"dag_id='([^']+)', task_id='([^']+)', run_id='([^']+)', try_number=(\d+)")
+        for line in self.logs("scheduler", 50_000_000).splitlines():
+            if "Received executor event with state success" in line:
+                found = pattern.search(line)
+                if found:
+                    dag_id, task_id, run_id, try_number = found.groups()
+                    events.setdefault((dag_id, run_id, task_id, try_number), []).append(_epoch(line.split()[0]))
+        lags = []
+        for at, key in defers:
+            later = [t for t in events.get(key, []) if t >= at]
+            if later:
+                lags.append(min(later) - at)
+        return sorted(lags)
+
     # -- REST API ----------------------------------------------------------------------------------
     def _api_up(self) -> bool:
         try:
@@ -268,7 +329,7 @@ class LiveAirflow:
                     pending.discard(run_id)
             if time.monotonic() > deadline:
                 raise AssertionError(f"runs {sorted(pending)} of {dag_id} not finished after {timeout} s; "
-                                     f"scheduler log:\n{self.logs('scheduler')}")
+                                     f"states so far {states}\n{self.diagnostics()}")
             time.sleep(0.3)
         return states
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live_airflow import LiveAirflow, live_intervals, postgres_reachable
+from live_airflow import LiveAirflow, live_intervals, postgres_reachable, state_mismatches
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select
 
 from controltable import ControlTable
@@ -54,10 +54,35 @@ def live() -> Iterator[tuple[LiveAirflow, ControlTable]]:
         airflow.start()
         airflow.wait_for_dags(["ct_live_slot", "ct_live_sensor", "ct_live_poison", "ct_live_pool"])
         yield airflow, ct
+        lags = airflow.resume_lags()
+        if lags:
+            print(f"\ndeferral -> scheduler received the deferring process's exit, over {len(lags)} deferrals: "
+                  f"p50 {statistics.median(lags):.2f} s, max {max(lags):.2f} s (a trigger firing sooner would "
+                  "have let the scheduler fail the resumed task)")
     finally:
         airflow.stop()
         intervals.drop(ct.engine, checkfirst=True)
         ct.close()
+
+
+@pytest.fixture(autouse=True)
+def _scheduler_never_failed_a_resumed_task(
+    request: pytest.FixtureRequest, live: tuple[LiveAirflow, ControlTable],
+) -> Iterator[None]:
+    """After each test: the scheduler failed no task as "finished but queued/running" (the deferral race).
+
+    On a failed test, print the scheduler's and triggerer's logs (shown with the failure).
+    """
+    airflow, _ = live
+    offset = airflow.log_size("scheduler")
+    started = time.monotonic()
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        print(f"\n=== {request.node.name} failed after {time.monotonic() - started:.0f} s ===\n{airflow.diagnostics()}")
+    mismatches = state_mismatches(airflow.log_since("scheduler", offset))
+    assert not mismatches, "the scheduler failed a task it took for ended:\n" + "\n".join(mismatches) + \
+        "\n" + airflow.diagnostics()
 
 
 # -- helpers ---------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ _EXPORTS = {
     "hold_slot": "airflow_controltable.decorators",
     "slot_held": "airflow_controltable.decorators",
     "dag_run_holder": "airflow_controltable.utils",
-    "DEFAULT_SLOT_LEASE": "airflow_controltable.utils",
+    "DEFAULT_SLOT_LEASE": "airflow_controltable.defaults",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__", "get_provider_info"]

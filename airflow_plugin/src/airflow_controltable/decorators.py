@@ -27,16 +27,17 @@ from __future__ import annotations
 
 import functools
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Callable, Optional, TypeVar, cast
 
 from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_decorator_factory
 
+from airflow_controltable.defaults import DEFAULT_MODE, DEFAULT_RENEWED_LEASE
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
 from airflow_controltable.operators.slots import SlotPythonOperator
 from airflow_controltable.utils import (
-    DEFAULT_RENEWED_LEASE,
     airflow_errors,
     slot_priority,
     start_renewing,
@@ -45,7 +46,6 @@ from airflow_controltable.utils import (
     try_number,
 )
 from controltable import ControlTableError, Lease, LeaseLost
-from controltable.defaults import DEFAULT_MODE
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -66,24 +66,34 @@ def slot_held(
     holder: Optional[str] = None,
     slots: int = 1,
     slot_mode: str = DEFAULT_MODE,
-    timeout: Optional[float] = None,
+    wait_timeout: Optional[float] = None,
     lease: float = DEFAULT_RENEWED_LEASE,
     namespace: Optional[str] = None,
     control_schema: Optional[str] = None,
     use_priority_weight: bool = False,
+    timeout: Optional[float] = None,
 ) -> Iterator[Lease]:
     """Acquire ``resource`` inside a running task, renew it while the block runs, release on exit or kill.
 
+    The arguments have the slot operator's and ``SlotSensor``'s names and meanings.
+
     :param holder: default: this task instance (dag, run, task, map index), so retries of the
         same task re-acquire idempotently and nothing else shares the slot by accident.
-    :param timeout: seconds to wait in line (None: until the task's ``execution_timeout``).
+    :param wait_timeout: seconds to wait in line (None: until the task's ``execution_timeout``);
+        then ``ControlTableAcquireTimeout``, which the task's retries apply to.
     :param lease: seconds; renewed every third of it in the background.
     :param use_priority_weight: queue by the task's ``priority_weight`` (higher first).
+    :param timeout: deprecated name of ``wait_timeout``.
     :raises ControlTableLeaseLost: if the lease was lost while the block ran (renewal failed
         longer than the lease): the work may have overlapped with the next holder.
     """
     from airflow.sdk import get_current_context
 
+    if timeout is not None:
+        warnings.warn("slot_held(timeout=...) is deprecated; use wait_timeout=... (the slot operator's name)",
+                      DeprecationWarning, stacklevel=3)
+        if wait_timeout is None:
+            wait_timeout = timeout
     context = get_current_context()
     task: Any = context["task"]  # the running (unmapped) operator
     holder = holder or task_instance_holder(context)
@@ -92,8 +102,9 @@ def slot_held(
     with airflow_errors():
         table = hook.get_control_table()
         log.info("controltable: waiting for %d %s slot(s) of %r as %r", slots, slot_mode, resource, holder)
-        held = table.acquire(resource, holder=holder, slots=slots, mode=slot_mode, timeout=timeout, lease=lease,
-                             attempt=try_number(context), priority=slot_priority(task, use_priority_weight))
+        held = table.acquire(resource, holder=holder, slots=slots, mode=slot_mode, timeout=wait_timeout, lease=lease,
+                             attempt=try_number(context),
+                             priority=slot_priority(task, use_priority_weight))
     log.info("controltable: acquired %r, fencing token %d", resource, held.token)
     start_renewing(held)
 

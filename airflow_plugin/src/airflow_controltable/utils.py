@@ -1,21 +1,48 @@
-"""Helpers shared by the hook, operators, sensors and triggers: holder ids and error translation."""
+"""Helpers shared by the hook, operators, sensors and triggers: holder ids, deferral facts, error translation.
+
+The provider's defaults live in :mod:`airflow_controltable.defaults`; they are re-exported here
+because earlier releases defined them in this module.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import json
+import os
+import socket
+import time
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Optional
 
+from airflow_controltable.defaults import (  # noqa: F401 - re-exported for earlier imports
+    DEFAULT_DEFERRED_WAITER_TTL,
+    DEFAULT_EXIT_ALLOWANCE,
+    DEFAULT_HELD_LEASE,
+    DEFAULT_REFRESH_INTERVAL,
+    DEFAULT_RENEWED_LEASE,
+    DEFAULT_RESUME_MARGIN,
+    DEFAULT_RESUME_SETTLE,
+    DEFAULT_SLOT_LEASE,
+    DEFAULT_TRIGGER_POLL_INTERVAL,
+    MAX_ID,
+    SLOT_MODES,
+    WORKER_MIN_HEARTBEAT_INTERVAL,
+    WORKER_TASK_SUCCESS_OVERTIME,
+)
 from airflow_controltable.exceptions import (
+    ControlTableAcquireTimeout,
     ControlTableAirflowError,
     ControlTableConfigError,
+    ControlTableConnectionError,
+    ControlTableFailure,
     ControlTableLeaseLost,
+    ControlTableRetryableError,
     ControlTableUnavailable,
 )
 from controltable import (
     AcquireTimeout,
+    AuthenticationError,
     ConfigurationError,
     ControlTableError,
     DatabaseUnavailableError,
@@ -23,63 +50,17 @@ from controltable import (
     NotInstalledError,
     UnknownResourceError,
 )
-
-#: Default lease of a slot taken by :class:`~airflow_controltable.sensors.slots.SlotSensor`.
-#: Nothing renews it between the sensor and the release teardown, so it must outlast the tasks in
-#: between (their run time plus queueing). The teardown normally frees the slot at once; the lease
-#: only decides how long a slot stays blocked when no teardown runs at all (the DAG run was
-#: deleted or marked failed by hand, the deployment died). Six hours covers typical warehouse
-#: loads; set ``lease=`` to your work's ``execution_timeout`` plus a margin.
-DEFAULT_SLOT_LEASE = 6 * 3600.0
-
-#: Lease of a slot held by :func:`~airflow_controltable.decorators.slot_held`: renewed in the
-#: background every third of it while the task runs, so a short lease frees the slot quickly after
-#: a worker dies without delaying anything while it lives.
-DEFAULT_RENEWED_LEASE = 300.0
-
-#: Lease of a slot held by the deferrable slot operator and ``@task.controltable_slot`` while the work
-#: runs: renewed by the task's own process every third of it, so a worker that dies (or a process
-#: that is orphaned) frees the slot within this many seconds, and a trigger's pick-up covers the
-#: time Airflow takes to resume the task on a worker.
-DEFAULT_HELD_LEASE = 60.0
-
-#: How long the queue place of a deferred task survives without a check. It covers the time from
-#: the worker's first try to the trigger's first check (the triggerer picks new triggers up within
-#: seconds) and a triggerer restart; a dead waiter costs nothing meanwhile, since a grant made on
-#: its behalf lapses after ``pickup`` seconds.
-DEFAULT_DEFERRED_WAITER_TTL = 180.0
-
-#: With push wake-ups, a waiting trigger still re-checks this often (seconds) to keep its queue
-#: entry alive and to cover a lost notification; never more than a quarter of the waiter's ttl.
-DEFAULT_REFRESH_INTERVAL = 30.0
-
-#: Poll interval of a trigger on a backend without push (seconds).
-DEFAULT_TRIGGER_POLL_INTERVAL = 2.0
-
-#: Seconds after a task defers before its trigger may fire. Airflow 3.3's scheduler fails a task
-#: whose trigger fired so fast that the task was queued again before the scheduler processed the
-#: exit of the process that deferred ("finished with state success, but the task instance's state
-#: attribute is queued"); with push wake-ups a grant can come that fast. The grant is held meanwhile,
-#: so this only delays grants that arrive within seconds of the deferral. Measured on a loaded
-#: machine: 5 s was not always enough. ``[controltable] resume_settle`` overrides it.
-DEFAULT_RESUME_SETTLE = 10.0
-
-SLOT_MODES = ("exclusive", "shared")
-
-MAX_ID = 200
+from controltable.errors import DatabaseMissingError, is_retryable
+from controltable.holders import holder_id
 
 
 def bounded_id(*parts: object) -> str:
-    """Join ``parts`` into an id of at most 200 characters (the core's limit), stable across processes.
-
-    Long dag ids or run ids are shortened with a hash suffix instead of failing, and every task of
-    the run computes the same value, which is what lets a later task release the sensor's slot.
-    """
-    raw = ":".join(str(p) for p in parts)
-    if len(raw) <= MAX_ID:
-        return raw
-    digest = hashlib.sha256(raw.encode()).hexdigest()[:16]
-    return f"{raw[:MAX_ID - 17]}~{digest}"
+    """Deprecated: use :func:`controltable.holders.holder_id` (the same id, built by the core for every surface)."""
+    warnings.warn(
+        "airflow_controltable.utils.bounded_id is deprecated; use controltable.holders.holder_id",
+        DeprecationWarning, stacklevel=2,
+    )
+    return holder_id(*parts, limit=MAX_ID)
 
 
 def deployment_id() -> str:
@@ -97,18 +78,66 @@ def deployment_id() -> str:
         return ""
 
 
-def resume_not_before() -> float:
-    """Epoch seconds before which a trigger deferred now may not fire (see ``DEFAULT_RESUME_SETTLE``)."""
-    import time
-
-    settle = DEFAULT_RESUME_SETTLE
+def _airflow_conf(section: str, key: str, fallback: float) -> float:
+    """A number from Airflow's configuration as this process sees it, or ``fallback`` without one."""
     try:
         from airflow.sdk import conf
 
-        settle = float(conf.get("controltable", "resume_settle", fallback=str(DEFAULT_RESUME_SETTLE)))
-    except Exception:  # no Airflow configuration available
-        pass
-    return time.time() + max(settle, 0.0)
+        return float(conf.get(section, key, fallback=str(fallback)))
+    except Exception:  # no Airflow configuration available (plain Python use)
+        return fallback
+
+
+def resume_settle() -> float:
+    """Seconds a trigger waits after the deferring process exited before it may fire (see ``defaults``).
+
+    ``[controltable] resume_settle`` when set; otherwise this worker's ``[workers]
+    min_heartbeat_interval`` (how late its supervisor may notice the exit) plus
+    ``DEFAULT_RESUME_MARGIN`` (one scheduler loop). Read in the deferring task's process, whose
+    configuration is the supervisor's.
+    """
+    configured = _airflow_conf("controltable", "resume_settle", -1.0)
+    if configured >= 0:
+        return configured
+    heartbeat = _airflow_conf("workers", "min_heartbeat_interval", WORKER_MIN_HEARTBEAT_INTERVAL)
+    return max(heartbeat, 0.0) + DEFAULT_RESUME_MARGIN
+
+
+def deferral_facts() -> Optional[dict[str, Any]]:
+    """What a trigger needs to know about the process that is deferring now, to fire only when that is safe.
+
+    The time, the settle (:func:`resume_settle`), how long Airflow lets a finished task process
+    linger before killing it, and the process itself (host, pid, start time) so that a triggerer on
+    the same host can watch it exit. JSON-serialisable: it travels in the trigger's kwargs. None
+    when ``[controltable] resume_settle`` is 0: the protection is off and the trigger fires at once.
+    """
+    settle = resume_settle()
+    if settle <= 0:
+        return None
+    created: Optional[float] = None
+    try:
+        import psutil
+
+        created = float(psutil.Process().create_time())
+    except Exception:  # no psutil: the trigger cannot tell this process from a later one with its pid
+        created = None
+    return {
+        "at": time.time(),
+        "settle": settle,
+        "wake": max(_airflow_conf("workers", "min_heartbeat_interval", WORKER_MIN_HEARTBEAT_INTERVAL), 0.0),
+        "linger": _airflow_conf("core", "task_success_overtime", WORKER_TASK_SUCCESS_OVERTIME),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "created": created,
+    }
+
+
+def resume_not_before() -> float:
+    """Epoch seconds before which a trigger deferred now may not fire when it cannot watch the process.
+
+    The deferral, plus the time the process needs to exit, plus :func:`resume_settle`.
+    """
+    return time.time() + DEFAULT_EXIT_ALLOWANCE + resume_settle()
 
 
 def dag_run_holder(context: Mapping[str, Any]) -> str:
@@ -121,7 +150,7 @@ def dag_run_holder(context: Mapping[str, Any]) -> str:
     dag_id = getattr(dag_run, "dag_id", None) or context["dag"].dag_id
     run_id = getattr(dag_run, "run_id", None) or context["run_id"]
     deployment = deployment_id()
-    return bounded_id(f"airflow@{deployment}" if deployment else "airflow", dag_id, run_id)
+    return holder_id(f"airflow@{deployment}" if deployment else "airflow", dag_id, run_id, limit=MAX_ID)
 
 
 def task_instance_holder(context: Mapping[str, Any]) -> str:
@@ -130,7 +159,8 @@ def task_instance_holder(context: Mapping[str, Any]) -> str:
     map_index = getattr(ti, "map_index", -1)
     deployment = deployment_id()
     prefix = f"airflow@{deployment}" if deployment else "airflow"
-    return bounded_id(prefix, ti.dag_id, ti.run_id, ti.task_id, map_index if map_index is not None else -1)
+    return holder_id(prefix, ti.dag_id, ti.run_id, ti.task_id, map_index if map_index is not None else -1,
+                     limit=MAX_ID)
 
 
 def check_wait_args(slot_mode: Any, resource: Any) -> None:
@@ -182,14 +212,36 @@ def start_renewing(lease: Any) -> None:
 
 
 def translate(exc: ControlTableError) -> ControlTableAirflowError:
-    """Turn a core error into the Airflow exception that fails (or retries) the task appropriately."""
-    if isinstance(exc, LeaseLost):
-        return ControlTableLeaseLost(str(exc))
-    if isinstance(exc, DatabaseUnavailableError):
-        return ControlTableUnavailable(str(exc))
-    if isinstance(exc, (UnknownResourceError, ConfigurationError, NotInstalledError, AcquireTimeout)):
-        return ControlTableConfigError(str(exc))
-    return ControlTableAirflowError(str(exc))
+    """Turn a core error into the Airflow exception that retries or fails the task, as the core's policy says.
+
+    :func:`controltable.errors.is_retryable` decides, as it does for the Dagster integration: a
+    retryable error (database unreachable or busy, slot not granted in time, lease lost, a clash
+    with a concurrent change) becomes an exception Airflow retries per the task's ``retries``;
+    anything else (bad login, missing database or privileges, unknown resource, bad arguments)
+    fails the task at once (``AirflowFailException``), since only a person can fix it.
+    """
+    message = str(exc)
+    if is_retryable(exc):
+        if isinstance(exc, LeaseLost):
+            return ControlTableLeaseLost(message)
+        if isinstance(exc, AcquireTimeout):
+            return ControlTableAcquireTimeout(message)
+        if isinstance(exc, DatabaseUnavailableError):
+            return ControlTableUnavailable(message)
+        return ControlTableRetryableError(message)
+    if isinstance(exc, (AuthenticationError, DatabaseMissingError)):
+        return ControlTableConnectionError(message)
+    if isinstance(exc, (UnknownResourceError, ConfigurationError, NotInstalledError)):
+        return ControlTableConfigError(message)
+    return ControlTableFailure(message)
+
+
+def trigger_failure(event: Optional[Mapping[str, Any]], what: str) -> ControlTableAirflowError:
+    """The exception for a trigger's error event: retried when the trigger's error was retryable."""
+    message = f"{what} failed: {(event or {}).get('message', 'no event')}"
+    if (event or {}).get("retryable"):
+        return ControlTableRetryableError(message)
+    return ControlTableConfigError(message)
 
 
 @contextmanager

@@ -21,8 +21,7 @@ from typing import Any, Optional
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.engine import make_url  # URL parsing only: the plugin builds no SQL
 
 from airflow_controltable.exceptions import ControlTableConnectionError, ControlTableConnectionNotFound
 from airflow_controltable.utils import translate
@@ -106,7 +105,7 @@ class ControlTableHook(BaseHook):
                 )
             try:
                 parsed = make_url(str(url))
-            except ArgumentError as exc:
+            except Exception as exc:  # SQLAlchemy's ArgumentError: not a URL
                 raise ControlTableConnectionError(
                     f"connection {self.conn_id!r}: {url!r} is not a SQLAlchemy URL ({exc})"
                 ) from exc

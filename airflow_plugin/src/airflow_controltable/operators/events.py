@@ -51,7 +51,7 @@ class _EventOperator(ControlTableBaseOperator):
         return {k: v for k, v in options.items() if v is not None}
 
     def _events(self, table: str, key: str, order_by: Optional[str], schema: Optional[str]) -> Any:
-        return self._table().events(table, key=key, order_by=order_by, schema=schema, **self._policy())
+        return self._table().events(table, key=key, order_by=order_by, table_schema=schema, **self._policy())
 
     def _batch(self, handle: dict[str, Any]) -> Any:
         """Rebuild a claimed batch from its handle (which carries the table, key and schema)."""

@@ -34,33 +34,37 @@ from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowTaskTerminated
 
-from airflow_controltable.exceptions import (
-    ControlTableAirflowError,
-    ControlTableConfigError,
-    ControlTableLeaseLost,
+from airflow_controltable.defaults import (
+    DEFAULT_DEFERRED_PICKUP,
+    DEFAULT_DEFERRED_WAITER_TTL,
+    DEFAULT_HELD_LEASE,
+    DEFAULT_MODE,
+    DEFAULT_TRIGGER_POLL_INTERVAL,
+    DEFER_TIMEOUT_MARGIN,
+    TEARDOWN_CHECK_INTERVAL,
+    TEARDOWN_KILL_MARGIN,
+    WORKER_MIN_HEARTBEAT_INTERVAL,
 )
+from airflow_controltable.exceptions import ControlTableAcquireTimeout, ControlTableLeaseLost
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
 from airflow_controltable.operators.base import ControlTableBaseOperator
 from airflow_controltable.utils import (
-    DEFAULT_DEFERRED_WAITER_TTL,
-    DEFAULT_HELD_LEASE,
-    DEFAULT_TRIGGER_POLL_INTERVAL,
     airflow_errors,
     check_wait_args,
     dag_run_holder,
-    resume_not_before,
+    deferral_facts,
     slot_priority,
     start_renewing,
     task_instance_holder,
+    trigger_failure,
     try_number,
 )
 from controltable import ControlTableError
 from controltable import defaults as core_defaults
-from controltable.defaults import DEFAULT_MODE
 
-#: Seconds a grant made on a deferred task's behalf waits to be picked up by its trigger (covers
-#: the moment between the worker's first try and the trigger's first check, and polling without push).
-DEFAULT_DEFERRED_PICKUP = 20.0
+__all__ = [
+    "DEFAULT_DEFERRED_PICKUP", "ControlTableTaskKilled", "HoldSlotMixin", "ReleaseSlotOperator", "SlotPythonOperator",
+]
 
 #: States after which a task instance runs no more (its own process reported the end, or the
 #: scheduler / a user ended it).
@@ -187,12 +191,13 @@ class HoldSlotMixin(BaseOperator):
                 lease=float(self.lease), waiter_ttl=float(self.waiter_ttl), attempt=try_number(context),
                 pickup=self._pickup(), conn_id=self.conn_id, namespace=self.namespace,
                 control_schema=self.control_schema, poll_interval=float(self.poll_interval), deadline=deadline,
-                not_before=resume_not_before(), priority=self._slot_priority(),
+                deferral=deferral_facts(), priority=self._slot_priority(),
             ),
             method_name="execute_in_slot",
             # Airflow's own deferral timeout is only a backstop: the trigger gives up (and withdraws
             # the queue entry) at the deadline itself.
-            timeout=timedelta(seconds=float(self.wait_timeout) + 120.0) if self.wait_timeout is not None else None,
+            timeout=(timedelta(seconds=float(self.wait_timeout) + DEFER_TIMEOUT_MARGIN)
+                     if self.wait_timeout is not None else None),
         )
 
     # -- Airflow entry points -----------------------------------------------------------------------
@@ -208,13 +213,12 @@ class HoldSlotMixin(BaseOperator):
         self.slot_resumed = True
         status = (event or {}).get("status")
         if status == "timeout":
-            raise ControlTableAirflowError(
+            raise ControlTableAcquireTimeout(
                 f"gave up waiting for a slot of {self.resource!r} after wait_timeout={self.wait_timeout} s; "
-                "raise wait_timeout or the resource's capacity"
+                "raise wait_timeout or the resource's capacity (the task's retries wait in line again)"
             )
         if status != "granted":
-            message = (event or {}).get("message", "no event")
-            raise ControlTableConfigError(f"waiting for a slot of {self.resource!r} failed: {message}")
+            raise trigger_failure(event, f"waiting for a slot of {self.resource!r}")
         lease = self._try_slot(context)  # the same holder and attempt: the same grant, idempotently
         if lease is None:
             self.log.warning(  # type: ignore[attr-defined]
@@ -349,7 +353,7 @@ class ReleaseSlotOperator(ControlTableBaseOperator):
         holder: Optional[str] = None,
         wait_for_work: bool = True,
         kill_grace: Optional[float] = None,
-        check_interval: float = 1.0,
+        check_interval: float = TEARDOWN_CHECK_INTERVAL,
         conn_id: str = DEFAULT_CONN_ID,
         namespace: Optional[str] = None,
         control_schema: Optional[str] = None,
@@ -368,10 +372,11 @@ class ReleaseSlotOperator(ControlTableBaseOperator):
         try:
             from airflow.sdk import conf
 
-            heartbeat = float(conf.getint("workers", "min_heartbeat_interval", fallback=5))
+            heartbeat = float(conf.getint("workers", "min_heartbeat_interval",
+                                          fallback=int(WORKER_MIN_HEARTBEAT_INTERVAL)))
         except Exception:
-            heartbeat = 5.0
-        return heartbeat + 5.0 + 3.0
+            heartbeat = WORKER_MIN_HEARTBEAT_INTERVAL
+        return heartbeat + TEARDOWN_KILL_MARGIN
 
     def covered_task_ids(self, context: Context) -> list[str]:
         """Task ids of the run between this teardown's setups and itself (all its upstream if it has no setup)."""
@@ -443,5 +448,3 @@ class ReleaseSlotOperator(ControlTableBaseOperator):
             )
         return int(removed)
 
-
-__all__ = ["ControlTableTaskKilled", "HoldSlotMixin", "ReleaseSlotOperator", "SlotPythonOperator"]

@@ -8,10 +8,11 @@ from typing import Any, Optional
 
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 
+from airflow_controltable.defaults import DEFAULT_EVENTS_POKE_INTERVAL, DEFAULT_EVENTS_TRIGGER_POLL_INTERVAL
 from airflow_controltable.exceptions import ControlTableConfigError
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
 from airflow_controltable.triggers.controltable import PendingEventsTrigger
-from airflow_controltable.utils import airflow_errors, resume_not_before
+from airflow_controltable.utils import airflow_errors, deferral_facts, trigger_failure
 
 
 class PendingEventsSensor(UsesControlTable, BaseSensorOperator):
@@ -37,10 +38,13 @@ class PendingEventsSensor(UsesControlTable, BaseSensorOperator):
         namespace: Optional[str] = None,
         control_schema: Optional[str] = None,
         deferrable: bool = False,
-        poke_interval: float = 30.0,
+        poke_interval: float = DEFAULT_EVENTS_POKE_INTERVAL,
+        poll_interval: Optional[float] = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
+        #: How often the deferrable form's trigger checks (default: ``poke_interval``, at most 30 s).
+        self.poll_interval = poll_interval
         self.table = table
         self.key = key
         self.min_events = min_events
@@ -56,7 +60,7 @@ class PendingEventsSensor(UsesControlTable, BaseSensorOperator):
             raise ControlTableConfigError(f"min_events must be a whole number >= 1, got {self.min_events!r}")
         with airflow_errors():
             events = self._table().events(
-                self.table, key=self.key, order_by=self.order_by, schema=self.schema
+                self.table, key=self.key, order_by=self.order_by, table_schema=self.schema
             )
             return events.pending_count()
 
@@ -76,15 +80,19 @@ class PendingEventsSensor(UsesControlTable, BaseSensorOperator):
             trigger=PendingEventsTrigger(
                 table=self.table, key=self.key, min_events=self.min_events, order_by=self.order_by,
                 schema=self.schema, conn_id=self.conn_id, namespace=self.namespace,
-                control_schema=self.control_schema, poll_interval=min(float(self.poke_interval), 30.0),
-                not_before=resume_not_before(),
+                control_schema=self.control_schema, poll_interval=self._poll_interval(),
+                deferral=deferral_facts(),
             ),
             method_name="execute_complete",
             timeout=timeout,
         )
 
+    def _poll_interval(self) -> float:
+        if self.poll_interval is not None:
+            return float(self.poll_interval)
+        return min(float(self.poke_interval), DEFAULT_EVENTS_TRIGGER_POLL_INTERVAL)
+
     def execute_complete(self, context: Context, event: Optional[dict[str, Any]] = None) -> int:
         if not event or event.get("status") != "ready":
-            message = (event or {}).get("message", "no event")
-            raise ControlTableConfigError(f"waiting for events in {self.table!r} failed: {message}")
+            raise trigger_failure(event, f"waiting for events in {self.table!r}")
         return int(event["pending"])

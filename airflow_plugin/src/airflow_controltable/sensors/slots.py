@@ -14,20 +14,27 @@ from typing import Any, Optional
 
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 
-from airflow_controltable.exceptions import ControlTableConfigError, ControlTableLeaseLost
+from airflow_controltable.defaults import (
+    DEFAULT_MODE,
+    DEFAULT_SLOT_LEASE,
+    DEFAULT_SLOT_POKE_INTERVAL,
+    DEFAULT_TRIGGER_POLL_INTERVAL,
+    SENSOR_MIN_PICKUP,
+    SENSOR_MIN_WAITER_TTL,
+    SLOT_MODES,
+)
+from airflow_controltable.exceptions import ControlTableLeaseLost
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
 from airflow_controltable.triggers.controltable import SlotTrigger, lease_payload
 from airflow_controltable.utils import (
-    DEFAULT_SLOT_LEASE,
-    SLOT_MODES,
     airflow_errors,
     check_wait_args,
     dag_run_holder,
-    resume_not_before,
+    deferral_facts,
     slot_priority,
+    trigger_failure,
     try_number,
 )
-from controltable.defaults import DEFAULT_MODE
 
 __all__ = ["SLOT_MODES", "SlotSensor"]
 
@@ -46,11 +53,21 @@ class SlotSensor(UsesControlTable, BaseSensorOperator):
         and the release, so it must cover all the work in between; see ``DEFAULT_SLOT_LEASE``.
     :param waiter_ttl: seconds the queue place survives between polls. Default: four poll
         intervals and at least two minutes, so reschedule delays do not lose the place.
+    :param pickup: seconds a grant made between two checks waits to be picked up. Default: two
+        poke intervals plus 10 s, and at least 30 s.
+    :param poll_interval: how often the deferrable form's trigger checks on a backend without push
+        (default: ``poke_interval``, at most ``DEFAULT_TRIGGER_POLL_INTERVAL``). ``poke_interval``
+        stays the poke and reschedule modes' interval, as for any Airflow sensor.
     :param conn_id: a ``controltable`` or SQL connection.
     :param namespace: the control-table namespace (default: the connection's).
+    :param control_schema: the schema of the control tables (default: the connection's).
     :param deferrable: wait in the triggerer instead of a worker.
     :param use_priority_weight: queue by the sensor's ``priority_weight`` (higher first), as the
         core's ``priority``; off by default (plain FIFO).
+
+    The slot arguments (``resource``, ``slots``, ``slot_mode``, ``holder``, ``lease``,
+    ``waiter_ttl``, ``pickup``, ``poll_interval``, ``conn_id``, ``namespace``, ``control_schema``)
+    have the same names and meanings as the slot operator's and ``slot_held``'s.
     """
 
     template_fields: Sequence[str] = ("resource", "holder")
@@ -69,12 +86,16 @@ class SlotSensor(UsesControlTable, BaseSensorOperator):
         namespace: Optional[str] = None,
         control_schema: Optional[str] = None,
         deferrable: bool = False,
-        poke_interval: float = 10.0,
+        poke_interval: float = DEFAULT_SLOT_POKE_INTERVAL,
+        pickup: Optional[float] = None,
+        poll_interval: Optional[float] = None,
         use_priority_weight: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
         self.use_priority_weight = use_priority_weight
+        self.pickup = pickup
+        self.poll_interval = poll_interval
         self.resource = resource
         self.slots = slots
         self.slot_mode = slot_mode
@@ -93,14 +114,21 @@ class SlotSensor(UsesControlTable, BaseSensorOperator):
     def _ttl(self) -> float:
         if self.waiter_ttl is not None:
             return float(self.waiter_ttl)
-        return max(120.0, 4.0 * float(self.poke_interval))
+        return max(SENSOR_MIN_WAITER_TTL, 4.0 * float(self.poke_interval))
 
     def _check_args(self) -> None:
         check_wait_args(self.slot_mode, self.resource)
 
     def _pickup(self) -> float:
         """A grant made between two pokes must survive until the next one (plus scheduling delay)."""
-        return max(30.0, 2.0 * float(self.poke_interval) + 10.0)
+        if self.pickup is not None:
+            return float(self.pickup)
+        return max(SENSOR_MIN_PICKUP, 2.0 * float(self.poke_interval) + 10.0)
+
+    def _poll_interval(self) -> float:
+        if self.poll_interval is not None:
+            return float(self.poll_interval)
+        return min(float(self.poke_interval), DEFAULT_TRIGGER_POLL_INTERVAL)
 
     def _try(self, context: Context) -> Optional[dict[str, Any]]:
         # attempt = the sensor's try number: a cleared run's sensor (a new try) gets a higher token.
@@ -144,7 +172,7 @@ class SlotSensor(UsesControlTable, BaseSensorOperator):
                 resource=self.resource, holder=holder, slots=self.slots, slot_mode=self.slot_mode,
                 lease=self.lease, waiter_ttl=self._ttl(), attempt=try_number(context), pickup=self._pickup(),
                 conn_id=self.conn_id, namespace=self.namespace, control_schema=self.control_schema,
-                poll_interval=min(float(self.poke_interval), 5.0), not_before=resume_not_before(),
+                poll_interval=self._poll_interval(), deferral=deferral_facts(),
                 priority=slot_priority(self, self.use_priority_weight),
             ),
             method_name="execute_complete",
@@ -154,8 +182,7 @@ class SlotSensor(UsesControlTable, BaseSensorOperator):
     def execute_complete(self, context: Context, event: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         """Resume after the trigger granted the slot; check it is still held (events may arrive late)."""
         if not event or event.get("status") != "granted":
-            message = (event or {}).get("message", "no event")
-            raise ControlTableConfigError(f"waiting for a slot of {self.resource!r} failed: {message}")
+            raise trigger_failure(event, f"waiting for a slot of {self.resource!r}")
         with airflow_errors():
             lease = self._table().find_lease(event["resource"], event["holder"])
         if lease is None:

@@ -13,24 +13,148 @@ event loop with ``loop.call_soon_threadsafe``. The trigger then re-checks at onc
 push it still re-checks every ``refresh_interval`` to keep its queue entry alive and to cover a
 lost notification. Database calls are short and run in the default thread pool
 (``asyncio.to_thread``); no trigger ever blocks a thread while it waits.
+
+Firing safely: Airflow 3.3's scheduler fails a task resumed from deferral if it handles the
+executor's (stale) "success" event of the process that deferred only after it queued the resumed
+task (see :mod:`airflow_controltable.defaults`). That event comes at the latest ``[workers]
+min_heartbeat_interval`` after the deferring process exited, and the scheduler reads it on its next
+loop. So a trigger given the deferral's facts (``deferral``) fires no sooner than ``settle`` seconds
+after that process exited: watched through its pid when the triggerer runs on the same host (and
+can see the process alive), else assumed ``DEFAULT_EXIT_ALLOWANCE`` seconds after the deferral;
+and then until the scheduler has heartbeated twice after the exit report was due (read from
+Airflow's health endpoint, when it answers), since a busy scheduler's loop can outlast any fixed
+margin. A grant is held meanwhile (its pick-up lease covers it), so only grants that come within seconds of
+a deferral wait.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any, Callable, Optional
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_controltable.defaults import (
+    DEFAULT_EVENTS_TRIGGER_POLL_INTERVAL,
+    DEFAULT_EXIT_ALLOWANCE,
+    DEFAULT_MODE,
+    DEFAULT_REFRESH_INTERVAL,
+    DEFAULT_TRIGGER_POLL_INTERVAL,
+    SCHEDULER_CATCH_UP_LIMIT,
+    SCHEDULER_HEARTBEAT_POLL,
+)
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
-from airflow_controltable.utils import DEFAULT_REFRESH_INTERVAL, check_wait_args
+from airflow_controltable.utils import check_wait_args
 from controltable import DatabaseUnavailableError
-from controltable.defaults import DEFAULT_MODE
+from controltable.errors import is_retryable
 
 log = logging.getLogger(__name__)
+
+
+#: How often the trigger looks whether the deferring process has exited (seconds).
+EXIT_WATCH_INTERVAL = 0.25
+
+
+def process_alive(pid: int, created: Optional[float]) -> bool:
+    """Whether process ``pid`` (started at ``created``, when known) still runs on this host; a zombie has exited."""
+    try:
+        import psutil
+
+        proc = psutil.Process(int(pid))
+        if created is not None and abs(proc.create_time() - float(created)) > 0.5:
+            return False  # the pid was reused by another process
+        return bool(proc.status() != psutil.STATUS_ZOMBIE)
+    except Exception:  # gone (NoSuchProcess), not ours to see (AccessDenied), or no psutil
+        return False
+
+
+def in_deferring_process(deferral: dict[str, Any]) -> bool:
+    """Whether this trigger runs in the very process that deferred (``dag.test()`` / ``airflow dags test``).
+
+    There the trigger runs inline, no executor reports the deferral's exit, and the process never
+    exits while the trigger waits: nothing to wait for.
+    """
+    return deferral.get("host") == socket.gethostname() and deferral.get("pid") == os.getpid()
+
+
+def exit_time(
+    deferral: dict[str, Any], first_seen_alive: bool, now: float, exited_seen: Optional[float],
+    first_look: Optional[float] = None,
+) -> float:
+    """When the deferring process exited, as far as the trigger can tell (a pure decision, unit tested).
+
+    ``first_look`` is when the trigger first looked for the process on this host (None: it could
+    not look, the process runs on another host); ``exited_seen`` is when it saw the process gone
+    after having seen it alive. A process already gone at the first look exited before it; one the
+    trigger could not look for is assumed gone ``DEFAULT_EXIT_ALLOWANCE`` seconds after the
+    deferral. Airflow kills a process that lingers ``linger`` seconds after its task ended, so no
+    exit is later than that (plus the same allowance).
+    """
+    at = float(deferral.get("at") or 0.0)
+    latest = at + float(deferral.get("linger") or 0.0) + DEFAULT_EXIT_ALLOWANCE
+    if not first_seen_alive:
+        if first_look is None:
+            return at + DEFAULT_EXIT_ALLOWANCE
+        return min(max(first_look, at), latest)
+    if exited_seen is None:
+        return min(max(now, at), latest)
+    return min(exited_seen, latest)
+
+
+def fire_not_before(deferral: Optional[dict[str, Any]], not_before: Optional[float], exited: Optional[float]) -> float:
+    """Epoch seconds before which the trigger must not fire: ``settle`` after the exit, and ``not_before``."""
+    earliest = float(not_before or 0.0)
+    if deferral is not None and exited is not None:
+        earliest = max(earliest, exited + float(deferral.get("settle") or 0.0))
+    return earliest
+
+
+def scheduler_caught_up(report_due: float, heartbeats: list[float]) -> bool:
+    """Whether the scheduler has surely read an executor report queued by ``report_due`` (a pure decision).
+
+    ``heartbeats`` are the scheduler's distinct heartbeat times as observed, oldest first. A
+    heartbeat is written at the end of a scheduler loop, and every loop reads the executor's
+    reports; so once a heartbeat later than ``report_due`` has been seen, the loop that ends with
+    the next heartbeat started after the report was queued, and has read and handled it.
+    """
+    later = [h for h in heartbeats if h > report_due]
+    return len(later) >= 2
+
+
+def health_url() -> Optional[str]:
+    """Airflow's health endpoint (it names the scheduler's latest heartbeat), from this process's configuration."""
+    try:
+        from urllib.parse import urlsplit
+
+        from airflow.sdk import conf
+
+        base = conf.get("core", "execution_api_server_url", fallback="") or conf.get("api", "base_url", fallback="")
+        parts = urlsplit(str(base))
+        if not parts.scheme or not parts.netloc:
+            return None
+        return f"{parts.scheme}://{parts.netloc}/api/v2/monitor/health"
+    except Exception:
+        return None
+
+
+def read_scheduler_heartbeat(url: str) -> Optional[float]:
+    """The scheduler's latest heartbeat (epoch seconds) from the health endpoint, or None if unavailable."""
+    import json
+    import urllib.request
+    from datetime import datetime
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - Airflow's own api-server
+            body = json.loads(resp.read())
+        stamp = (body.get("scheduler") or {}).get("latest_scheduler_heartbeat")
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp() if stamp else None
+    except Exception:
+        return None
 
 
 def lease_payload(lease: Any) -> dict[str, Any]:
@@ -57,10 +181,11 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
         conn_id: str = DEFAULT_CONN_ID,
         namespace: Optional[str] = None,
         control_schema: Optional[str] = None,
-        poll_interval: float = 5.0,
+        poll_interval: float = DEFAULT_TRIGGER_POLL_INTERVAL,
         refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
         deadline: Optional[float] = None,
         not_before: Optional[float] = None,
+        deferral: Optional[dict[str, Any]] = None,
     ) -> None:
         super().__init__()
         self.conn_id = conn_id
@@ -70,8 +195,14 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
         self.refresh_interval = max(float(refresh_interval), self.poll_interval)
         #: Wall-clock (epoch seconds) after which the trigger gives up with a "timeout" event.
         self.deadline = deadline
-        #: Wall-clock (epoch seconds) before which no event is fired (see ``DEFAULT_RESUME_SETTLE``).
+        #: Wall-clock (epoch seconds) before which no event is fired (see the module docstring).
         self.not_before = not_before
+        #: The deferring process's facts (``utils.deferral_facts()``): fire ``settle`` s after it exited.
+        self.deferral = dict(deferral) if deferral else None
+        self._seen_alive = False
+        self._exited_seen: Optional[float] = None
+        self._first_look: Optional[float] = None
+        self._watch_done = deferral is None
         self._ct: Any = None
         #: How the last wake-ups came (for tests and logs): checks made, and how many a push caused.
         self.checks = 0
@@ -86,6 +217,7 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
             "refresh_interval": self.refresh_interval,
             "deadline": self.deadline,
             "not_before": self.not_before,
+            "deferral": self.deferral,
         }
 
     def _shared_table(self) -> Any:
@@ -133,10 +265,69 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
             return self.refresh_interval
         return self.poll_interval
 
+    async def _watch_exit(self) -> None:
+        """Note when the deferring process exits (same host only); runs beside the wait from the start."""
+        deferral = self.deferral
+        try:
+            if (deferral is None or deferral.get("host") != socket.gethostname() or not deferral.get("pid")
+                    or in_deferring_process(deferral)):
+                return
+            latest = float(deferral.get("at") or 0) + float(deferral.get("linger") or 0) + DEFAULT_EXIT_ALLOWANCE
+            self._first_look = time.time()
+            while time.time() < latest:
+                alive = await asyncio.to_thread(process_alive, int(deferral["pid"]), deferral.get("created"))
+                if not alive:
+                    if self._seen_alive:
+                        self._exited_seen = time.time()
+                    return
+                self._seen_alive = True
+                await asyncio.sleep(EXIT_WATCH_INTERVAL)
+        finally:
+            self._watch_done = True
+
+    async def _settle(self, watcher: Optional[asyncio.Task[None]]) -> None:
+        """Wait until firing cannot make Airflow's scheduler fail the resumed task (module docstring)."""
+        exited: Optional[float] = None
+        if self.deferral is not None and not in_deferring_process(self.deferral):
+            if watcher is not None:
+                await watcher  # bounded by the deferral's linger
+            exited = exit_time(self.deferral, self._seen_alive, time.time(), self._exited_seen, self._first_look)
+        earliest = fire_not_before(self.deferral, self.not_before, exited)
+        delay = earliest - time.time()
+        if delay > 0:
+            log.info("controltable: firing in %.1f s, once Airflow has seen the deferring process exit", delay)
+            await asyncio.sleep(delay)
+        if self.deferral is not None and exited is not None:
+            await self._scheduler_catch_up(exited + float(self.deferral.get("wake") or 0.0))
+
+    async def _scheduler_catch_up(self, report_due: float) -> None:
+        """Wait (bounded) until the scheduler has surely read the exit report: a busy scheduler's loop
+        can take longer than the settle's margin. Without a health endpoint, the settle alone applies."""
+        url = health_url()
+        if url is None:
+            return
+        heartbeats: list[float] = []
+        started = time.time()
+        while time.time() - started < SCHEDULER_CATCH_UP_LIMIT:
+            beat = await asyncio.to_thread(read_scheduler_heartbeat, url)
+            if beat is None:
+                return
+            if not heartbeats or beat != heartbeats[-1]:
+                heartbeats.append(beat)
+            if scheduler_caught_up(report_due, heartbeats):
+                waited = time.time() - started
+                if waited > 1.0:
+                    log.info("controltable: waited %.1f s for the scheduler to read the deferral's exit", waited)
+                return
+            await asyncio.sleep(SCHEDULER_HEARTBEAT_POLL)
+        log.warning("controltable: the scheduler did not heartbeat twice in %.0f s; firing anyway",
+                    SCHEDULER_CATCH_UP_LIMIT)
+
     async def _wait(self) -> AsyncIterator[dict[str, Any]]:
         """Yield the first non-None result of ``self._check()``; errors become error events."""
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
+        watcher = asyncio.ensure_future(self._watch_exit()) if self.deferral is not None else None
         remove = await self._subscribe(loop, woken)
         try:
             while True:
@@ -149,11 +340,12 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
                     log.warning("controltable: database unavailable, will retry: %s", exc)
                     result = None
                 except Exception as exc:  # report every other failure (bad resource, connection) to the task
-                    yield {"status": "error", "message": f"{type(exc).__name__}: {exc}"}
+                    await self._settle(watcher)
+                    yield {"status": "error", "message": f"{type(exc).__name__}: {exc}",
+                           "retryable": is_retryable(exc)}
                     return
                 if result is not None:
-                    if self.not_before is not None and self.not_before > time.time():
-                        await asyncio.sleep(self.not_before - time.time())
+                    await self._settle(watcher)
                     yield result
                     return
                 interval = await self._interval(remove is not None)
@@ -161,6 +353,7 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
                     left = self.deadline - time.time()
                     if left <= 0:
                         await asyncio.to_thread(self._on_timeout)
+                        await self._settle(watcher)
                         yield {"status": "timeout", "message": "gave up waiting: the task's wait timeout passed"}
                         return
                     interval = min(interval, left)
@@ -170,6 +363,8 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
                 except asyncio.TimeoutError:
                     pass
         finally:
+            if watcher is not None and not watcher.done():
+                watcher.cancel()
             if remove is not None:
                 remove()
 
@@ -198,16 +393,17 @@ class SlotTrigger(_ControlTableTrigger):
         conn_id: str = DEFAULT_CONN_ID,
         namespace: Optional[str] = None,
         control_schema: Optional[str] = None,
-        poll_interval: float = 5.0,
+        poll_interval: float = DEFAULT_TRIGGER_POLL_INTERVAL,
         refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
         deadline: Optional[float] = None,
         withdraw_on_timeout: bool = True,
         not_before: Optional[float] = None,
         priority: int = 0,
+        deferral: Optional[dict[str, Any]] = None,
     ) -> None:
         super().__init__(conn_id=conn_id, namespace=namespace, control_schema=control_schema,
                          poll_interval=poll_interval, refresh_interval=refresh_interval, deadline=deadline,
-                         not_before=not_before)
+                         not_before=not_before, deferral=deferral)
         self.priority = int(priority)
         self.resource = resource
         self.holder = holder
@@ -285,14 +481,15 @@ class PendingEventsTrigger(_ControlTableTrigger):
         conn_id: str = DEFAULT_CONN_ID,
         namespace: Optional[str] = None,
         control_schema: Optional[str] = None,
-        poll_interval: float = 5.0,
+        poll_interval: float = DEFAULT_EVENTS_TRIGGER_POLL_INTERVAL,
         refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
         deadline: Optional[float] = None,
         not_before: Optional[float] = None,
+        deferral: Optional[dict[str, Any]] = None,
     ) -> None:
         super().__init__(conn_id=conn_id, namespace=namespace, control_schema=control_schema,
                          poll_interval=poll_interval, refresh_interval=refresh_interval, deadline=deadline,
-                         not_before=not_before)
+                         not_before=not_before, deferral=deferral)
         self.table = table
         self.key = key
         self.min_events = int(min_events)
@@ -317,7 +514,7 @@ class PendingEventsTrigger(_ControlTableTrigger):
         return self.poll_interval
 
     def _events(self) -> Any:
-        return self._shared_table().events(self.table, key=self.key, order_by=self.order_by, schema=self.schema)
+        return self._shared_table().events(self.table, key=self.key, order_by=self.order_by, table_schema=self.schema)
 
     def _wakeup_keys(self, table: Any) -> list[str]:
         return list(self._events().wakeup_keys())

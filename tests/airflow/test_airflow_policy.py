@@ -1,0 +1,351 @@
+"""One policy and one vocabulary with the core and the Dagster integration, and a safe resume from deferral.
+
+* the retry policy: ``translate()`` follows ``controltable.errors.is_retryable``;
+* holder ids come from ``controltable.holders.holder_id`` (``bounded_id`` is a deprecated alias);
+* the slot surfaces (sensor, operator, ``slot_held``) use the same argument names; old names warn;
+* defaults live in ``airflow_controltable.defaults`` and reuse the core's;
+* a trigger fires no sooner than ``settle`` after the deferring process exited: decided by pure
+  functions (no database) and checked with a real process that exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from typing import Any
+
+import pytest
+from airflow_helpers import make_context
+
+from controltable import (
+    AcquireTimeout,
+    AuthenticationError,
+    ConfigurationError,
+    ConflictError,
+    ControlTableError,
+    DatabaseUnavailableError,
+    LeaseLost,
+    NotInstalledError,
+    UnknownResourceError,
+)
+from controltable.errors import (
+    DatabaseBusyError,
+    DatabaseMissingError,
+    PermissionDeniedError,
+    StatementTimeoutError,
+    UnexpectedDatabaseError,
+    is_retryable,
+)
+
+CORE_ERRORS = [
+    AcquireTimeout("not granted in time"), LeaseLost("lease lost"), DatabaseUnavailableError("down"),
+    DatabaseBusyError("busy"), StatementTimeoutError("slow"), ConflictError("clash"),
+    AuthenticationError("login refused"), DatabaseMissingError("no such database"), ConfigurationError("bad"),
+    NotInstalledError("not installed"), UnknownResourceError("no such resource"), PermissionDeniedError("denied"),
+    UnexpectedDatabaseError("odd"), ControlTableError("other"),
+]
+
+
+# -- retry policy ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("error", CORE_ERRORS, ids=lambda e: type(e).__name__)
+def test_translate_retries_exactly_what_the_core_calls_retryable(error: ControlTableError) -> None:
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    from airflow_controltable.exceptions import ControlTableRetryableError
+    from airflow_controltable.utils import translate
+
+    translated = translate(error)
+    assert isinstance(translated, AirflowException)
+    assert str(error) in str(translated), "the core's message (which names the fix) is kept"
+    # AirflowFailException fails the task without retries; anything else is retried per `retries`.
+    assert isinstance(translated, AirflowFailException) is (not is_retryable(error))
+    assert isinstance(translated, ControlTableRetryableError) is is_retryable(error)
+
+
+def test_timeouts_and_lost_leases_are_retried_like_in_dagster() -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_controltable.exceptions import ControlTableAcquireTimeout, ControlTableLeaseLost
+    from airflow_controltable.utils import translate
+
+    assert isinstance(translate(AcquireTimeout("x")), ControlTableAcquireTimeout)
+    assert isinstance(translate(LeaseLost("x")), ControlTableLeaseLost)
+    assert not isinstance(translate(AcquireTimeout("x")), AirflowFailException)
+    assert not isinstance(translate(LeaseLost("x")), AirflowFailException)
+
+
+def test_trigger_error_events_follow_the_policy() -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_controltable.utils import trigger_failure
+
+    retry = trigger_failure({"status": "error", "message": "DatabaseBusyError: busy", "retryable": True}, "waiting")
+    fail = trigger_failure({"status": "error", "message": "UnknownResourceError: nope", "retryable": False}, "waiting")
+    assert not isinstance(retry, AirflowFailException) and "busy" in str(retry)
+    assert isinstance(fail, AirflowFailException) and "nope" in str(fail)
+
+
+# -- holder ids ----------------------------------------------------------------------------------------------
+def test_holder_ids_come_from_the_core_helper_and_bounded_id_is_a_deprecated_alias() -> None:
+    from airflow_controltable.utils import bounded_id, dag_run_holder, task_instance_holder
+    from controltable.holders import holder_id
+
+    long_run = "r" * 300
+    context = make_context(run_id=long_run, task_id="load")
+    assert dag_run_holder(context) == holder_id("airflow", "test_dag", long_run)
+    assert task_instance_holder(context) == holder_id("airflow", "test_dag", long_run, "load", -1)
+    assert len(dag_run_holder(context)) <= 200
+    # two ids that differ only past the limit stay two holders (hashed, not truncated)
+    other = make_context(run_id="r" * 299 + "s", task_id="load")
+    assert dag_run_holder(other) != dag_run_holder(context)
+    with pytest.warns(DeprecationWarning, match="holder_id"):
+        assert bounded_id("airflow", "d", long_run) == holder_id("airflow", "d", long_run)
+
+
+# -- one vocabulary ----------------------------------------------------------------------------------------
+SLOT_WORDS = {"resource", "slots", "slot_mode", "holder", "lease", "waiter_ttl", "pickup", "poll_interval",
+              "conn_id", "namespace", "control_schema"}
+
+
+def test_sensor_and_operator_share_the_slot_vocabulary() -> None:
+    from airflow_controltable.decorators import slot_held
+    from airflow_controltable.operators.slots import HoldSlotMixin
+    from airflow_controltable.sensors.slots import SlotSensor
+
+    sensor = set(inspect.signature(SlotSensor.__init__).parameters)
+    operator = set(inspect.signature(HoldSlotMixin.__init__).parameters)
+    held = set(inspect.signature(slot_held.__wrapped__).parameters)  # type: ignore[attr-defined]
+    assert sensor >= SLOT_WORDS, SLOT_WORDS - sensor
+    assert operator >= SLOT_WORDS, SLOT_WORDS - operator
+    assert {"resource", "slots", "slot_mode", "holder", "lease", "wait_timeout", "conn_id", "namespace",
+            "control_schema"} <= held
+    assert "wait_timeout" in operator
+
+
+@pytest.mark.usefixtures("airflow_db")
+def test_sensor_takes_poll_interval_and_pickup() -> None:
+    from airflow_controltable.sensors.slots import SlotSensor
+
+    default = SlotSensor(task_id="s", resource="r", poke_interval=60)
+    assert default._poll_interval() == 2.0 and default._pickup() == 130.0
+    given = SlotSensor(task_id="s", resource="r", poll_interval=0.5, pickup=12)
+    assert given._poll_interval() == 0.5 and given._pickup() == 12.0
+
+
+@pytest.mark.usefixtures("airflow_db")
+def test_slot_held_timeout_is_a_deprecated_alias_of_wait_timeout(
+    backend_url: str, namespace: str, ct: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airflow.sdk.execution_time.context import set_current_context
+    from airflow_helpers import set_connection
+
+    from airflow_controltable.decorators import slot_held
+    from airflow_controltable.exceptions import ControlTableAcquireTimeout
+
+    conn_id = set_connection(monkeypatch, "ct_policy", conn_type="controltable",
+                             extra={"url": backend_url, "namespace": namespace})
+    ct.set_capacity("warehouse", 1)
+    ct.acquire("warehouse", holder="other", timeout=0)
+    context = make_context(run_id="run_a", task_id="load")
+    context["task"] = type("Task", (), {"on_kill": lambda self: None})()
+    with set_current_context(context):  # type: ignore[arg-type]
+        with (pytest.warns(DeprecationWarning, match="wait_timeout"), pytest.raises(ControlTableAcquireTimeout),
+              slot_held("warehouse", conn_id=conn_id, timeout=0.2)):
+            pass
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            with pytest.raises(ControlTableAcquireTimeout), slot_held("warehouse", conn_id=conn_id, wait_timeout=0.2):
+                pass
+
+
+# -- defaults ------------------------------------------------------------------------------------------------
+def test_provider_defaults_reuse_the_cores() -> None:
+    from airflow_controltable import defaults, utils
+    from controltable import defaults as core
+
+    assert defaults.DEFAULT_RENEWED_LEASE == core.DEFAULT_LEASE
+    assert defaults.DEFAULT_MODE is core.DEFAULT_MODE
+    assert defaults.MAX_ID == core.NAME_LENGTH
+    for name in ("DEFAULT_SLOT_LEASE", "DEFAULT_HELD_LEASE", "DEFAULT_DEFERRED_WAITER_TTL", "SLOT_MODES"):
+        assert getattr(utils, name) is getattr(defaults, name), f"utils.{name} is the defaults module's"
+
+
+# -- firing safely after a deferral ------------------------------------------------------------------------
+def facts(**overrides: Any) -> dict[str, Any]:
+    base = {"at": 1000.0, "settle": 10.0, "linger": 20.0, "host": socket.gethostname(), "pid": 1, "created": None}
+    return {**base, **overrides}
+
+
+def test_exit_time_decisions() -> None:
+    from airflow_controltable.defaults import DEFAULT_EXIT_ALLOWANCE
+    from airflow_controltable.triggers.controltable import exit_time, fire_not_before
+
+    d = facts()
+    # could not look (another host): assumed gone after the allowance
+    assert exit_time(d, False, 1500.0, None) == 1000.0 + DEFAULT_EXIT_ALLOWANCE
+    # already gone at the first look on this host: gone before that look (bounded by Airflow's kill)
+    assert exit_time(d, False, 1500.0, None, first_look=1001.0) == 1001.0
+    assert exit_time(d, False, 1500.0, None, first_look=1400.0) == 1000.0 + 20.0 + DEFAULT_EXIT_ALLOWANCE
+    # seen alive, then seen gone: that moment
+    assert exit_time(d, True, 1500.0, 1002.5) == 1002.5
+    # seen alive and still there: not before now, and never later than Airflow's kill of a lingering process
+    assert exit_time(d, True, 1005.0, None) == 1005.0
+    assert exit_time(d, True, 9999.0, None) == 1000.0 + 20.0 + DEFAULT_EXIT_ALLOWANCE
+    # fire `settle` after the exit, and not before an explicit not_before
+    assert fire_not_before(d, None, 1002.5) == 1012.5
+    assert fire_not_before(d, 2000.0, 1002.5) == 2000.0
+    assert fire_not_before(None, 1234.0, None) == 1234.0
+    assert fire_not_before(None, None, None) == 0.0
+
+
+def test_deferral_facts_follow_the_workers_heartbeat_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_controltable.defaults import DEFAULT_RESUME_MARGIN
+    from airflow_controltable.utils import deferral_facts
+
+    monkeypatch.delenv("AIRFLOW__CONTROLTABLE__RESUME_SETTLE", raising=False)
+    monkeypatch.setenv("AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL", "7")
+    found = deferral_facts()
+    assert found is not None
+    assert found["settle"] == 7 + DEFAULT_RESUME_MARGIN and found["pid"] == os.getpid()
+    assert found["host"] == socket.gethostname() and abs(found["at"] - time.time()) < 5
+    monkeypatch.setenv("AIRFLOW__CONTROLTABLE__RESUME_SETTLE", "2.5")
+    assert deferral_facts()["settle"] == 2.5  # type: ignore[index]
+    monkeypatch.setenv("AIRFLOW__CONTROLTABLE__RESUME_SETTLE", "0")
+    assert deferral_facts() is None  # the protection turned off
+
+
+@pytest.mark.usefixtures("airflow_db")
+@pytest.mark.backends("sqlite")
+def test_trigger_fires_settle_seconds_after_the_deferring_process_exits(conn_id: str, ct: Any) -> None:
+    """A free slot is granted at the first check, yet the event waits for the process's exit plus settle."""
+    import psutil
+
+    from airflow_controltable.triggers.controltable import SlotTrigger
+
+    ct.set_capacity("warehouse", 1)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2.0)"])
+    try:
+        deferral = facts(at=time.time(), settle=1.0, pid=child.pid, created=psutil.Process(child.pid).create_time())
+        trigger = SlotTrigger(resource="warehouse", holder="h", lease=60, waiter_ttl=60, conn_id=conn_id,
+                              poll_interval=0.1, deferral=deferral)
+        SlotTrigger(**trigger.serialize()[1])  # what the triggerer rebuilds from the stored kwargs
+
+        async def first() -> Any:
+            async for event in trigger.run():
+                return event, time.time()
+
+        started = time.time()
+        event, fired = asyncio.run(asyncio.wait_for(first(), 30))
+        assert child.poll() is not None, "the event came while the deferring process still ran"
+    finally:
+        child.kill()
+        child.wait(10)
+    assert event.payload["status"] == "granted"
+    # the child lives about 2 s: the event comes after its exit plus the 1 s settle, not at the grant
+    assert fired - started >= 2.8, fired - started
+    assert fired - started < 2.0 + 1.0 + 4.0, fired - started
+
+
+@pytest.mark.usefixtures("airflow_db")
+@pytest.mark.backends("sqlite")
+def test_trigger_in_the_deferring_process_itself_fires_at_once(conn_id: str, ct: Any) -> None:
+    """``dag.test()`` runs the trigger inline in the process that deferred: no executor report to wait for."""
+    from airflow_controltable.triggers.controltable import SlotTrigger
+
+    ct.set_capacity("warehouse", 1)
+    at = time.time()
+    trigger = SlotTrigger(resource="warehouse", holder="h", lease=60, waiter_ttl=60, conn_id=conn_id,
+                          poll_interval=0.1, deferral=facts(at=at, settle=30.0, pid=os.getpid()))
+
+    async def first() -> Any:
+        async for event in trigger.run():
+            return event
+
+    event = asyncio.run(asyncio.wait_for(first(), 30))
+    assert event.payload["status"] == "granted"
+    assert time.time() - at < 10
+
+
+@pytest.mark.usefixtures("airflow_db")
+@pytest.mark.backends("sqlite")
+def test_trigger_on_another_host_waits_the_allowance_plus_settle(conn_id: str, ct: Any) -> None:
+    from airflow_controltable.defaults import DEFAULT_EXIT_ALLOWANCE
+    from airflow_controltable.triggers.controltable import SlotTrigger
+
+    ct.set_capacity("warehouse", 1)
+    at = time.time()
+    trigger = SlotTrigger(resource="warehouse", holder="h", lease=60, waiter_ttl=60, conn_id=conn_id,
+                          poll_interval=0.1, deferral=facts(at=at, settle=0.5, host="another-host", pid=os.getpid()))
+
+    async def first() -> Any:
+        async for event in trigger.run():
+            return event
+
+    event = asyncio.run(asyncio.wait_for(first(), 30))
+    assert event.payload["status"] == "granted"
+    assert time.time() - at >= DEFAULT_EXIT_ALLOWANCE + 0.5 - 0.05
+
+
+def test_scheduler_caught_up_needs_two_heartbeats_after_the_report() -> None:
+    from airflow_controltable.triggers.controltable import scheduler_caught_up
+
+    assert not scheduler_caught_up(100.0, [])
+    assert not scheduler_caught_up(100.0, [98.0, 99.5])  # loops that may have started before the report
+    assert not scheduler_caught_up(100.0, [99.0, 101.0])  # the loop ending at 101 may have read before 100
+    assert scheduler_caught_up(100.0, [101.0, 102.0])  # the loop ending at 102 started after 101 > 100
+    assert scheduler_caught_up(100.0, [99.0, 101.0, 103.0])
+
+
+@pytest.mark.usefixtures("airflow_db")
+@pytest.mark.backends("sqlite")
+def test_trigger_waits_for_a_slow_scheduler_to_heartbeat_after_the_exit(
+    conn_id: str, ct: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A scheduler stuck in a long loop (no heartbeat) holds the event back until it heartbeats twice."""
+    import json
+    import threading
+    from datetime import datetime, timezone
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from airflow_controltable.defaults import DEFAULT_EXIT_ALLOWANCE
+    from airflow_controltable.triggers.controltable import SlotTrigger
+
+    at = time.time()
+    resumes = at + DEFAULT_EXIT_ALLOWANCE + 3.0  # the scheduler heartbeats again only from here on
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            beat = time.time() if time.time() >= resumes else at - 1.0
+            body = json.dumps({"scheduler": {"status": "healthy", "latest_scheduler_heartbeat":
+                                             datetime.fromtimestamp(beat, timezone.utc).isoformat()}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTION_API_SERVER_URL", f"http://127.0.0.1:{server.server_port}/execution/")
+    try:
+        ct.set_capacity("warehouse", 1)
+        trigger = SlotTrigger(resource="warehouse", holder="h", lease=60, waiter_ttl=60, conn_id=conn_id,
+                              poll_interval=0.1, deferral=facts(at=at, settle=0.2, wake=0.0, host="another-host"))
+
+        async def first() -> Any:
+            async for event in trigger.run():
+                return event
+
+        event = asyncio.run(asyncio.wait_for(first(), 60))
+    finally:
+        server.shutdown()
+    assert event.payload["status"] == "granted"
+    assert time.time() >= resumes + 0.4, "fired before the scheduler heartbeated twice after the exit report"
