@@ -97,7 +97,7 @@ def test_example_sensor_requests_the_drain_job(example: Any) -> None:
         assert drained.output_for_node("process_demo_events")["events"] == 30
 
 
-README_SECTION = ROOT / "dagster_plugin" / "README_SECTION.md"
+README_SECTION = ROOT / "docs" / "dagster.md"  # the Dagster page of the documentation
 
 
 def _blocks(language: str) -> list[str]:
