@@ -1,9 +1,9 @@
-"""Event batch claiming on the user's own table (seed 001 with its races fixed).
+"""Event batch claiming on the user's own table: many workers, never the same row twice.
 
 controltable adds claim columns to the event table, never a copy of the data. A claim is one
 short transaction that skips rows other workers are claiming (``FOR UPDATE SKIP LOCKED`` or
 SQL Server's ``READPAST``) and marks the batch with a random token and a lease; no lock is held
-while the batch is processed (seed 001's "soft lock"). Completion is fenced on that token in one
+while the batch is processed (a "soft lock"). Completion is fenced on that token in one
 statement, so a worker whose lease ran out can never mark rows another worker re-claimed.
 """
 
@@ -1116,7 +1116,7 @@ class EventTable:
             last = keys[-1]
 
     def retry_errors(self, where: Where = None) -> int:
-        """Put error rows back to pending with their attempts reset (seed 004's clear_all_errors)."""
+        """Put error rows back to pending with their attempts reset (after the cause was fixed)."""
         return self._update_where([self._is(ERROR), *self._where_clause(where)], {
             f"{self.prefix}state": PENDING, f"{self.prefix}attempts": 0,
             f"{self.prefix}available_at": None, f"{self.prefix}error": None})

@@ -1,8 +1,8 @@
-"""Ordered work lists (seeds 002 to 004): every item of one order is done before the next order starts.
+"""Ordered work lists: every item of one order is done before the next order starts.
 
 Allocation locks the work list's row, so two workers can never both decide "order 300 is
-finished" from a stale view: the race seed 003's own log shows (a 300 and a 400 task starting
-together) cannot happen. Completion needs no lock: it can only make the lowest unfinished order
+finished" from a stale view: a 300 and a 400 task starting together, the race of an unlocked
+check, cannot happen. Completion needs no lock: it can only make the lowest unfinished order
 move forward, and an allocation that ran just before it merely saw the older, stricter state.
 
 Every operation is safe to run twice across a lost COMMIT reply: a retried allocation finds the
@@ -188,7 +188,7 @@ class WorkList:
         priority: int = 0,
         progress: Optional[Callable[[int], None]] = None,
     ) -> int:
-        """Add one item per payload at execution ``order`` (seed 004's populate_driver).
+        """Add one item per payload at execution ``order`` (a work list's populate step).
 
         Payloads are checked for JSON first, so a bad one adds nothing. Returns the count added.
         """
@@ -381,7 +381,7 @@ class WorkList:
 
         return self.ct.db.run(fn)
 
-    # -- administration (seed 004's procedures) ------------------------------------------------------
+    # -- administration ----------------------------------------------------------------------------------
     def status(self) -> WorkListStatus:
         t = self.t
 
@@ -430,26 +430,26 @@ class WorkList:
         return self._item(row)
 
     def reset_all(self) -> int:
-        """Every item back to new (seed 004's reset_all)."""
+        """Every item back to new (a rerun of the whole list)."""
         t = self.t
         return self._update(update(t).where(self._mine()).values(
             state=NEW, owner=None, token=None, attempts=0, last_error=None, started_at=None, finished_at=None,
             expires_at=None))
 
     def clear_error(self, item_id: int) -> int:
-        """One errored item back to new (seed 004's clear_error)."""
+        """One errored item back to new (it unblocks later orders once none is left in error)."""
         t = self.t
         return self._update(update(t).where(self._mine(), t.c.id == item_id, t.c.state == ERROR).values(
             state=NEW, owner=None, token=None, last_error=None, finished_at=None))
 
     def clear_errors(self) -> int:
-        """Every errored item back to new (seed 004's clear_all_errors)."""
+        """Every errored item back to new (later orders run again)."""
         t = self.t
         return self._update(update(t).where(self._mine(), t.c.state == ERROR).values(
             state=NEW, owner=None, token=None, last_error=None, finished_at=None))
 
     def drop(self) -> int:
-        """Delete the work list and its items (seed 004's drop_driver); returns items deleted."""
+        """Delete the work list and its items; returns items deleted."""
         t, w = self.t, self.w
 
         def fn(conn: Connection) -> int:
