@@ -2,6 +2,8 @@
 #   make demo   - the main job: worker processes contend for a slot and drain events on SQLite
 #   make test   - the whole suite (SQLite always; PostgreSQL/MariaDB when reachable, see README)
 # Both create their own virtual environments and install what they need.
+#   make lint   - ruff check . and mypy over the three packages (CI runs it before the tests)
+#   make docs   - the documentation site, mkdocs build --strict into site/ (CI runs it too)
 
 PYTHON ?= python3
 VENV ?= .venv
