@@ -2,13 +2,15 @@
 #   make demo   - the main job: worker processes contend for a slot and drain events on SQLite
 #   make test   - the whole suite (SQLite always; PostgreSQL/MariaDB when reachable, see README)
 # Both create their own virtual environments and install what they need.
+#   make lint   - ruff check . and mypy over the three packages (CI runs it before the tests)
+#   make docs   - the documentation site, mkdocs build --strict into site/ (CI runs it too)
 
 PYTHON ?= python3
 VENV ?= .venv
 VENV_SA14 ?= .venv-sa14
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-airflow-live faults soak lint sql bench clean
+.PHONY: demo test test-airflow-live faults soak lint docs docs-serve sql bench clean
 
 $(VENV)/.core-installed: core/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +35,12 @@ $(VENV_SA14)/.installed: core/pyproject.toml
 	$(VENV_SA14)/bin/pip install --quiet 'SQLAlchemy>=1.4.36,<2' PyMySQL pytest pytest-timeout -e core
 	touch $@
 
+# The documentation site's tools only (mkdocstrings reads the sources statically, so the plugins' heavy
+# dependencies are not needed to build the API reference).
+$(VENV)/.docs-installed: $(VENV)/.core-installed pyproject.toml
+	$(BIN)/pip install --quiet --group docs
+	touch $@
+
 demo: $(VENV)/.core-installed
 	cd $(CURDIR) && $(BIN)/controltable --url sqlite:///demo.db demo
 
@@ -50,9 +58,18 @@ soak: $(VENV)/.core-installed
 test-airflow-live: $(VENV)/.all-installed
 	$(BIN)/python -m pytest tests/airflow/test_airflow_live.py -v
 
+# ruff over the repository, mypy over the three packages (configured in pyproject.toml [tool.mypy]).
 lint: $(VENV)/.all-installed
 	$(BIN)/ruff check .
-	$(BIN)/mypy core/src/controltable
+	$(BIN)/mypy
+
+# The documentation site in strict mode: a broken link, a missing page or an API object mkdocstrings
+# cannot find fails the build. Output in site/.
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 sql: $(VENV)/.core-installed
 	$(BIN)/controltable sql --dialect mssql
@@ -61,4 +78,4 @@ bench:
 	benchmarks/run
 
 clean:
-	rm -rf $(VENV) $(VENV_SA14) demo.db demo.db-* .pytest_cache
+	rm -rf $(VENV) $(VENV_SA14) demo.db demo.db-* .pytest_cache site

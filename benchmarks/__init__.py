@@ -1,1 +1,1 @@
-"""controltable's benchmark suite (issue 6): ``benchmarks/run`` or ``python -m benchmarks.main``."""
+"""controltable's benchmark suite: ``benchmarks/run`` or ``python -m benchmarks.main``."""

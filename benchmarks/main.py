@@ -1,4 +1,4 @@
-"""Run the benchmark suite of issue 6: ``python -m benchmarks.main [--quick] [--only 1,3]``.
+"""Run the benchmark suite: ``python -m benchmarks.main [--quick] [--only 1,3]``.
 
 Prints progress and a table of figures, anchors and ratios; writes ``benchmarks/out/results.json``
 and ``benchmarks/out/throughput.png``. Scenarios 2, 4, 5, 6 and 7 are PostgreSQL-only (pgqueuer

@@ -64,5 +64,5 @@ def run(cfg: Config, report: Report, pool: WorkerPool, url: str, backend: str) -
         report.add(Row(
             "1 claim+complete throughput", backend, f"hand-written SKIP LOCKED loop, 1 worker x {batch}",
             loop["rate"], "rows/s", "set-based UPDATE", anchor, "rows/s", loop["rate"] / anchor,
-            note="reference: the issue quotes about 0.1 for this loop",
+            note="reference: the goal quotes about 0.1 for this loop",
         ))

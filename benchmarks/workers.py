@@ -41,7 +41,7 @@ def _drain(ct: ControlTable, table: str, batch: int, owner: str, duration: Optio
 
 
 def _skip_locked_loop(url: str, table: str, batch: int) -> tuple[int, int]:
-    """The minimal hand-written PostgreSQL loop the issue compares with: claim, then mark done.
+    """The minimal hand-written PostgreSQL loop the goals compare with: claim, then mark done.
 
     One psycopg connection, two short transactions per batch, no fencing beyond the token.
     """

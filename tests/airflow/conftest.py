@@ -32,8 +32,8 @@ for _source in [*(_HERE.parents[1] / "example_dags" / "airflow").glob("*.py"), _
 
 
 def readme_dag_source() -> str:
-    """The copy-pasteable DAG of the README's Airflow section (the python block defining a DAG)."""
-    text = (_HERE.parents[1] / "airflow_plugin" / "README_SECTION.md").read_text()
+    """The copy-pasteable DAG of the Airflow documentation page (the python block defining a DAG)."""
+    text = (_HERE.parents[1] / "docs" / "airflow.md").read_text()
     blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
     (block,) = [b for b in blocks if "with DAG(" in b]
     return block

@@ -195,7 +195,7 @@ def test_reschedule_mode_sensor_waits_for_another_holder(control_url: str) -> No
 
 
 def test_readme_dag_runs_as_pasted(control_url: str) -> None:
-    """The DAG in README_SECTION.md, pasted into a file unchanged, runs and releases its slot."""
+    """The DAG of docs/airflow.md, pasted into a file unchanged, runs and releases its slot."""
     dag = load_example("readme_nightly_load").dag
     dr = dag.test()
     assert dr.state == "success", task_states(dr)

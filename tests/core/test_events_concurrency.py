@@ -1,4 +1,4 @@
-"""Event batch claiming with real worker processes: a drain under load, crashes, seed 001's demo.
+"""Event batch claiming with real worker processes: a drain under load, crashes, two workers in parallel.
 
 The workers are ``event_workers.py`` run as separate interpreters; each logs the keys it
 completed, and the logs are checked against the table afterwards.
@@ -153,7 +153,7 @@ def test_killed_workers_rows_are_reclaimed_after_lease(ct: Any, backend_url: str
 
 def test_seed_001_two_workers_process_in_parallel(ct: Any, backend_url: str, event_table_name: str,
                                                   procs: Any, tmp_path: Path) -> None:
-    """Seed 001's demonstration: two workers claim 5 rows each, process 1 s, finish together in ~1 s."""
+    """Two workers claim 5 rows each, process 1 s, finish together in ~1 s."""
     _fill(ct, event_table_name, 1, 20)
     names = ["a", "b"]
     ready = [tmp_path / f"{n}.ready" for n in names]

@@ -1,4 +1,4 @@
-"""The slot contract, line by line, on every live backend (issue 2, "Slot semantics")."""
+"""The slot contract, line by line, on every live backend (the "Slot semantics" of docs/slots.md)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_exclusive_runs_alone(ct: ControlTable) -> None:
 
 
 def test_waiting_writer_blocks_later_readers(ct: ControlTable) -> None:
-    """Seed 000's 'multiple readers or one writer': a queued writer is not overtaken."""
+    """Multiple readers or one writer: a queued writer is not overtaken."""
     ct.set_capacity("w", 5)
     r1 = ct.acquire("w", holder="r1", mode="shared", timeout=0)
     assert ct.try_acquire("w", holder="writer", mode="exclusive") is None  # queued behind r1

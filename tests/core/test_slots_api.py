@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 import pytest
 
@@ -243,7 +242,7 @@ def test_acquire_retried_after_lost_commit_reply_enqueues_once(
     got.release()
 
 
-def test_racing_first_set_capacity_of_one_name_all_succeed(ct: Any) -> None:
+def test_racing_first_set_capacity_of_one_name_all_succeed(ct: ControlTable) -> None:
     """Threads creating the same resource at once: the losers of the insert race update instead."""
     import threading
 

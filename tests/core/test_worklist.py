@@ -1,4 +1,4 @@
-"""Ordered work lists, behaviour in one process (seeds 002 to 004)."""
+"""Ordered work lists, behaviour in one process (order, errors, administration)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Seed 003's workload in real processes: orders are strictly sequential, items of one order overlap."""
+"""A nine-item, five-order workload in real processes: orders are strictly sequential, items of one order overlap."""
 
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ def test_example_sensor_requests_the_drain_job(example: Any) -> None:
         assert drained.output_for_node("process_demo_events")["events"] == 30
 
 
-README_SECTION = ROOT / "dagster_plugin" / "README_SECTION.md"
+README_SECTION = ROOT / "docs" / "dagster.md"  # the Dagster page of the documentation
 
 
 def _blocks(language: str) -> list[str]:
@@ -109,14 +109,14 @@ def _blocks(language: str) -> list[str]:
 
 
 def test_readme_example_is_copy_pasteable(dagster_home: Path, tmp_path: Path) -> None:
-    """The README's defs.py, after the README's set-up commands, validates and runs."""
+    """The Dagster page's defs.py, after its set-up commands, validates and runs."""
     (code,) = _blocks("python")
     defs_file = tmp_path / "defs.py"
     defs_file.write_text(code)
     url = f"sqlite:///{tmp_path / 'controltable.db'}"
     setup = _blocks("bash")[0]
     assert "controltable init" in setup and "capacity set warehouse 1" in setup
-    with ControlTable(url) as ct:  # what the README's set-up commands do
+    with ControlTable(url) as ct:  # what the page's set-up commands do
         ct.install()
         ct.set_capacity("warehouse", 1)
         with ct.engine.begin() as conn:

@@ -1,9 +1,9 @@
 """Apache Airflow 3 provider for controltable.
 
-Airflow pools stop at one deployment and count slots per task instance, so they leak or
-undercount around deferral and kills. This provider keeps the slots (and event batches and
-ordered work lists) in controltable's control tables inside your own database, shared with other
-Airflow deployments, Dagster and shell jobs.
+Airflow pools live in one deployment's metadata database and count task instances by state, so a
+task leaving deferral (back to the scheduled state, which pools do not count) can be undercounted.
+This provider keeps the slots (and event batches and ordered work lists) in controltable's control
+tables inside your own database, shared with other Airflow deployments, Dagster and shell jobs.
 
 Public names are re-exported lazily so that importing the package (the provider manager does it
 for ``get_provider_info``) does not import Airflow's task machinery.

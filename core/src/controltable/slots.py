@@ -114,7 +114,7 @@ def check_attempt(value: object) -> Optional[int]:
 
 
 def default_holder() -> str:
-    """A holder id unique to this process and call (seed 000's 'robust requesting ids')."""
+    """A holder id unique to this process and call (so two callers never share a request by accident)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 

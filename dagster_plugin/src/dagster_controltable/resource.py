@@ -1,9 +1,10 @@
 """``ControlTableResource``: controltable's slots, event batches and work lists as a Dagster resource.
 
-Dagster's own concurrency pools live in one instance's storage, take one key per op and leak
-slots when a run is cancelled. This resource keeps the coordination state in control tables in
-a database the user chooses, so Dagster instances, Airflow deployments and shell jobs that
-share it also share the limits, and every slot is a lease that expires if its holder dies.
+Dagster's own concurrency pools live in one instance's storage and take one pool per op; a
+cancelled run keeps its slots unless run monitoring frees them. This resource keeps the
+coordination state in control tables in a database the user chooses, so Dagster instances,
+Airflow deployments and shell jobs that share it also share the limits, and every slot is a
+lease that expires if its holder dies.
 
 Errors are turned into :class:`dagster.Failure` at the step that hit them, with a description
 naming the fix, instead of a traceback from deep inside SQLAlchemy.
