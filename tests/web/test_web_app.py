@@ -139,9 +139,8 @@ def test_metrics_parse_with_the_prometheus_parser(busy: ControlTable, event_tabl
     assert samples[("controltable_events_rows", (("state", "pending"), ("table", table)))] == 3
     assert samples[("controltable_events_rows", (("state", "error"), ("table", table)))] == 1
     assert samples[("controltable_events_oldest_pending_age_seconds", (("table", table),))] > 250
-    if hasattr(ControlTable, "history"):
-        assert families["controltable_resource_wait_seconds"] == "histogram"
-        assert samples[("controltable_resource_wait_seconds_count", res)] >= 2
+    assert families["controltable_resource_wait_seconds"] == "histogram"
+    assert samples[("controltable_resource_wait_seconds_count", res)] >= 2
 
 
 def test_an_unreadable_event_table_is_reported_not_fatal(ct: ControlTable) -> None:

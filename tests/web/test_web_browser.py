@@ -75,16 +75,11 @@ def test_page_shows_event_tables_worklists_and_no_chart_note_without_history(chr
         assert "order 200 waits for order 100: 2 new" in card.locator(".blocker").inner_text()
         note = page.locator("#chart-note")
         time.sleep(3 * POLL)  # refreshes without the chart series keep the note as it was
-        if hasattr(ControlTable, "stats_series"):
-            assert note.is_hidden()
-        else:
-            assert "grant history" in note.inner_text()
+        assert note.is_hidden()  # the core has the grant history: charts, no note
         page.close()
 
 
 def test_charts_draw_from_real_history(chromium: Any, ct: ControlTable, backend: str) -> None:
-    if not hasattr(ControlTable, "stats_series"):
-        pytest.skip("needs the grant history (ControlTable.stats_series), not in this core yet")
     ct.set_capacity("warehouse", 1)
     # Real history: grants that waited (a holder keeps the slot ~0.3 s while another waits).
     for i in range(3):

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from types import SimpleNamespace
+from datetime import datetime, timezone
 from typing import Optional
 
 import pytest
 
-from controltable.web.data import behind, entry_view, grant_wait, per_minute, rate_view, worklist_blocker
+from controltable import Entry, Rate
+from controltable.web.data import entry_view, per_minute, rate_view, worklist_blocker
 
 
 def test_per_minute_needs_two_samples_and_restarts_after_a_fall() -> None:
@@ -23,30 +23,27 @@ def test_per_minute_needs_two_samples_and_restarts_after_a_fall() -> None:
     assert per_minute([(0.0, 0), (1000.0, 10), (1060.0, 20)], 1060.0, horizon=300.0) == pytest.approx(10.0)
 
 
-def _entry(holder: str, position: int, since: Optional[float] = None) -> SimpleNamespace:
+def _entry(holder: str, position: int, since: Optional[float] = None, **policy: object) -> Entry:
     ts = datetime.fromtimestamp(since, timezone.utc) if since is not None else None
-    return SimpleNamespace(holder=holder, mode="shared", slots=1, state="waiting", token=None, position=position,
-                           since=ts, expires_at=None)
+    return Entry(holder=holder, slots=1, mode="shared", state="waiting", since=ts, expires_at=None, token=None,
+                 position=position, **policy)  # type: ignore[arg-type]
 
 
-def test_entries_without_policy_fields_show_none_and_fifo_behind() -> None:
-    holders = [entry_view(_entry("h1", 0, 10.0), 15.0)]
-    waiters = [entry_view(_entry("w1", 1, 11.0), 15.0), entry_view(_entry("w2", 2), 15.0)]
-    assert holders[0]["age"] == pytest.approx(5.0) and holders[0]["priority"] is None
-    assert waiters[1]["age"] is None and waiters[1]["expires_in"] is None
-    behind(waiters, holders)
-    assert waiters[0]["ahead"] == ["h1"] and waiters[1]["ahead"] == ["h1", "w1"]
-    # A core that says what a waiter is behind (priorities can reorder the queue) is believed.
-    told = entry_view(SimpleNamespace(**vars(_entry("w3", 1)), ahead=["x"], priority=5, effective_priority=7), 0.0)
-    behind([told], holders)
-    assert told["ahead"] == ["x"] and (told["priority"], told["effective_priority"]) == (5, 7)
+def test_entries_show_ages_on_the_given_clock_and_the_cores_policy_fields() -> None:
+    holder = entry_view(_entry("h1", 0, 10.0), 15.0)
+    assert holder["age"] == pytest.approx(5.0) and holder["priority"] == 0 and holder["ahead"] == []
+    waiter = entry_view(_entry("w2", 2), 15.0)
+    assert waiter["age"] is None and waiter["expires_in"] is None
+    # What a waiter waits behind comes from the core (priorities can reorder the queue).
+    told = entry_view(_entry("w3", 1, ahead=["x"], priority=5, effective_priority=7.0), 0.0)
+    assert told["ahead"] == ["x"] and (told["priority"], told["effective_priority"]) == (5, 7.0)
 
 
 def test_rate_view() -> None:
     assert rate_view(None) is None
-    assert rate_view(SimpleNamespace(count=10, per=60.0))["text"] == "10 per 1 min"
-    assert rate_view(SimpleNamespace(count=3, per=86400.0))["text"] == "3 per day"
-    assert rate_view(SimpleNamespace(count=3, per=90.0))["text"] == "3 per 90 s"
+    assert rate_view(Rate(10, 60.0))["text"] == "10 per 1 min"
+    assert rate_view(Rate(3, 86400.0))["text"] == "3 per day"
+    assert rate_view(Rate(3, 90.0))["text"] == "3 per 90 s"
 
 
 @dataclass
@@ -77,14 +74,6 @@ def test_worklist_blocker_says_what_holds_the_next_order() -> None:
     assert text is not None and text.startswith("order 3 is blocked by 2 failed item(s) of order 2 (#11, #12)")
     last = _WL([_Order(7, active=1)], current_order=7)
     assert worklist_blocker(last, [], []) == "the end of the list waits for order 7: 1 active"
-
-
-def test_grant_wait_from_whichever_fields_the_history_has() -> None:
-    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    assert grant_wait(SimpleNamespace(wait=2.5)) == 2.5
-    assert grant_wait(SimpleNamespace(waited=timedelta(seconds=4))) == 4.0
-    assert grant_wait(SimpleNamespace(requested_at=t0, granted_at=t0 + timedelta(seconds=3))) == 3.0
-    assert grant_wait(SimpleNamespace(requested_at=None, granted_at=t0)) is None
 
 
 def test_histogram_buckets_are_cumulative() -> None:

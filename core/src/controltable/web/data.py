@@ -26,6 +26,8 @@ from typing import Any, Callable, Optional, Sequence
 from ..control import ControlTable
 from ..defaults import WEB_ERROR_ROWS
 from ..errors import ConfigurationError, ControlTableError
+from ..history import Rate
+from ..slots import Entry
 from ..validation import check_identifier, check_name
 
 #: The chart windows: (label, seconds, buckets).
@@ -79,11 +81,10 @@ def epoch(ts: Optional[datetime]) -> Optional[float]:
     return ts.timestamp() if ts is not None else None
 
 
-def entry_view(entry: Any, now: float) -> dict[str, Any]:
-    """One holder or waiter as the page shows it; fields the core lacks are ``None`` ("-")."""
-    since = epoch(getattr(entry, "since", None))
-    expires = epoch(getattr(entry, "expires_at", None))
-    ahead = getattr(entry, "ahead", None)
+def entry_view(entry: Entry, now: float) -> dict[str, Any]:
+    """One holder or waiter as the page shows it (times as epoch seconds and ages on the database clock)."""
+    since = epoch(entry.since)
+    expires = epoch(entry.expires_at)
     return {
         "holder": entry.holder,
         "mode": entry.mode,
@@ -95,31 +96,17 @@ def entry_view(entry: Any, now: float) -> dict[str, Any]:
         "age": None if since is None else max(0.0, now - since),
         "expires_at": expires,
         "expires_in": None if expires is None else expires - now,
-        "expired": bool(getattr(entry, "expired", False)),
-        "priority": getattr(entry, "priority", None),
-        "effective_priority": getattr(entry, "effective_priority", None),
-        "ahead": list(ahead) if ahead is not None else None,
+        "expired": entry.expired,
+        "priority": entry.priority,
+        "effective_priority": entry.effective_priority,
+        "ahead": list(entry.ahead),
     }
 
 
-def behind(waiters: list[dict[str, Any]], holders: list[dict[str, Any]]) -> None:
-    """Fill in what each waiter waits behind when the core does not say (``Entry.ahead``).
-
-    FIFO: a waiter waits behind every holder and every waiter with a smaller position.
-    """
-    for w in waiters:
-        if w["ahead"] is None:
-            w["ahead"] = [h["holder"] for h in holders] + [
-                o["holder"] for o in waiters if o["position"] < w["position"]]
-
-
-def rate_view(rate: Any) -> Optional[dict[str, Any]]:
+def rate_view(rate: Optional[Rate]) -> Optional[dict[str, Any]]:
     if rate is None:
         return None
-    count, per = getattr(rate, "count", None), getattr(rate, "per", None)
-    if count is None or per is None:
-        return {"text": str(rate)}
-    return {"count": count, "per": float(per), "text": f"{count} per {_seconds_text(float(per))}"}
+    return {"count": rate.count, "per": float(rate.per), "text": f"{rate.count} per {_seconds_text(float(rate.per))}"}
 
 
 def _seconds_text(seconds: float) -> str:
@@ -225,27 +212,20 @@ class StatusSource:
                     self._ct = self._factory()
         return self._ct
 
-    @property
-    def has_history(self) -> bool:
-        return hasattr(self.ct, "stats_series")
-
     # -- pieces --------------------------------------------------------------------------------------
     def resources(self, now: float) -> list[dict[str, Any]]:
         out = []
         for st in self.ct.status():
             holders = [entry_view(h, now) for h in st.holders]
             waiters = [entry_view(w, now) for w in st.waiters]
-            behind(waiters, holders)
             oldest = max((w["age"] for w in waiters if w["age"] is not None), default=None)
             out.append({
                 "name": st.name,
                 "capacity": st.capacity,
                 "used": st.used,
                 "last_token": st.last_token,
-                "rate": rate_view(getattr(st, "rate", None)),
-                "aging": getattr(st, "aging", None),
-                # Seconds until the rate window allows the next grant, when the head waits for it.
-                "rate_opens_in": getattr(st, "rate_opens_in", None),
+                "rate": rate_view(st.rate),
+                "aging": st.aging,
                 "holders": holders,
                 "waiters": waiters,
                 "expired_holders": sum(1 for h in holders if h["expired"]),
@@ -255,11 +235,7 @@ class StatusSource:
 
     def stats(self, names: list[str]) -> dict[str, Any]:
         """Windowed statistics and chart series per resource, or a note saying why there are none."""
-        ct: Any = self.ct
-        if not hasattr(ct, "stats") or not hasattr(ct, "stats_series"):
-            return {"available": False,
-                    "note": "charts need the grant history (ControlTable.stats_series), which this "
-                            "controltable version does not have"}
+        ct = self.ct
         current = {s.resource: stats_view(s) for s in ct.stats(names or None, window=3600.0)} if names else {}
         series: dict[str, dict[str, list[dict[str, Any]]]] = {}
         for name in names:
@@ -267,22 +243,17 @@ class StatusSource:
                             for label, window, buckets in CHART_WINDOWS}
         return {"available": True, "current": current, "series": series}
 
-    def waits(self, since: float = 3600.0) -> Optional[dict[str, list[float]]]:
+    def waits(self, since: float = 3600.0) -> dict[str, list[float]]:
         """Wait seconds of the grants in the last ``since`` seconds per resource (for the histogram)."""
-        ct: Any = self.ct
-        if not hasattr(ct, "history"):
-            return None
         out: dict[str, list[float]] = {}
-        for rec in ct.history(since=since):
-            wait = grant_wait(rec)
-            if wait is not None:
-                out.setdefault(str(rec.resource), []).append(wait)
+        for rec in self.ct.history(since=since):
+            out.setdefault(rec.resource, []).append(float(rec.wait_seconds))
         return out
 
     def _event_table(self, spec: EventSpec) -> Any:
         table = self._event_tables.get(spec.label)
         if table is None:
-            table = self.ct.events(spec.table, key=spec.key, order_by=spec.order_by, schema=spec.schema,
+            table = self.ct.events(spec.table, key=spec.key, order_by=spec.order_by, table_schema=spec.schema,
                                    time_column=spec.time_column)
             self._event_tables[spec.label] = table
         return table
@@ -346,8 +317,7 @@ class StatusSource:
         ct = self.ct
         now = ct.now()
         resources = self.resources(now)
-        stats = self.stats([r["name"] for r in resources]) if charts else {"available": self.has_history,
-                                                                           "charts": False}
+        stats = self.stats([r["name"] for r in resources]) if charts else {"available": True, "charts": False}
         return {
             "namespace": ct.namespace,
             "database": ct.db.safe_url,
@@ -357,21 +327,6 @@ class StatusSource:
             "events": self.events(now),
             "worklists": self.worklists_view(),
         }
-
-
-def grant_wait(rec: Any) -> Optional[float]:
-    """Seconds a recorded grant waited, from whichever fields the history record has."""
-    for name in ("wait", "waited", "wait_seconds"):
-        value = getattr(rec, name, None)
-        if value is not None:
-            return float(value.total_seconds() if hasattr(value, "total_seconds") else value)
-    start = getattr(rec, "requested_at", None) or getattr(rec, "enqueued_at", None)
-    granted = getattr(rec, "granted_at", None)
-    if start is not None and granted is not None:
-        a, b = (epoch(x) if isinstance(x, datetime) else float(x) for x in (start, granted))
-        if a is not None and b is not None:
-            return max(0.0, b - a)
-    return None
 
 
 def _plain(value: Any) -> Any:

@@ -8,7 +8,7 @@ event table or work list name (Prometheus escapes label values itself).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -29,7 +29,7 @@ class SnapshotCollector:
     """Turns one snapshot (plus grant waits from the history, when the core records it) into metrics."""
 
     def __init__(self, snapshot: Callable[[], dict[str, Any]],
-                 waits: Callable[[], Optional[dict[str, list[float]]]]) -> None:
+                 waits: Callable[[], dict[str, list[float]]]) -> None:
         self._snapshot = snapshot
         self._waits = waits
 
@@ -81,13 +81,12 @@ class SnapshotCollector:
             yield from (grants, lease_expiries, util, p50, p95)
 
         waits = self._waits()
-        if waits is not None:
-            hist = HistogramMetricFamily("controltable_resource_wait_seconds",
-                                         "Wait before each grant of the last hour", labels=r)
-            for name in sorted(set(waits) | {item["name"] for item in res}):
-                values = waits.get(name, [])
-                hist.add_metric([name], histogram_buckets(values), sum_value=sum(values))
-            yield hist
+        hist = HistogramMetricFamily("controltable_resource_wait_seconds",
+                                     "Wait before each grant of the last hour", labels=r)
+        for name in sorted(set(waits) | {item["name"] for item in res}):
+            values = waits.get(name, [])
+            hist.add_metric([name], histogram_buckets(values), sum_value=sum(values))
+        yield hist
 
         ev_rows = GaugeMetricFamily("controltable_events_rows", "Rows of an event table per claim state",
                                     labels=["table", "state"])
@@ -122,7 +121,7 @@ class SnapshotCollector:
 
 
 def render(snapshot: Callable[[], dict[str, Any]],
-           waits: Callable[[], Optional[dict[str, list[float]]]]) -> bytes:
+           waits: Callable[[], dict[str, list[float]]]) -> bytes:
     """The text exposition of one scrape."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(snapshot, waits))  # type: ignore[arg-type]
