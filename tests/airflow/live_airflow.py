@@ -31,6 +31,7 @@ from typing import Any, Optional
 
 from sqlalchemy import Boolean, Column, Float, Integer, MetaData, String, Table, create_engine, text
 from sqlalchemy.engine import make_url
+from support.live import postgres_reachable, wait_until  # noqa: F401 - re-exported for the tests
 
 HERE = Path(__file__).resolve().parent
 COMPONENTS = ("scheduler", "triggerer", "dag-processor", "api-server")
@@ -61,18 +62,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def postgres_reachable(url: str) -> Optional[str]:
-    """None if the server answers, else the reason."""
-    try:
-        engine = create_engine(url, connect_args={"connect_timeout": 5})
-        with engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
-        engine.dispose()
-        return None
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
 
 
 class LiveAirflow:
@@ -357,13 +346,4 @@ class LiveAirflow:
         )
         return {(r["run_id"], r["task_id"], r["map_index"]): str(r["state"]) for r in rows}
 
-    @staticmethod
-    def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.5) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-            time.sleep(interval)
+    wait_until = staticmethod(wait_until)

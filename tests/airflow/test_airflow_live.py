@@ -8,7 +8,6 @@ PostgreSQL is needed; when CI requires it (``CONTROLTABLE_TEST_REQUIRE``), its a
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 import uuid
@@ -17,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live_airflow import LiveAirflow, live_intervals, postgres_reachable, state_mismatches
+from live_airflow import LiveAirflow, live_intervals, state_mismatches
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select
+from support.live import postgres_url
 
 from controltable import ControlTable
 from controltable.checks import Interval, violations
@@ -28,22 +28,9 @@ pytestmark = pytest.mark.timeout(900)
 DAGS = Path(__file__).resolve().parent / "dags" / "ct_live_dags.py"
 
 
-def _postgres_url() -> str:
-    url = os.environ.get("CONTROLTABLE_TEST_POSTGRES_URL")
-    required = "postgres" in os.environ.get("CONTROLTABLE_TEST_REQUIRE", "")
-    problem = "CONTROLTABLE_TEST_POSTGRES_URL is not set" if not url else postgres_reachable(url)
-    if problem:
-        message = f"the live Airflow tests need PostgreSQL for the metadata database: {problem}"
-        if required:
-            pytest.fail(message)
-        pytest.skip(message)
-    assert url is not None
-    return url
-
-
 @pytest.fixture(scope="module")
 def live() -> Iterator[tuple[LiveAirflow, ControlTable]]:
-    url = _postgres_url()
+    url = postgres_url("the live Airflow tests (metadata database)")
     namespace = f"live_{uuid.uuid4().hex[:10]}"
     ct = ControlTable(url, namespace=namespace)
     ct.install()

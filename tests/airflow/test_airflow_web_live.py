@@ -11,7 +11,6 @@ also inside Airflow's own UI frame, and follows a release without a reload.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import urllib.error
 import urllib.request
@@ -21,7 +20,8 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from live_airflow import LiveAirflow, postgres_reachable
+from live_airflow import LiveAirflow
+from support.live import postgres_url
 
 from controltable import ControlTable
 
@@ -29,20 +29,6 @@ pytestmark = pytest.mark.timeout(600)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "web"))
 from web_helpers import launch_chromium, screenshot  # noqa: E402
-
-
-def _postgres_url() -> str:
-    url = os.environ.get("CONTROLTABLE_TEST_POSTGRES_URL")
-    required = "postgres" in os.environ.get("CONTROLTABLE_TEST_REQUIRE", "")
-    problem = "CONTROLTABLE_TEST_POSTGRES_URL is not set" if not url else postgres_reachable(url)
-    if problem:
-        message = f"the live Airflow status-page test needs PostgreSQL for the metadata database: {problem}"
-        if required:
-            pytest.fail(message)
-        pytest.skip(message)
-    assert url is not None
-    return url
-
 
 #: A real login, not the harness's all-admins mode: in that mode Airflow itself adds an admin token to
 #: every request (SimpleAllAdminMiddleware), so there would be no unauthenticated request to refuse.
@@ -52,7 +38,7 @@ PASSWORD = uuid.uuid4().hex
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveAirflow, ControlTable]]:
     pytest.importorskip("starlette", reason="the web extra is not installed")
-    url = _postgres_url()
+    url = postgres_url("the live Airflow status-page test (metadata database)")
     namespace = f"web_{uuid.uuid4().hex[:10]}"
     ct = ControlTable(url, namespace=namespace)
     ct.install()

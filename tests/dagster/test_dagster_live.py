@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 from ct_dagster_live.harness import STORAGE_SCHEME, Deployment, ThrowawayDatabase, create_event_tables, wait_until
 from sqlalchemy import MetaData, Table, func, insert, select
+from support.live import postgres_url
 
 from controltable import ControlTable
 from controltable.checks import Interval, violations
@@ -44,12 +45,7 @@ WITHDRAW_BOUND = 2.0
 
 @pytest.fixture(scope="module")
 def live_url() -> str:
-    url = os.environ.get("CONTROLTABLE_TEST_POSTGRES_URL")
-    if not url:
-        if "postgres" in os.environ.get("CONTROLTABLE_TEST_REQUIRE", ""):
-            pytest.fail("PostgreSQL is required (CONTROLTABLE_TEST_REQUIRE), CONTROLTABLE_TEST_POSTGRES_URL unset")
-        pytest.skip("the live Dagster tests need PostgreSQL (CONTROLTABLE_TEST_POSTGRES_URL)")
-    return url
+    return postgres_url("the live Dagster tests (run storage)")
 
 
 @pytest.fixture(scope="module")

@@ -16,13 +16,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, create_engine, text
 from sqlalchemy.engine import make_url
+from support.live import wait_until  # noqa: F401 - re-exported for the tests
 
 DEFINITIONS = Path(__file__).with_name("definitions.py")
 BIN = Path(sys.executable).parent
@@ -39,16 +39,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
 
 
 def create_event_tables(engine: Any, name: str) -> None:

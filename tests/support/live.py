@@ -1,0 +1,51 @@
+"""What the tests against running deployments (Airflow, Dagster, the status page) share: waiting, the server."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Optional
+
+import pytest
+from sqlalchemy import create_engine, text
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+def postgres_reachable(url: str) -> Optional[str]:
+    """None if the server answers, else the reason."""
+    try:
+        engine = create_engine(url, connect_args={"connect_timeout": 5})
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        engine.dispose()
+        return None
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def postgres_url(purpose: str) -> str:
+    """The PostgreSQL server URL a deployment test keeps its metadata on.
+
+    Skips when none is configured or it does not answer, and fails instead when CI requires
+    PostgreSQL (``CONTROLTABLE_TEST_REQUIRE``), so a missing server never passes silently.
+    """
+    url = os.environ.get("CONTROLTABLE_TEST_POSTGRES_URL")
+    problem = "CONTROLTABLE_TEST_POSTGRES_URL is not set" if not url else postgres_reachable(url)
+    if problem:
+        message = f"{purpose} need PostgreSQL: {problem}"
+        if "postgres" in os.environ.get("CONTROLTABLE_TEST_REQUIRE", ""):
+            pytest.fail(message)
+        pytest.skip(message)
+    assert url is not None
+    return url
