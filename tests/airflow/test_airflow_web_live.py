@@ -11,24 +11,20 @@ also inside Airflow's own UI frame, and follows a release without a reload.
 from __future__ import annotations
 
 import json
-import sys
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Optional
 
 import pytest
 from live_airflow import LiveAirflow
+from support.browser import launch_chromium, screenshot
 from support.live import postgres_url
 
 from controltable import ControlTable
 
 pytestmark = pytest.mark.timeout(600)
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "web"))
-from web_helpers import launch_chromium, screenshot  # noqa: E402
 
 #: A real login, not the harness's all-admins mode: in that mode Airflow itself adds an admin token to
 #: every request (SimpleAllAdminMiddleware), so there would be no unauthenticated request to refuse.

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from web_helpers import ServerThread, screenshot
+from support.browser import ServerThread, screenshot
 
 from controltable import ControlTable
 from controltable.web import StatusSource, create_app
