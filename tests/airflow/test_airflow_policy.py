@@ -349,3 +349,24 @@ def test_trigger_waits_for_a_slow_scheduler_to_heartbeat_after_the_exit(
         server.shutdown()
     assert event.payload["status"] == "granted"
     assert time.time() >= resumes + 0.4, "fired before the scheduler heartbeated twice after the exit report"
+
+
+def test_event_table_schema_is_table_schema_and_schema_a_deprecated_alias() -> None:
+    """One vocabulary with the core and Dagster: ``table_schema`` is the event table's schema."""
+    from airflow_controltable.operators.events import ClaimBatchOperator
+    from airflow_controltable.sensors.events import PendingEventsSensor
+    from controltable import ConfigurationError
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        op = ClaimBatchOperator(task_id="claim", table="events", key="id", table_schema="raw")
+        sensor = PendingEventsSensor(task_id="wait", table="events", key="id", table_schema="raw")
+    assert op.table_schema == sensor.table_schema == "raw"
+    assert "table_schema" in op.template_fields and "table_schema" in sensor.template_fields
+    with pytest.warns(DeprecationWarning, match="schema= is deprecated, use table_schema="):
+        old = ClaimBatchOperator(task_id="claim2", table="events", key="id", schema="raw")
+    assert old.table_schema == "raw"
+    with pytest.warns(DeprecationWarning, match="schema= is deprecated"):
+        assert PendingEventsSensor(task_id="wait2", table="events", key="id", schema="raw").table_schema == "raw"
+    with pytest.raises(ConfigurationError, match="give table_schema= only"):
+        ClaimBatchOperator(task_id="claim3", table="events", key="id", schema="a", table_schema="b")

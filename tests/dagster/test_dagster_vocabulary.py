@@ -114,7 +114,7 @@ def test_schema_is_a_deprecated_alias_of_table_schema(ct: Any, resource: Control
     with DagsterInstance.ephemeral() as instance, build_sensor_context(
             instance=instance, resources={"controltable": resource}) as ctx:
         assert sensor(ctx).skip_message.startswith("0 claimable")  # type: ignore[union-attr]
-    with pytest.raises(TypeError, match="table_schema= only"):
+    with pytest.raises(ConfigurationError, match="table_schema= only"):
         build_batch_op(lambda context, batch: None, table=table, key="id", schema="main", table_schema="main")
 
 

@@ -1,4 +1,7 @@
-"""Renamed arguments: the old name keeps working, with a ``DeprecationWarning`` naming the new one.
+"""Arguments named differently across core releases: pass each under the name the installed core accepts.
+
+``renamed`` (the old name keeps working with a ``DeprecationWarning``) is the core's
+:func:`controltable.compat.renamed`, re-exported here.
 
 Why: the integration speaks the core's and the Airflow provider's vocabulary (``poll_interval``,
 ``table_schema`` for the event table's schema, ``owner``...), but public names are contracts, so
@@ -6,20 +9,11 @@ definitions written against an older release must keep loading.
 """
 
 import inspect
-import warnings
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable
 
-T = TypeVar("T")
+from controltable.compat import renamed
 
-
-def renamed(where: str, old: str, old_value: Optional[T], new: str, new_value: Optional[T]) -> Optional[T]:
-    """The value of argument ``new``, taken from ``old`` (with a warning) when only the old name was given."""
-    if old_value is None:
-        return new_value
-    if new_value is not None:
-        raise TypeError(f"{where}: give {new}= only ({old}= is its deprecated old name)")
-    warnings.warn(f"{where}: {old}= is deprecated, use {new}= (same meaning)", DeprecationWarning, stacklevel=3)
-    return old_value
+__all__ = ["keyword_for", "renamed"]
 
 
 def keyword_for(fn: Callable[..., Any], *names: str) -> str:

@@ -15,6 +15,7 @@ from airflow.sdk import Context
 from airflow_controltable.exceptions import ControlTableConfigError
 from airflow_controltable.operators.base import ControlTableBaseOperator
 from airflow_controltable.utils import airflow_errors, load_handles, task_instance_holder
+from controltable.compat import renamed
 
 
 def _check_positive(name: str, value: Any) -> int:
@@ -75,9 +76,12 @@ class ClaimBatchOperator(_EventOperator):
     :param lease: seconds the rows stay claimed; must cover processing and completion. When it
         runs out the rows become claimable again and completing the old batch fails.
     :param include_rows: also put the claimed rows in the handles (keep batches small then).
+    :param table_schema: the event table's schema (templated; ``schema=`` is its deprecated old name).
+    :param batch_owner: who claims (default: the task instance); not ``owner``, which every Airflow
+        operator already has for the task's owner.
     """
 
-    template_fields: Sequence[str] = ("table", "schema", "batch_owner")
+    template_fields: Sequence[str] = ("table", "table_schema", "batch_owner")
     ui_color = "#eaf0f8"
 
     def __init__(
@@ -88,11 +92,12 @@ class ClaimBatchOperator(_EventOperator):
         size: int = 100,
         max_batches: int = 1,
         order_by: Optional[str] = None,
-        schema: Optional[str] = None,
+        table_schema: Optional[str] = None,
         batch_owner: Optional[str] = None,
         lease: Optional[float] = None,
         include_rows: bool = False,
         prepare: bool = False,
+        schema: Optional[str] = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -101,7 +106,7 @@ class ClaimBatchOperator(_EventOperator):
         self.size = size
         self.max_batches = max_batches
         self.order_by = order_by
-        self.schema = schema
+        self.table_schema = renamed("ClaimBatchOperator", "schema", schema, "table_schema", table_schema)
         self.batch_owner = batch_owner
         self.lease = lease
         self.include_rows = include_rows
@@ -113,7 +118,7 @@ class ClaimBatchOperator(_EventOperator):
         owner = self.batch_owner or task_instance_holder(context)
         handles: list[dict[str, Any]] = []
         with airflow_errors():
-            events = self._events(self.table, self.key, self.order_by, self.schema)
+            events = self._events(self.table, self.key, self.order_by, self.table_schema)
             if self.prepare:
                 for statement in events.prepare():
                     self.log.info("prepared %r: %s", self.table, statement)

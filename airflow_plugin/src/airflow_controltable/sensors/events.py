@@ -13,6 +13,7 @@ from airflow_controltable.exceptions import ControlTableConfigError
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
 from airflow_controltable.triggers.controltable import PendingEventsTrigger
 from airflow_controltable.utils import airflow_errors, deferral_facts, trigger_failure
+from controltable.compat import renamed
 
 
 class PendingEventsSensor(UsesControlTable, BaseSensorOperator):
@@ -23,7 +24,7 @@ class PendingEventsSensor(UsesControlTable, BaseSensorOperator):
     watch one table without stealing from each other.
     """
 
-    template_fields: Sequence[str] = ("table", "schema")
+    template_fields: Sequence[str] = ("table", "table_schema")
     ui_color = "#eaf0f8"
 
     def __init__(
@@ -33,13 +34,14 @@ class PendingEventsSensor(UsesControlTable, BaseSensorOperator):
         key: str,
         min_events: int = 1,
         order_by: Optional[str] = None,
-        schema: Optional[str] = None,
+        table_schema: Optional[str] = None,
         conn_id: str = DEFAULT_CONN_ID,
         namespace: Optional[str] = None,
         control_schema: Optional[str] = None,
         deferrable: bool = False,
         poke_interval: float = DEFAULT_EVENTS_POKE_INTERVAL,
         poll_interval: Optional[float] = None,
+        schema: Optional[str] = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
@@ -49,7 +51,8 @@ class PendingEventsSensor(UsesControlTable, BaseSensorOperator):
         self.key = key
         self.min_events = min_events
         self.order_by = order_by
-        self.schema = schema
+        #: The event table's schema (``schema=`` is its deprecated old name).
+        self.table_schema = renamed("PendingEventsSensor", "schema", schema, "table_schema", table_schema)
         self.conn_id = conn_id
         self.namespace = namespace
         self.control_schema = control_schema
@@ -60,7 +63,7 @@ class PendingEventsSensor(UsesControlTable, BaseSensorOperator):
             raise ControlTableConfigError(f"min_events must be a whole number >= 1, got {self.min_events!r}")
         with airflow_errors():
             events = self._table().events(
-                self.table, key=self.key, order_by=self.order_by, table_schema=self.schema
+                self.table, key=self.key, order_by=self.order_by, table_schema=self.table_schema
             )
             return events.pending_count()
 
@@ -79,7 +82,7 @@ class PendingEventsSensor(UsesControlTable, BaseSensorOperator):
         self.defer(
             trigger=PendingEventsTrigger(
                 table=self.table, key=self.key, min_events=self.min_events, order_by=self.order_by,
-                schema=self.schema, conn_id=self.conn_id, namespace=self.namespace,
+                schema=self.table_schema, conn_id=self.conn_id, namespace=self.namespace,
                 control_schema=self.control_schema, poll_interval=self._poll_interval(),
                 deferral=deferral_facts(),
             ),

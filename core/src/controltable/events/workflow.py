@@ -11,7 +11,6 @@ import random
 import secrets
 import threading
 import time
-import warnings
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any, Iterator, Optional, Sequence
@@ -21,6 +20,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from .. import dialects
+from ..compat import deprecated
 from ..db import Database
 from ..defaults import DDL_LOCK_TIMEOUT, DEFAULT_BATCH_LEASE
 from ..errors import ConfigurationError, LeaseLost, describe_keys
@@ -45,10 +45,6 @@ from .values import Batch, EventStats
 EXPIRED_CHECK_INTERVAL = 1.0
 #: The defaults of ``max_attempts``, ``backoff`` and ``max_backoff``.
 DEFAULT_MAX_ATTEMPTS, DEFAULT_BACKOFF, DEFAULT_MAX_BACKOFF = 5, 30.0, 3600.0
-
-
-def _deprecated(old: str, new: str) -> None:
-    warnings.warn(f"{old} is deprecated; use {new}", DeprecationWarning, stacklevel=3)
 
 
 class EventTable:
@@ -80,7 +76,7 @@ class EventTable:
         schema: Optional[str] = None,
     ) -> None:
         if schema is not None:
-            _deprecated("EventTable(schema=...)", "table_schema=")
+            deprecated("EventTable(schema=...)", "table_schema=")
             if table_schema is not None and table_schema != schema:
                 raise ConfigurationError("give the event table's schema once, as table_schema")
             table_schema = schema
@@ -114,13 +110,13 @@ class EventTable:
     @property
     def schema(self) -> Optional[str]:
         """Deprecated: the event table's schema is :attr:`table_schema`."""
-        _deprecated("EventTable.schema", "EventTable.table_schema")
+        deprecated("EventTable.schema", "EventTable.table_schema")
         return self.table_schema
 
     @property
     def ct(self) -> Runtime:
         """Deprecated: the engine works through :attr:`runtime` (database, tables, wake-ups)."""
-        _deprecated("EventTable.ct", "EventTable.runtime")
+        deprecated("EventTable.ct", "EventTable.runtime")
         return self.runtime
 
     @property

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from .. import dialects
+from ..compat import deprecated
 from ..db import Database
 from ..defaults import DEFAULT_ITEM_LEASE
 from ..errors import ConfigurationError, ControlTableError, LeaseLost
@@ -32,10 +32,6 @@ from .statements import ACTIVE, INSERT_CHUNK, NEW
 from .values import Item, WorkListBlocked, WorkListStatus, status_from_counts
 
 T = TypeVar("T")
-
-
-def _deprecated(old: str, new: str) -> None:
-    warnings.warn(f"{old} is deprecated; use {new}", DeprecationWarning, stacklevel=3)
 
 
 class WorkList:
@@ -59,7 +55,7 @@ class WorkList:
     @property
     def ct(self) -> Runtime:
         """Deprecated: the engine works through :attr:`runtime` (database, tables, wake-ups)."""
-        _deprecated("WorkList.ct", "WorkList.runtime")
+        deprecated("WorkList.ct", "WorkList.runtime")
         return self.runtime
 
     @property
@@ -199,7 +195,7 @@ class WorkList:
         :class:`WorkListBlocked` when only errored items stand in the way.
         """
         if poll is not None:
-            _deprecated("WorkList.items(poll=...)", "poll_interval=")
+            deprecated("WorkList.items(poll=...)", "poll_interval=")
             poll_interval = poll
         wait = check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
         interval = check_poll_interval("poll_interval", poll_interval)
@@ -296,7 +292,7 @@ class WorkList:
 
     def reset_all(self) -> int:
         """Deprecated alias of :meth:`reset`."""
-        _deprecated("WorkList.reset_all()", "WorkList.reset()")
+        deprecated("WorkList.reset_all()", "WorkList.reset()")
         return self.reset()
 
     def clear_error(self, item_id: int) -> int:
