@@ -151,7 +151,7 @@ def test_killed_workers_rows_are_reclaimed_after_lease(ct: Any, backend_url: str
         assert rows[k]["ct_attempts"] >= 2 and rows[k]["ct_owner"] != "slow", rows[k]
 
 
-def test_seed_001_two_workers_process_in_parallel(ct: Any, backend_url: str, event_table_name: str,
+def test_two_workers_process_in_parallel(ct: Any, backend_url: str, event_table_name: str,
                                                   procs: Any, tmp_path: Path) -> None:
     """Two workers claim 5 rows each, process 1 s, finish together in ~1 s."""
     _fill(ct, event_table_name, 1, 20)

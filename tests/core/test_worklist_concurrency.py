@@ -12,7 +12,7 @@ from support import event_workers as workers_mod
 
 pytestmark = pytest.mark.slow
 
-SEED_003_ORDERS = [100, 100, 200, 200, 200, 300, 400, 400, 500]
+ORDERED_WORKLOAD = [100, 100, 200, 200, 200, 300, 400, 400, 500]
 
 
 def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -30,10 +30,10 @@ def _assert_orders_sequential(spans: dict[int, tuple[int, float, float]], what: 
                 )
 
 
-def test_seed_003_workload_in_three_processes(ct: Any, backend_url: str, procs: Any, tmp_path: Path) -> None:
+def test_ordered_workload_in_three_processes(ct: Any, backend_url: str, procs: Any, tmp_path: Path) -> None:
     wl = ct.worklist(f"wl_{uuid.uuid4().hex[:8]}")
     try:
-        for order, group in itertools.groupby(SEED_003_ORDERS):
+        for order, group in itertools.groupby(ORDERED_WORKLOAD):
             wl.populate([{"order": order, "n": n} for n, _ in enumerate(group)], order=order)
         names = [f"w{i}" for i in range(3)]
         ready = [tmp_path / f"{n}.ready" for n in names]
@@ -50,7 +50,7 @@ def test_seed_003_workload_in_three_processes(ct: Any, backend_url: str, procs: 
         entries = [e for log in logs for e in workers_mod.read_jsonl(log)]
         ids = [e["id"] for e in entries]
         assert len(ids) == 9 and len(set(ids)) == 9, entries
-        assert sorted(e["order"] for e in entries) == SEED_003_ORDERS
+        assert sorted(e["order"] for e in entries) == ORDERED_WORKLOAD
         assert all(e["payload"]["order"] == e["order"] for e in entries)
 
         # Orders never overlap, seen from the workers' own clocks...
