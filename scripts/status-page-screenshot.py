@@ -22,8 +22,8 @@ from sqlalchemy import Column, Float, Integer, MetaData, String, Table, insert
 from controltable import ControlTable
 from controltable.web import StatusSource, create_app, parse_event_spec
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "web"))
-from web_helpers import CHROMIUM, ServerThread  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.browser import CHROMIUM, ServerThread  # noqa: E402
 
 
 def populate(ct: ControlTable) -> None:
