@@ -48,7 +48,9 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_TIMEOUT, EXIT_DATABASE, EXIT_EMPTY, EXIT_L
 
 # Markup off: names, holders and database messages are printed as given, never parsed as rich
 # markup (a resource called "[/]" must not crash the output). Styled text opts in per call.
-console = Console(markup=False)
+#: Piped into a log or a file, tables keep their full width instead of rich's 80-column default, so
+#: holder ids and times are not cut to "…" where nobody can widen the terminal.
+console = Console(markup=False, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, markup=False, soft_wrap=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
