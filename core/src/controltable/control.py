@@ -20,6 +20,7 @@ from .defaults import (
     DEFAULT_SLOT_PRIORITY,
     DEFAULT_WAITER_TTL,
     HISTORY_RETENTION,
+    INSTALL_BUSY_WINDOW,
     STATEMENT_TIMEOUT,
 )
 from .errors import ConfigurationError, DatabaseBusyError, NotInstalledError
@@ -121,7 +122,9 @@ class ControlTable:
                 except Exception as exc:
                     # A concurrent install created a table between the check and the CREATE (on
                     # PostgreSQL a unique violation in the catalog): the next check sees it.
-                    if attempt == 2 or not (errorcodes.is_unique_violation(exc) or "already exists" in str(exc)):
+                    raced = any(errorcodes.is_unique_violation(e) or errorcodes.is_already_applied(e)
+                                for e in (exc, exc.__cause__) if e is not None)
+                    if attempt == 2 or not raced:
                         raise
 
         _retry_busy(create)
@@ -420,16 +423,22 @@ class ControlTable:
         return self._wakeups.wait(keys, seconds, since)
 
 
-def _retry_busy(fn: Callable[[], None], attempts: int = 6) -> None:
+def _retry_busy(fn: Callable[[], None], within: float = INSTALL_BUSY_WINDOW) -> None:
     """Run an idempotent DDL step again when a concurrent one held the database (SQLite reports
-    "database is locked" at once when two installs both try to upgrade to a write lock)."""
+    "database is locked" at once when two installs both try to upgrade to a write lock).
+
+    Bounded by time, not by a count of attempts: several installs upgrading at once on a loaded
+    machine can each meet the lock more often than a fixed count allows, and installs are rare.
+    """
+    deadline = time.monotonic() + within
     delay = 0.1
-    for attempt in range(attempts):
+    while True:
         try:
             fn()
             return
         except DatabaseBusyError:
-            if attempt == attempts - 1:
+            pause = delay * (0.5 + random.random())
+            if time.monotonic() + pause > deadline:
                 raise
-            time.sleep(delay * (0.5 + random.random()))
+            time.sleep(pause)
             delay = min(delay * 2, 2.0)

@@ -60,6 +60,9 @@ MSSQL_ROWS_PER_STATEMENT = 1000
 #: How long ``prepare()`` waits for the lock its DDL needs on a busy table (seconds) before it
 #: gives up with an error that says to retry or run the printed DDL in a quiet moment.
 DDL_LOCK_TIMEOUT = 30
+#: How long ``install()`` keeps re-running an idempotent DDL step that met a concurrent install's lock
+#: (seconds); past it the ``DatabaseBusyError`` reaches the caller.
+INSTALL_BUSY_WINDOW = 30.0
 #: The server versions ``controltable sql`` compiles for when none is given (what a connected
 #: engine would detect): SQL Server 2019, Oracle 19c.
 SQL_SERVER_VERSIONS = {"mssql": (15, 0), "oracle": (19, 0), "postgresql": (15, 0), "mysql": (8, 0), "sqlite": (3, 40)}

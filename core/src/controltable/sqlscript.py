@@ -131,6 +131,10 @@ def captured_statements(
     sections: list[tuple[str, list[str]]] = []
     with tempfile.TemporaryDirectory(prefix="controltable-sql-") as tmp:
         ct = ControlTable(f"sqlite:///{Path(tmp) / 'capture.db'}", namespace="capture", prefix=prefix, schema=schema)
+        # A release prunes history now and then (at a random moment per process); the printed script
+        # must not depend on that moment, so this session never prunes on release: pruning has its
+        # own section below.
+        ct._slots._next_prune = float("inf")
         if schema:
             # SQLite's schemas are attached databases: attach one under the schema's name.
             attached = str(Path(tmp) / "schema.db")
