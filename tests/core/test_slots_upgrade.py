@@ -91,27 +91,32 @@ def test_install_upgrades_v1_tables_in_place(backend_url: str, namespace: str, v
         ct.close()
 
 
-def test_concurrent_installs_of_a_v1_installation(backend_url: str, namespace: str, v1_prefix: str) -> None:
+def install_concurrently(backend_url: str, namespace: str, prefix: str, installs: int = 3) -> list[object]:
+    """What ``installs`` concurrent ``install()`` calls on one installation return (or raise), one per thread."""
     import threading
 
-    make_v1_installation(backend_url, v1_prefix, namespace)
     results: list[object] = []
 
     def install() -> None:
-        ct = ControlTable(backend_url, namespace=namespace, prefix=v1_prefix)
+        ct = ControlTable(backend_url, namespace=namespace, prefix=prefix)
         try:
             results.append(ct.install())
-        except Exception as exc:  # pragma: no cover - reported by the assertion
+        except Exception as exc:  # pragma: no cover - reported by the caller's assertion
             results.append(exc)
         finally:
             ct.close()
 
-    threads = [threading.Thread(target=install) for _ in range(3)]
+    threads = [threading.Thread(target=install) for _ in range(installs)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    assert results == [3, 3, 3]
+    return results
+
+
+def test_concurrent_installs_of_a_v1_installation(backend_url: str, namespace: str, v1_prefix: str) -> None:
+    make_v1_installation(backend_url, v1_prefix, namespace)
+    assert install_concurrently(backend_url, namespace, v1_prefix) == [3, 3, 3]
     ct = ControlTable(backend_url, namespace=namespace, prefix=v1_prefix)
     assert ct.installed_version() == 3
     ct.close()
@@ -192,26 +197,8 @@ def test_install_upgrades_v2_tables_in_place(backend_url: str, namespace: str, v
 
 
 def test_concurrent_installs_of_a_v2_installation(backend_url: str, namespace: str, v2_prefix: str) -> None:
-    import threading
-
     make_v2_installation(backend_url, v2_prefix, namespace)
-    results: list[object] = []
-
-    def install() -> None:
-        ct = ControlTable(backend_url, namespace=namespace, prefix=v2_prefix)
-        try:
-            results.append(ct.install())
-        except Exception as exc:  # pragma: no cover - reported by the assertion
-            results.append(exc)
-        finally:
-            ct.close()
-
-    threads = [threading.Thread(target=install) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert results == [3, 3, 3]
+    assert install_concurrently(backend_url, namespace, v2_prefix) == [3, 3, 3]
     ct = ControlTable(backend_url, namespace=namespace, prefix=v2_prefix)
     assert ct.installed_version() == 3
     assert [e.holder for e in ct.status(["w"])[0].waiters] == ["old-waiter-1", "old-waiter-2"]
