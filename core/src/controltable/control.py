@@ -111,7 +111,8 @@ class ControlTable:
         Returns the schema version now installed. Needs DDL rights; a DBA can instead run the
         statements printed by ``controltable sql`` and the engine then needs DML rights only.
         """
-        self.db.ping()
+        # A new SQLite connection sets its journal mode, which meets a concurrent install's lock at once.
+        _retry_busy(self.db.ping)
 
         def create() -> None:
             for attempt in range(3):
