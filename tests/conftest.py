@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from support import backends_seen
 
 BACKENDS = ("sqlite", "postgres", "mysql")
 _ENV = {"postgres": "CONTROLTABLE_TEST_POSTGRES_URL", "mysql": "CONTROLTABLE_TEST_MYSQL_URL"}
-_RAN: Counter[str] = Counter()
 _UNREACHABLE: dict[str, str] = {}
 
 
@@ -85,7 +84,7 @@ def backend(request: pytest.FixtureRequest) -> str:
             pytest.skip(f"{_ENV[name]} not set")
         if name in _UNREACHABLE:
             pytest.skip(f"{name} unreachable: {_UNREACHABLE[name]}")
-    _RAN[name] += 1
+    backends_seen.TESTS[name] += 1
     return name
 
 
@@ -114,8 +113,8 @@ def ct(backend_url: str, namespace: str) -> Iterator[Any]:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    ran = ", ".join(f"{b} ({_RAN[b]} tests)" for b in BACKENDS if _RAN[b]) or "none"
-    missing = [b for b in ("postgres", "mysql") if not _RAN[b]]
+    ran = backends_seen.summary(BACKENDS)
+    missing = [b for b in ("postgres", "mysql") if not backends_seen.used(b)]
     terminalreporter.write_sep("=", "controltable backends")
     terminalreporter.write_line(f"backends run live: {ran}")
     for b in missing:

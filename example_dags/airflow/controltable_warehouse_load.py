@@ -16,28 +16,11 @@ long the pretend load takes.
 
 from __future__ import annotations
 
-import time
 from datetime import datetime
 from typing import Any
 
-from airflow.sdk import DAG, Param, get_current_context, task
-from sqlalchemy import Column, Float, Integer, MetaData, String, Table, insert
-
-from airflow_controltable.hooks.controltable import ControlTableHook
-
-RESOURCE = "warehouse"
-CONN_ID = "controltable_default"
-
-#: Where the pretend load writes: one row per load with its fencing token.
-loads = Table(
-    "example_warehouse_loads",
-    MetaData(),
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("run_id", String(250), nullable=False),
-    Column("fencing_token", Integer, nullable=False),
-    Column("started_at", Float, nullable=False),
-    Column("finished_at", Float, nullable=False),
-)
+from airflow.sdk import DAG, Param, task
+from warehouse_example import CONN_ID, RESOURCE, ensure_resource, pretend_load
 
 with DAG(
     dag_id="controltable_warehouse_load",
@@ -52,29 +35,17 @@ with DAG(
     tags=["controltable", "example"],
 ) as dag:
 
-    @task
-    def ensure_resource() -> None:
+    @task(task_id="ensure_resource")
+    def ensure() -> None:
         """Create the control tables and the resource (once is enough; the CLI can do it too)."""
-        table = ControlTableHook(CONN_ID).get_control_table()
-        table.install()
-        table.set_capacity(RESOURCE, 1)
-        loads.create(table.engine, checkfirst=True)
+        ensure_resource()
 
     @task.controltable_slot(RESOURCE, conn_id=CONN_ID, slot_mode="exclusive", wait_timeout=6 * 3600)
     def load(lease: Any = None) -> dict[str, Any]:
         """The work under the slot; ``lease.token`` is the fencing token to hand to the warehouse."""
-        params = get_current_context()["params"]
-        started = time.time()
-        time.sleep(float(params["load_seconds"]))
-        if params["fail"]:
-            raise RuntimeError("the load failed (params.fail); the slot is released all the same")
-        finished = time.time()
-        with ControlTableHook(CONN_ID).get_control_table().engine.begin() as conn:
-            conn.execute(insert(loads).values(run_id=get_current_context()["run_id"], fencing_token=lease.token,
-                                              started_at=started, finished_at=finished))
-        return {"token": lease.token, "started_at": started, "finished_at": finished}
+        return pretend_load(lease.token, on_failure="the slot is released all the same")
 
-    ensure_resource() >> load()
+    ensure() >> load()
 
 
 if __name__ == "__main__":

@@ -18,30 +18,14 @@ how long the pretend load takes.
 
 from __future__ import annotations
 
-import time
 from datetime import datetime
 from typing import Any
 
-from airflow.sdk import DAG, Param, get_current_context, task
-from sqlalchemy import Column, Float, Integer, MetaData, String, Table, insert
+from airflow.sdk import DAG, Param, task
+from warehouse_example import CONN_ID, RESOURCE, ensure_resource, pretend_load
 
-from airflow_controltable.hooks.controltable import ControlTableHook
 from airflow_controltable.operators.slots import ReleaseSlotOperator
 from airflow_controltable.sensors.slots import SlotSensor
-
-RESOURCE = "warehouse"
-CONN_ID = "controltable_default"
-
-#: Where the pretend load writes: one row per load with its fencing token.
-loads = Table(
-    "example_warehouse_loads",
-    MetaData(),
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("run_id", String(250), nullable=False),
-    Column("fencing_token", Integer, nullable=False),
-    Column("started_at", Float, nullable=False),
-    Column("finished_at", Float, nullable=False),
-)
 
 with DAG(
     dag_id="controltable_warehouse_slot",
@@ -56,13 +40,10 @@ with DAG(
     tags=["controltable", "example"],
 ) as dag:
 
-    @task
-    def ensure_resource() -> None:
+    @task(task_id="ensure_resource")
+    def ensure() -> None:
         """Create the control tables and the resource (once is enough; the CLI can do it too)."""
-        table = ControlTableHook(CONN_ID).get_control_table()
-        table.install()
-        table.set_capacity(RESOURCE, 1)
-        loads.create(table.engine, checkfirst=True)
+        ensure_resource()
 
     acquire = SlotSensor(
         task_id="acquire_warehouse",
@@ -77,22 +58,11 @@ with DAG(
     @task
     def load(lease: dict[str, Any]) -> dict[str, Any]:
         """The work under the slot. A real load would pass ``lease['token']`` to the warehouse."""
-        params = get_current_context()["params"]
-        started = time.time()
-        time.sleep(float(params["load_seconds"]))
-        if params["fail"]:
-            raise RuntimeError("the load failed (params.fail); the teardown still releases the slot")
-        finished = time.time()
-        engine = ControlTableHook(CONN_ID).get_control_table().engine
-        with engine.begin() as conn:
-            conn.execute(insert(loads).values(
-                run_id=get_current_context()["run_id"], fencing_token=lease["token"],
-                started_at=started, finished_at=finished))
-        return {"token": lease["token"], "started_at": started, "finished_at": finished}
+        return pretend_load(lease["token"], on_failure="the teardown still releases the slot")
 
     release = ReleaseSlotOperator(task_id="release_warehouse", resource=RESOURCE, conn_id=CONN_ID)
 
-    ensure_resource() >> acquire
+    ensure() >> acquire
     load(acquire.output) >> release.as_teardown(setups=acquire)
 
 

@@ -29,6 +29,9 @@ DAGS_FOLDER = AIRFLOW_HOME / "dags"
 DAGS_FOLDER.mkdir()
 for _source in [*(_HERE.parents[1] / "example_dags" / "airflow").glob("*.py"), _HERE / "dags" / "ct_test_dags.py"]:
     shutil.copy(_source, DAGS_FOLDER / _source.name)
+# Airflow puts a DAG bundle's folder on sys.path when it parses or runs its DAGs (BundleDagBag), so
+# DAG files import their shared modules by name (``warehouse_example``); in-process parsing here does too.
+sys.path.append(str(DAGS_FOLDER))
 
 
 def readme_dag_source() -> str:

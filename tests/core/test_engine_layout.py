@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import socket
 import warnings
 from pathlib import Path
@@ -68,14 +69,28 @@ def test_no_statement_spells_a_claim_column_by_hand() -> None:
     """Claim columns are named through ``ClaimColumns`` only: no ``f"{prefix}..."`` in the engine."""
     spelled = {p.name: p.read_text().count('f"{self.prefix}') for p in (PACKAGE / "events").glob("*.py")}
     assert {k: n for k, n in spelled.items() if n} == {"statements.py": 1}, "only ClaimColumns.name spells one"
-    for path in (PACKAGE / "events").glob("*.py"):
+
+
+@pytest.mark.parametrize("engine", ["events", "worklist", "slots"])
+def test_workflows_build_no_sql_and_read_the_clock_in_one_place(engine: str) -> None:
+    """Every statement of an engine is built in its ``statements`` module (``ddl`` for DDL); the
+    workflow only runs them. The database clock is spelled once, in ``controltable.clock``."""
+    builders = re.compile(r"(?<![\w.])(select|insert|update|delete|union_all|text)\(")
+    for path in (PACKAGE / engine).glob("*.py"):
         source = path.read_text()
-        assert "db_now()" not in source or path.name == "statements.py", (
-            f"{path.name}: the database clock is written once, in statements.clock()")
+        assert "db_now(" not in source, f"{engine}/{path.name}: read the clock through controltable.clock"
+        if path.name in ("statements.py", "ddl.py"):
+            continue
+        tree = ast.parse(source)
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    and (node.module or "").startswith("sqlalchemy") for alias in node.names}
+        assert not imported & {"select", "insert", "update", "delete", "union_all", "text", "and_", "or_"}, (
+            f"{engine}/{path.name} imports SQL builders: build statements in {engine}/statements.py")
+        assert not builders.findall(source), f"{engine}/{path.name} builds SQL inline"
 
 
 # -- dependencies point one way ------------------------------------------------------------------
-@pytest.mark.parametrize("package", ["events", "worklist", "slots.py", "grants.py", "history.py"])
+@pytest.mark.parametrize("package", ["events", "worklist", "slots"])
 def test_engines_do_not_import_the_control_table_or_its_private_members(package: str) -> None:
     where = PACKAGE / package
     for path in ([where] if where.suffix == ".py" else where.glob("*.py")):

@@ -1,14 +1,15 @@
-"""The grant decision (``controltable.grants``) as a pure function: no database needed."""
+"""The grant decision (``controltable.slots.grants``) as a pure function: no database needed."""
 
 from __future__ import annotations
 
-from controltable.grants import (
+from controltable.slots.grants import (
     Queue,
     Waiter,
     decide,
     effective_priority,
     fits,
     next_opening,
+    opens_in,
     order,
     queue_key,
     rate_budget,
@@ -158,3 +159,7 @@ def test_rate_budget_and_next_opening() -> None:
     # when enough of them have left.
     assert next_opening(2, 60.0, times, 35.0) == 80.0
     assert next_opening(3, 60.0, [], 5.0) == 5.0
+    # In seconds from now, as waiters and the status show it; None while a grant is allowed.
+    assert opens_in(3, 60.0, times, 65.0) == 5.0
+    assert opens_in(2, 60.0, times, 35.0) == 45.0
+    assert opens_in(3, 60.0, times, 75.0) is None and opens_in(3, 60.0, [], 5.0) is None

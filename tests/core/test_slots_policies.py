@@ -8,7 +8,7 @@ import pytest
 
 from controltable import AcquireTimeout, ConfigurationError, ControlTable, GrantRecord, LeaseLost, Rate, ResourceStats
 from controltable.checks import Grant, aging_violations, priority_violations, rate_violations
-from controltable.history import parse_duration, parse_rate
+from controltable.slots import parse_duration, parse_rate
 
 
 def test_set_capacity_keeps_sets_and_clears_policies(ct: ControlTable) -> None:
@@ -110,6 +110,8 @@ def test_rate_limit_holds_the_head_and_grants_when_the_window_opens(ct: ControlT
     for i in range(3):
         ct.acquire("api", holder=f"h{i}", timeout=0).release()
     assert ct.try_acquire("api", holder="next") is None  # capacity free, budget spent
+    (st,) = ct.status(["api"])
+    assert st.rate_opens_in is not None and 0.5 < st.rate_opens_in <= 2.0  # the first grant leaves at 2 s
     # Nobody overtakes the head, whatever its priority...
     assert ct.try_acquire("api", holder="later") is None
     with pytest.raises(AcquireTimeout):
@@ -119,6 +121,10 @@ def test_rate_limit_holds_the_head_and_grants_when_the_window_opens(ct: ControlT
     waited = time.monotonic() - start
     assert 1.5 < waited < 4.0, waited
     lease.release()
+    (st,) = ct.status(["api"])
+    assert st.rate_opens_in is None or st.rate_opens_in <= 2.0
+    ct.set_capacity("unrated", 1)
+    assert ct.status(["unrated"])[0].rate_opens_in is None
     times = sorted(r.granted_at.timestamp() for r in ct.history("api"))
     assert len(times) in (4, 5) and times[3] - times[0] >= 2.0  # "later" may share the opening
     grants = [Grant.from_record(r) for r in ct.history("api")]

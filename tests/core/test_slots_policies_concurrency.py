@@ -51,10 +51,14 @@ def test_mixed_priorities_with_aging(backend_url: str, namespace: str, tmp_path:
     ct = ControlTable(backend_url, namespace=namespace)
     ct.install()
     ct.set_capacity("prio", 1, aging=0.5)
-    stream = [dict(name="s", resource="prio", rounds=10, priorities="1,2,3", hold=(0.02, 0.06)) for _ in range(5)]
+    # Long enough that the stream outlives the low-priority process by seconds even on a loaded
+    # machine (10 rounds once ended 0.08 s too early), short enough to stay a few seconds in all.
+    rounds = 16
+    stream = [dict(name="s", resource="prio", rounds=rounds, priorities="1,2,3", hold=(0.02, 0.06))
+              for _ in range(5)]
     low = [dict(name="low", resource="prio", rounds=3, priorities="0", hold=(0.02, 0.04), delay=0.5)]
     records = run_workers(backend_url, namespace, tmp_path, stream + low)
-    assert len(records) == 5 * 10 + 3
+    assert len(records) == 5 * rounds + 3
     problems = [p for p in violations(intervals(records), {"prio": 1}) if "FIFO" not in p]
     assert problems == []
     history = [Grant.from_record(r) for r in ct.history("prio", limit=10_000)]

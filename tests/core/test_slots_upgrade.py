@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import uuid
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 import schema_v1
 import schema_v2
+import sqlalchemy.exc
 from sqlalchemy import create_engine, insert, inspect, select
 
-from controltable import ControlTable
+from controltable import ControlTable, ControlTableError, migrations
 from controltable.schema import SCHEMA_VERSION, build_schema
 
 
@@ -203,3 +204,33 @@ def test_concurrent_installs_of_a_v2_installation(backend_url: str, namespace: s
     assert ct.installed_version() == 3
     assert [e.holder for e in ct.status(["w"])[0].waiters] == ["old-waiter-1", "old-waiter-2"]
     ct.close()
+
+
+def test_a_failing_upgrade_step_is_a_controltable_error_and_a_rerun_completes(
+    backend_url: str, namespace: str, v2_prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Upgrade steps run through the database layer: a driver error in one surfaces as a
+    controltable error naming the database (not a bare driver exception), the version stays
+    where it was, and the next ``install()`` completes the upgrade (every step is idempotent)."""
+    make_v2_installation(backend_url, v2_prefix, namespace)
+    ct = ControlTable(backend_url, namespace=namespace, prefix=v2_prefix)
+    try:
+        real = migrations.add_column_sql
+        # The first ADD COLUMN names a table that does not exist: the server rejects it.
+        missing = build_schema(f"missing{uuid.uuid4().hex[:6]}_")
+
+        def broken(table: Any, column: Any, dialect: Any) -> Any:
+            twin = getattr(missing, table.name[len(v2_prefix):])
+            return real(twin, twin.c[column.name], dialect)
+
+        monkeypatch.setattr(migrations, "add_column_sql", broken)
+        with pytest.raises(ControlTableError) as caught:
+            ct.install()
+        assert not isinstance(caught.value, sqlalchemy.exc.SQLAlchemyError)
+        assert isinstance(caught.value.__cause__, sqlalchemy.exc.DBAPIError)  # the driver's error, kept as cause
+        assert ct.installed_version() == 2
+        monkeypatch.setattr(migrations, "add_column_sql", real)
+        assert ct.install() == SCHEMA_VERSION
+        assert ct.installed_version() == SCHEMA_VERSION
+    finally:
+        ct.close()

@@ -33,7 +33,6 @@ from dagster_controltable import (
     pending_events_sensor,
 )
 from dagster_controltable import defaults as dagster_defaults
-from dagster_controltable.compat import keyword_for
 from dagster_controltable.resource import head_retry_interval, retry_waiter_ttl, run_holder_prefix
 
 PLUGIN = Path(__file__).resolve().parents[2] / "dagster_plugin" / "src" / "dagster_controltable"
@@ -131,16 +130,6 @@ def test_poll_is_a_deprecated_alias_of_poll_interval(ct: Any, resource: ControlT
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the new name warns about nothing
         build_worklist_op(lambda context, item: None, worklist="renamed", poll_interval=0.1)
-
-
-@pytest.mark.backends("sqlite")
-def test_keyword_for_picks_the_name_the_core_takes(backend: str) -> None:
-    def new(*, poll_interval: float = 1.0) -> None: ...
-
-    def old(*, poll: float = 1.0) -> None: ...
-
-    assert keyword_for(new, "poll_interval", "poll") == "poll_interval"
-    assert keyword_for(old, "poll_interval", "poll") == "poll"
 
 
 # -- defaults: the core's imported, the integration's in one module -------------------------------

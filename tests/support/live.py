@@ -9,6 +9,8 @@ from typing import Any, Callable, Optional
 import pytest
 from sqlalchemy import create_engine, text
 
+from support import backends_seen
+
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail naming ``what`` after ``timeout`` s."""
@@ -48,4 +50,5 @@ def postgres_url(purpose: str) -> str:
             pytest.fail(message)
         pytest.skip(message)
     assert url is not None
+    backends_seen.DEPLOYMENTS["postgres"] += 1
     return url

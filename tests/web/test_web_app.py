@@ -85,6 +85,7 @@ def test_status_json_shows_holders_waiters_events_and_worklists(busy: ControlTab
     assert wh["oldest_wait"] is not None and wh["oldest_wait"] >= 0
     idle = {r["name"]: r for r in data["resources"]}["idle"]
     assert idle["holders"] == [] and idle["waiters"] == []
+    assert wh["rate_opens_in"] is None and idle["rate_opens_in"] is None  # no rate limit
 
     (ev,) = data["events"]
     assert (ev["pending"], ev["done"], ev["error"]) == (3, 1, 1)
@@ -94,6 +95,19 @@ def test_status_json_shows_holders_waiters_events_and_worklists(busy: ControlTab
     (w,) = data["worklists"]
     assert (w["done"], w["total"], w["current_order"]) == (0, 3, 1)
     assert "order 2 waits for order 1" in w["blocker"] and "worker-7" in w["blocker"]
+
+
+def test_status_json_says_when_a_spent_rate_window_opens(ct: ControlTable) -> None:
+    """One grant per 60 s taken: the waiter behind it is told when the next grant can come."""
+    ct.set_capacity("api", 3, rate=(1, 60.0))
+    ct.acquire("api", holder="first", timeout=0).release()
+    assert ct.try_acquire("api", holder="second", waiter_ttl=120) is None  # capacity free, budget spent
+    try:
+        api = {r["name"]: r for r in client(ct).get("/api/status").json()["resources"]}["api"]
+        assert api["rate"]["count"] == 1 and 50 < api["rate_opens_in"] <= 60
+        assert [w["holder"] for w in api["waiters"]] == ["second"]
+    finally:
+        ct.release_holders("second")
 
 
 def test_page_is_self_contained_and_relative(ct: ControlTable) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Optional
 
@@ -10,6 +9,7 @@ import pytest
 
 from controltable import Entry, Rate
 from controltable.web.data import entry_view, per_minute, rate_view, worklist_blocker
+from controltable.worklist.values import OrderStatus, WorkListStatus
 
 
 def test_per_minute_needs_two_samples_and_restarts_after_a_fall() -> None:
@@ -46,33 +46,21 @@ def test_rate_view() -> None:
     assert rate_view(Rate(3, 90.0))["text"] == "3 per 90 s"
 
 
-@dataclass
-class _Order:
-    order: int
-    new: int = 0
-    active: int = 0
-    done: int = 0
-    error: int = 0
-    expired: int = 0
-
-
-@dataclass
-class _WL:
-    orders: list[_Order] = field(default_factory=list)
-    current_order: Optional[int] = None
-    blocked_by_errors: bool = False
+def _WL(orders: list[OrderStatus], current_order: Optional[int] = None,  # noqa: N802 - reads like the class
+        blocked_by_errors: bool = False) -> WorkListStatus:
+    return WorkListStatus("wl", orders, current_order, blocked_by_errors)
 
 
 def test_worklist_blocker_says_what_holds_the_next_order() -> None:
-    assert worklist_blocker(_WL([_Order(1, done=3)]), [], []) is None
-    st = _WL([_Order(1, new=1, active=2, expired=1, done=4), _Order(5, new=9)], current_order=1)
+    assert worklist_blocker(_WL([OrderStatus(1, done=3)]), [], []) is None
+    st = _WL([OrderStatus(1, new=1, active=2, expired=1, done=4), OrderStatus(5, new=9)], current_order=1)
     text = worklist_blocker(st, [{"owner": "w-2"}, {"owner": "w-1"}], [])
     assert text == ("order 5 waits for order 1: 1 new, 1 active (held by w-1, w-2), "
                     "1 active with an expired lease (to be reclaimed)")
-    failed = _WL([_Order(2, error=2, done=1), _Order(3, new=1)], current_order=2, blocked_by_errors=True)
+    failed = _WL([OrderStatus(2, error=2, done=1), OrderStatus(3, new=1)], current_order=2, blocked_by_errors=True)
     text = worklist_blocker(failed, [], [{"id": 11}, {"id": 12}])
     assert text is not None and text.startswith("order 3 is blocked by 2 failed item(s) of order 2 (#11, #12)")
-    last = _WL([_Order(7, active=1)], current_order=7)
+    last = _WL([OrderStatus(7, active=1)], current_order=7)
     assert worklist_blocker(last, [], []) == "the end of the list waits for order 7: 1 active"
 
 

@@ -132,14 +132,6 @@ def deferral_facts() -> Optional[dict[str, Any]]:
     }
 
 
-def resume_not_before() -> float:
-    """Epoch seconds before which a trigger deferred now may not fire when it cannot watch the process.
-
-    The deferral, plus the time the process needs to exit, plus :func:`resume_settle`.
-    """
-    return time.time() + DEFAULT_EXIT_ALLOWANCE + resume_settle()
-
-
 def dag_run_holder(context: Mapping[str, Any]) -> str:
     """The default holder: the DAG run, so any task of the same run can release what another acquired.
 

@@ -18,8 +18,7 @@ from .errors import (
     UnknownResourceError,
 )
 from .events import Batch, EventStats, EventTable, TableBusyError
-from .history import GrantRecord, Rate, ResourceStats
-from .slots import Entry, Lease, ResourceStatus, WaitInfo
+from .slots import Entry, GrantRecord, Lease, Rate, ResourceStats, ResourceStatus, WaitInfo
 from .worklist import Item, WorkList, WorkListBlocked, WorkListStatus
 
 __version__ = "0.1.0"

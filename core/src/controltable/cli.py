@@ -256,7 +256,7 @@ def capacity_set(obj: CT, name: str, slots: int, rate: Optional[str], aging: Opt
 
     --rate and --aging left out keep what is set.
     """
-    from .history import parse_duration, parse_rate
+    from .slots import parse_duration, parse_rate
 
     policy: dict[str, Any] = {}
     if rate is not None:
@@ -355,7 +355,7 @@ def stats(obj: CT, resource: Optional[str], window: str, as_json: bool) -> None:
     """Waits (p50/p95/max), utilisation, grants per hour and expired leases, from the grant history."""
     from dataclasses import asdict
 
-    from .history import parse_duration
+    from .slots import parse_duration
 
     rows = obj.get().stats([resource] if resource else None, window=parse_duration(window))
     if as_json:

@@ -25,11 +25,22 @@ from .defaults import (
 )
 from .errors import ConfigurationError, DatabaseBusyError, NotInstalledError
 from .events import EventTable
-from .history import GrantRecord, Rate, ResourceStats, check_rate
 from .migrations import UPGRADES
 from .runtime import Runtime
 from .schema import SCHEMA_VERSION, ControlSchema, build_schema
-from .slots import Lease, ResourceStatus, SlotEngine, WaitInfo, head_key, holder_key, slot_key
+from .slots import (
+    GrantRecord,
+    Lease,
+    Rate,
+    ResourceStats,
+    ResourceStatus,
+    SlotEngine,
+    WaitInfo,
+    check_rate,
+    head_key,
+    holder_key,
+    slot_key,
+)
 from .validation import (
     check_identifier,
     check_name,
@@ -151,7 +162,7 @@ class ControlTable:
         if version is not None and version < SCHEMA_VERSION:
             for step in range(version, SCHEMA_VERSION):
                 upgrade = UPGRADES[step]
-                _retry_busy(lambda: upgrade(self.db.engine, self.tables))  # noqa: B023 - called at once
+                _retry_busy(lambda: upgrade(self.db, self.tables))  # noqa: B023 - called at once
                 self.db.run(self._record_version(step + 1))
         return SCHEMA_VERSION
 

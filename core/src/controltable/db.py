@@ -18,11 +18,12 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, TypeVar, Union
 
-from sqlalchemy import create_engine, event, select
+from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, StatementError
 
 from . import connect, dialects, errorcodes
+from .clock import read_now
 from .defaults import CONNECT_TIMEOUT, DEFAULT_URL, RETRIES, STATEMENT_TIMEOUT  # noqa: F401 - re-exported
 from .errorcodes import Kind
 from .errors import (
@@ -398,7 +399,7 @@ class Database:
 
     def now(self) -> float:
         """The database clock, as UTC epoch seconds."""
-        return self.run(lambda c: float(c.scalar(select(dialects.db_now())) or 0.0))
+        return self.run(read_now)
 
     def ping(self) -> None:
         """Connect once, turning any failure into a :class:`DatabaseUnavailableError` (or subclass).

@@ -1,10 +1,12 @@
 """Upgrades of installed control tables from an older schema version, step by step, each step idempotent.
 
-``ControlTable.install()`` runs them. Every DDL statement runs in its own transaction (a DDL
-holds a schema lock on the table until it commits) and is skipped when an earlier or concurrent
-run already applied it, so two processes installing at once, or an upgrade interrupted half-way,
-both end in the same tables. Statements are built by pure functions from the declared tables:
-identifiers are quoted by the dialect, no user value is ever formatted into SQL.
+``ControlTable.install()`` runs them. Every DDL statement runs in its own transaction (a DDL holds
+a schema lock on the table until it commits) through the database layer (``Database.run``: its
+retry policy, and driver errors turned into controltable errors that name the fix), and is skipped
+when an earlier or concurrent run already applied it, so two processes installing at once, or an
+upgrade interrupted half-way, both end in the same tables. Statements are built by pure functions
+from the declared tables: identifiers are quoted by the dialect, no user value is ever formatted
+into SQL.
 
 Upgrade with the old release's workers stopped: a v1 worker does not know the ticket counter.
 """
@@ -18,7 +20,9 @@ from sqlalchemy import Column, Index, Table, func, inspect, select, text, update
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.sql.elements import TextClause
 
+from .db import Database
 from .errorcodes import is_already_applied
+from .errors import ControlTableError
 from .schema import ControlSchema, build_schema
 
 log = logging.getLogger("controltable")
@@ -48,28 +52,28 @@ def _indexes(conn: Connection, table: Table) -> set[str]:
     return {str(i["name"]).lower() for i in inspect(conn).get_indexes(table.name, schema=table.schema) if i["name"]}
 
 
-def _ddl(engine: object, step: Callable[[Connection], None]) -> None:
-    """One DDL step in its own transaction; a concurrent installer having done it already is fine."""
+def _ddl(db: Database, step: Callable[[Connection], None]) -> None:
+    """One idempotent DDL step in its own transaction, through the database layer's retry policy;
+    a concurrent installer having done it already is fine (recognised by error code)."""
     try:
-        with engine.begin() as conn:  # type: ignore[attr-defined]
-            step(conn)
-    except Exception as exc:
-        if _ALREADY(exc):
+        db.run(step)
+    except ControlTableError as exc:
+        if any(e is not None and _ALREADY(e) for e in (exc, exc.__cause__)):
             return
         raise
 
 
-def upgrade_v1_to_v2(engine: object, tables: ControlSchema) -> None:
+def upgrade_v1_to_v2(db: Database, tables: ControlSchema) -> None:
     """Tickets from the per-resource counter, attempts and pickup deadlines, the (state, ticket) index."""
     r, q = tables.resource, tables.request
-    dialect: Dialect = engine.dialect  # type: ignore[attr-defined]
+    dialect: Dialect = db.engine.dialect
     for table, name in ((r, "last_ticket"), (q, "ticket"), (q, "attempt"), (q, "pickup_seconds")):
 
         def add(conn: Connection, table: Table = table, name: str = name) -> None:
             if name not in _columns(conn, table):
                 conn.execute(add_column_sql(table, table.c[name], dialect))
 
-        _ddl(engine, add)
+        _ddl(db, add)
 
     def backfill(conn: Connection) -> None:
         # v1 tickets were the request ids (one sequence for all resources): keep their order.
@@ -81,8 +85,7 @@ def upgrade_v1_to_v2(engine: object, tables: ControlSchema) -> None:
         )
         conn.execute(update(r).values(last_ticket=top))
 
-    with engine.begin() as conn:  # type: ignore[attr-defined]
-        backfill(conn)
+    db.run(backfill)  # idempotent: tickets still 0 and the counters' maxima
 
     # The v2 index (state, ticket); v2 -> v3 replaces it in turn (built on a scratch copy, as
     # it is no longer part of the declared schema).
@@ -94,7 +97,7 @@ def upgrade_v1_to_v2(engine: object, tables: ControlSchema) -> None:
         if v2_name.lower() not in _indexes(conn, q):
             new_index.create(conn)
 
-    _ddl(engine, create_index)
+    _ddl(db, create_index)
 
     # The v1 queue index (namespace, resource, id) is superseded; built on a scratch copy of the
     # tables so that it never becomes part of the declared schema.
@@ -107,12 +110,12 @@ def upgrade_v1_to_v2(engine: object, tables: ControlSchema) -> None:
             old.drop(conn)
 
     try:
-        _ddl(engine, drop_old)
+        _ddl(db, drop_old)
     except Exception as exc:  # harmless to keep: only costs a little on inserts
         log.warning("controltable: could not drop the old index %s (%s); it is unused now", old_name, exc)
 
 
-def upgrade_v2_to_v3(engine: object, tables: ControlSchema) -> None:
+def upgrade_v2_to_v3(db: Database, tables: ControlSchema) -> None:
     """Rate limits and aging on resources, priorities and the queue order on requests, the grant history.
 
     Existing requests get priority 0 and queue key 0 (the column defaults): the queue order of
@@ -121,19 +124,19 @@ def upgrade_v2_to_v3(engine: object, tables: ControlSchema) -> None:
     to close, which is harmless.
     """
     r, q, h = tables.resource, tables.request, tables.history
-    dialect: Dialect = engine.dialect  # type: ignore[attr-defined]
+    dialect: Dialect = db.engine.dialect
     for table, name in ((r, "rate_count"), (r, "rate_per"), (r, "aging"), (q, "priority"), (q, "queue_key")):
 
         def add(conn: Connection, table: Table = table, name: str = name) -> None:
             if name not in _columns(conn, table):
                 conn.execute(add_column_sql(table, table.c[name], dialect))
 
-        _ddl(engine, add)
+        _ddl(db, add)
 
     def create_history(conn: Connection) -> None:
         h.create(conn, checkfirst=True)  # with its time index
 
-    _ddl(engine, create_history)
+    _ddl(db, create_history)
 
     new_index = next(i for i in q.indexes if i.name and i.name.endswith("request_order_ix"))
 
@@ -141,7 +144,7 @@ def upgrade_v2_to_v3(engine: object, tables: ControlSchema) -> None:
         if str(new_index.name).lower() not in _indexes(conn, q):
             new_index.create(conn)
 
-    _ddl(engine, create_index)
+    _ddl(db, create_index)
 
     # The v2 queue index (state, ticket) is superseded by the (state, queue_key, ticket) one.
     scratch = build_schema(q.name[: -len("request")], q.schema).request
@@ -153,10 +156,10 @@ def upgrade_v2_to_v3(engine: object, tables: ControlSchema) -> None:
             old.drop(conn)
 
     try:
-        _ddl(engine, drop_old)
+        _ddl(db, drop_old)
     except Exception as exc:  # harmless to keep: only costs a little on inserts
         log.warning("controltable: could not drop the old index %s (%s); it is unused now", old_name, exc)
 
 
 #: ``from_version -> step`` bringing the tables to ``from_version + 1``.
-UPGRADES: dict[int, Callable[[object, ControlSchema], None]] = {1: upgrade_v1_to_v2, 2: upgrade_v2_to_v3}
+UPGRADES: dict[int, Callable[[Database, ControlSchema], None]] = {1: upgrade_v1_to_v2, 2: upgrade_v2_to_v3}

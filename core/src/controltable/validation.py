@@ -225,3 +225,10 @@ def normalize_request(resource: Union[str, Mapping[str, int]], slots: int) -> di
     raise ConfigurationError(
         f"resource must be a name or a mapping of names to slots, got {type(resource).__name__}"
     )
+
+
+def check_attempt(value: object) -> Optional[int]:
+    """An attempt number (a task's try number): None, or a whole number from 0 up."""
+    if value is None:
+        return None
+    return check_int("attempt (the task's try number)", value, minimum=0, maximum=defaults.MAX_INT)

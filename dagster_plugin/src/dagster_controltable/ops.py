@@ -23,9 +23,9 @@ from dagster import (
 )
 
 from controltable import ControlTableError
+from controltable.compat import renamed
 
 from . import defaults
-from .compat import keyword_for, renamed
 from .resource import ControlTableResource, _jsonable, batch_metadata, current_step
 
 try:  # type hints only
@@ -169,8 +169,8 @@ def build_worklist_op(
         resource: ControlTableResource = getattr(context.resources, resource_key)
         wl = resource.worklist(worklist)
         who = owner or current_step().holder
-        # The core's own default interval unless one was given, under the name the core takes.
-        waiting = {} if poll_interval is None else {keyword_for(wl.items, "poll_interval", "poll"): poll_interval}
+        # The core's own default interval unless one was given.
+        waiting = {} if poll_interval is None else {"poll_interval": poll_interval}
         done: list[dict[str, Any]] = []
         try:
             for item in wl.items(who, lease=lease, timeout=timeout, **waiting):

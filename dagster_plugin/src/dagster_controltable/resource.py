@@ -48,12 +48,12 @@ from controltable import (
     StatementTimeoutError,
     UnknownResourceError,
 )
+from controltable.compat import renamed
 from controltable.defaults import MAX_PRIORITY, MIN_PRIORITY
 from controltable.errors import is_retryable, safe_url
 from controltable.holders import holder_id
 
 from . import defaults
-from .compat import keyword_for, renamed
 from .defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_WAITER_TTL
 
 try:  # only for type hints: these classes are reached through ControlTable.events()/worklist()
@@ -849,8 +849,8 @@ class ControlTableResource(ConfigurableResource):
         if cache_key is not None and not prepare and cache_key in self._events:
             return self._events[cache_key]
         action = f"opening event table {table!r}"
-        where = {keyword_for(ct.events, "table_schema", "schema"): schema}
-        events = self._call(action, lambda: ct.events(table, key=key, order_by=order_by, **where, **options))
+        events = self._call(action, lambda: ct.events(table, key=key, order_by=order_by, table_schema=schema,
+                                                      **options))
         if prepare:
             self._call(f"preparing event table {table!r}", events.prepare)
         self._call(action, lambda: events.table)

@@ -30,9 +30,9 @@ from dagster import (
 )
 
 from controltable import ControlTableError
+from controltable.compat import renamed
 
 from . import defaults
-from .compat import renamed
 from .resource import ControlTableResource, _duration
 
 RUN_KEY_TAG = "dagster/run_key"

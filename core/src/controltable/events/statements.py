@@ -28,6 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement, TextClause
 
 from .. import dialects
+from ..clock import clock
 from ..defaults import NAME_LENGTH
 from ..schema import EpochSeconds
 from ..validation import where_clause
@@ -112,17 +113,6 @@ class ClaimColumns:
 def claim_columns(prefix: str = "ct_") -> list[Column[Any]]:
     """The columns ``prepare()`` adds to an event table, in order."""
     return ClaimColumns(prefix).ddl()
-
-
-# -- the database clock -------------------------------------------------------------------------
-def clock() -> Any:
-    """The database clock as epoch seconds, an expression: leases never use the client's clock."""
-    return dialects.db_now()
-
-
-def read_clock() -> Any:
-    """``SELECT <database clock>``: for the statements that need the instant as a value."""
-    return select(clock())
 
 
 # -- conditions ------------------------------------------------------------------------------------

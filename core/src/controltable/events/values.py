@@ -13,9 +13,9 @@ from typing import Any, Iterator, Optional, Protocol, Sequence
 
 from sqlalchemy.engine import Connection
 
+from ..clock import utc
 from ..db import Database
 from ..renewal import BackgroundRenewal
-from ..slots import utc
 from ..validation import check_batch_size, check_seconds
 from .statements import Where
 

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from .. import dialects
+from ..clock import clock, read_now
 from ..compat import deprecated
 from ..db import Database
 from ..defaults import DDL_LOCK_TIMEOUT, DEFAULT_BATCH_LEASE
@@ -245,7 +246,7 @@ class EventTable:
 
     def _now(self, conn: Connection) -> float:
         """The database clock, read inside ``conn``'s transaction."""
-        return float(conn.scalar(sql.read_clock()) or 0.0)
+        return read_now(conn)
 
     def claim(
         self,
@@ -355,7 +356,7 @@ class EventTable:
         # The database clock goes into the statements as an expression (one value per
         # statement), except on the key-list path, which needs the value for its second step.
         one_statement = dialects.update_returning(conn.dialect, self.db.dialect_name)
-        now: Any = sql.clock() if one_statement else self._now(conn)
+        now: Any = clock() if one_statement else self._now(conn)
         values = sql.claim_values(t, self.cols, owner, token, now, lease_s)
         # Expired claims first: they are older work, and must not starve behind new events.
         # Finding none is the normal case, so after an empty look this object skips the
@@ -670,7 +671,7 @@ class EventTable:
 
     def reap(self) -> int:
         """Return expired claims to pending now (claims would take them anyway); returns how many."""
-        return self._update_where([self._is(CLAIMED), self._col("expires_at") < sql.clock()],
+        return self._update_where([self._is(CLAIMED), self._col("expires_at") < clock()],
                                   sql.reap_values(self.cols))
 
     def reset(self) -> int:

@@ -26,8 +26,7 @@ from typing import Any, Callable, Optional, Sequence
 from ..control import ControlTable
 from ..defaults import WEB_ERROR_ROWS
 from ..errors import ConfigurationError, ControlTableError
-from ..history import Rate
-from ..slots import Entry
+from ..slots import Entry, Rate
 from ..validation import check_identifier, check_name
 
 #: The chart windows: (label, seconds, buckets).
@@ -225,6 +224,7 @@ class StatusSource:
                 "used": st.used,
                 "last_token": st.last_token,
                 "rate": rate_view(st.rate),
+                "rate_opens_in": st.rate_opens_in,
                 "aging": st.aging,
                 "holders": holders,
                 "waiters": waiters,

@@ -13,21 +13,12 @@ from sqlalchemy import Table, and_, case, delete, func, insert, or_, select, upd
 from sqlalchemy.sql.elements import ColumnElement
 
 from .. import dialects
+from ..clock import clock
 
 NEW, ACTIVE, DONE, ERROR = "new", "active", "done", "error"
 UNFINISHED = (NEW, ACTIVE, ERROR)
 #: Items per INSERT when populating.
 INSERT_CHUNK = 500
-
-
-def clock() -> Any:
-    """The database clock as epoch seconds, an expression: leases never use the client's clock."""
-    return dialects.db_now()
-
-
-def read_clock() -> Any:
-    """``SELECT <database clock>``: for the statements that need the instant as a value."""
-    return select(clock())
 
 
 def mine(items: Table, namespace: str, name: str) -> ColumnElement[bool]:

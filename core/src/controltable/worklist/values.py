@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Optional, Protocol
 
+from ..clock import utc
 from ..defaults import DEFAULT_ITEM_LEASE
 from ..errors import ControlTableError
 from ..renewal import BackgroundRenewal
-from ..slots import utc
 from ..validation import check_seconds
 from .statements import DONE, ERROR, NEW
 

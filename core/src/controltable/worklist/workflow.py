@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from .. import dialects
+from ..clock import read_now
 from ..compat import deprecated
 from ..db import Database
 from ..defaults import DEFAULT_ITEM_LEASE
@@ -65,7 +66,7 @@ class WorkList:
 
     def _now(self, conn: Connection) -> float:
         """The database clock, read inside ``conn``'s transaction."""
-        return float(conn.scalar(sql.read_clock()) or 0.0)
+        return read_now(conn)
 
     def _ensure(self, conn: Connection) -> Any:
         """Lock (creating if needed) the work list's row: the allocation lock."""

@@ -1,40 +1,23 @@
-"""Resource slots: FIFO counting semaphores and reader/writer locks with leases and fencing tokens.
+"""The slot engine's workflow: transactions, locks, grant passes, waiting and leases (``SlotEngine``).
 
-The grant model: *whoever changes a queue grants*. Every transaction that releases, enqueues,
-withdraws, reaps an expired holder or raises a capacity locks the resource rows (in name order,
-so multi-resource requests cannot deadlock), then runs a grant pass: it reads the holders and
-only the head of the waiting queue through the (namespace, resource, state, ticket) index, asks
-:func:`grants.decide` who may run now (strict FIFO, all-or-nothing across resources), and grants
-them on their behalf - state granted, the next fencing token, and a short pickup deadline.
-
-A waiter reads only its own entry (no locks): woken by a push on PostgreSQL, polling elsewhere.
-It picks its grant up by extending it to its lease; a grant not picked up in time lapses and the
-next pass hands it on, so a dead waiter delays its queue by at most the pickup deadline. Expired
-holders are reaped by the next pass, or by the head waiter when the first holder's lease runs
-out. Tickets come from a per-resource counter bumped under the resource lock: exact FIFO on
-every backend. Expiry is judged by the database clock, and a DELETE that re-checks it is the
-only judge: a holder whose renewal wins the race keeps its slot, one that loses gets LeaseLost.
+Statements come from :mod:`.statements`, the decision of who is granted from :mod:`.grants`; this
+module decides when each runs and in which transaction, through the database layer (``Database.run``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import random
-import socket
 import time
-import uuid
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar, Union
 
-from sqlalchemy import and_, delete, func, insert, select, union_all, update
 from sqlalchemy.engine import Connection
 
-from . import dialects, errorcodes, grants
-from . import history as hist
-from .defaults import (  # noqa: F401 - re-exported
+from .. import dialects, errorcodes
+from ..clock import read_now, utc
+from ..defaults import (  # noqa: F401 - re-exported
     DEFAULT_LEASE,
     DEFAULT_MODE,
     DEFAULT_PICKUP,
@@ -43,11 +26,24 @@ from .defaults import (  # noqa: F401 - re-exported
     HISTORY_PRUNE_INTERVAL,
     HISTORY_RETENTION,
 )
-from .errors import AcquireTimeout, ConfigurationError, LeaseLost, UnknownResourceError
-from .history import Rate
-from .renewal import BackgroundRenewal
-from .runtime import Runtime, runtime_of
-from .validation import check_mode, check_name, check_poll_interval, check_priority, check_seconds, normalize_request
+from ..errors import AcquireTimeout, ConfigurationError, LeaseLost, UnknownResourceError
+from ..holders import process_holder_id
+from ..runtime import Runtime, runtime_of
+from ..validation import (
+    check_attempt,
+    check_mode,
+    check_name,
+    check_poll_interval,
+    check_priority,
+    check_seconds,
+    normalize_request,
+)
+from . import grants
+from . import statements as sql
+from .history import compute_stats, to_record
+from .keys import head_key, holder_key, key_size, request_key, slot_key
+from .statements import EXPIRED, GRANTED, RELEASED
+from .values import Entry, GrantRecord, Lease, Rate, ResourceStats, ResourceStatus, WaitInfo
 
 log = logging.getLogger("controltable")
 
@@ -77,45 +73,6 @@ MIN_PICKUP = 1.0
 HEAD_READ_LIMIT = 100
 
 T = TypeVar("T")
-
-
-def slot_key(resource: str) -> str:
-    """The wake-up key of a resource's queue (pushed on every change of the queue)."""
-    return f"slot:{resource}"
-
-
-def head_key(resource: str, holder: str) -> str:
-    """The wake-up key pushed when a request becomes the head of its queue (it then times the
-    holders' leases); kept apart from :func:`holder_key` so a busy head is not woken twice."""
-    return f"{holder_key(resource, holder)}\x1ehead"
-
-
-def holder_key(resource: str, holder: str) -> str:
-    """The wake-up key of one request: pushed when it is granted or becomes the head of its queue.
-
-    A multi-resource request is keyed by its first resource in name order.
-    """
-    return f"slot:{resource}\x1e{holder}"
-
-
-def utc(ts: Optional[float]) -> Optional[datetime]:
-    return None if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc)
-
-
-def check_attempt(value: object) -> Optional[int]:
-    """An attempt number (a task's try number): None or a whole number from 0 up."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigurationError(f"attempt must be a whole number such as the task's try number, got {value!r}")
-    if value < 0 or value > 2**31 - 1:
-        raise ConfigurationError(f"attempt must be between 0 and {2**31 - 1}, got {value}")
-    return value
-
-
-def default_holder() -> str:
-    """A holder id unique to this process and call (so two callers never share a request by accident)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
 @dataclass
@@ -172,184 +129,8 @@ class _Request:
     #: When a waiting ``acquire(timeout=...)`` gives up (``time.monotonic()``), plus a short grace:
     #: bounds every transaction of the wait, so a silent server cannot hold the caller past it.
     deadline: Optional[float] = None
-    #: Higher is granted first (see :mod:`controltable.grants`).
+    #: Higher is granted first (see :mod:`controltable.slots.grants`).
     priority: int = 0
-
-
-class Lease(BackgroundRenewal):
-    """A granted slot request. Renew it while working, release it when done.
-
-    Usable as a context manager (``with ct.acquire(...) as lease``), which releases on exit.
-    :meth:`ControlTable.slot` additionally renews it in the background.
-    """
-
-    def __init__(
-        self,
-        engine: SlotEngine,
-        *,
-        resources: dict[str, int],
-        mode: str,
-        holder: str,
-        request_key: str,
-        tokens: dict[str, int],
-        lease_seconds: float,
-        expires_at: float,
-        granted_at: Optional[float],
-        ticket: int = 0,
-        attempt: Optional[int] = None,
-    ) -> None:
-        #: The engine that granted it: renewal and release go through it (never the ControlTable).
-        self.engine = engine
-        #: The caller's attempt number this grant belongs to (None when none was given).
-        self.attempt = attempt
-        #: The queue ticket (FIFO position); grants follow ticket order, so tokens do too.
-        self.ticket = ticket
-        self.resources = resources
-        self.mode = mode
-        self.holder = holder
-        self.request_key = request_key
-        self.tokens = tokens
-        self.lease_seconds = lease_seconds
-        self._expires_at = expires_at
-        self._granted_at = granted_at
-        self.released = False
-        self.lost: Optional[LeaseLost] = None
-
-    # -- facts -----------------------------------------------------------------------------
-    @property
-    def token(self) -> int:
-        """The fencing token; for a multi-resource request, the first resource's (see ``tokens``)."""
-        return self.tokens[next(iter(self.resources))]
-
-    @property
-    def resource(self) -> str:
-        return next(iter(self.resources))
-
-    @property
-    def slots(self) -> int:
-        return self.resources[self.resource]
-
-    @property
-    def expires_at(self) -> datetime:
-        """When the lease runs out on the database clock, unless renewed (UTC)."""
-        value = utc(self._expires_at)
-        assert value is not None
-        return value
-
-    @property
-    def granted_at(self) -> Optional[datetime]:
-        return utc(self._granted_at)
-
-    def __repr__(self) -> str:
-        return (
-            f"Lease(resources={self.resources!r}, mode={self.mode!r}, holder={self.holder!r}, "
-            f"tokens={self.tokens!r}, expires_at={self.expires_at.isoformat()})"
-        )
-
-    # -- actions ---------------------------------------------------------------------------
-    def renew(self, lease: Optional[float] = None) -> Lease:
-        """Extend the lease to ``lease`` seconds (default: the original length) from now.
-
-        Raises :class:`LeaseLost` if the lease already expired and was reaped or taken over.
-        """
-        seconds = check_seconds("lease", lease) if lease is not None else self.lease_seconds
-        assert seconds is not None
-        if self.released:
-            raise LeaseLost(f"lease of {self.holder!r} on {self._names()} was already released")
-        self._expires_at = self.engine.renew(self, seconds)
-        self.lease_seconds = seconds
-        return self
-
-    def release(self) -> None:
-        """Give the slots back. Raises :class:`LeaseLost` if they were no longer held."""
-        self.stop_renewing()
-        if self.released:
-            return
-        self.released = True
-        self.engine.release(self)
-
-    def is_held(self) -> bool:
-        """Ask the database whether this lease still holds all its slots."""
-        return not self.released and self.engine.is_held(self)
-
-    def check(self) -> None:
-        """Raise :class:`LeaseLost` if the lease is no longer held (e.g. before a critical write)."""
-        if self.lost is not None:
-            raise self.lost
-        if not self.is_held():
-            raise LeaseLost(f"lease of {self.holder!r} on {self._names()} is no longer held")
-
-    def _names(self) -> str:
-        return ", ".join(repr(n) for n in self.resources)
-
-    # -- background renewal ----------------------------------------------------------------
-    def _renew_interval(self) -> float:
-        return self.lease_seconds / 3.0
-
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.stop_renewing()
-        try:
-            self.release()
-        except LeaseLost:
-            if exc_type is None:
-                raise
-            log.warning("controltable: lease of %r was lost before release", self.holder)
-        if exc_type is None and self.lost is not None:
-            raise self.lost
-
-
-@dataclass
-class Entry:
-    """One holder or waiter of a resource, as shown by ``status()``."""
-
-    holder: str
-    slots: int
-    mode: str
-    state: str
-    since: Optional[datetime]
-    expires_at: Optional[datetime]
-    token: Optional[int]
-    position: int
-    expired: bool = False
-    priority: int = 0
-    #: The priority plus what aging added (waiters: now; holders: when granted).
-    effective_priority: float = 0.0
-    #: For waiters: the holders and the waiters ahead of it, in order (who it waits behind).
-    ahead: list[str] = field(default_factory=list)
-
-
-@dataclass
-class WaitInfo:
-    """Where one request stands in its queue, for logs ("position 3 behind X and Y") and metadata."""
-
-    resource: str
-    holder: str
-    state: str  # "waiting" | "granted"
-    #: 1 is the head of the queue; 0 once granted.
-    position: int
-    #: The holders and waiters ahead of it (holders first, then waiters in queue order).
-    ahead: list[str]
-    waiting_since: Optional[datetime]
-    #: The fencing token once granted.
-    token: Optional[int]
-    expires_at: Optional[datetime] = None
-
-
-@dataclass
-class ResourceStatus:
-    """A resource with its capacity, current holders and queue."""
-
-    name: str
-    capacity: int
-    used: int
-    last_token: int
-    holders: list[Entry] = field(default_factory=list)
-    waiters: list[Entry] = field(default_factory=list)
-    rate: Optional[Rate] = None
-    aging: Optional[float] = None
 
 
 class _NeedLocks(Exception):
@@ -358,26 +139,6 @@ class _NeedLocks(Exception):
     def __init__(self, names: set[str]) -> None:
         super().__init__(sorted(names))
         self.names = names
-
-
-def request_key(parts: Mapping[str, int]) -> str:
-    """A new request key, chosen by the client before its first transaction.
-
-    A multi-resource key carries its number of resources (``m2-...``), so a grant pass knows
-    without another read that a waiter at its head needs more than the one queue, and can tell
-    a request whose rows were partly removed (never granted then).
-    """
-    hexkey = uuid.uuid4().hex
-    return hexkey if len(parts) == 1 else f"m{len(parts)}-{hexkey}"
-
-
-def key_size(key: str) -> int:
-    """How many resources the request with this key spans (1 for keys without a count)."""
-    if key.startswith("m") and "-" in key:
-        head = key[1:key.index("-")]
-        if head.isdigit():
-            return int(head)
-    return 1
 
 
 @dataclass
@@ -462,20 +223,12 @@ class SlotEngine:
         statement starts, before a lock wait: a time a little early only errs on the safe side
         (an expiry judged a little late, a lease a little shorter).
         """
-        r = self.t.resource
         rows: dict[str, Any] = {} if into is None else into
         now = 0.0
         for name in sorted(names):
             if name in rows:
                 continue
-            row = conn.execute(
-                dialects.lock_rows(
-                    select(r.c.name, r.c.capacity, r.c.last_token, r.c.last_ticket, r.c.rate_count, r.c.rate_per,
-                           r.c.aging, dialects.db_now().label("now"))
-                    .where(r.c.namespace == self.ns, r.c.name == name),
-                    r,
-                )
-            ).first()
+            row = conn.execute(sql.lock_resource(self.t, self.ns, name)).first()
             if row is None:
                 raise UnknownResourceError(
                     f"resource {name!r} does not exist in namespace {self.ns!r}; create it with "
@@ -488,49 +241,29 @@ class SlotEngine:
             now = max(now, float(row.now))
         return rows, now
 
-    def _cols(self, q: Any) -> list[Any]:
-        return [q.c.id, q.c.resource, q.c.holder, q.c.request_key, q.c.slots, q.c.mode, q.c.state, q.c.token,
-                q.c.expires_at, q.c.granted_at, q.c.ticket, q.c.attempt, q.c.pickup_seconds, q.c.lease_seconds,
-                q.c.priority, q.c.enqueued_at, q.c.queue_key]
-
     def _snapshot(self, conn: Connection, res: dict[str, Any]) -> list[Any]:
         """The holders of the locked resources and the head of each waiting queue, in one statement.
 
-        Reads at most ``capacity + 1`` waiters per queue (no more can be granted by one pass),
-        in queue order through the (namespace, resource, state, queue_key, ticket) index: the work
-        does not depend on how many wait behind.
+        Reads at most ``capacity + 1`` waiters per queue (no more can be granted by one pass).
         """
-        q = self.t.request
-        cols = self._cols(q)
-        parts: list[Any] = [
-            select(*cols).where(q.c.namespace == self.ns, q.c.resource.in_(sorted(res)), q.c.state == "granted")
-        ]
-        for name in sorted(res):
-            head = (
-                select(*cols)
-                .where(q.c.namespace == self.ns, q.c.resource == name, q.c.state == "waiting")
-                .order_by(q.c.queue_key, q.c.ticket)
-                .limit(self._head_size(res[name]))
-                .subquery()
-            )
-            parts.append(select(*head.c))
-        return list(conn.execute(union_all(*parts)).all())
+        heads = {name: self._head_size(res[name]) for name in res}
+        return list(conn.execute(sql.snapshot(self.t, self.ns, heads)).all())
 
     def _budget(self, conn: Connection, res: _Res, now: float) -> Optional[int]:
         """Grants the resource's rate window still allows at ``now`` (None: no rate limit)."""
         if res.rate_count is None or res.rate_per is None:
             return None
-        used = int(conn.scalar(hist.window_count(self.t, self.ns, res.name, now - res.rate_per)) or 0)
+        used = int(conn.scalar(sql.window_count(self.t, self.ns, res.name, now - res.rate_per)) or 0)
         return max(res.rate_count - used, 0)
 
     def _end_grants(self, conn: Connection, rows: list[Any], now: float, outcome: Optional[str] = None) -> None:
         """Close the history rows of the granted ``rows`` being removed: released while their lease
         was live, expired otherwise (or ``outcome``)."""
         for row in rows:
-            if row.state != "granted" or row.token is None:
+            if row.state != GRANTED or row.token is None:
                 continue
-            how = outcome or (hist.RELEASED if float(row.expires_at) >= now else hist.EXPIRED)
-            conn.execute(hist.end_grant(self.t, self.ns, row.resource, int(row.token), how, now))
+            how = outcome or (RELEASED if float(row.expires_at) >= now else EXPIRED)
+            conn.execute(sql.end_grant(self.t, self.ns, row.resource, int(row.token), how, now))
 
     @staticmethod
     def _head_size(res: _Res) -> int:
@@ -549,7 +282,6 @@ class SlotEngine:
         ``granted`` collects the tokens of every grant made. The resource rows' counters are
         written once, at the end.
         """
-        q, r = self.t.request, self.t.resource
         reaped = 0
         for _ in range(100):  # each round grants at least one waiter or ends
             rows = self._snapshot(conn, res)
@@ -564,14 +296,12 @@ class SlotEngine:
                 seen.add(row.id)
                 if float(row.expires_at) < now:
                     # The only judge of expiry: a renewal or pickup committed meanwhile keeps the row.
-                    gone = conn.execute(delete(q).where(q.c.id == row.id, q.c.expires_at < now)).rowcount
+                    gone = conn.execute(sql.delete_expired_row(self.t, row.id, now)).rowcount
                     if gone:
                         reaped += 1
-                        if row.state == "granted" and row.token is not None:
-                            conn.execute(hist.end_grant(self.t, self.ns, row.resource, int(row.token),
-                                                        hist.EXPIRED, now))
+                        self._end_grants(conn, [row], now, EXPIRED)
                         continue
-                if row.state == "granted":
+                if row.state == GRANTED:
                     queue = queues[row.resource]
                     queue.used += int(row.slots)
                     queue.exclusive_held = queue.exclusive_held or row.mode == "exclusive"
@@ -580,8 +310,7 @@ class SlotEngine:
             multi = sorted({row.request_key for rs in waiting.values() for row in rs if key_size(row.request_key) > 1})
             spans: dict[str, set[str]] = {}
             if multi:
-                found = conn.execute(select(q.c.request_key, q.c.resource).where(q.c.request_key.in_(multi)))
-                for key, resource in found:
+                for key, resource in conn.execute(sql.request_spans(self.t, multi)):
                     spans.setdefault(key, set()).add(resource)
             rows_by_key: dict[str, list[Any]] = {}
             for name, rs in waiting.items():
@@ -616,27 +345,24 @@ class SlotEngine:
                         granted.setdefault(key, {})[row.resource] = token
                     if mine and own is not None:
                         # The caller's own request: picked up at once, with its lease.
-                        values: dict[str, Any] = dict(expires_at=now + own[1], lease_seconds=own[1])
+                        grant = sql.grant_waiter(self.t, row.id, token, now, now + own[1], own[1])
                     else:
                         pickup = float(row.pickup_seconds) if row.pickup_seconds is not None else DEFAULT_PICKUP
                         # Never longer than the waiter promised to stay alive: a live waiter looks at
                         # its entry before that, a dead one (that stopped refreshing) lapses sooner.
-                        values = dict(expires_at=now + min(pickup, max(float(row.expires_at) - now, MIN_PICKUP)))
-                    conn.execute(
-                        update(q).where(q.c.id == row.id, q.c.state == "waiting").values(
-                            state="granted", token=token, granted_at=now, **values
-                        )
-                    )
+                        grant = sql.grant_waiter(self.t, row.id, token, now,
+                                                 now + min(pickup, max(float(row.expires_at) - now, MIN_PICKUP)))
+                    conn.execute(grant)
                     # In the grant's transaction: the rate window counts these rows.
-                    conn.execute(hist.record_grant(self.t, self.ns, row.resource, token, row, int(row.priority), now))
+                    conn.execute(sql.record_grant(self.t, self.ns, row.resource, token, row, int(row.priority), now))
                 if not mine:
                     others = True
                     first = min(row.resource for row in rows_by_key[key])
                     notify.append(holder_key(first, next(x.holder for x in rows_by_key[key] if x.resource == first)))
             for name in sorted(res):
                 if res[name].dirty:
-                    conn.execute(update(r).where(r.c.namespace == self.ns, r.c.name == name)
-                                 .values(last_token=res[name].last_token, last_ticket=res[name].last_ticket))
+                    conn.execute(sql.write_counters(self.t, self.ns, name, res[name].last_token,
+                                                    res[name].last_ticket))
                     res[name].dirty = False
             for name, key in decision.heads.items():
                 rate_spent = queues[name].budget == 0
@@ -658,20 +384,11 @@ class SlotEngine:
     def set_capacity(self, name: str, capacity: int, policy: Optional[dict[str, Any]] = None) -> None:
         """Create or change a resource; ``policy`` may hold ``rate`` (a Rate or None) and ``aging``
         (seconds or None) to set - keys left out are kept."""
-        r, q = self.t.resource, self.t.request
         policy = policy or {}
 
         def create(conn: Connection) -> None:
-            found = conn.execute(
-                dialects.lock_rows(select(r.c.name).where(r.c.namespace == self.ns, r.c.name == name), r)
-            ).first()
-            if found is None:
-                conn.execute(
-                    insert(r).values(
-                        namespace=self.ns, name=name, capacity=capacity, last_token=0, last_ticket=0,
-                        created_at=dialects.db_now(),
-                    )
-                )
+            if conn.execute(sql.lock_resource_name(self.t, self.ns, name)).first() is None:
+                conn.execute(sql.create_resource(self.t, self.ns, name, capacity))
 
         try:
             self.db.run(create)
@@ -692,36 +409,25 @@ class SlotEngine:
                 values["aging"] = aging
                 res[name].aging = aging
                 # The queue order's key depends on aging: rewrite it for the waiters (under the lock).
-                key = -q.c.priority if aging is None else q.c.enqueued_at - q.c.priority * aging
-                conn.execute(update(q).where(q.c.namespace == self.ns, q.c.resource == name, q.c.state == "waiting")
-                             .values(queue_key=key))
-            conn.execute(update(r).where(r.c.namespace == self.ns, r.c.name == name).values(**values))
+                conn.execute(sql.reorder_queue(self.t, self.ns, name, aging))
+            conn.execute(sql.change_resource(self.t, self.ns, name, values))
             res[name].capacity = capacity  # a larger capacity grants the waiters that now fit
 
         self._with_pass({name}, change)
 
     def delete_resource(self, name: str, *, force: bool = False) -> bool:
-        r, q = self.t.resource, self.t.request
-
         def fn(conn: Connection) -> bool:
-            row = conn.execute(
-                dialects.lock_rows(select(r.c.name).where(r.c.namespace == self.ns, r.c.name == name), r)
-            ).first()
-            if row is None:
+            if conn.execute(sql.lock_resource_name(self.t, self.ns, name)).first() is None:
                 return False
-            live = conn.scalar(
-                select(q.c.id)
-                .where(q.c.namespace == self.ns, q.c.resource == name, q.c.expires_at >= dialects.db_now())
-                .limit(1)
-            )
+            live = conn.scalar(sql.live_request(self.t, self.ns, name))
             if live is not None and not force:
                 raise ConfigurationError(
                     f"resource {name!r} still has holders or waiters; release them, wait for their leases "
                     "to expire, or delete with force=True (--force)"
                 )
-            conn.execute(delete(q).where(q.c.namespace == self.ns, q.c.resource == name))
-            conn.execute(hist.delete_resource(self.t, self.ns, name))
-            conn.execute(delete(r).where(r.c.namespace == self.ns, r.c.name == name))
+            conn.execute(sql.delete_resource_requests(self.t, self.ns, name))
+            conn.execute(sql.delete_history(self.t, self.ns, name))
+            conn.execute(sql.delete_resource(self.t, self.ns, name))
             return True
 
         return self.db.run(fn)
@@ -733,7 +439,7 @@ class SlotEngine:
     ) -> _Request:
         parts = normalize_request(resource, slots)
         mode = check_mode(mode)
-        holder = check_name("holder", holder) if holder is not None else default_holder()
+        holder = check_name("holder", holder) if holder is not None else process_holder_id()
         lease_s = check_seconds("lease", lease)
         ttl = check_seconds("waiter_ttl", waiter_ttl)
         pick = check_seconds("pickup", pickup)
@@ -886,7 +592,6 @@ class SlotEngine:
 
     def _enqueue(self, req: _Request) -> _Outcome:
         """Enter the queue (or find our entry), then run a grant pass; picks the grant up if made."""
-        q, r = self.t.request, self.t.resource
         names = sorted(req.parts)
 
         def action(conn: Connection, res: dict[str, Any], now: float) -> _Entered:
@@ -896,10 +601,7 @@ class SlotEngine:
                         f"request for {k} slots of {name!r} can never be granted: its capacity is "
                         f"{res[name].capacity}; ask for fewer slots or raise the capacity"
                     )
-            mine = list(conn.execute(
-                select(*self._cols(q)).where(q.c.namespace == self.ns, q.c.resource.in_(names),
-                                             q.c.holder == req.holder)
-            ).all())
+            mine = list(conn.execute(sql.holder_rows(self.t, self.ns, names, req.holder)).all())
             if mine:
                 wanted = {(n, k, req.mode) for n, k in req.parts.items()}
                 have = {(row.resource, int(row.slots), row.mode) for row in mine}
@@ -912,11 +614,10 @@ class SlotEngine:
                 if any(float(row.expires_at) < now for row in mine):
                     # Our entry expired (a waiter that stopped looking) or our grant lapsed: it goes,
                     # and we queue again at the back. The delete re-checks: a pickup may have won.
-                    gone = conn.execute(delete(q).where(q.c.request_key == mine[0].request_key,
-                                                        q.c.expires_at < now)).rowcount
+                    gone = conn.execute(sql.delete_expired_request(self.t, mine[0].request_key, now)).rowcount
                     if gone:
-                        conn.execute(delete(q).where(q.c.request_key == mine[0].request_key))
-                        self._end_grants(conn, mine, now, hist.EXPIRED)
+                        conn.execute(sql.delete_requests(self.t, mine[0].request_key))
+                        self._end_grants(conn, mine, now, EXPIRED)
                         mine = []
             attempt = req.attempt
             if mine:
@@ -931,28 +632,25 @@ class SlotEngine:
                 if not newer:
                     attempt = recorded
                 ticket = min(int(row.ticket) for row in mine)
-                if all(row.state == "granted" for row in mine):
+                if all(row.state == GRANTED for row in mine):
                     # Idempotent re-acquire (or the pickup of a grant made on our behalf): the same
                     # grant, extended; a newer attempt gets new tokens in place.
-                    values: dict[str, Any] = dict(expires_at=now + req.lease, lease_seconds=req.lease,
-                                                  attempt=attempt)
                     tokens = {row.resource: int(row.token) for row in mine}
                     if newer:
                         for name in names:
                             res[name].last_token += 1
-                            conn.execute(hist.retoken_grant(self.t, self.ns, name, tokens[name],
-                                                            res[name].last_token))
+                            conn.execute(sql.retoken_grant(self.t, self.ns, name, tokens[name],
+                                                           res[name].last_token))
                             tokens[name] = res[name].last_token
-                            conn.execute(update(r).where(r.c.namespace == self.ns, r.c.name == name)
-                                         .values(last_token=tokens[name]))
+                            conn.execute(sql.write_last_token(self.t, self.ns, name, tokens[name]))
                     for row in mine:
-                        conn.execute(update(q).where(q.c.id == row.id).values(token=tokens[row.resource], **values))
+                        conn.execute(sql.extend_grant_row(self.t, row.id, tokens[row.resource], now + req.lease,
+                                                          req.lease, attempt))
                     granted_at = float(min(row.granted_at for row in mine))
                     return _Entered(key, attempt, ticket, done=_Outcome(
                         True, key, {n: tokens[n] for n in req.parts}, now + req.lease, granted_at, {}, ticket,
                         attempt))
-                conn.execute(update(q).where(q.c.request_key == key, q.c.state == "waiting")
-                             .values(expires_at=now + req.ttl, attempt=attempt, pickup_seconds=req.pickup))
+                conn.execute(sql.requeue_waiter(self.t, key, now + req.ttl, attempt, req.pickup))
                 return _Entered(key, attempt, ticket)
             key = req.key
             tickets = {}
@@ -960,11 +658,11 @@ class SlotEngine:
                 res[name].last_ticket += 1
                 res[name].dirty = True  # written by the grant pass that follows
                 tickets[name] = res[name].last_ticket
-                conn.execute(insert(q).values(
-                    namespace=self.ns, resource=name, holder=req.holder, request_key=key, slots=req.parts[name],
-                    mode=req.mode, state="waiting", lease_seconds=req.lease, enqueued_at=now,
-                    expires_at=now + req.ttl, ticket=tickets[name], attempt=attempt, pickup_seconds=req.pickup,
-                    priority=req.priority, queue_key=grants.queue_key(req.priority, now, res[name].aging)))
+                conn.execute(sql.insert_waiter(
+                    self.t, self.ns, resource=name, holder=req.holder, key=key, slots=req.parts[name],
+                    mode=req.mode, lease=req.lease, now=now, ttl=req.ttl, ticket=tickets[name], attempt=attempt,
+                    pickup=req.pickup, priority=req.priority,
+                    queue_key=grants.queue_key(req.priority, now, res[name].aging)))
             return _Entered(key, attempt, min(tickets.values()))
 
         def fn(conn: Connection, res: dict[str, Any], now: float) -> _Outcome:
@@ -979,9 +677,7 @@ class SlotEngine:
                                 entered.ticket, entered.attempt)
             position = {}
             for name in names:
-                head = conn.scalar(select(q.c.ticket).where(
-                    q.c.namespace == self.ns, q.c.resource == name, q.c.state == "waiting")
-                    .order_by(q.c.queue_key, q.c.ticket).limit(1))
+                head = conn.scalar(sql.head_ticket(self.t, self.ns, name))
                 position[name] = max(entered.ticket - int(head if head is not None else entered.ticket), 0) + 1
             capacity = min(res[name].capacity for name in names)
             return _Outcome(False, entered.key, {}, now + req.ttl, None, position, entered.ticket, entered.attempt,
@@ -1022,24 +718,7 @@ class SlotEngine:
         holders' usage and first lease expiry, so that the head can time the reap of a holder
         whose lease runs out (or a grant that lapses) and run the grant pass itself.
         """
-        q, r = self.t.request, self.t.resource
-        names = sorted(req.parts)
-        hq, wq = q.alias("hq"), q.alias("wq")
-        same_h = and_(hq.c.namespace == q.c.namespace, hq.c.resource == q.c.resource, hq.c.state == "granted")
-        same_w = and_(wq.c.namespace == q.c.namespace, wq.c.resource == q.c.resource, wq.c.state == "waiting")
-        # The head's ticket: the first waiter in queue order, one index probe.
-        head_ticket = (select(wq.c.ticket).where(same_w).order_by(wq.c.queue_key, wq.c.ticket).limit(1)
-                       .scalar_subquery())
-        hold_exp = select(func.min(hq.c.expires_at)).where(same_h).scalar_subquery()
-        used = select(func.coalesce(func.sum(hq.c.slots), 0)).where(same_h).scalar_subquery()
-        excl = select(func.count()).where(same_h, hq.c.mode == "exclusive").scalar_subquery()
-        rows = conn.execute(
-            select(*self._cols(q), dialects.db_now().label("now"), head_ticket.label("head_ticket"),
-                   hold_exp.label("hold_exp"), used.label("used"), excl.label("excl"), r.c.capacity,
-                   r.c.rate_count, r.c.rate_per)
-            .select_from(q.join(r, and_(r.c.namespace == q.c.namespace, r.c.name == q.c.resource)))
-            .where(q.c.namespace == self.ns, q.c.resource.in_(names), q.c.holder == req.holder)
-        ).all()
+        rows = conn.execute(sql.peek(self.t, self.ns, sorted(req.parts), req.holder)).all()
         if not rows:
             return _Peek("gone")
         now = float(rows[0].now)
@@ -1051,17 +730,11 @@ class SlotEngine:
         ticket = min(int(row.ticket) for row in rows)
         if any(float(row.expires_at) < now for row in rows):
             return _Peek("lapsed", recorded_attempt=recorded)
-        if all(row.state == "granted" for row in rows):
+        if all(row.state == GRANTED for row in rows):
             if req.attempt is not None and req.attempt != recorded:
                 return _Peek("granted", recorded_attempt=recorded)  # the caller re-enters for the attempt
-            picked = dialects.confirmed_count(
-                conn,
-                update(q).where(q.c.request_key == key, q.c.state == "granted", q.c.expires_at >= now)
-                .values(expires_at=now + req.lease, lease_seconds=req.lease),
-                select(func.count()).select_from(q).where(
-                    q.c.request_key == key, q.c.state == "granted", q.c.expires_at == now + req.lease),
-                self.db.dialect_name,
-            )
+            picked = dialects.confirmed_count(conn, *sql.extend_lease(self.t, key, now, req.lease),
+                                              self.db.dialect_name)
             if picked != len(rows):
                 return _Peek("lapsed", recorded_attempt=recorded)
             tokens = {row.resource: int(row.token) for row in rows}
@@ -1069,14 +742,8 @@ class SlotEngine:
                                              float(min(row.granted_at for row in rows)), {}, ticket, recorded),
                          recorded_attempt=recorded)
         if refresh:
-            updated = dialects.confirmed_count(
-                conn,
-                update(q).where(q.c.request_key == key, q.c.state == "waiting", q.c.expires_at >= now)
-                .values(expires_at=now + req.ttl),
-                select(func.count()).select_from(q).where(
-                    q.c.request_key == key, q.c.state == "waiting", q.c.expires_at == now + req.ttl),
-                self.db.dialect_name,
-            )
+            updated = dialects.confirmed_count(conn, *sql.refresh_waiter(self.t, key, now, req.ttl),
+                                               self.db.dialect_name)
             if updated != len(rows):
                 return _Peek("lapsed", recorded_attempt=recorded)
         position = {}
@@ -1099,17 +766,16 @@ class SlotEngine:
                 # The head (and the one behind it, should the head be gone) times the rate window:
                 # nobody else grants when it opens, so a waiter sleeps until then and runs the pass.
                 count, per = int(row.rate_count), float(row.rate_per)
-                times = [float(t) for t in conn.execute(hist.window_times(self.t, self.ns, row.resource, now - per))
+                times = [float(t) for t in conn.execute(sql.window_times(self.t, self.ns, row.resource, now - per))
                          .scalars()]
                 queue.budget = grants.rate_budget(count, per, times, now)
-                opening = grants.next_opening(count, per, times, now)
-                if opening is not None and opening > now:
-                    wait = opening - now
+                wait = grants.opens_in(count, per, times, now)
+                if wait is not None:
                     opens_in = wait if opens_in is None else max(opens_in, wait)
                 elif position[row.resource] == 2 and queue.budget > 0 and grants.fits(queue, 1, "shared"):
                     # Room and budget, yet the head still waits: if the window opened a while ago
                     # and nobody ran a pass since (a dead head), this waiter runs it.
-                    left_at = conn.scalar(hist.last_left(self.t, self.ns, row.resource, now - per))
+                    left_at = conn.scalar(sql.last_left(self.t, self.ns, row.resource, now - per))
                     rescue = left_at is not None and now - (float(left_at) + per) > REAP_GRACE
             fits_all = fits_all and grants.fits(queue, int(row.slots), row.mode)
         capacity = min(int(row.capacity) for row in rows)
@@ -1127,51 +793,34 @@ class SlotEngine:
 
     def _withdraw(self, req: _Request) -> Optional[_Outcome]:
         """Leave the queue after a timeout; if we were granted meanwhile, take that grant."""
-        q = self.t.request
-
         def action(conn: Connection, res: dict[str, Any], now: float) -> Optional[_Outcome]:
-            rows = conn.execute(
-                select(q.c.resource, q.c.state, q.c.token, q.c.expires_at, q.c.granted_at, q.c.ticket, q.c.attempt,
-                       q.c.request_key)
-                .where(q.c.namespace == self.ns, q.c.resource.in_(sorted(req.parts)), q.c.holder == req.holder)
-            ).all()
-            if rows and all(row.state == "granted" and float(row.expires_at) >= now for row in rows):
+            rows = conn.execute(sql.withdraw_rows(self.t, self.ns, sorted(req.parts), req.holder)).all()
+            if rows and all(row.state == GRANTED and float(row.expires_at) >= now for row in rows):
                 key = rows[0].request_key
-                conn.execute(update(q).where(q.c.request_key == key)
-                             .values(expires_at=now + req.lease, lease_seconds=req.lease))
+                conn.execute(sql.extend_request(self.t, key, now + req.lease, req.lease))
                 tokens = {row.resource: int(row.token) for row in rows}
                 return _Outcome(True, key, {n: tokens[n] for n in req.parts}, now + req.lease,
                                 float(min(row.granted_at for row in rows)), {},
                                 min(int(row.ticket) for row in rows), rows[0].attempt)
             for key in {row.request_key for row in rows}:
-                conn.execute(delete(q).where(q.c.request_key == key))
-            self._end_grants(conn, list(rows), now, hist.EXPIRED)  # a grant made for us that lapsed
+                conn.execute(sql.delete_requests(self.t, key))
+            self._end_grants(conn, list(rows), now, EXPIRED)  # a grant made for us that lapsed
             return None
 
         return self._with_pass(set(req.parts), action)
 
     # -- holding -----------------------------------------------------------------------------
     def renew(self, lease: Lease, seconds: float) -> float:
-        q = self.t.request
         n = len(lease.resources)
 
         def fn(conn: Connection) -> float:
-            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
-            renewed = dialects.confirmed_count(
-                conn,
-                update(q)
-                .where(q.c.request_key == lease.request_key, q.c.state == "granted", q.c.expires_at >= now)
-                .values(expires_at=now + seconds, lease_seconds=seconds),
-                select(func.count()).select_from(q).where(
-                    q.c.request_key == lease.request_key, q.c.state == "granted",
-                    q.c.expires_at == now + seconds),
-                self.db.dialect_name,
-            )
+            now = read_now(conn)
+            renewed = dialects.confirmed_count(conn, *sql.extend_lease(self.t, lease.request_key, now, seconds),
+                                               self.db.dialect_name)
             if renewed != n:
-                left = conn.execute(select(q.c.resource, q.c.state, q.c.token, q.c.expires_at)
-                                    .where(q.c.request_key == lease.request_key)).all()
-                conn.execute(delete(q).where(q.c.request_key == lease.request_key))
-                self._end_grants(conn, list(left), now, hist.EXPIRED)
+                left = conn.execute(sql.request_rows(self.t, lease.request_key)).all()
+                conn.execute(sql.delete_requests(self.t, lease.request_key))
+                self._end_grants(conn, list(left), now, EXPIRED)
                 return -1.0
             return now + seconds
 
@@ -1191,19 +840,15 @@ class SlotEngine:
         reply was lost) finds no rows while the lease could not yet have expired, the first
         COMMIT is what removed them and the release succeeded.
         """
-        q = self.t.request
         n = len(lease.resources)
         completed = 0
 
         def action(conn: Connection, res: dict[str, Any], now: float) -> tuple[int, int, float]:
             nonlocal completed
-            rows = conn.execute(
-                select(q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at)
-                .where(q.c.request_key == lease.request_key)
-            ).all()
-            live = sum(1 for row in rows if row.state == "granted" and float(row.expires_at) >= now)
+            rows = conn.execute(sql.request_rows(self.t, lease.request_key)).all()
+            live = sum(1 for row in rows if row.state == GRANTED and float(row.expires_at) >= now)
             if rows:
-                conn.execute(delete(q).where(q.c.request_key == lease.request_key))
+                conn.execute(sql.delete_requests(self.t, lease.request_key))
                 self._end_grants(conn, list(rows), now)
             completed += 1
             return live, len(rows), now
@@ -1226,15 +871,7 @@ class SlotEngine:
         )
 
     def is_held(self, lease: Lease) -> bool:
-        q = self.t.request
-        count = self.db.run(
-            lambda c: c.scalar(
-                select(func.count()).select_from(q).where(
-                    and_(q.c.request_key == lease.request_key, q.c.state == "granted",
-                         q.c.expires_at >= dialects.db_now())
-                )
-            )
-        )
+        count = self.db.run(lambda c: c.scalar(sql.held_count(self.t, lease.request_key)))
         return int(count or 0) == len(lease.resources)
 
     def _remove(self, match: Any, check: Optional[Callable[[Connection], None]] = None) -> int:
@@ -1243,8 +880,7 @@ class SlotEngine:
         The resources involved are read first without locks, then locked in name order; rows of
         requests that appeared meanwhile on other resources are left for the next call.
         """
-        q = self.t.request
-        names = {row[0] for row in self.db.run(lambda c: c.execute(select(q.c.resource).where(match).distinct()).all())}
+        names = {row[0] for row in self.db.run(lambda c: c.execute(sql.resources_matching(self.t, match)).all())}
         if not names:
             if check is not None:
                 self.db.run(check)
@@ -1253,17 +889,15 @@ class SlotEngine:
         def action(conn: Connection, res: dict[str, Any], now: float) -> int:
             if check is not None:
                 check(conn)
-            keys = sorted({row[0] for row in conn.execute(select(q.c.request_key).where(match,
-                                                                                       q.c.resource.in_(sorted(res))))})
+            keys = sorted({row[0] for row in conn.execute(sql.keys_matching(self.t, match, sorted(res)))})
             if not keys:
                 return 0
-            spans = conn.execute(select(q.c.request_key, q.c.resource).where(q.c.request_key.in_(keys))).all()
+            spans = conn.execute(sql.request_spans(self.t, keys)).all()
             extra = {row.resource for row in spans} - set(res)
             if extra:
                 raise _NeedLocks(extra)
-            gone = conn.execute(select(q.c.resource, q.c.state, q.c.token, q.c.expires_at)
-                                .where(q.c.request_key.in_(keys))).all()
-            conn.execute(delete(q).where(q.c.request_key.in_(keys)))
+            gone = conn.execute(sql.request_rows(self.t, keys)).all()
+            conn.execute(sql.delete_requests(self.t, keys))
             self._end_grants(conn, list(gone), now)
             return len(keys)
 
@@ -1274,15 +908,13 @@ class SlotEngine:
 
         Returns the requests removed: 0 means nothing was held. An unknown resource is an error.
         """
-        q, r = self.t.request, self.t.resource
-
         def known(conn: Connection) -> None:
-            if conn.scalar(select(r.c.name).where(r.c.namespace == self.ns, r.c.name == resource)) is None:
+            if conn.scalar(sql.resource_name(self.t, self.ns, resource)) is None:
                 raise UnknownResourceError(
                     f"resource {resource!r} does not exist in namespace {self.ns!r}; check the name and namespace"
                 )
 
-        return self._remove(and_(q.c.namespace == self.ns, q.c.resource == resource, q.c.holder == holder), known)
+        return self._remove(sql.holder_match(self.t, self.ns, resource, holder), known)
 
     def release_holders(self, prefix: str) -> int:
         """Release every holder and withdraw every waiter whose holder id starts with ``prefix``.
@@ -1290,57 +922,40 @@ class SlotEngine:
         For run-status sensors and teardown of a whole scope (a DAG run, a Dagster run). The
         prefix is matched literally (``%`` and ``_`` are escaped). Returns the requests removed.
         """
-        q = self.t.request
-        return self._remove(and_(q.c.namespace == self.ns, q.c.holder.startswith(prefix, autoescape=True)))
+        return self._remove(sql.prefix_match(self.t, self.ns, prefix))
 
     def wait_info(self, resource: str, holder: str) -> Optional[WaitInfo]:
         """Where ``holder`` stands on ``resource``: None when it neither holds nor waits."""
-        q = self.t.request
-
         def fn(conn: Connection) -> tuple[float, Optional[Any], list[Any]]:
-            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
-            mine = conn.execute(
-                select(q).where(q.c.namespace == self.ns, q.c.resource == resource, q.c.holder == holder)
-            ).first()
-            if mine is None or mine.state == "granted":
+            now = read_now(conn)
+            mine = conn.execute(sql.own_entry(self.t, self.ns, resource, holder)).first()
+            if mine is None or mine.state == GRANTED:
                 return now, mine, []
-            before = (q.c.queue_key < mine.queue_key) | ((q.c.queue_key == mine.queue_key) & (q.c.ticket < mine.ticket))
-            ahead = conn.execute(
-                select(q.c.holder, q.c.state, q.c.expires_at)
-                .where(q.c.namespace == self.ns, q.c.resource == resource, (q.c.state == "granted") | before)
-                .order_by(q.c.state, q.c.queue_key, q.c.ticket)  # "granted" sorts before "waiting"
-            ).all()
-            return now, mine, list(ahead)
+            return now, mine, list(conn.execute(sql.ahead_of(self.t, self.ns, resource, mine)).all())
 
         now, mine, ahead = self.db.run(fn)
         if mine is None or float(mine.expires_at) < now:
             return None
         live = [row for row in ahead if float(row.expires_at) >= now]
-        waiting_ahead = sum(1 for row in live if row.state == "waiting")
+        waiting_ahead = sum(1 for row in live if row.state == sql.WAITING)
         return WaitInfo(
             resource=resource,
             holder=holder,
             state=str(mine.state),
-            position=0 if mine.state == "granted" else waiting_ahead + 1,
+            position=0 if mine.state == GRANTED else waiting_ahead + 1,
             ahead=[str(row.holder) for row in live],
             waiting_since=utc(float(mine.enqueued_at)),
-            token=None if mine.token is None or mine.state != "granted" else int(mine.token),
+            token=None if mine.token is None or mine.state != GRANTED else int(mine.token),
             expires_at=utc(float(mine.expires_at)),
         )
 
     def find_lease(self, resource: str, holder: str) -> Optional[Lease]:
         """The live lease ``holder`` has on ``resource``, rebuilt from the table (for other processes)."""
-        q = self.t.request
-
         def fn(conn: Connection) -> list[Any]:
-            key = conn.scalar(
-                select(q.c.request_key).where(
-                    q.c.namespace == self.ns, q.c.resource == resource, q.c.holder == holder, q.c.state == "granted"
-                )
-            )
+            key = conn.scalar(sql.granted_key(self.t, self.ns, resource, holder))
             if key is None:
                 return []
-            return list(conn.execute(select(q).where(q.c.request_key == key).order_by(q.c.resource)).all())
+            return list(conn.execute(sql.request_by_key(self.t, key)).all())
 
         rows = self.db.run(fn)
         if not rows:
@@ -1361,30 +976,30 @@ class SlotEngine:
 
     # -- observing ---------------------------------------------------------------------------
     def status(self, names: Optional[list[str]] = None) -> list[ResourceStatus]:
-        q, r = self.t.request, self.t.resource
+        def fn(conn: Connection) -> tuple[float, list[Any], list[Any], dict[str, list[float]]]:
+            now = read_now(conn)
+            resources = list(conn.execute(sql.resources(self.t, self.ns, names)).all())
+            # The rate window's grant times, for the resources that have a rate (when it next opens).
+            times = {res.name: [float(t) for t in conn.execute(
+                sql.window_times(self.t, self.ns, res.name, now - float(res.rate_per))).scalars()]
+                for res in resources if res.rate_count is not None and res.rate_per is not None}
+            return now, resources, list(conn.execute(sql.requests(self.t, self.ns, names)).all()), times
 
-        def fn(conn: Connection) -> tuple[float, list[Any], list[Any]]:
-            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
-            rs = select(r).where(r.c.namespace == self.ns).order_by(r.c.name)
-            qs = select(q).where(q.c.namespace == self.ns).order_by(q.c.resource, q.c.ticket)
-            if names:
-                rs = rs.where(r.c.name.in_(names))
-                qs = qs.where(q.c.resource.in_(names))
-            return now, list(conn.execute(rs).all()), list(conn.execute(qs).all())
-
-        now, resources, requests = self.db.run(fn)
+        now, resources, requests, times = self.db.run(fn)
         out = []
         for res in resources:
             aging = None if res.aging is None else float(res.aging)
             rate = None if res.rate_count is None else Rate(int(res.rate_count), float(res.rate_per))
             st = ResourceStatus(res.name, int(res.capacity), 0, int(res.last_token), rate=rate, aging=aging)
+            if rate is not None:
+                st.rate_opens_in = grants.opens_in(rate.count, rate.per, times.get(res.name, []), now)
             mine = [row for row in requests if row.resource == res.name]
-            waiting = sorted((row for row in mine if row.state != "granted"),
+            waiting = sorted((row for row in mine if row.state != GRANTED),
                              key=lambda row: (grants.queue_key(int(row.priority), float(row.enqueued_at), aging),
                                               int(row.ticket)))
             live_ahead: list[str] = []
             for row in mine:
-                if row.state != "granted":
+                if row.state != GRANTED:
                     continue
                 expired = float(row.expires_at) < now
                 eff = grants.effective_priority(int(row.priority), float(row.enqueued_at), float(row.granted_at), aging)
@@ -1407,43 +1022,36 @@ class SlotEngine:
         return out
 
     # -- history -----------------------------------------------------------------------------
-    def history(self, resource: Optional[str], since: float, limit: int) -> list[hist.GrantRecord]:
+    def history(self, resource: Optional[str], since: float, limit: int) -> list[GrantRecord]:
         def fn(conn: Connection) -> list[Any]:
-            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
-            return list(conn.execute(hist.records_query(self.t, self.ns, resource, now - since, limit)).all())
+            return list(conn.execute(sql.records(self.t, self.ns, resource, read_now(conn) - since, limit)).all())
 
-        return [hist.to_record(row) for row in self.db.run(fn)]
+        return [to_record(row) for row in self.db.run(fn)]
 
-    def stats(self, names: Optional[list[str]], window: float) -> list[hist.ResourceStats]:
+    def stats(self, names: Optional[list[str]], window: float) -> list[ResourceStats]:
         """Per resource (all when ``names`` is None), statistics of the last ``window`` seconds."""
-        r = self.t.resource
 
-        def fn(conn: Connection) -> tuple[float, list[Any]]:
-            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
-            rs = select(r.c.name, r.c.capacity).where(r.c.namespace == self.ns).order_by(r.c.name)
-            if names:
-                rs = rs.where(r.c.name.in_(names))
+        def fn(conn: Connection) -> list[ResourceStats]:
+            now = read_now(conn)
             out = []
-            for row in conn.execute(rs).all():
-                rows = conn.execute(hist.overlapping(self.t, self.ns, row.name, now - window, now)).all()
-                out.append(hist.compute_stats(row.name, int(row.capacity), rows, now - window, now))
-            return now, out
+            for row in conn.execute(sql.capacities(self.t, self.ns, names)).all():
+                rows = conn.execute(sql.overlapping(self.t, self.ns, row.name, now - window, now)).all()
+                out.append(compute_stats(row.name, int(row.capacity), rows, now - window, now))
+            return out
 
-        return self.db.run(fn)[1]
+        return self.db.run(fn)
 
-    def stats_series(self, name: str, window: float, buckets: int) -> list[hist.ResourceStats]:
-        r = self.t.resource
-
-        def fn(conn: Connection) -> list[hist.ResourceStats]:
-            now = float(conn.scalar(select(dialects.db_now())) or 0.0)
-            capacity = conn.scalar(select(r.c.capacity).where(r.c.namespace == self.ns, r.c.name == name))
+    def stats_series(self, name: str, window: float, buckets: int) -> list[ResourceStats]:
+        def fn(conn: Connection) -> list[ResourceStats]:
+            now = read_now(conn)
+            capacity = conn.scalar(sql.capacity_of(self.t, self.ns, name))
             if capacity is None:
                 raise UnknownResourceError(
                     f"resource {name!r} does not exist in namespace {self.ns!r}; check the name and namespace")
             start = now - window
-            rows = conn.execute(hist.overlapping(self.t, self.ns, name, start, now)).all()
+            rows = conn.execute(sql.overlapping(self.t, self.ns, name, start, now)).all()
             step = window / buckets
-            return [hist.compute_stats(name, int(capacity), rows, start + i * step, start + (i + 1) * step)
+            return [compute_stats(name, int(capacity), rows, start + i * step, start + (i + 1) * step)
                     for i in range(buckets)]
 
         return self.db.run(fn)
@@ -1452,21 +1060,18 @@ class SlotEngine:
                       max_batches: Optional[int] = None) -> int:
         """Delete ended grants made more than ``older_than`` seconds ago, in batches of
         ``HISTORY_PRUNE_BATCH`` rows per transaction (each short; grants interleave)."""
-        r = self.t.resource
         if names is None:
-            names = [row[0] for row in self.db.run(
-                lambda c: c.execute(select(r.c.name).where(r.c.namespace == self.ns)).all())]
+            names = [row[0] for row in self.db.run(lambda c: c.execute(sql.resource_names(self.t, self.ns)).all())]
         total = 0
         for name in names:
             batches = 0
             while max_batches is None or batches < max_batches:
                 def fn(conn: Connection, name: str = name) -> int:
-                    now = float(conn.scalar(select(dialects.db_now())) or 0.0)
-                    before = now - older_than
-                    edge = conn.scalar(hist.prune_edge(self.t, self.ns, name, before, HISTORY_PRUNE_BATCH))
+                    before = read_now(conn) - older_than
+                    edge = conn.scalar(sql.prune_edge(self.t, self.ns, name, before, HISTORY_PRUNE_BATCH))
                     if edge is None:  # fewer than a batch left: the rest
-                        return int(conn.execute(hist.delete_ended(self.t, self.ns, name, before, False)).rowcount)
-                    return int(conn.execute(hist.delete_ended(self.t, self.ns, name, float(edge), True)).rowcount)
+                        return int(conn.execute(sql.delete_ended(self.t, self.ns, name, before, False)).rowcount)
+                    return int(conn.execute(sql.delete_ended(self.t, self.ns, name, float(edge), True)).rowcount)
 
                 n = self.db.run(fn)
                 total += n
@@ -1489,18 +1094,13 @@ class SlotEngine:
 
     def reap(self) -> int:
         """Remove expired holders and waiters of this namespace, passing freed capacity on."""
-        q = self.t.request
-        names = {row[0] for row in self.db.run(lambda c: c.execute(
-            select(q.c.resource).where(q.c.namespace == self.ns, q.c.expires_at < dialects.db_now()).distinct()
-        ).all())}
+        names = {row[0] for row in self.db.run(lambda c: c.execute(sql.expired_resources(self.t, self.ns)).all())}
         if not names:
             return 0
 
         def action(conn: Connection, res: dict[str, Any], now: float) -> int:
             # Waiters anywhere in the queues (a pass only looks at the head); holders go in the pass.
-            return int(conn.execute(delete(q).where(
-                q.c.namespace == self.ns, q.c.resource.in_(sorted(res)), q.c.state == "waiting", q.c.expires_at < now
-            )).rowcount)
+            return int(conn.execute(sql.delete_expired_waiters(self.t, self.ns, sorted(res), now)).rowcount)
 
         counted: list[int] = []
 

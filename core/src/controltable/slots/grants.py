@@ -1,6 +1,6 @@
 """Who is granted next: the slot grant decision as a pure function over a snapshot of the locked queues.
 
-The engine (``slots.py``) locks the resource rows, reads their holders and the *head* of each
+The engine (:mod:`.workflow`) locks the resource rows, reads their holders and the *head* of each
 waiting queue, and asks :func:`decide` which waiters may now run. No I/O happens here, so the
 rules are tested without a database:
 
@@ -109,6 +109,12 @@ def next_opening(count: int, per: float, grant_times: Sequence[float], now: floa
     if len(inside) < count:
         return now
     return inside[len(inside) - count] + per
+
+
+def opens_in(count: int, per: float, grant_times: Sequence[float], now: float) -> Optional[float]:
+    """Seconds until the rate window allows the next grant; None while it allows one now."""
+    opening = next_opening(count, per, grant_times, now)
+    return None if opening is None or opening <= now else opening - now
 
 
 def fits(queue: Queue, slots: int, mode: str) -> bool:

@@ -1,0 +1,478 @@
+"""The slot engine's SQL: pure SQLAlchemy builders over the control tables, nothing run here.
+
+Every statement the slot engine sends is built by a function of this module from the declared
+tables (:class:`~controltable.schema.ControlSchema`), the namespace and plain values; the workflow
+(:mod:`controltable.slots.workflow`) decides when to run them, in which transaction and under which
+locks. Queue order is ``(queue_key, ticket)`` everywhere (see :func:`.grants.queue_key`), read
+through the (namespace, resource, state, queue_key, ticket) index. Per-dialect differences (row
+locks, the clock) are asked of :mod:`controltable.dialects`, never decided here.
+
+A *fenced* change is returned as ``(update, confirm)``: the UPDATE and a ``SELECT count(*)`` of
+the rows as it leaves them, for :func:`controltable.dialects.confirmed_count` (drivers that
+misreport ``rowcount`` are answered by the count).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence, Union
+
+from sqlalchemy import and_, delete, func, insert, or_, select, union_all, update
+from sqlalchemy.sql import Delete, Insert, Select, Update
+from sqlalchemy.sql.elements import ColumnElement
+
+from .. import dialects
+from ..clock import clock
+from ..schema import ControlSchema
+
+#: A request row's states: in the queue, or holding its slots.
+WAITING, GRANTED = "waiting", "granted"
+#: The outcomes of a grant in the history: still held, given back, or its lease ran out (the holder
+#: died or stopped renewing; a grant made on a waiter's behalf that was never picked up also ends so).
+HELD, RELEASED, EXPIRED = "held", "released", "expired"
+
+#: A fenced change: the UPDATE and the count that confirms it (see the module's docstring).
+Fenced = tuple[Update, Select]  # type: ignore[type-arg]
+#: One request key, or several (a single key compares with ``=``, several with ``IN``).
+Keys = Union[str, Sequence[str]]
+
+
+# -- resources --------------------------------------------------------------------------------------
+def _resource_row(t: ControlSchema, namespace: str, name: str) -> list[ColumnElement[bool]]:
+    r = t.resource
+    return [r.c.namespace == namespace, r.c.name == name]
+
+
+def lock_resource(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
+    """Lock one resource row and read its counters and policy, with the database time."""
+    r = t.resource
+    return dialects.lock_rows(
+        select(r.c.name, r.c.capacity, r.c.last_token, r.c.last_ticket, r.c.rate_count, r.c.rate_per,
+               r.c.aging, clock().label("now"))
+        .where(*_resource_row(t, namespace, name)),
+        r,
+    )
+
+
+def lock_resource_name(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
+    """Lock one resource row, reading only its name (does it exist?)."""
+    r = t.resource
+    return dialects.lock_rows(select(r.c.name).where(*_resource_row(t, namespace, name)), r)
+
+
+def resource_name(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
+    """The resource's name if it exists (no lock)."""
+    return select(t.resource.c.name).where(*_resource_row(t, namespace, name))
+
+
+def resource_names(t: ControlSchema, namespace: str) -> Select:  # type: ignore[type-arg]
+    """Every resource name of the namespace."""
+    r = t.resource
+    return select(r.c.name).where(r.c.namespace == namespace)
+
+
+def create_resource(t: ControlSchema, namespace: str, name: str, capacity: int) -> Insert:
+    return insert(t.resource).values(
+        namespace=namespace, name=name, capacity=capacity, last_token=0, last_ticket=0, created_at=clock(),
+    )
+
+
+def change_resource(t: ControlSchema, namespace: str, name: str, values: Mapping[str, Any]) -> Update:
+    """Set a resource's capacity and policy columns (``values``: column name -> value)."""
+    return update(t.resource).where(*_resource_row(t, namespace, name)).values(**values)
+
+
+def write_counters(t: ControlSchema, namespace: str, name: str, last_token: int, last_ticket: int) -> Update:
+    """Write back the fencing-token and ticket counters a locked transaction advanced."""
+    return change_resource(t, namespace, name, {"last_token": last_token, "last_ticket": last_ticket})
+
+
+def write_last_token(t: ControlSchema, namespace: str, name: str, last_token: int) -> Update:
+    return change_resource(t, namespace, name, {"last_token": last_token})
+
+
+def delete_resource(t: ControlSchema, namespace: str, name: str) -> Delete:
+    return delete(t.resource).where(*_resource_row(t, namespace, name))
+
+
+def resources(t: ControlSchema, namespace: str, names: Optional[Sequence[str]]) -> Select:  # type: ignore[type-arg]
+    """The resource rows of the namespace (all, or ``names``), by name."""
+    r = t.resource
+    query = select(r).where(r.c.namespace == namespace).order_by(r.c.name)
+    return query.where(r.c.name.in_(names)) if names else query
+
+
+def capacities(t: ControlSchema, namespace: str, names: Optional[Sequence[str]]) -> Select:  # type: ignore[type-arg]
+    """(name, capacity) of the namespace's resources (all, or ``names``), by name."""
+    r = t.resource
+    query = select(r.c.name, r.c.capacity).where(r.c.namespace == namespace).order_by(r.c.name)
+    return query.where(r.c.name.in_(names)) if names else query
+
+
+def capacity_of(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
+    return select(t.resource.c.capacity).where(*_resource_row(t, namespace, name))
+
+
+# -- requests: reading ------------------------------------------------------------------------------
+def request_columns(t: ControlSchema) -> list[Any]:
+    """The request columns the grant pass and a waiter's own look read."""
+    q = t.request
+    return [q.c.id, q.c.resource, q.c.holder, q.c.request_key, q.c.slots, q.c.mode, q.c.state, q.c.token,
+            q.c.expires_at, q.c.granted_at, q.c.ticket, q.c.attempt, q.c.pickup_seconds, q.c.lease_seconds,
+            q.c.priority, q.c.enqueued_at, q.c.queue_key]
+
+
+def snapshot(t: ControlSchema, namespace: str, heads: Mapping[str, int]) -> Any:
+    """The holders of the resources in ``heads`` and the first ``heads[name]`` waiters of each
+    queue in queue order, in one statement: the work does not depend on how many wait behind."""
+    q = t.request
+    cols = request_columns(t)
+    names = sorted(heads)
+    parts: list[Any] = [
+        select(*cols).where(q.c.namespace == namespace, q.c.resource.in_(names), q.c.state == GRANTED)
+    ]
+    for name in names:
+        head = (
+            select(*cols)
+            .where(q.c.namespace == namespace, q.c.resource == name, q.c.state == WAITING)
+            .order_by(q.c.queue_key, q.c.ticket)
+            .limit(heads[name])
+            .subquery()
+        )
+        parts.append(select(*head.c))
+    return union_all(*parts)
+
+
+def holder_rows(t: ControlSchema, namespace: str, names: Sequence[str], holder: str) -> Select:  # type: ignore[type-arg]
+    """A holder's own rows on ``names`` (its request, held or waiting), by (namespace, resource, holder)."""
+    q = t.request
+    return select(*request_columns(t)).where(q.c.namespace == namespace, q.c.resource.in_(names),
+                                             q.c.holder == holder)
+
+
+def withdraw_rows(t: ControlSchema, namespace: str, names: Sequence[str], holder: str) -> Select:  # type: ignore[type-arg]
+    """What a waiter that gives up must know of its rows: granted meanwhile, or still waiting."""
+    q = t.request
+    return (select(q.c.resource, q.c.state, q.c.token, q.c.expires_at, q.c.granted_at, q.c.ticket, q.c.attempt,
+                   q.c.request_key)
+            .where(q.c.namespace == namespace, q.c.resource.in_(names), q.c.holder == holder))
+
+
+def _keyed(t: ControlSchema, keys: Keys) -> ColumnElement[bool]:
+    q = t.request
+    return q.c.request_key == keys if isinstance(keys, str) else q.c.request_key.in_(keys)
+
+
+def request_rows(t: ControlSchema, keys: Keys) -> Select:  # type: ignore[type-arg]
+    """The rows of the request ``keys`` (one key or several) as their removal needs them (to close
+    their history)."""
+    q = t.request
+    return select(q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at).where(_keyed(t, keys))
+
+
+def request_spans(t: ControlSchema, keys: Sequence[str]) -> Select:  # type: ignore[type-arg]
+    """(request key, resource) of every row of the requests ``keys``: which resources each spans."""
+    q = t.request
+    return select(q.c.request_key, q.c.resource).where(q.c.request_key.in_(keys))
+
+
+def head_ticket(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
+    """The ticket of the first waiter of ``name``'s queue (one index probe)."""
+    q = t.request
+    return (select(q.c.ticket).where(q.c.namespace == namespace, q.c.resource == name, q.c.state == WAITING)
+            .order_by(q.c.queue_key, q.c.ticket).limit(1))
+
+
+def peek(t: ControlSchema, namespace: str, names: Sequence[str], holder: str) -> Select:  # type: ignore[type-arg]
+    """A waiter's look at its own rows, no locks: with each queue's head ticket, the holders' usage,
+    exclusive holders and first lease expiry, the resource's capacity and rate, and the database time."""
+    q, r = t.request, t.resource
+    hq, wq = q.alias("hq"), q.alias("wq")
+    same_h = and_(hq.c.namespace == q.c.namespace, hq.c.resource == q.c.resource, hq.c.state == GRANTED)
+    same_w = and_(wq.c.namespace == q.c.namespace, wq.c.resource == q.c.resource, wq.c.state == WAITING)
+    head = select(wq.c.ticket).where(same_w).order_by(wq.c.queue_key, wq.c.ticket).limit(1).scalar_subquery()
+    hold_exp = select(func.min(hq.c.expires_at)).where(same_h).scalar_subquery()
+    used = select(func.coalesce(func.sum(hq.c.slots), 0)).where(same_h).scalar_subquery()
+    excl = select(func.count()).where(same_h, hq.c.mode == "exclusive").scalar_subquery()
+    return (
+        select(*request_columns(t), clock().label("now"), head.label("head_ticket"),
+               hold_exp.label("hold_exp"), used.label("used"), excl.label("excl"), r.c.capacity,
+               r.c.rate_count, r.c.rate_per)
+        .select_from(q.join(r, and_(r.c.namespace == q.c.namespace, r.c.name == q.c.resource)))
+        .where(q.c.namespace == namespace, q.c.resource.in_(names), q.c.holder == holder)
+    )
+
+
+def held_count(t: ControlSchema, key: str) -> Select:  # type: ignore[type-arg]
+    """How many of a request's rows are granted with a live lease (the database clock judges)."""
+    q = t.request
+    return select(func.count()).select_from(q).where(
+        and_(q.c.request_key == key, q.c.state == GRANTED, q.c.expires_at >= clock()))
+
+
+def own_entry(t: ControlSchema, namespace: str, resource: str, holder: str) -> Select:  # type: ignore[type-arg]
+    q = t.request
+    return select(q).where(q.c.namespace == namespace, q.c.resource == resource, q.c.holder == holder)
+
+
+def ahead_of(t: ControlSchema, namespace: str, resource: str, mine: Any) -> Select:  # type: ignore[type-arg]
+    """The holders and the waiters before the request row ``mine``: holders first, then queue order."""
+    q = t.request
+    before = (q.c.queue_key < mine.queue_key) | ((q.c.queue_key == mine.queue_key) & (q.c.ticket < mine.ticket))
+    return (
+        select(q.c.holder, q.c.state, q.c.expires_at)
+        .where(q.c.namespace == namespace, q.c.resource == resource, (q.c.state == GRANTED) | before)
+        .order_by(q.c.state, q.c.queue_key, q.c.ticket)  # "granted" sorts before "waiting"
+    )
+
+
+def granted_key(t: ControlSchema, namespace: str, resource: str, holder: str) -> Select:  # type: ignore[type-arg]
+    """The request key of what ``holder`` holds on ``resource``."""
+    q = t.request
+    return select(q.c.request_key).where(
+        q.c.namespace == namespace, q.c.resource == resource, q.c.holder == holder, q.c.state == GRANTED)
+
+
+def request_by_key(t: ControlSchema, key: str) -> Select:  # type: ignore[type-arg]
+    """Every row of one request, by resource name."""
+    q = t.request
+    return select(q).where(q.c.request_key == key).order_by(q.c.resource)
+
+
+def requests(t: ControlSchema, namespace: str, names: Optional[Sequence[str]]) -> Select:  # type: ignore[type-arg]
+    """Every request row of the namespace (all resources, or ``names``), by resource and ticket."""
+    q = t.request
+    query = select(q).where(q.c.namespace == namespace).order_by(q.c.resource, q.c.ticket)
+    return query.where(q.c.resource.in_(names)) if names else query
+
+
+def live_request(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
+    """Any request of ``name`` whose lease or waiter entry is still live."""
+    q = t.request
+    return (select(q.c.id).where(q.c.namespace == namespace, q.c.resource == name, q.c.expires_at >= clock())
+            .limit(1))
+
+
+def expired_resources(t: ControlSchema, namespace: str) -> Select:  # type: ignore[type-arg]
+    """The resources that have a holder or waiter whose lease or entry ran out."""
+    q = t.request
+    return select(q.c.resource).where(q.c.namespace == namespace, q.c.expires_at < clock()).distinct()
+
+
+def resources_matching(t: ControlSchema, match: ColumnElement[bool]) -> Select:  # type: ignore[type-arg]
+    return select(t.request.c.resource).where(match).distinct()
+
+
+def keys_matching(t: ControlSchema, match: ColumnElement[bool], names: Sequence[str]) -> Select:  # type: ignore[type-arg]
+    q = t.request
+    return select(q.c.request_key).where(match, q.c.resource.in_(names))
+
+
+def holder_match(t: ControlSchema, namespace: str, resource: str, holder: str) -> ColumnElement[bool]:
+    """The rows of one holder on one resource."""
+    q = t.request
+    return and_(q.c.namespace == namespace, q.c.resource == resource, q.c.holder == holder)
+
+
+def prefix_match(t: ControlSchema, namespace: str, prefix: str) -> ColumnElement[bool]:
+    """The rows of every holder whose id starts with ``prefix`` (``%`` and ``_`` match literally)."""
+    q = t.request
+    return and_(q.c.namespace == namespace, q.c.holder.startswith(prefix, autoescape=True))
+
+
+# -- requests: changing -----------------------------------------------------------------------------
+def insert_waiter(t: ControlSchema, namespace: str, *, resource: str, holder: str, key: str, slots: int,
+                  mode: str, lease: float, now: float, ttl: float, ticket: int, attempt: Optional[int],
+                  pickup: float, priority: int, queue_key: float) -> Insert:
+    """A new request's row in one resource's queue, with its ticket and queue order."""
+    return insert(t.request).values(
+        namespace=namespace, resource=resource, holder=holder, request_key=key, slots=slots,
+        mode=mode, state=WAITING, lease_seconds=lease, enqueued_at=now,
+        expires_at=now + ttl, ticket=ticket, attempt=attempt, pickup_seconds=pickup,
+        priority=priority, queue_key=queue_key)
+
+
+def grant_waiter(t: ControlSchema, row_id: int, token: int, now: float, expires_at: float,
+                 lease_seconds: Optional[float] = None) -> Update:
+    """Grant a waiting row: the next fencing token, and a pickup deadline (or, for the caller's own
+    request, its lease)."""
+    q = t.request
+    values: dict[str, Any] = {"expires_at": expires_at}
+    if lease_seconds is not None:
+        values["lease_seconds"] = lease_seconds
+    return update(q).where(q.c.id == row_id, q.c.state == WAITING).values(
+        state=GRANTED, token=token, granted_at=now, **values)
+
+
+def extend_grant_row(t: ControlSchema, row_id: int, token: int, expires_at: float, lease: float,
+                     attempt: Optional[int]) -> Update:
+    """An idempotent re-acquire (or a newer attempt, with a new token) extends one granted row."""
+    q = t.request
+    return update(q).where(q.c.id == row_id).values(token=token, expires_at=expires_at, lease_seconds=lease,
+                                                    attempt=attempt)
+
+
+def extend_request(t: ControlSchema, key: str, expires_at: float, lease: float) -> Update:
+    """Take up a request's grant with the caller's lease (a waiter that gave up, granted meanwhile)."""
+    q = t.request
+    return update(q).where(q.c.request_key == key).values(expires_at=expires_at, lease_seconds=lease)
+
+
+def requeue_waiter(t: ControlSchema, key: str, expires_at: float, attempt: Optional[int],
+                   pickup: float) -> Update:
+    """A waiter that enters again keeps its place: a new entry expiry, attempt and pickup deadline."""
+    q = t.request
+    return (update(q).where(q.c.request_key == key, q.c.state == WAITING)
+            .values(expires_at=expires_at, attempt=attempt, pickup_seconds=pickup))
+
+
+def reorder_queue(t: ControlSchema, namespace: str, name: str, aging: Optional[float]) -> Update:
+    """Rewrite the queue order of ``name``'s waiters for a new aging rate (see :func:`.grants.queue_key`)."""
+    q = t.request
+    key = -q.c.priority if aging is None else q.c.enqueued_at - q.c.priority * aging
+    return (update(q).where(q.c.namespace == namespace, q.c.resource == name, q.c.state == WAITING)
+            .values(queue_key=key))
+
+
+def _fenced_extend(t: ControlSchema, key: str, state: str, now: float, expires_at: float,
+                   values: Mapping[str, Any]) -> Fenced:
+    q = t.request
+    return (
+        update(q).where(q.c.request_key == key, q.c.state == state, q.c.expires_at >= now).values(**values),
+        select(func.count()).select_from(q).where(
+            q.c.request_key == key, q.c.state == state, q.c.expires_at == expires_at),
+    )
+
+
+def extend_lease(t: ControlSchema, key: str, now: float, lease: float) -> Fenced:
+    """A granted request's rows get ``lease`` seconds from ``now``, unless they already ran out (the
+    database clock judges): a holder renewing, or a waiter taking up a grant made on its behalf."""
+    return _fenced_extend(t, key, GRANTED, now, now + lease, {"expires_at": now + lease, "lease_seconds": lease})
+
+
+def refresh_waiter(t: ControlSchema, key: str, now: float, ttl: float) -> Fenced:
+    """A waiter shows it is alive: its entry's expiry moves on, unless it already ran out."""
+    return _fenced_extend(t, key, WAITING, now, now + ttl, {"expires_at": now + ttl})
+
+
+def delete_expired_row(t: ControlSchema, row_id: int, now: float) -> Delete:
+    """Reap one row whose lease ran out; the re-check makes this the only judge of expiry (a renewal
+    or pickup committed meanwhile keeps the row)."""
+    q = t.request
+    return delete(q).where(q.c.id == row_id, q.c.expires_at < now)
+
+
+def delete_expired_request(t: ControlSchema, key: str, now: float) -> Delete:
+    """Remove a request's rows that ran out (re-checked: a pickup may have won)."""
+    q = t.request
+    return delete(q).where(q.c.request_key == key, q.c.expires_at < now)
+
+
+def delete_requests(t: ControlSchema, keys: Keys) -> Delete:
+    """Remove whole requests (every resource's row): one key or several."""
+    return delete(t.request).where(_keyed(t, keys))
+
+
+def delete_expired_waiters(t: ControlSchema, namespace: str, names: Sequence[str], now: float) -> Delete:
+    """Waiters anywhere in the queues of ``names`` whose entries ran out."""
+    q = t.request
+    return delete(q).where(q.c.namespace == namespace, q.c.resource.in_(names), q.c.state == WAITING,
+                           q.c.expires_at < now)
+
+
+def delete_resource_requests(t: ControlSchema, namespace: str, name: str) -> Delete:
+    q = t.request
+    return delete(q).where(q.c.namespace == namespace, q.c.resource == name)
+
+
+# -- grant history ----------------------------------------------------------------------------------
+def record_grant(t: ControlSchema, namespace: str, resource: str, token: int, row: Any, priority: int,
+                 now: float) -> Insert:
+    """The history row of a grant just made (``row``: the request row granted), in the grant's own
+    transaction: the rate window, counted from these rows, can never miss a grant."""
+    return insert(t.history).values(
+        namespace=namespace, resource=resource, token=token, holder=row.holder, mode=row.mode,
+        slots=int(row.slots), priority=priority, enqueued_at=float(row.enqueued_at), granted_at=now,
+        ended_at=None, outcome=HELD,
+    )
+
+
+def end_grant(t: ControlSchema, namespace: str, resource: str, token: int, outcome: str, now: float) -> Update:
+    """Close a grant's history row (only once: a row already closed keeps its outcome)."""
+    h = t.history
+    return (
+        update(h)
+        .where(h.c.namespace == namespace, h.c.resource == resource, h.c.token == token, h.c.outcome == HELD)
+        .values(outcome=outcome, ended_at=now)
+    )
+
+
+def retoken_grant(t: ControlSchema, namespace: str, resource: str, old: int, new: int) -> Update:
+    """A newer attempt took a new fencing token for the same grant: the row follows it."""
+    h = t.history
+    return update(h).where(h.c.namespace == namespace, h.c.resource == resource, h.c.token == old).values(token=new)
+
+
+def window_count(t: ControlSchema, namespace: str, resource: str, since: float) -> Select:  # type: ignore[type-arg]
+    """Grants of ``resource`` made after ``since`` (the rate window), through the time index."""
+    h = t.history
+    return select(func.count()).select_from(h).where(
+        h.c.namespace == namespace, h.c.resource == resource, h.c.granted_at > since)
+
+
+def window_times(t: ControlSchema, namespace: str, resource: str, since: float) -> Select:  # type: ignore[type-arg]
+    """The grant times of ``resource`` after ``since``, oldest first (to find the next opening)."""
+    h = t.history
+    return (select(h.c.granted_at).where(h.c.namespace == namespace, h.c.resource == resource,
+                                         h.c.granted_at > since).order_by(h.c.granted_at))
+
+
+def last_left(t: ControlSchema, namespace: str, resource: str, before: float) -> Select:  # type: ignore[type-arg]
+    """The newest grant time at or before ``before`` (the grant that last left the window)."""
+    h = t.history
+    return select(func.max(h.c.granted_at)).where(
+        h.c.namespace == namespace, h.c.resource == resource, h.c.granted_at <= before)
+
+
+def records(t: ControlSchema, namespace: str, resource: Optional[str], since: float,
+            limit: int) -> Select:  # type: ignore[type-arg]
+    """The newest ``limit`` grants made since ``since`` (of one resource, or all)."""
+    h = t.history
+    query = select(h).where(h.c.namespace == namespace, h.c.granted_at >= since)
+    if resource is not None:
+        query = query.where(h.c.resource == resource)
+    return query.order_by(h.c.granted_at.desc(), h.c.token.desc()).limit(limit)
+
+
+def overlapping(t: ControlSchema, namespace: str, resource: str, start: float, end: float) -> Select:  # type: ignore[type-arg]
+    """Grants of ``resource`` that overlap ``[start, end)`` (made before its end, not ended before its start)."""
+    h = t.history
+    return select(h.c.slots, h.c.enqueued_at, h.c.granted_at, h.c.ended_at, h.c.outcome).where(
+        h.c.namespace == namespace, h.c.resource == resource, h.c.granted_at < end,
+        or_(h.c.ended_at.is_(None), h.c.ended_at > start),
+    )
+
+
+def prune_edge(t: ControlSchema, namespace: str, resource: str, before: float, batch: int) -> Select:  # type: ignore[type-arg]
+    """The grant time of the ``batch``-th oldest ended grant made before ``before`` (None: fewer)."""
+    h = t.history
+    return (
+        select(h.c.granted_at)
+        .where(h.c.namespace == namespace, h.c.resource == resource, h.c.granted_at < before, h.c.outcome != HELD)
+        .order_by(h.c.granted_at)
+        .offset(batch - 1)
+        .limit(1)
+    )
+
+
+def delete_ended(t: ControlSchema, namespace: str, resource: str, upto: float, inclusive: bool) -> Delete:
+    """Delete the ended grants of ``resource`` made before (or at) ``upto``: a range of the time
+    index, so the plan does not depend on the table's statistics (a list of keys may be scanned)."""
+    h = t.history
+    edge = h.c.granted_at <= upto if inclusive else h.c.granted_at < upto
+    return delete(h).where(h.c.namespace == namespace, h.c.resource == resource, edge, h.c.outcome != HELD)
+
+
+def delete_history(t: ControlSchema, namespace: str, resource: str) -> Delete:
+    """A deleted resource's history goes with it (a new resource of that name restarts its tokens)."""
+    h = t.history
+    return delete(h).where(h.c.namespace == namespace, h.c.resource == resource)
