@@ -185,3 +185,42 @@ def test_policy_checks_detect_violations() -> None:
     assert priority_violations(g, {"r": 0.1}) == []
     assert aging_violations(g, {"r": 0.1}, max_priority=5, slack=5.0) == []
     assert aging_violations(g, {"r": 0.1}, max_priority=5, slack=0.0) != []
+
+
+@pytest.mark.backends("postgres", "mysql")
+def test_a_request_that_waited_for_the_resource_lock_is_stamped_after_the_lock(ct: ControlTable,
+                                                                                backend_url: str) -> None:
+    """The database time of a slot transaction is read once its locks are held.
+
+    Every backend's clock is taken when a statement starts, so a time read with the row lock
+    would come from before the lock wait: a request that waited behind a grant would be stamped
+    as enqueued before that grant, ahead of requests that were queued while it waited (its queue
+    key too early) and, in the history, as passed over by the grant it waited for.
+    """
+    import threading
+
+    from sqlalchemy import create_engine, select
+
+    from controltable.clock import read_now
+
+    ct.set_capacity("r", 1)
+    assert ct.try_acquire("r", holder="first") is not None
+    r = ct.tables.resource
+    engine = create_engine(backend_url)
+    try:
+        with engine.connect() as conn:
+            tx = conn.begin()
+            conn.execute(select(r.c.name).where(r.c.namespace == ct.namespace, r.c.name == "r").with_for_update())
+            waiter = threading.Thread(target=lambda: ct.try_acquire("r", holder="second"))
+            waiter.start()
+            time.sleep(0.6)  # the waiter's transaction is now blocked on the row lock held here
+            assert waiter.is_alive()
+            released = read_now(conn)
+            tx.commit()
+        waiter.join(timeout=30)
+    finally:
+        engine.dispose()
+    info = ct.wait_info("r", "second")
+    assert info is not None and info.waiting_since is not None
+    assert info.waiting_since.timestamp() >= released - 0.05, (
+        f"enqueued {released - info.waiting_since.timestamp():.3f} s before the lock it waited for was released")

@@ -43,11 +43,14 @@ def _resource_row(t: ControlSchema, namespace: str, name: str) -> list[ColumnEle
 
 
 def lock_resource(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
-    """Lock one resource row and read its counters and policy, with the database time."""
+    """Lock one resource row and read its counters and policy.
+
+    The database time is read by a statement of its own once every lock is held (see
+    ``SlotEngine._lock``): a clock in this statement is taken when it starts, before a lock wait.
+    """
     r = t.resource
     return dialects.lock_rows(
-        select(r.c.name, r.c.capacity, r.c.last_token, r.c.last_ticket, r.c.rate_count, r.c.rate_per,
-               r.c.aging, clock().label("now"))
+        select(r.c.name, r.c.capacity, r.c.last_token, r.c.last_ticket, r.c.rate_count, r.c.rate_per, r.c.aging)
         .where(*_resource_row(t, namespace, name)),
         r,
     )

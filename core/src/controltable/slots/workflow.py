@@ -217,14 +217,16 @@ class SlotEngine:
     def _lock(
         self, conn: Connection, names: set[str], into: Optional[dict[str, Any]] = None
     ) -> tuple[dict[str, Any], float]:
-        """Lock the resource rows in name order (so multi-resource requests cannot deadlock).
+        """Lock the resource rows in name order (so multi-resource requests cannot deadlock), then
+        read the database time.
 
-        The database time comes back with the last lock. On PostgreSQL it is taken when that
-        statement starts, before a lock wait: a time a little early only errs on the safe side
-        (an expiry judged a little late, a lease a little shorter).
+        The time is read after the last lock is held, by a statement of its own: every backend's
+        clock is taken when a statement starts, so a clock read with a lock would come from before
+        the lock wait, and a request that waited behind a grant would be stamped as enqueued before
+        that grant (its queue key too early, and the history showing it passed over).
         """
         rows: dict[str, Any] = {} if into is None else into
-        now = 0.0
+        locked = False
         for name in sorted(names):
             if name in rows:
                 continue
@@ -238,8 +240,8 @@ class SlotEngine:
                               rate_count=None if row.rate_count is None else int(row.rate_count),
                               rate_per=None if row.rate_per is None else float(row.rate_per),
                               aging=None if row.aging is None else float(row.aging))
-            now = max(now, float(row.now))
-        return rows, now
+            locked = True
+        return rows, (read_now(conn) if locked else 0.0)
 
     def _snapshot(self, conn: Connection, res: dict[str, Any]) -> list[Any]:
         """The holders of the locked resources and the head of each waiting queue, in one statement.
