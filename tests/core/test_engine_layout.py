@@ -243,3 +243,22 @@ def test_read_handle_works_out_the_lease_of_old_and_new_handles() -> None:
     for bad in ({"keys": [1]}, {"keys": [1], "token": "x", "owner": "w"}, [1, 2], None):
         with pytest.raises(ConfigurationError, match="not a batch handle"):
             read_handle(bad, 60)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("old", "new", "names"), [
+    ("controltable.grants", "controltable.slots.grants", ("decide", "Queue", "Waiter", "queue_key", "order")),
+    ("controltable.history", "controltable.slots", ("Rate", "GrantRecord", "ResourceStats", "parse_rate",
+                                                     "parse_duration", "check_rate")),
+    ("controltable.history", "controltable.clock", ("utc",)),
+])
+def test_the_earlier_module_paths_still_import_with_a_deprecation_warning(old: str, new: str,
+                                                                         names: tuple[str, ...]) -> None:
+    """The grant decision and the policy values moved into ``controltable.slots``; the old paths warn."""
+    import importlib
+    import sys
+
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=old.replace(".", r"\.")):
+        module = importlib.import_module(old)
+    moved = importlib.import_module(new)
+    assert {name: getattr(module, name) for name in names} == {name: getattr(moved, name) for name in names}
