@@ -104,3 +104,19 @@ def test_charts_draw_from_real_history(chromium: Any, ct: ControlTable, backend:
         if backend == "sqlite":
             screenshot(page, "status-page.png")
         page.close()
+
+
+@pytest.mark.backends("sqlite")
+def test_page_says_when_a_spent_rate_window_opens_again(chromium: Any, ct: ControlTable) -> None:
+    """A resource whose rate window is spent shows when the next grant may come, beside its queue."""
+    ct.set_capacity("api", 2, rate=(1, 60))
+    ct.acquire("api", holder="first-call").release()
+    assert ct.try_acquire("api", holder="second-call", waiter_ttl=120) is None  # capacity free, rate spent
+    with _serve(ct) as server:
+        page = chromium.new_page()
+        page.goto(server.base + "/")
+        card = page.locator('section.resource[data-resource="api"]')
+        card.locator('tr.waiter[data-holder="second-call"]').wait_for(timeout=10_000)
+        text = card.locator(".blocker").inner_text()
+        assert text.startswith("rate limit reached: next grant in"), text
+        page.close()

@@ -182,37 +182,44 @@ class SlotEngine:
     def _with_pass(self, names: set[str], action: Callable[[Connection, dict[str, Any], float], T]) -> T:
         """Run ``action`` and a grant pass in one transaction, holding the locks of ``names``.
 
-        If the pass meets a multi-resource request whose resources are not all locked and cannot
-        be locked in name order any more, the transaction is rolled back and run again with
-        those resources locked from the start (all locks are always taken in name order).
+        If a chain of multi-resource requests keeps the locks moving (see :meth:`_in_lock_order`),
+        the change is committed without passing the capacity on here: the waiters at the head run
+        a pass themselves when they next look.
+        """
+
+        def with_pass(conn: Connection, res: dict[str, Any], now: float) -> T:
+            result = action(conn, res, now)
+            self._grant_pass(conn, res, now)
+            return result
+
+        return self._in_lock_order(names, with_pass, fallback=action)
+
+    def _in_lock_order(
+        self, names: set[str], fn: Callable[[Connection, dict[str, Any], float], T], *,
+        deadline: Optional[float] = None, fallback: Optional[Callable[[Connection, dict[str, Any], float], T]] = None,
+    ) -> T:
+        """Run ``fn(conn, resources, now)`` in one transaction holding the locks of ``names``.
+
+        If the grant pass inside meets a multi-resource request whose resources are not all locked
+        and cannot be locked in name order any more, the transaction is rolled back and run again
+        with those resources locked from the start (all locks are always taken in name order).
+        After eight such rounds ``fallback`` runs instead (without a pass), or, without one, the
+        caller gets :class:`AcquireTimeout`.
         """
         lockset = set(names)
         for _ in range(8):
             locks = set(lockset)
 
             def run(conn: Connection, locks: set[str] = locks) -> T:
-                return self._locked(conn, locks, action)
+                return fn(conn, *self._lock(conn, locks))
 
             try:
-                return self.db.run(run)
+                return self.db.run(run, deadline=deadline)
             except _NeedLocks as need:
                 lockset |= need.names
-        # A chain of multi-resource requests kept moving: commit the change without passing the
-        # capacity on here; the waiters at the head run a pass themselves when they next look.
-        return self.db.run(lambda c: self._locked(c, lockset, action, grant=False))
-
-    def _locked(
-        self,
-        conn: Connection,
-        lockset: set[str],
-        action: Callable[[Connection, dict[str, Any], float], T],
-        grant: bool = True,
-    ) -> T:
-        res, now = self._lock(conn, lockset)
-        result = action(conn, res, now)
-        if grant:
-            self._grant_pass(conn, res, now)
-        return result
+        if fallback is None:  # pragma: no cover - needs a chain of 8 multi-resource requests moving at once
+            raise AcquireTimeout(f"could not lock the resources of {sorted(names)} in order; retry")
+        return self.db.run(lambda c: fallback(c, *self._lock(c, lockset)))
 
     def _lock(
         self, conn: Connection, names: set[str], into: Optional[dict[str, Any]] = None
@@ -685,27 +692,7 @@ class SlotEngine:
             return _Outcome(False, entered.key, {}, now + req.ttl, None, position, entered.ticket, entered.attempt,
                             capacity, any(res[name].rate_count is not None for name in names))
 
-        return self._with_pass_custom(set(names), fn, deadline=req.deadline)
-
-    def _with_pass_custom(
-        self, names: set[str], fn: Callable[[Connection, dict[str, Any], float], T], *,
-        deadline: Optional[float] = None,
-    ) -> T:
-        """Like :meth:`_with_pass` for actions that run the grant pass themselves."""
-        lockset = set(names)
-        for _ in range(8):
-            locks = set(lockset)
-
-            def run(conn: Connection, locks: set[str] = locks) -> T:
-                return fn(conn, *self._lock(conn, locks))
-
-            try:
-                return self.db.run(run, deadline=deadline)
-            except _NeedLocks as need:
-                lockset |= need.names
-        raise AcquireTimeout(  # pragma: no cover - needs a chain of 8 multi-resource requests moving at once
-            f"could not lock the resources of {sorted(names)} in order; retry"
-        )
+        return self._in_lock_order(set(names), fn, deadline=req.deadline)
 
     def _look(self, req: _Request, refresh: bool) -> _Peek:
         def fn(conn: Connection) -> _Peek:
@@ -1112,7 +1099,7 @@ class SlotEngine:
             counted.append(n)
             return n
 
-        return self._with_pass_custom(names, with_count)
+        return self._in_lock_order(names, with_count)
 
     def iter_names(self) -> Iterator[str]:  # pragma: no cover - convenience
         for st in self.status():
