@@ -234,3 +234,29 @@ def test_a_failing_upgrade_step_is_a_controltable_error_and_a_rerun_completes(
         assert ct.installed_version() == SCHEMA_VERSION
     finally:
         ct.close()
+
+
+def test_an_upgrade_interrupted_between_the_history_table_and_its_index_is_completed(
+    backend_url: str, namespace: str, v2_prefix: str,
+) -> None:
+    """DDL commits itself on MySQL and Oracle: an upgrade stopped after CREATE TABLE of the grant
+    history but before its time index leaves the table without it. The next ``install()`` sees the
+    table (so ``checkfirst`` skips it, index and all) and must still create the index."""
+    make_v2_installation(backend_url, v2_prefix, namespace)
+    history = build_schema(v2_prefix).history
+    engine = create_engine(backend_url)
+    try:
+        with engine.begin() as conn:  # what the interrupted step left: the table alone
+            history.create(conn)
+            for index in history.indexes:
+                index.drop(conn)
+        assert not inspect(engine).get_indexes(history.name)
+    finally:
+        engine.dispose()
+    ct = ControlTable(backend_url, namespace=namespace, prefix=v2_prefix)
+    try:
+        assert ct.install() == SCHEMA_VERSION
+        names = {str(i["name"]).lower() for i in inspect(ct.engine).get_indexes(history.name)}
+        assert {str(i.name).lower() for i in history.indexes} <= names
+    finally:
+        ct.close()

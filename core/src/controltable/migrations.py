@@ -63,6 +63,16 @@ def _ddl(db: Database, step: Callable[[Connection], None]) -> None:
         raise
 
 
+def _ensure_index(db: Database, table: Table, index: Index) -> None:
+    """Create ``index`` of ``table`` unless it exists (a check-then-act DDL step)."""
+
+    def create(conn: Connection) -> None:
+        if str(index.name).lower() not in _indexes(conn, table):
+            index.create(conn)
+
+    _ddl(db, create)
+
+
 def upgrade_v1_to_v2(db: Database, tables: ControlSchema) -> None:
     """Tickets from the per-resource counter, attempts and pickup deadlines, the (state, ticket) index."""
     r, q = tables.resource, tables.request
@@ -134,17 +144,15 @@ def upgrade_v2_to_v3(db: Database, tables: ControlSchema) -> None:
         _ddl(db, add)
 
     def create_history(conn: Connection) -> None:
-        h.create(conn, checkfirst=True)  # with its time index
+        h.create(conn, checkfirst=True)  # with its time index when the table is new
 
     _ddl(db, create_history)
-
-    new_index = next(i for i in q.indexes if i.name and i.name.endswith("request_order_ix"))
-
-    def create_index(conn: Connection) -> None:
-        if str(new_index.name).lower() not in _indexes(conn, q):
-            new_index.create(conn)
-
-    _ddl(db, create_index)
+    # The table's indexes are steps of their own too: DDL commits itself on MySQL and Oracle, so a
+    # step that failed (and was retried) or an install interrupted between the CREATE TABLE and the
+    # CREATE INDEX leaves a table without its index, which checkfirst above would not notice.
+    for index in h.indexes:
+        _ensure_index(db, h, index)
+    _ensure_index(db, q, next(i for i in q.indexes if i.name and i.name.endswith("request_order_ix")))
 
     # The v2 queue index (state, ticket) is superseded by the (state, queue_key, ticket) one.
     scratch = build_schema(q.name[: -len("request")], q.schema).request

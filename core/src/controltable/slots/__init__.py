@@ -22,6 +22,15 @@ grant history into records and statistics, :mod:`.keys` names requests and their
 (:class:`Lease`, :class:`ResourceStatus`, :class:`Rate`, ...).
 """
 
+from ..defaults import (  # noqa: F401 - re-exported, as the single slots module did
+    DEFAULT_LEASE,
+    DEFAULT_MODE,
+    DEFAULT_PICKUP,
+    DEFAULT_WAITER_TTL,
+    HISTORY_PRUNE_BATCH,
+    HISTORY_PRUNE_INTERVAL,
+    HISTORY_RETENTION,
+)
 from .keys import head_key, holder_key, key_size, request_key, slot_key
 from .values import (
     Entry,
