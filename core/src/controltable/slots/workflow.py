@@ -17,11 +17,8 @@ from sqlalchemy.engine import Connection
 
 from .. import dialects, errorcodes
 from ..clock import read_now, utc
-from ..defaults import (  # noqa: F401 - re-exported
-    DEFAULT_LEASE,
-    DEFAULT_MODE,
+from ..defaults import (
     DEFAULT_PICKUP,
-    DEFAULT_WAITER_TTL,
     HISTORY_PRUNE_BATCH,
     HISTORY_PRUNE_INTERVAL,
     HISTORY_RETENTION,
