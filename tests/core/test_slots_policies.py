@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
+from sqlalchemy import create_engine, select
 
 from controltable import AcquireTimeout, ConfigurationError, ControlTable, GrantRecord, LeaseLost, Rate, ResourceStats
 from controltable.checks import Grant, aging_violations, priority_violations, rate_violations
+from controltable.clock import read_now
 from controltable.slots import parse_duration, parse_rate
 
 
@@ -197,12 +200,6 @@ def test_a_request_that_waited_for_the_resource_lock_is_stamped_after_the_lock(c
     as enqueued before that grant, ahead of requests that were queued while it waited (its queue
     key too early) and, in the history, as passed over by the grant it waited for.
     """
-    import threading
-
-    from sqlalchemy import create_engine, select
-
-    from controltable.clock import read_now
-
     ct.set_capacity("r", 1)
     assert ct.try_acquire("r", holder="first") is not None
     r = ct.tables.resource

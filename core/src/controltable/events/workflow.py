@@ -244,10 +244,6 @@ class EventTable:
         return sql.claim_select(self.table, self.key, self.order_by, self.db.dialect_name, size, condition,
                                 self._where_clause(where), seekable=self._seekable)
 
-    def _now(self, conn: Connection) -> float:
-        """The database clock, read inside ``conn``'s transaction."""
-        return read_now(conn)
-
     def claim(
         self,
         size: int = 100,
@@ -356,7 +352,7 @@ class EventTable:
         # The database clock goes into the statements as an expression (one value per
         # statement), except on the key-list path, which needs the value for its second step.
         one_statement = dialects.update_returning(conn.dialect, self.db.dialect_name)
-        now: Any = clock() if one_statement else self._now(conn)
+        now: Any = clock() if one_statement else read_now(conn)
         values = sql.claim_values(t, self.cols, owner, token, now, lease_s)
         # Expired claims first: they are older work, and must not starve behind new events.
         # Finding none is the normal case, so after an empty look this object skips the
@@ -574,7 +570,7 @@ class EventTable:
         t = self.table
 
         def fn(conn: Connection) -> float:
-            now = self._now(conn)
+            now = read_now(conn)
             held = self._keys_where(conn, keys, self._fenced(token), self._col("expires_at") >= now, lock=True)
             if len(held) != len(set(keys)):
                 lost = self._held_lost(conn, token, keys)
@@ -592,7 +588,7 @@ class EventTable:
         t, cols = self.table, self.cols
 
         def fn(conn: Connection) -> EventStats:
-            now = self._now(conn)
+            now = read_now(conn)
             st = EventStats(self.qualified_name)
             for row in conn.execute(sql.counts_by_state(t, cols)):
                 setattr(st, STATE_NAMES.get(int(row[0]), "error"), int(row[1]))
@@ -624,7 +620,7 @@ class EventTable:
         t = self.table
 
         def fn(conn: Connection) -> tuple[int, Any]:
-            row = conn.execute(sql.backlog(t, self.cols, self.order_by, self._now(conn),
+            row = conn.execute(sql.backlog(t, self.cols, self.order_by, read_now(conn),
                                            self._where_clause(where))).one()
             return int(row[0] or 0), row[1]
 
@@ -635,7 +631,7 @@ class EventTable:
         t = self.table
 
         def fn(conn: Connection) -> int:
-            return int(conn.scalar(sql.pending_count(t, self.cols, self._now(conn), self._where_clause(where))) or 0)
+            return int(conn.scalar(sql.pending_count(t, self.cols, read_now(conn), self._where_clause(where))) or 0)
 
         return self.db.run(fn)
 

@@ -218,9 +218,7 @@ class SlotEngine:
             raise AcquireTimeout(f"could not lock the resources of {sorted(names)} in order; retry")
         return self.db.run(lambda c: fallback(c, *self._lock(c, lockset)))
 
-    def _lock(
-        self, conn: Connection, names: set[str], into: Optional[dict[str, Any]] = None
-    ) -> tuple[dict[str, Any], float]:
+    def _lock(self, conn: Connection, names: set[str]) -> tuple[dict[str, Any], float]:
         """Lock the resource rows in name order (so multi-resource requests cannot deadlock), then
         read the database time.
 
@@ -229,8 +227,11 @@ class SlotEngine:
         the lock wait, and a request that waited behind a grant would be stamped as enqueued before
         that grant (its queue key too early, and the history showing it passed over).
         """
-        rows: dict[str, Any] = {} if into is None else into
-        locked = False
+        rows = self._lock_rows(conn, names, {})
+        return rows, (read_now(conn) if rows else 0.0)
+
+    def _lock_rows(self, conn: Connection, names: set[str], rows: dict[str, Any]) -> dict[str, Any]:
+        """Lock, in name order, the rows of ``names`` not in ``rows`` yet, adding them to ``rows``."""
         for name in sorted(names):
             if name in rows:
                 continue
@@ -244,8 +245,7 @@ class SlotEngine:
                               rate_count=None if row.rate_count is None else int(row.rate_count),
                               rate_per=None if row.rate_per is None else float(row.rate_per),
                               aging=None if row.aging is None else float(row.aging))
-            locked = True
-        return rows, (read_now(conn) if locked else 0.0)
+        return rows
 
     def _snapshot(self, conn: Connection, res: dict[str, Any]) -> list[Any]:
         """The holders of the locked resources and the head of each waiting queue, in one statement.
@@ -336,7 +336,7 @@ class SlotEngine:
             decision = grants.decide(queues)
             if decision.need:
                 if min(decision.need) > max(res):
-                    self._lock(conn, decision.need, into=res)  # still in name order: no deadlock
+                    self._lock_rows(conn, decision.need, res)  # still in name order; the pass keeps its time
                     continue
                 raise _NeedLocks(decision.need)
             notify: list[str] = []

@@ -64,10 +64,6 @@ class WorkList:
         """Wake-up key for allocators waiting on this list (finished items, new items)."""
         return f"worklist:{self.name}"
 
-    def _now(self, conn: Connection) -> float:
-        """The database clock, read inside ``conn``'s transaction."""
-        return read_now(conn)
-
     def _ensure(self, conn: Connection) -> Any:
         """Lock (creating if needed) the work list's row: the allocation lock."""
         stmt = sql.lock_list(self.w, self.ns, self.name)
@@ -117,7 +113,7 @@ class WorkList:
 
         def fn(conn: Connection) -> int:
             self._ensure(conn)
-            now = self._now(conn)
+            now = read_now(conn)
             for start in range(0, len(encoded), INSERT_CHUNK):
                 chunk = encoded[start:start + INSERT_CHUNK]
                 conn.execute(sql.insert_items(self.t), sql.item_rows(self.ns, self.name, chunk, order, priority, now))
@@ -252,7 +248,7 @@ class WorkList:
         t = self.t
 
         def fn(conn: Connection) -> float:
-            now = self._now(conn)
+            now = read_now(conn)
             n = dialects.confirmed_count(
                 conn, sql.renew(t, item.id, item.token, now + seconds),
                 sql.count_renewed(t, item.id, item.token, now + seconds), self.db.dialect_name,
@@ -266,7 +262,7 @@ class WorkList:
     # -- administration ------------------------------------------------------------------------------
     def status(self) -> WorkListStatus:
         def fn(conn: Connection) -> list[Any]:
-            return list(conn.execute(sql.counts(self.t, self.ns, self.name, self._now(conn))).all())
+            return list(conn.execute(sql.counts(self.t, self.ns, self.name, read_now(conn))).all())
 
         return status_from_counts(self.name, self.db.run(fn))
 
