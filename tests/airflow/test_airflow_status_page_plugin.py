@@ -9,19 +9,42 @@ import pytest
 pytest.importorskip("starlette", reason="the web extra is not installed")
 
 
-def test_declared_the_provider_way() -> None:
+def test_declared_once_as_an_entry_point() -> None:
     from airflow.plugins_manager import AirflowPlugin
 
     from airflow_controltable.get_provider_info import get_provider_info
 
-    (plugin,) = get_provider_info()["plugins"]
-    module, _, name = plugin["plugin-class"].rpartition(".")
-    cls = getattr(importlib.import_module(module), name)
-    assert issubclass(cls, AirflowPlugin) and cls.name == plugin["name"] == "controltable"
+    # One registration: Airflow would load a provider-info "plugins" entry as well as the entry point.
+    assert "plugins" not in get_provider_info()
     from importlib.metadata import entry_points
 
-    eps = [ep for ep in entry_points(group="airflow.plugins") if ep.name == "controltable"]
-    assert [ep.value.replace(":", ".") for ep in eps] == [plugin["plugin-class"]]
+    (ep,) = [ep for ep in entry_points(group="airflow.plugins") if ep.name == "controltable"]
+    cls = ep.load()
+    assert issubclass(cls, AirflowPlugin) and cls.name == "controltable"
+
+
+_LOAD_PLUGINS = """
+import json
+from airflow import plugins_manager
+plugins, errors = plugins_manager._get_plugins()
+print(json.dumps({"errors": errors, "names": [p.name for p in plugins]}))
+"""
+
+
+@pytest.mark.parametrize("lazy", ["True", "False"])
+def test_airflow_loads_it_once_without_import_errors(lazy: str) -> None:
+    """Airflow's own plugin loading, in both provider-discovery modes (the home page shows its errors)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": lazy}
+    out = subprocess.run([sys.executable, "-c", _LOAD_PLUGINS], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    loaded = json.loads(out.strip().splitlines()[-1])
+    assert loaded["errors"] == {}
+    assert loaded["names"].count("controltable") == 1
 
 
 def test_mounted_only_in_the_api_server() -> None:

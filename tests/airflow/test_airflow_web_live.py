@@ -5,7 +5,8 @@ a throwaway PostgreSQL metadata database); the control table is the PostgreSQL o
 ``controltable_default`` connection names. Checked: the provider's plugin mounts the page at
 ``/controltable`` and adds the navigation entry; nothing under ``/controltable`` answers without a
 token Airflow accepts; with one, the page in headless Chromium shows the live holders and waiters,
-also inside Airflow's own UI frame, and follows a release without a reload.
+also inside Airflow's own UI frame, and follows a release without a reload; Airflow's plugin
+import-errors list is empty (one registration of the plugin, providers discovered eagerly).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveAirflow
     passwords.write_text(json.dumps({"viewer": PASSWORD}))
     airflow = LiveAirflow(server_url=url, control_url=url, namespace=namespace, dag_files=[], extra_env={
         "AIRFLOW__CONTROLTABLE__STATUS_PAGE_POLL_INTERVAL": "0.5",
+        # Providers discovered eagerly: Airflow then loads provider-info plugins as well as entry-point
+        # ones, the configuration where a double registration shows as a plugin import error.
+        "AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": "False",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "viewer:viewer",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
@@ -112,6 +116,15 @@ def test_mounted_page_needs_airflow_auth(live: tuple[LiveAirflow, ControlTable])
     assert [v["url_route"] for v in mine["external_views"]] == ["controltable"]
     assert mine["external_views"][0]["href"] == "/controltable/"
     assert [a["url_prefix"] for a in mine["fastapi_apps"]] == ["/controltable"]
+
+
+def test_no_plugin_import_errors(live: tuple[LiveAirflow, ControlTable]) -> None:
+    """The home page's "Plugin Import Error" banner reads this list: the plugin is registered once."""
+    airflow, _ = live
+    status, body = _get(airflow.base + "/api/v2/plugins/importErrors", token=login(airflow))
+    assert status == 200, body[:300]
+    data = json.loads(body)
+    assert data["total_entries"] == 0 and data["import_errors"] == [], data
 
 
 def test_page_in_chromium_inside_airflow(live: tuple[LiveAirflow, ControlTable]) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 
 def get_provider_info() -> dict[str, Any]:
-    """Describe the provider: its connection type, hooks, operators, sensors, triggers and plugin."""
+    """Describe the provider: its connection type, hooks, operators, sensors, triggers and task decorator."""
     return {
         "package-name": "airflow-provider-controltable",
         "name": "ControlTable",
@@ -91,13 +91,10 @@ def get_provider_info() -> dict[str, Any]:
                 },
             }
         ],
-        # The status page in the api-server and the UI's navigation (needs the `web` extra).
-        "plugins": [
-            {
-                "name": "controltable",
-                "plugin-class": "airflow_controltable.plugins.status_page.ControlTableStatusPlugin",
-            }
-        ],
+        # No "plugins" here: the status-page plugin is registered once, by the `airflow.plugins` entry
+        # point (pyproject.toml). Airflow 3 loads entry-point plugins in every configuration, provider
+        # info's "plugins" only with [core] lazy_discover_providers off, and then both: "Plugin
+        # 'controltable' already registered" on every user's home page.
         "task-decorators": [
             {"name": "controltable_slot", "class-name": "airflow_controltable.decorators.controltable_slot_task"}
         ],
