@@ -93,6 +93,10 @@ def test_failed_load_still_releases_the_slot_in_the_teardown(control_url: str) -
     assert states["load"] == ["failed"]
     assert states["acquire_warehouse"] == ["success"]
     assert states["release_warehouse"] == ["success"]  # the teardown ran despite the failure
+    # A load that raised is not a killed one: its process recorded that the work ended, and the
+    # teardown released without waiting Airflow's kill grace (at least 13 s).
+    (release,) = [ti for ti in dr.get_task_instances() if ti.task_id == "release_warehouse"]
+    assert release.duration is not None and release.duration < 5, release.duration
     assert live_holders(control_url, "warehouse") == []
     with table_for(control_url) as ct:
         assert ct.status(["warehouse"])[0].last_token == 1  # it had been acquired

@@ -218,6 +218,55 @@ def test_release_operator(conn_id: str, ct: Any, caplog: pytest.LogCaptureFixtur
     assert ReleaseSlotOperator(task_id="r", resource="warehouse", holder="custom", conn_id=conn_id).execute(RUN_A) == 1
 
 
+class _RunTasks:
+    """The Task SDK calls the teardown makes: task states, the run's state, the work-ended markers."""
+
+    dag_id, run_id = "d", "r"
+
+    def __init__(self, state: str, run_state: str, marked: set[str]) -> None:
+        self.state, self.run_state, self.marked = state, run_state, marked
+
+    def get_task_states(self, dag_id: str, task_ids: list[str], run_ids: list[str]) -> dict[str, Any]:
+        return {self.run_id: {t: self.state for t in task_ids}}
+
+    def get_dagrun_state(self, dag_id: str, run_id: str) -> str:
+        return self.run_state
+
+    def xcom_pull(self, task_ids: str, key: str) -> Any:
+        return True if task_ids in self.marked and key == "controltable_work_ended" else None
+
+
+@pytest.mark.parametrize(("state", "run_state", "marked", "waits"), [
+    ("failed", "running", {"load"}, False),  # the load raised: its process recorded the end of the work
+    ("failed", "running", set(), True),  # marked failed (no marker): Airflow may still be killing it
+    ("failed", "failed", {"load"}, True),  # the run marked failed while the teardown runs
+    ("removed", "running", set(), True),
+    ("success", "running", set(), False),
+])
+def test_teardown_waits_the_kill_grace_only_for_work_that_may_still_run(
+    state: str, run_state: str, marked: set[str], waits: bool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airflow_controltable.operators.slots import ReleaseSlotOperator
+
+    op = ReleaseSlotOperator(task_id="release", resource="warehouse", kill_grace=1.5, check_interval=0.1)
+    monkeypatch.setattr(op, "covered_task_ids", lambda context: ["load"])
+    started = time.monotonic()
+    op.wait_until_work_finished({"ti": _RunTasks(state, run_state, marked)}, time.monotonic() + 60)  # type: ignore[arg-type]
+    assert (time.monotonic() - started >= 1.5) is waits
+
+
+def test_teardown_stops_waiting_once_a_killed_task_records_its_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_controltable.operators.slots import ReleaseSlotOperator
+
+    op = ReleaseSlotOperator(task_id="release", resource="warehouse", kill_grace=30, check_interval=0.1)
+    monkeypatch.setattr(op, "covered_task_ids", lambda context: ["load"])
+    ti = _RunTasks("failed", "running", set())
+    threading.Timer(0.5, ti.marked.add, args=("load",)).start()  # on_kill stopped the work; it finalized
+    started = time.monotonic()
+    op.wait_until_work_finished({"ti": ti}, time.monotonic() + 60)  # type: ignore[arg-type]
+    assert 0.5 <= time.monotonic() - started < 5
+
+
 def test_release_of_a_missing_resource_is_a_clear_error(conn_id: str) -> None:
     from airflow_controltable.exceptions import ControlTableConfigError
     from airflow_controltable.operators.slots import ReleaseSlotOperator

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 
 pytest.importorskip("starlette", reason="the web extra is not installed")

@@ -17,8 +17,10 @@ from .errors import (
     UnexpectedDatabaseError,
     UnknownResourceError,
 )
+from .doctor import Finding
 from .events import Batch, EventStats, EventTable, TableBusyError
 from .slots import Entry, GrantRecord, Lease, Rate, ResourceStats, ResourceStatus, WaitInfo
+from .wakeups import PushStatus
 from .worklist import Item, WorkList, WorkListBlocked, WorkListStatus
 
 __version__ = "0.1.0"
@@ -44,6 +46,8 @@ __all__ = [
     "ControlTableError",
     "DatabaseUnavailableError",
     "Entry",
+    "Finding",
+    "PushStatus",
     "GrantRecord",
     "Rate",
     "ResourceStats",

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 from sqlalchemy import insert, inspect, select, update
 from sqlalchemy.engine import Connection, Engine
@@ -21,6 +22,7 @@ from .defaults import (
     DEFAULT_WAITER_TTL,
     HISTORY_RETENTION,
     INSTALL_BUSY_WINDOW,
+    LISTEN_URL_ENV,
     STATEMENT_TIMEOUT,
 )
 from .errors import ConfigurationError, DatabaseBusyError, NotInstalledError
@@ -50,8 +52,11 @@ from .validation import (
     check_seconds,
     normalize_request,
 )
-from .wakeups import Wakeups
+from .wakeups import PushStatus, Wakeups
 from .worklist import WorkList
+
+if TYPE_CHECKING:
+    from .doctor import Finding
 
 
 class _Keep:
@@ -73,6 +78,12 @@ class ControlTable:
     (seconds; ``statement_timeout=None`` keeps the server's own) bound every wait on the
     database, so a silent or black-holed server fails with :class:`DatabaseUnavailableError`
     instead of hanging (see :mod:`controltable.connect` for what each backend gets).
+
+    ``listen_url`` (default: ``CONTROLTABLE_LISTEN_URL``) is a direct URL of the PostgreSQL
+    server for the push wake-up listener alone, when ``url`` goes through a connection pooler in
+    transaction mode (which swallows ``LISTEN``); all work still goes through ``url``. Without it
+    the listener proves at start that its pushes arrive, and reports push inactive when they do not
+    (:meth:`push_status`, :meth:`doctor`).
     """
 
     def __init__(
@@ -84,6 +95,7 @@ class ControlTable:
         prefix: str = "ct_",
         connect_timeout: float = CONNECT_TIMEOUT,
         statement_timeout: Optional[float] = STATEMENT_TIMEOUT,
+        listen_url: Optional[str] = None,
     ) -> None:
         self.namespace = check_namespace(namespace)
         self.schema = check_identifier("schema", schema) if schema is not None else None
@@ -92,7 +104,7 @@ class ControlTable:
         self.prefix = prefix
         self.db = Database(url_or_engine, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
         self.tables: ControlSchema = build_schema(prefix, self.schema)
-        self._wakeups = Wakeups(self.db, self.namespace, f"{prefix}wakeup")
+        self._wakeups = Wakeups(self.db, self.namespace, f"{prefix}wakeup", _listen_url(listen_url, self.db))
         #: What the engines work through (see :mod:`controltable.runtime`).
         self.runtime = Runtime(self.db, self.tables, self.namespace, self.schema, prefix, self._wakeups)
         self._slots = SlotEngine(self.runtime)
@@ -426,6 +438,23 @@ class ControlTable:
         """Whether pushes are being received now (PostgreSQL with psycopg); else callers must poll."""
         return self._wakeups.active
 
+    def push_status(self) -> PushStatus:
+        """Whether push wake-ups reach this process and, when not, why and what to set."""
+        return self._wakeups.status()
+
+    def doctor(self, *, event_tables: Sequence[EventTable] = ()) -> list[Finding]:
+        """Check whether this setup keeps controltable's promises: one :class:`Finding` per check.
+
+        Server kind and version, a connection pooler and its mode, push wake-ups (round trip),
+        primary or standby and synchronous replication, clock skew, isolation level, privileges,
+        the control tables' version, Galera settings, and each of ``event_tables``' claim indexes
+        and statistics. Every finding has a ``level`` (``ok``, ``info``, ``warning``, ``error``)
+        and a ``fix``. Read-only apart from one notification and rolled-back probes.
+        """
+        from .doctor import run_checks
+
+        return run_checks(self, event_tables=event_tables)
+
     def _notify(self, conn: Connection, keys: list[str]) -> None:
         """Inside ``conn``'s transaction: wake waiters of ``keys`` when it commits (PostgreSQL)."""
         self._wakeups.notify(conn, keys)
@@ -433,6 +462,15 @@ class ControlTable:
     def _wait_for_wakeup(self, keys: list[str], seconds: float, since: Optional[tuple[int, ...]] = None) -> bool:
         """Sleep up to ``seconds``, or less when a wake-up arrives for one of ``keys``."""
         return self._wakeups.wait(keys, seconds, since)
+
+
+def _listen_url(given: Optional[str], db: Database) -> Optional[str]:
+    """``listen_url`` as given, else ``CONTROLTABLE_LISTEN_URL`` when the database is PostgreSQL
+    (a variable set for a whole environment must not break a SQLite or MariaDB control table)."""
+    if given is not None:
+        return given or None
+    found = os.environ.get(LISTEN_URL_ENV, "").strip()
+    return found if found and db.dialect_name == "postgresql" else None
 
 
 def _retry_busy(fn: Callable[[], None], within: float = INSTALL_BUSY_WINDOW) -> None:

@@ -90,6 +90,13 @@ KEEPALIVE_COUNT = 3
 #: Milliseconds sent data may stay unacknowledged before the kernel drops the connection
 #: (Linux ``TCP_USER_TIMEOUT``, PostgreSQL ``tcp_user_timeout``).
 TCP_USER_TIMEOUT_MS = 30_000
+#: How long the wake-up listener waits, at start, for a notification it sent to itself (seconds).
+#: Behind a pooler in transaction mode it never arrives: push is then reported inactive and
+#: waiters poll. A direct connection delivers it within milliseconds.
+PUSH_PROBE_TIMEOUT = 2.0
+#: The environment variable holding ``listen_url``: a direct URL of the PostgreSQL server for the
+#: wake-up listener when the work URL goes through a connection pooler.
+LISTEN_URL_ENV = "CONTROLTABLE_LISTEN_URL"
 #: The client-side read/write timeout of MySQL/MariaDB connections is the statement timeout plus
 #: this margin, so the server's own cancellation (a clear error) normally comes first.
 CLIENT_TIMEOUT_MARGIN = 10.0

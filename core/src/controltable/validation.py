@@ -205,9 +205,17 @@ def where_clause(value: Any, table: Any) -> Any:
     return value
 
 
+#: "counting" is the documented name of a slot that counts; it is stored as "shared", the name older
+#: releases (and installed control tables) use, which stays accepted.
+MODE_ALIASES = {"counting": "shared"}
+
+
 def check_mode(mode: object) -> str:
+    """The stored mode for ``mode``: "exclusive", or "counting" (alias "shared") stored as "shared"."""
+    if isinstance(mode, str) and mode in MODE_ALIASES:
+        return MODE_ALIASES[mode]
     if mode not in MODES:
-        raise ConfigurationError(f"mode must be 'exclusive' or 'shared', got {mode!r}")
+        raise ConfigurationError(f"mode must be 'counting' (alias 'shared') or 'exclusive', got {mode!r}")
     return str(mode)
 
 

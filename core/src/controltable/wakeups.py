@@ -9,6 +9,14 @@ Polling stays as the fallback: a waiter never sleeps longer than its poll interv
 notification (listener reconnecting, a notification sent before the waiter started listening)
 only costs latency, never correctness. A per-key counter closes the window between a waiter's
 poll and its wait: if a notification for the key arrived since the poll began, it does not sleep.
+
+A connection pooler in transaction mode (PgBouncer, RDS Proxy, Supavisor) accepts ``LISTEN`` and
+then hands the server connection to someone else, so nothing ever arrives: the listener would
+believe itself connected while waiters sleep for pushes that never come. So the listener proves at
+start that a notification it sends (through the work URL, as every real push is sent) comes back.
+When it does not, push is reported inactive (``push_status()``, the status page, ``/metrics``), one
+warning names ``listen_url`` (a direct URL to the server that only the listener uses), and waiters
+poll at the pace of the no-push path.
 """
 
 from __future__ import annotations
@@ -16,23 +24,59 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
 from sqlalchemy import func, select
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, make_url
+
+from .defaults import PUSH_PROBE_TIMEOUT
+from .errors import ConfigurationError, safe_url
 
 log = logging.getLogger("controltable")
+
+#: The key prefix of the listener's self-probes (no engine key starts with a control character).
+PROBE_KEY = "\x1eprobe:"
+
+
+@dataclass(frozen=True)
+class PushStatus:
+    """Whether push wake-ups reach this process, and why not when they do not.
+
+    ``state`` is ``"active"`` (the listener's self-probe came back), ``"starting"`` (not proven
+    yet), ``"inactive"`` (the probe did not come back: a pooler in transaction mode, or a lost
+    connection; waiters poll) or ``"unavailable"`` (not PostgreSQL with psycopg: waiters poll).
+    """
+
+    active: bool
+    state: str
+    #: In words: what was seen and what to do about it.
+    detail: str
+    #: The listener's connection target, password masked (``listen_url`` or the work URL).
+    listen_url: Optional[str] = None
+    #: The self-probe's round trip (send through the work URL, receive on the listener), ms.
+    round_trip_ms: Optional[float] = None
 
 
 class Wakeups:
     """Notify and wait on keys such as ``"slot:<resource>"`` within one namespace."""
 
-    def __init__(self, db: Any, namespace: str, channel: str) -> None:
+    def __init__(self, db: Any, namespace: str, channel: str, listen_url: Optional[str] = None,
+                 probe_timeout: float = PUSH_PROBE_TIMEOUT) -> None:
         self.db = db
         self.namespace = namespace
         self.channel = channel
         engine = db.engine
         self.enabled = engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
+        #: A direct URL to the server for the listener only (the work goes through ``db``'s URL).
+        self.listen_url = _check_listen_url(listen_url) if listen_url else None
+        self.probe_timeout = probe_timeout
+        self._probe_failed = False
+        self._warned = False
+        self._round_trip: Optional[float] = None
+        #: Set when the listener's first start-up ended either way (probe passed, failed, or no connection).
+        self._settled = threading.Event()
         self._cond = threading.Condition()
         self._seq: dict[str, int] = {}
         self._thread: Optional[threading.Thread] = None
@@ -62,11 +106,61 @@ class Wakeups:
 
     @property
     def active(self) -> bool:
-        """Whether pushes are being received now (so polls may be spaced out)."""
-        if not self.enabled:
+        """Whether pushes are being received now (so polls may be spaced out).
+
+        False when the start-up self-probe did not come back: the listener is then stopped for
+        good, since a pooler that swallowed one notification swallows all of them.
+        """
+        if not self.enabled or self._probe_failed:
             return False
         self._ensure_listener()
         return self._listening.is_set()
+
+    def status(self) -> PushStatus:
+        """Whether pushes reach this process (starting the listener if needed), with the reason."""
+        target = self._target_text()
+        where = safe_url(self.listen_url) if self.listen_url else self.db.safe_url
+        if not self.enabled:
+            return PushStatus(False, "unavailable", "push wake-ups need PostgreSQL with psycopg; waiters poll")
+        active = self.active
+        if self._probe_failed:
+            return PushStatus(False, "inactive", _probe_failed_text(self.listen_url is not None, target,
+                                                                    self.probe_timeout), where)
+        if active:
+            return PushStatus(True, "active", f"the listener's self-probe came back through {target}", where,
+                              None if self._round_trip is None else self._round_trip * 1000.0)
+        if not self._settled.is_set():
+            return PushStatus(False, "starting", "the listener is connecting; waiters poll meanwhile", where)
+        return PushStatus(False, "inactive", f"the listener cannot reach {target}; waiters poll until it is back",
+                          where)
+
+    def probe(self, timeout: Optional[float] = None) -> Optional[float]:
+        """Send a notification through the work URL and wait for the listener to receive it.
+
+        Returns the round trip in seconds, or ``None`` when it did not arrive within ``timeout``
+        (or push is inactive). For ``doctor``: a live proof, not the start-up one.
+        """
+        if not self.active:
+            return None
+        key = f"{PROBE_KEY}{uuid.uuid4().hex}"
+        arrived = threading.Event()
+        remove = self.add_listener([key], arrived.set)
+        try:
+            start = time.monotonic()
+            self.db.run(lambda conn: self._send_probe(conn, key))
+            if arrived.wait(self.probe_timeout if timeout is None else timeout):
+                return time.monotonic() - start
+            return None
+        finally:
+            remove()
+
+    def _send_probe(self, conn: Connection, key: str) -> None:
+        conn.execute(select(func.pg_notify(self.channel, f"{self.namespace}\x1f{key}")))
+
+    def _target_text(self) -> str:
+        if self.listen_url:
+            return f"listen_url {safe_url(self.listen_url)}"
+        return f"the work URL {self.db.safe_url}"
 
     def wait(self, keys: list[str], seconds: float, since: Optional[tuple[int, ...]] = None) -> bool:
         """Sleep up to ``seconds`` or until a wake-up for one of ``keys``; True if woken."""
@@ -117,15 +211,16 @@ class Wakeups:
 
     # -- the listener thread -----------------------------------------------------------------------
     def _ensure_listener(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
+        if self._probe_failed or (self._thread is not None and self._thread.is_alive()):
             return
         with self._cond:
-            if self._thread is not None and self._thread.is_alive():
+            if self._probe_failed or (self._thread is not None and self._thread.is_alive()):
                 return
             self._stop.clear()
             self._thread = threading.Thread(target=self._listen_forever, name="controltable-listen", daemon=True)
             self._thread.start()
-        self._listening.wait(2.0)  # the first wait may fall back to polling if the server is slow
+        # The first wait may fall back to polling if the server is slow; the self-probe is bounded.
+        self._settled.wait(self.probe_timeout + 0.5)
 
     def close(self) -> None:
         self._stop.set()
@@ -134,7 +229,8 @@ class Wakeups:
 
     def _connect(self) -> Any:
         dialect = self.db.engine.dialect
-        cargs, cparams = dialect.create_connect_args(self.db.engine.url)
+        url = make_url(self.listen_url) if self.listen_url else self.db.engine.url
+        cargs, cparams = dialect.create_connect_args(url)
         raw = dialect.connect(*cargs, **cparams)
         raw.autocommit = True
         quoted = dialect.identifier_preparer.quote_identifier(self.channel)
@@ -148,7 +244,10 @@ class Wakeups:
             raw = None
             try:
                 raw = self._connect()
+                if not self._self_probe(raw):
+                    return
                 self._listening.set()
+                self._settled.set()
                 connects += 1
                 missed = connects > 1  # a reconnect: pushes sent meanwhile were lost
                 with self._cond:
@@ -170,6 +269,7 @@ class Wakeups:
                         self._deliver(note.payload[len(prefix):])
             except Exception as exc:  # the connection dropped: poll until it is back
                 self._listening.clear()
+                self._settled.set()
                 log.warning("controltable: wake-up listener lost its connection (%s); polling meanwhile", exc)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
@@ -180,3 +280,54 @@ class Wakeups:
                         raw.close()
                     except Exception:  # pragma: no cover
                         pass
+
+    def _self_probe(self, raw: Any) -> bool:
+        """Prove that a notification sent through the work URL reaches ``raw``; False (and one
+        warning, and the listener stopped) when it does not arrive within the probe timeout."""
+        key = f"{PROBE_KEY}{uuid.uuid4().hex}"
+        payload = f"{self.namespace}\x1f{key}"
+        prefix = f"{self.namespace}\x1f"
+        start = time.monotonic()
+        self.db.run(lambda conn: self._send_probe(conn, key))
+        deadline = start + self.probe_timeout
+        while (left := deadline - time.monotonic()) > 0:
+            for note in raw.notifies(timeout=left, stop_after=1):
+                if note.payload == payload:
+                    self._round_trip = time.monotonic() - start
+                    return True
+                if note.payload.startswith(prefix) and not note.payload.startswith(prefix + PROBE_KEY):
+                    self._deliver(note.payload[len(prefix):])
+        self._probe_failed = True
+        self._settled.set()
+        if not self._warned:
+            self._warned = True
+            log.warning("controltable: %s", _probe_failed_text(self.listen_url is not None, self._target_text(),
+                                                             self.probe_timeout))
+        return False
+
+
+def _probe_failed_text(with_listen_url: bool, target: str, timeout: float) -> str:
+    """The one warning (and the status text) when the listener's self-probe did not come back."""
+    if with_listen_url:
+        return (f"push wake-ups are inactive: a notification sent through the work URL did not reach the listener "
+                f"on {target} within {timeout:g} s; listen_url must be a direct connection to the same "
+                "PostgreSQL server (not through a pooler in transaction mode). Waiters poll meanwhile.")
+    return (f"push wake-ups are inactive: a notification sent to itself did not come back through {target} "
+            f"within {timeout:g} s, as happens behind a connection pooler in transaction mode (PgBouncer, "
+            "RDS Proxy, Supavisor). Set listen_url (ControlTable(url, listen_url=...), CONTROLTABLE_LISTEN_URL, "
+            "--listen-url) to a direct URL of the server for the listener; waiters poll meanwhile.")
+
+
+def _check_listen_url(listen_url: str) -> str:
+    """``listen_url`` must be a PostgreSQL URL (the listener speaks LISTEN/NOTIFY)."""
+    try:
+        parsed = make_url(listen_url)
+    except Exception:
+        raise ConfigurationError(
+            f"listen_url {safe_url(str(listen_url))!r} is not a database URL; use a direct URL of the PostgreSQL "
+            "server, e.g. postgresql+psycopg://user@db-host:5432/db") from None
+    if parsed.get_backend_name() != "postgresql":
+        raise ConfigurationError(
+            f"listen_url {safe_url(listen_url)!r} is not a PostgreSQL URL; push wake-ups (LISTEN/NOTIFY) exist on "
+            "PostgreSQL only: leave listen_url unset on other databases")
+    return listen_url

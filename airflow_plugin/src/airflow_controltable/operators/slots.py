@@ -17,8 +17,8 @@ operator):
 
 :class:`ReleaseSlotOperator` is the teardown of the sensor + teardown pattern (a slot spanning
 several tasks of a run): it waits until the run's tasks between the sensor and the teardown have
-finished, and for a run whose end was forced (a task or the run marked failed) until Airflow has
-had time to kill their processes, before it hands the slot on.
+finished, and for a run whose end was forced (a task or the run marked failed, not a task that
+raised) until Airflow has had time to kill their processes, before it hands the slot on.
 """
 
 from __future__ import annotations
@@ -329,9 +329,11 @@ class ReleaseSlotOperator(ControlTableBaseOperator):
     The teardown of the sensor + teardown pattern. Before releasing, it waits (at most until the
     slot's lease runs out) until every task instance of this run between the setup (the sensor)
     and this teardown has finished, read through the Task SDK. If any of them ended in a state
-    that may have been forced on a running process (failed, removed, or the run itself marked
-    failed), it also waits ``kill_grace`` seconds: the time Airflow takes to kill such a process
-    (a supervisor heartbeat to notice, then SIGTERM and SIGKILL 5 s later).
+    that may have been forced on a running process (removed, the run itself marked failed, or
+    failed without its process recording that its work ended: see
+    :mod:`airflow_controltable.plugins.work_ended`), it also waits up to ``kill_grace`` seconds:
+    the time Airflow takes to kill such a process (a supervisor heartbeat to notice, then SIGTERM
+    and SIGKILL 5 s later). A load that raised does not wait.
 
     Releasing a slot that is no longer held is not an error (a warning), so a re-run is harmless;
     a resource that does not exist is an error (most likely a typo that would leave the slot held).
@@ -414,19 +416,49 @@ class ReleaseSlotOperator(ControlTableBaseOperator):
                 return
             self.log.info("waiting for %s to finish before releasing %r", ", ".join(unfinished), self.resource)
             time.sleep(min(float(self.check_interval), max(deadline - time.monotonic(), 0.0)))
-        forced = sorted(k for k, v in states.items() if v not in CLEAN_STATES)
         run_state = None
         try:
             run_state = str(ti.get_dagrun_state(dag_id=ti.dag_id, run_id=ti.run_id))
         except Exception as exc:  # older Task SDK: rely on the task states alone
             self.log.debug("could not read the run's state: %s", exc)
-        if forced or run_state in ("failed", "DagRunState.FAILED"):
-            grace = min(self._kill_grace(), max(deadline - time.monotonic(), 0.0))
-            self.log.info(
-                "%s ended by force (states %s, run %s): waiting %.0f s for Airflow to kill their processes",
-                ", ".join(forced) or "the run", {k: states[k] for k in forced}, run_state, grace,
-            )
-            time.sleep(grace)
+        run_forced = run_state in ("failed", "DagRunState.FAILED")  # the teardown still runs: marked failed
+        forced = self._maybe_still_running(ti, {k: v for k, v in states.items() if v not in CLEAN_STATES})
+        if not forced and not run_forced:
+            return
+        grace_end = time.monotonic() + min(self._kill_grace(), max(deadline - time.monotonic(), 0.0))
+        self.log.info(
+            "%s may have been ended by force (states %s, run %s): waiting up to %.0f s for Airflow to kill "
+            "their processes", ", ".join(forced) or "the run", {k: states[k] for k in forced}, run_state,
+            grace_end - time.monotonic(),
+        )
+        while time.monotonic() < grace_end:
+            time.sleep(min(float(self.check_interval), max(grace_end - time.monotonic(), 0.0)))
+            if not run_forced:
+                forced = self._maybe_still_running(ti, {k: states[k] for k in forced})
+                if not forced:
+                    self.log.info("their work has ended in their own processes: releasing now")
+                    return
+
+    def _maybe_still_running(self, ti: Any, ended: dict[str, Optional[str]]) -> list[str]:
+        """Task ids among ``ended`` (not cleanly finished) whose process may still run the work.
+
+        A ``failed`` task whose process recorded that its work ended (the ``work_ended`` listener's
+        XCom, pushed after ``execute`` returned or raised) is not; a ``removed`` one, a mapped one, or
+        one with no marker (marked failed by a user, killed) may be.
+        """
+        from airflow_controltable.plugins.work_ended import WORK_ENDED_KEY
+
+        maybe = []
+        for task_id, state in sorted(ended.items()):
+            marker = None
+            if state == "failed":
+                try:
+                    marker = ti.xcom_pull(task_ids=task_id, key=WORK_ENDED_KEY)
+                except Exception as exc:  # a mapped task's key, an XCom backend error: wait the grace
+                    self.log.debug("could not read the work-ended marker of %s: %s", task_id, exc)
+            if marker is not True:
+                maybe.append(task_id)
+        return maybe
 
     def execute(self, context: Context) -> int:
         holder = self.holder or dag_run_holder(context)

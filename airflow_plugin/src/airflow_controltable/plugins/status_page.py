@@ -3,7 +3,9 @@
 * ``fastapi_apps`` mounts :func:`controltable.web.create_app` at ``/controltable`` (read-only:
   no actions inside Airflow);
 * ``external_views`` adds a "controltable" entry to the navigation (Airflow 3.1+), which shows the
-  page in the UI's frame.
+  page in the UI's frame;
+* ``listeners`` (every process): :mod:`airflow_controltable.plugins.work_ended`, the marker a task
+  leaves for the sensor + teardown pattern's release when its work has ended.
 
 **Authentication.** Airflow mounts plugin apps as they are: nothing in front of them checks who
 asks. So every request to the mounted app passes :class:`AirflowAuth` first, which does what
@@ -32,6 +34,8 @@ from typing import Any, Callable, Optional
 
 from airflow.configuration import conf
 from airflow.plugins_manager import AirflowPlugin
+
+from airflow_controltable.plugins import work_ended
 
 log = logging.getLogger(__name__)
 
@@ -174,3 +178,6 @@ class ControlTableStatusPlugin(AirflowPlugin):
     name = "controltable"
     fastapi_apps = _APPS
     external_views = _VIEWS
+    #: In task processes: tasks before a ``ReleaseSlotOperator`` record that their work ended (see
+    #: :mod:`airflow_controltable.plugins.work_ended`), so the teardown waits a kill grace only when needed.
+    listeners = [work_ended]

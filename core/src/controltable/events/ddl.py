@@ -106,11 +106,12 @@ def reflect(db: Database, name: str, schema: Optional[str]) -> Table:
     try:
         with db.translating():
             return Table(name, MetaData(schema=schema), autoload_with=db.engine)
-    except NoSuchTableError as exc:
+    except NoSuchTableError:
         raise ConfigurationError(
             f"event table {qualified(name, schema)!r} does not exist in {db.safe_url}; "
-            "check the table name and schema"
-        ) from exc
+            "check the table name and schema, or create the table first (controltable adds only its "
+            "claim columns and indexes to an existing table)"
+        ) from None  # the reflection error adds nothing: one message, not a chained traceback
 
 
 def key_is_unique(db: Database, table: Table, name: str, schema: Optional[str], key: str) -> bool:
