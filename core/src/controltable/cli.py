@@ -21,12 +21,15 @@ import signal
 import subprocess
 import sys
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Callable, NoReturn, Optional, TypeVar
 
 import click
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from . import defaults
 from .control import ControlTable
@@ -102,14 +105,29 @@ class CT:
         self.url, self.namespace, self.schema, self.prefix = url, namespace, schema, prefix
         self.connect_timeout, self.statement_timeout = connect_timeout, statement_timeout
         self._ct: Optional[ControlTable] = None
+        #: ``--listen-url``; None lets ControlTable read CONTROLTABLE_LISTEN_URL (PostgreSQL only).
+        self.listen_url: Optional[str] = None
         password = _url_password(url)
         if password:
             _SECRETS.add(password)
 
-    def get(self) -> ControlTable:
+    def get(self, *, create: bool = False) -> ControlTable:
+        """The ControlTable; only ``create=True`` (``init``, ``demo``) may create a missing SQLite file.
+
+        Every other command needs installed control tables, so a missing database file is refused
+        with its path instead of being created empty (a read-only ``status`` left one behind, and
+        a job started in the wrong directory then saw a control table of its own).
+        """
+        path = sqlite_file(self.url)
+        if self._ct is None and not create and path is not None and not path.exists():
+            fail(f"no controltable database at {path} (the SQLite file of --url/CONTROLTABLE_URL; a relative "
+                 f"one is relative to the current directory {Path.cwd()}); create it with `controltable init`, "
+                 "or set CONTROLTABLE_URL (or --url) to the database your jobs use, e.g. an absolute "
+                 "sqlite:////path/controltable.db", EXIT_DATABASE)
         if self._ct is None:
             self._ct = ControlTable(self.url, namespace=self.namespace, schema=self.schema, prefix=self.prefix,
-                                    connect_timeout=self.connect_timeout, statement_timeout=self.statement_timeout)
+                                    connect_timeout=self.connect_timeout, statement_timeout=self.statement_timeout,
+                                    listen_url=self.listen_url)
         return self._ct
 
 
@@ -189,14 +207,22 @@ def in_seconds(ts: Optional[datetime], now: float) -> str:
               show_default=True,
               help="Seconds one statement may run, lock waits included; 0 keeps the server's setting "
                    "(env CONTROLTABLE_STATEMENT_TIMEOUT).")
+@click.option("--listen-url", default=None, metavar="URL",
+              help=f"Direct URL of the PostgreSQL server for push wake-ups when --url goes through a connection "
+                   f"pooler in transaction mode (env {defaults.LISTEN_URL_ENV}, read on PostgreSQL only).")
 @click.pass_context
 def cli(ctx: click.Context, url: str, namespace: str, schema: Optional[str], prefix: str,
-        connect_timeout: float, statement_timeout: Optional[float]) -> None:
+        connect_timeout: float, statement_timeout: Optional[float], listen_url: Optional[str] = None) -> None:
     """Resource slots, event batch claiming and ordered work lists in a control table in your database.
 
     Passwords in --url / CONTROLTABLE_URL are never printed (masked as ***).
     """
     ctx.obj = CT(url, namespace, schema, prefix, connect_timeout, statement_timeout)
+    if listen_url:
+        ctx.obj.listen_url = listen_url
+        secret = _url_password(listen_url)
+        if secret:
+            _SECRETS.add(secret)
 
 
 def main() -> None:
@@ -294,7 +320,45 @@ def capacity_delete(obj: CT, name: str, force: bool) -> None:
     console.print(f"deleted {name}")
 
 
+# -- doctor ------------------------------------------------------------------------------------------
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--events", "event_tables", multiple=True, metavar="[SCHEMA.]TABLE:KEY[:ORDER_BY]",
+              help="An event table to check (repeatable): claim columns, indexes, statistics, privileges.")
+@click.pass_obj
+@handled
+def doctor(obj: CT, as_json: bool, event_tables: tuple[str, ...]) -> None:
+    """Check whether this setup keeps controltable's promises (pooler, push, replication, clock, privileges...).
+
+    Exit 0 when all is well, 1 on a warning, 2 on an error; every finding says what to do.
+    """
+    from .doctor import LEVELS, exit_code
+    from .web.data import parse_event_spec
+
+    ct = obj.get()
+    specs = [parse_event_spec(text) for text in event_tables]
+    findings = ct.doctor(event_tables=[ct.events(s.table, key=s.key, order_by=s.order_by, table_schema=s.schema)
+                                       for s in specs])
+    if as_json:
+        click.echo(json.dumps([f.as_dict() for f in findings], indent=2))
+    else:
+        styles = dict(zip(LEVELS, ("green", "cyan", "yellow", "bold red")))
+        table = Table("check", "level", "finding", "fix", title=f"controltable doctor: {ct.db.safe_url}")
+        for f in findings:
+            table.add_row(f.check, Text(f.level, style=styles.get(f.level, "")), f.message,
+                          "" if f.fix == "nothing to do" else f.fix)
+        console.print(table)
+    raise SystemExit(exit_code(findings))
+
+
 # -- status ------------------------------------------------------------------------------------------
+def _note_push(ct: ControlTable) -> None:
+    """Say so when push wake-ups do not arrive (behind a pooler in transaction mode): waiters poll then."""
+    push = ct.push_status()
+    if push.state == "inactive":
+        err.print(f"note: {push.detail}")
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.argument("resources", nargs=-1)
@@ -307,6 +371,7 @@ def status(obj: CT, as_json: bool, resources: tuple[str, ...]) -> None:
     if as_json:
         click.echo(json.dumps([_status_dict(s) for s in states], default=str, indent=2))
         return
+    _note_push(ct)
     now = ct.now()
     if not states:
         console.print(f"no resources in namespace {obj.namespace!r}; "

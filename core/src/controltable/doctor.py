@@ -251,11 +251,11 @@ def version_finding(installed: Optional[int], package: int = SCHEMA_VERSION) -> 
     return Finding("control tables", "ok", f"schema version {installed}, current", NOTHING)
 
 
-def privileges_finding(label: str, denied: dict[str, str]) -> Finding:
+def privileges_finding(check: str, label: str, denied: dict[str, str]) -> Finding:
     """``denied``: what was refused (e.g. ``"UPDATE on ct_resource"``) and the server's message."""
     if not denied:
-        return Finding(f"privileges {label}", "ok", f"SELECT, INSERT, UPDATE and DELETE on {label} granted", NOTHING)
-    return Finding(f"privileges {label}", "error", f"denied: {', '.join(sorted(denied))}",
+        return Finding(check, "ok", f"SELECT, INSERT, UPDATE and DELETE on {label} granted", NOTHING)
+    return Finding(check, "error", f"denied: {', '.join(sorted(denied))}",
                    "GRANT SELECT, INSERT, UPDATE, DELETE on those tables to the URL's user")
 
 
@@ -283,7 +283,8 @@ def galera_finding(wsrep_on: Optional[bool], sync_wait: Optional[int], status: d
     ready = status.get("WSREP_READY", "OFF").upper() == "ON"
     if not ready or state != "Synced":
         return Finding("galera", "error", f"this node is not ready (wsrep_ready={status.get('WSREP_READY')}, "
-                       f"state {state}): it refuses or delays work", "connect to a Synced node of the primary component")
+                       f"state {state}): it refuses or delays work",
+                       "connect to a Synced node of the primary component")
     if not sync_wait or not (sync_wait & 1):
         return Finding("galera", "warning",
                        f"wsrep_sync_wait = {sync_wait or 0}: a read of lease state on this node may miss commits "
@@ -337,7 +338,7 @@ def run_checks(ct: ControlTable, *, event_tables: Sequence[EventTable] = ()) -> 
     if installed is not None:
         def control_privileges() -> list[Finding]:
             denied = {f"{p} on {t.name}": why for t in ct.tables.tables for p, why in _denied(ct, t).items()}
-            return [privileges_finding("the control tables", denied)]
+            return [privileges_finding("privileges", "the control tables", denied)]
 
         check("privileges", control_privileges)
     if dialect == "mysql":
@@ -418,7 +419,7 @@ def _event_table(ct: ControlTable, ev: EventTable, label: str) -> list[Finding]:
         return [Finding(check, "warning", f"{len(missing)} claim column(s) or index(es) missing",
                         f"run `controltable events prepare {label} --key {ev.key}` (or EventTable.prepare())")]
     table = ev.table
-    out = [privileges_finding(label, _denied(ct, table))]
+    out = [privileges_finding(f"{check}: privileges", label, _denied(ct, table))]
     actual = ev.stats().total
     dialect = ct.db.dialect_name
     rows: Optional[int] = None

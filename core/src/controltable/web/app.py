@@ -4,8 +4,10 @@ Routes (relative to wherever the app is mounted, so the same app serves ``contro
 ``/`` and Airflow's api-server at ``/controltable``):
 
 * ``GET /`` the page (static HTML + our own JS/CSS; nothing is loaded from another host);
-* ``GET /api/status`` the snapshot the page polls (``?charts=0`` skips the history series);
-* ``GET /metrics`` the Prometheus text format;
+* ``GET /api/status`` the snapshot the page polls (``?charts=0`` skips the history series), with
+  the push state and ``doctor``'s findings, which the page shows in its "Setup" section;
+* ``GET /metrics`` the Prometheus text format (``controltable_push_active`` says whether push
+  wake-ups arrive, ``controltable_doctor_findings`` counts doctor's findings per level);
 * ``POST /api/release`` and ``POST /api/capacity`` only when built with ``actions=True``, which
   needs a token: every action request must carry ``Authorization: Bearer <token>``.
 

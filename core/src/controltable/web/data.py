@@ -33,6 +33,9 @@ from ..validation import check_identifier, check_name
 CHART_WINDOWS: tuple[tuple[str, float, int], ...] = (("hour", 3600.0, 12), ("day", 86400.0, 24))
 #: How long event-table samples are kept for the per-minute rates (seconds).
 RATE_HORIZON = 300.0
+#: How long the page reuses doctor's findings (seconds): they change rarely, and doctor sends a
+#: notification and opens probe connections, which a page polled every 2 s should not do each time.
+DOCTOR_REFRESH = 60.0
 
 
 # -- configuration -----------------------------------------------------------------------------------
@@ -200,6 +203,8 @@ class StatusSource:
         self._lock = threading.Lock()
         self._samples: dict[str, deque[tuple[float, int, int]]] = {}
         self._event_tables: dict[str, Any] = {}
+        self._doctor: Optional[tuple[float, list[dict[str, str]]]] = None
+        self._doctor_lock = threading.Lock()
 
     @property
     def ct(self) -> ControlTable:
@@ -311,6 +316,26 @@ class StatusSource:
             })
         return out
 
+    def push(self) -> dict[str, Any]:
+        """Whether push wake-ups reach this process (``ControlTable.push_status``)."""
+        st = self.ct.push_status()
+        return {"active": st.active, "state": st.state, "detail": st.detail, "listen_url": st.listen_url,
+                "round_trip_ms": st.round_trip_ms}
+
+    def doctor(self) -> list[dict[str, str]]:
+        """``ControlTable.doctor()`` over the configured event tables, reused for :data:`DOCTOR_REFRESH` s."""
+        with self._doctor_lock:
+            now = self._clock()
+            if self._doctor is None or now - self._doctor[0] >= DOCTOR_REFRESH:
+                tables = []
+                for spec in self.event_specs:
+                    try:
+                        tables.append(self._event_table(spec))
+                    except ControlTableError:
+                        continue  # the event table's own card says what is wrong
+                self._doctor = (now, [f.as_dict() for f in self.ct.doctor(event_tables=tables)])
+            return self._doctor[1]
+
     # -- the whole picture ---------------------------------------------------------------------------
     def snapshot(self, *, charts: bool = True) -> dict[str, Any]:
         """Everything the page shows, read now; ``charts=False`` skips the history series."""
@@ -326,6 +351,8 @@ class StatusSource:
             "stats": stats,
             "events": self.events(now),
             "worklists": self.worklists_view(),
+            "push": self.push(),
+            "doctor": self.doctor(),
         }
 
 

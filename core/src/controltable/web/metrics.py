@@ -119,6 +119,18 @@ class SnapshotCollector:
                 wl_order.add_metric([wl["name"]], wl["current_order"])
         yield from (wl_items, wl_order)
 
+        push = snap.get("push")
+        if push is not None:
+            yield GaugeMetricFamily("controltable_push_active",
+                                    "1 if push wake-ups reach this process (else waiters poll: set listen_url "
+                                    "behind a pooler in transaction mode)", value=1.0 if push["active"] else 0.0)
+        if snap.get("doctor") is not None:
+            findings = GaugeMetricFamily("controltable_doctor_findings", "doctor's findings per level",
+                                         labels=["level"])
+            for level in ("ok", "info", "warning", "error"):
+                findings.add_metric([level], float(sum(1 for f in snap["doctor"] if f["level"] == level)))
+            yield findings
+
 
 def render(snapshot: Callable[[], dict[str, Any]],
            waits: Callable[[], dict[str, list[float]]]) -> bytes:

@@ -234,6 +234,20 @@
     return card;
   }
 
+  // The findings of `controltable doctor` (refreshed by the server every minute) and the push state.
+  function renderDoctor(data) {
+    const push = data.push;
+    document.getElementById("push").textContent = !push ? "" : push.active
+      ? `push wake-ups active${push.round_trip_ms === null ? "" : " (probe " + push.round_trip_ms.toFixed(1) + " ms)"}`
+      : `push wake-ups ${push.state}: ${push.detail}`;
+    const rows = data.doctor || [];
+    document.getElementById("doctor").replaceChildren(
+      el("tr", {}, el("th", {}, "check"), el("th", {}, "level"), el("th", {}, "finding"), el("th", {}, "fix")),
+      ...rows.map(f => el("tr", {class: "finding " + f.level, "data-check": f.check},
+        el("td", {}, f.check), el("td", {class: "level"}, f.level), el("td", {}, f.message),
+        el("td", {}, f.fix === "nothing to do" ? "" : f.fix))));
+  }
+
   // -- the loop --------------------------------------------------------------------------------------
   function render(data) {
     document.getElementById("where").textContent = `namespace ${data.namespace} · ${data.database}`;
@@ -249,6 +263,7 @@
     document.getElementById("events").replaceChildren(...data.events.map(eventCard));
     document.getElementById("worklists-title").hidden = !data.worklists.length;
     document.getElementById("worklists").replaceChildren(...data.worklists.map(worklistCard));
+    renderDoctor(data);
     document.getElementById("updated").textContent = "updated " + clock(data.now);
     body.dataset.updated = String(data.now);
   }
