@@ -21,9 +21,11 @@ import signal
 import subprocess
 import sys
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Callable, NoReturn, Optional, TypeVar
 
 import click
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -49,9 +51,22 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_TIMEOUT, EXIT_DATABASE, EXIT_EMPTY, EXIT_L
 
 # Markup off: names, holders and database messages are printed as given, never parsed as rich
 # markup (a resource called "[/]" must not crash the output). Styled text opts in per call.
-#: Piped into a log or a file, tables keep their full width instead of rich's 80-column default, so
-#: holder ids and times are not cut to "…" where nobody can widen the terminal.
-console = Console(markup=False, width=None if sys.stdout.isatty() else 200)
+
+
+def _output_width() -> Optional[int]:
+    """The width tables are laid out for: ``COLUMNS`` when set, else the terminal's, else 200.
+
+    ``COLUMNS`` wins so a caller can fit the output to a log viewer or an 80-column mail; piped into a
+    log or a file without it, tables keep a wide layout instead of rich's 80-column default, so holder
+    ids and times are not cut to "…" where nobody can widen the terminal.
+    """
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) >= 20:
+        return int(columns)
+    return None if sys.stdout.isatty() else 200
+
+
+console = Console(markup=False, width=_output_width())
 err = Console(stderr=True, markup=False, soft_wrap=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -94,6 +109,25 @@ def _url_password(url: str) -> Optional[str]:
         return None
 
 
+def sqlite_file(url: str) -> Optional[Path]:
+    """The absolute path of an SQLite database file named by ``url``; None for other databases and memory.
+
+    The default URL is relative (``sqlite:///controltable.db``): it names a file in the current
+    directory, so the CLI prints where that is rather than leave a cron job to find out.
+    """
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return None
+    database = parsed.database
+    if not parsed.drivername.startswith("sqlite") or not database or database == ":memory:" \
+            or database.startswith("file:") or parsed.query.get("mode") == "memory":
+        return None
+    return Path(database).expanduser().absolute()
+
+
 class CT:
     """Lazily opened ControlTable built from the global options."""
 
@@ -109,7 +143,19 @@ class CT:
         if password:
             _SECRETS.add(password)
 
-    def get(self) -> ControlTable:
+    def get(self, *, create: bool = False) -> ControlTable:
+        """The ControlTable; only ``create=True`` (``init``, ``demo``) may create a missing SQLite file.
+
+        Every other command needs installed control tables, so a missing database file is refused
+        with its path instead of being created empty (a read-only ``status`` left one behind, and
+        a job started in the wrong directory then saw a control table of its own).
+        """
+        path = sqlite_file(self.url)
+        if self._ct is None and not create and path is not None and not path.exists():
+            fail(f"no controltable database at {path} (the SQLite file of --url/CONTROLTABLE_URL; a relative "
+                 f"one is relative to the current directory {Path.cwd()}); create it with `controltable init`, "
+                 "or set CONTROLTABLE_URL (or --url) to the database your jobs use, e.g. an absolute "
+                 "sqlite:////path/controltable.db", EXIT_DATABASE)
         if self._ct is None:
             self._ct = ControlTable(self.url, namespace=self.namespace, schema=self.schema, prefix=self.prefix,
                                     connect_timeout=self.connect_timeout, statement_timeout=self.statement_timeout,
@@ -178,9 +224,23 @@ def in_seconds(ts: Optional[datetime], now: float) -> str:
     return f"in {delta:.0f}s" if delta >= 0 else f"expired {-delta:.0f}s ago"
 
 
+def _version() -> str:
+    """The installed distribution's version (the package's own when run from a source tree)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from . import __version__
+
+    try:
+        return version("controltable")
+    except PackageNotFoundError:
+        return __version__
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(version=_version(), prog_name="controltable", message="%(prog)s %(version)s")
 @click.option("--url", envvar="CONTROLTABLE_URL", default=DEFAULT_URL, show_default=True,
-              help="SQLAlchemy URL of the database (env CONTROLTABLE_URL).")
+              help="SQLAlchemy URL of the database (env CONTROLTABLE_URL). The default SQLite file is relative "
+                   "to the current directory: give cron jobs an absolute URL.")
 @click.option("--namespace", envvar="CONTROLTABLE_NAMESPACE", default="default", show_default=True,
               help="Separates deployments sharing one database.")
 @click.option("--schema", envvar="CONTROLTABLE_SCHEMA", default=None, help="Database schema of the control tables.")
@@ -220,9 +280,13 @@ def main() -> None:
 @click.pass_obj
 @handled
 def init(obj: CT) -> None:
-    """Create the control tables (idempotent) and record the schema version."""
-    version = obj.get().install()
+    """Create the control tables (idempotent) and record the schema version; prints where the database is."""
+    version = obj.get(create=True).install()
     console.print(f"control tables ready in {obj.get().db.safe_url} (schema version {version})")
+    path = sqlite_file(obj.url)
+    if path is not None:
+        console.print(f"database file: {path}\njobs started elsewhere (cron, other directories) must use "
+                      f"CONTROLTABLE_URL=sqlite:///{path}", highlight=False, soft_wrap=True)
 
 
 @cli.command()
@@ -363,23 +427,90 @@ def status(obj: CT, as_json: bool, resources: tuple[str, ...]) -> None:
         console.print(f"no resources in namespace {obj.namespace!r}; "
                       "create one with `controltable capacity set NAME N`")
         return
-    table = Table("resource", "capacity", "in use", "state", "holder", "mode", "slots", "priority", "token",
-                  "since (UTC)", "lease", "waits behind", title=f"controltable status: namespace {obj.namespace}")
+    # Columns that say nothing are left out and long ids fold, so the table fits COLUMNS (80 included)
+    # without cutting a holder id: priority only when one differs from the default, the waits-behind
+    # column only with waiters, the start time only where it fits.
+    entries = [e for st in states for e in (*st.holders, *st.waiters)]
+    show_priority = any(e.priority != DEFAULT_SLOT_PRIORITY or e.effective_priority != e.priority for e in entries)
+    show_behind = any(st.waiters for st in states)
+    wide = console.width >= 120
+
+    def behind(e: Any) -> str:
+        return "" if e.state == "granted" else _behind(e.ahead, 3 if wide else 1)
+
+    def holder(e: Any) -> str:  # narrow: who a waiter waits behind goes under its id
+        return e.holder if wide or not behind(e) else f"{e.holder}\n behind: {behind(e)}"
+
+    # (header, cell, flexible): flexible columns (names, ids) share the width left and fold; the
+    # others keep their text on one line.
+    columns: list[tuple[str, Callable[[Any], str], int]] = [
+        ("holder", holder, 3), ("mode", lambda e: mode_name(e.mode), 0),
+    ]
+    if wide or any(e.slots != 1 for e in entries):
+        columns.append(("slots", lambda e: str(e.slots), 0))
+    if show_priority:
+        columns.append(("priority", _priority, 0))
+    columns.append(("token", lambda e: str(e.token or ""), 0))
+    if wide:
+        columns.append(("since (UTC)", lambda e: when(e.since), 0))
+    columns.append(("lease", lambda e: in_seconds(e.expires_at, now), 0))
+    if show_behind and wide:
+        columns.append(("waits behind", behind, 2))
+    table = Table(title=f"controltable status: namespace {obj.namespace}",
+                  box=box.HEAVY_HEAD if wide else box.SIMPLE_HEAD, show_edge=wide,
+                  padding=(0, 1) if wide else (0, 1, 0, 0), expand=not wide)
+    table.add_column("resource", overflow="fold", ratio=2)
+    table.add_column("in use", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    for header, _, ratio in columns:
+        if ratio:
+            table.add_column(header, overflow="fold", ratio=ratio)
+        else:
+            table.add_column(header, no_wrap=True)
     for st in states:
         rows = [(h, "holding") for h in st.holders] + [(w, f"waiting #{w.position}") for w in st.waiters]
         policy = "".join([f"\nrate {st.rate}" if st.rate else "", f"\naging {st.aging:g}s" if st.aging else ""])
+        used = f"{st.used}/{st.capacity}"
         if not rows:
-            table.add_row(st.name + policy, str(st.capacity), str(st.used), "idle", "", "", "", "", "", "", "", "")
+            table.add_row(st.name + policy, used, "idle", *["" for _ in columns])
         for i, (e, state) in enumerate(rows):
-            prio = str(e.priority)
-            if e.effective_priority != e.priority:
-                prio += f" ({e.effective_priority:.1f})"  # what aging made of it
-            behind = "" if e.state == "granted" else _behind(e.ahead)
-            table.add_row(st.name + policy if i == 0 else "", str(st.capacity) if i == 0 else "",
-                          str(st.used) if i == 0 else "", state + (" (expired)" if e.expired else ""), e.holder,
-                          e.mode, str(e.slots), prio, str(e.token or ""), when(e.since),
-                          in_seconds(e.expires_at, now), behind)
+            table.add_row(st.name + policy if i == 0 else "", used if i == 0 else "",
+                          state + ((" (expired)" if wide else "\n(expired)") if e.expired else ""),
+                          *[cell(e) for _, cell, _ in columns])
     console.print(table)
+
+
+def _priority(entry: Any) -> str:
+    """An entry's priority, with what aging made of it when that differs."""
+    text = str(entry.priority)
+    if entry.effective_priority != entry.priority:
+        text += f" ({entry.effective_priority:.1f})"
+    return text
+
+
+def percent(share: Optional[float]) -> str:
+    """A share (0..1) as a percentage that keeps small values visible: 0.14 %, 3.5 %, 42 %."""
+    if share is None:
+        return ""
+    value = share * 100
+    if value == 0:
+        return "0 %"
+    if value < 0.01:
+        return "<0.01 %"
+    if value < 1:
+        return f"{value:.2f} %"
+    if value < 10:
+        return f"{value:.1f} %"
+    return f"{value:.0f} %"
+
+
+#: What the CLI calls each stored mode: "counting" is the documented word for a slot that counts
+#: (stored, and accepted as input, as "shared" by older releases).
+MODE_NAMES = {"shared": "counting", "counting": "counting", "exclusive": "exclusive"}
+
+
+def mode_name(mode: str) -> str:
+    return MODE_NAMES.get(mode, mode)
 
 
 def _behind(ahead: list[str], show: int = 3) -> str:
@@ -422,7 +553,7 @@ def stats(obj: CT, resource: Optional[str], window: str, as_json: bool) -> None:
                   "expired", title=f"controltable stats: namespace {obj.namespace}, last {window}")
     for r in rows:
         table.add_row(r.resource, str(r.capacity), str(r.grants), f"{r.grants_per_hour:.1f}", secs(r.wait_p50),
-                      secs(r.wait_p95), secs(r.wait_max), "" if r.utilisation is None else f"{r.utilisation:.0%}",
+                      secs(r.wait_p95), secs(r.wait_max), percent(r.utilisation),
                       str(r.expired))
     console.print(table)
 
@@ -440,8 +571,9 @@ def reap(obj: CT) -> None:
 @click.argument("resource")
 @click.option("--holder", required=True, help="Who holds the slot; release with the same holder.")
 @click.option("--slots", default=1, show_default=True, type=int)
-@click.option("--shared/--exclusive", "shared", default=DEFAULT_MODE == "shared", show_default=False,
-              help="Counting slot beside other holders (default), or --exclusive to run alone.")
+@click.option("--counting/--exclusive", "--shared", "shared", default=DEFAULT_MODE == "shared", show_default=False,
+              help="Counting slot beside other holders (default; --shared is the old name), or --exclusive to "
+                   "run alone.")
 @click.option("--attempt", type=int, default=None, help="Attempt number (a retry gets a new token).")
 @click.option("--timeout", type=float, default=None, help="Seconds to wait (default: forever; 0: try once).")
 @click.option("--lease", type=float, default=300.0, show_default=True, help="Lease seconds; renew with `renew`.")
@@ -488,8 +620,9 @@ def renew(obj: CT, resource: str, holder: str, lease: Optional[float]) -> None:
 @click.option("--resource", "resources", multiple=True, required=True,
               help="Resource to hold (repeat for several, all-or-nothing); NAME or NAME:SLOTS.")
 @click.option("--slots", default=1, show_default=True, type=int, help="Slots when one resource is named.")
-@click.option("--shared/--exclusive", "shared", default=DEFAULT_MODE == "shared", show_default=False,
-              help="Counting slot beside other holders (default), or --exclusive to run alone.")
+@click.option("--counting/--exclusive", "--shared", "shared", default=DEFAULT_MODE == "shared", show_default=False,
+              help="Counting slot beside other holders (default; --shared is the old name), or --exclusive to "
+                   "run alone.")
 @click.option("--attempt", type=int, default=None, help="Attempt number (a retry gets a new token).")
 @click.option("--holder", default=None, help="Holder id (default: host:pid:random).")
 @click.option("--timeout", type=float, default=None, help="Seconds to wait (default: forever). Exit 3 on timeout.")
@@ -507,6 +640,9 @@ def run(obj: CT, resources: tuple[str, ...], slots: int, shared: bool, attempt: 
     The lease is renewed in the background; SIGTERM/SIGINT are passed to COMMAND and the slot is
     released when it exits. If the lease is lost while COMMAND runs, exit 6 (unless COMMAND failed).
     """
+    problem = _cannot_start(command[0])
+    if problem:  # before queueing: a command that cannot start must not spend a grant and a token
+        fail(f"cannot run {command[0]!r}: {problem}; nothing was queued", 127)
     request: Any
     if len(resources) == 1 and ":" not in resources[0]:
         request = {resources[0]: slots}
@@ -548,6 +684,26 @@ def run(obj: CT, resources: tuple[str, ...], slots: int, shared: bool, attempt: 
         if code == 0:
             sys.exit(EXIT_LOST)
     sys.exit(code if code >= 0 else 128 - code)
+
+
+def _cannot_start(program: str) -> Optional[str]:
+    """Why ``program`` cannot be started (as ``subprocess.Popen`` would look it up), or None.
+
+    A path (anything with a slash) must be an executable file; a bare name must be on ``PATH``.
+    The child may still fail to start for other reasons (a bad interpreter line): ``run`` then
+    releases the slot and exits 127 as before.
+    """
+    import shutil
+
+    if os.sep in program or (os.altsep and os.altsep in program):
+        if not os.path.exists(program):
+            return "no such file"
+        if os.path.isdir(program):
+            return "it is a directory"
+        if not os.access(program, os.X_OK):
+            return "not executable (chmod +x it, or run it through its interpreter)"
+        return None
+    return None if shutil.which(program) else "not found on PATH"
 
 
 # -- demo --------------------------------------------------------------------------------------------
@@ -673,12 +829,27 @@ def worklist() -> None:
 
 
 def _read_payloads(path: str) -> list[Any]:
-    stream = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
+    """The payloads in ``path`` (``-``: stdin); a file that cannot be read or decoded is bad input
+    (a ConfigurationError, exit code 2), never "a bug in controltable"."""
     try:
-        text = stream.read()
-    finally:
-        if stream is not sys.stdin:
-            stream.close()
+        if path == "-":
+            raw = getattr(sys.stdin, "buffer", None)
+            data = raw.read() if raw is not None else sys.stdin.read().encode("utf-8", "surrogateescape")
+        else:
+            with open(path, "rb") as stream:
+                data = stream.read()
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot read {path}: {exc.strerror or exc}; give an existing, readable file of JSON (an array or "
+            "JSON lines), or - for stdin"
+        ) from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigurationError(
+            f"{path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); save it as "
+            "UTF-8 JSON (e.g. iconv -f latin1 -t utf-8); nothing was added"
+        ) from None
     text = text.strip()
     if not text:
         return []
