@@ -83,6 +83,14 @@ def get_provider_info() -> dict[str, Any]:
                         "label": "Table prefix",
                         "schema": {"type": ["string", "null"], "default": "ct_"},
                     },
+                    "listen_url": {
+                        "label": "Direct URL for push wake-ups",
+                        "description": (
+                            "PostgreSQL behind a pooler in transaction mode (PgBouncer, RDS Proxy): a direct URL of "
+                            "the server for the wake-up listener only; work still uses the URL above"
+                        ),
+                        "schema": {"type": ["string", "null"]},
+                    },
                     "install": {
                         "label": "Create the control tables on first use",
                         "description": "Needs DDL rights; otherwise run `controltable init` once",

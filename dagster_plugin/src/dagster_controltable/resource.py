@@ -275,6 +275,10 @@ class ControlTableResource(ConfigurableResource):
     statement_timeout: Optional[float] = Field(
         default=None, description="Seconds one control-table statement may run before it is cancelled "
                                   "(default: the core's).")
+    listen_url: Optional[str] = Field(
+        default=None, description="PostgreSQL behind a connection pooler in transaction mode (PgBouncer, RDS "
+                                  "Proxy): a direct URL of the server for push wake-ups only; work still uses url. "
+                                  "Default: CONTROLTABLE_LISTEN_URL.")
 
     _ct: Optional[ControlTable] = PrivateAttr(default=None)
     _setup_error: Optional[BaseException] = PrivateAttr(default=None)
@@ -381,7 +385,7 @@ class ControlTableResource(ConfigurableResource):
             return
         try:
             self._ct = ControlTable(self.url, namespace=self.namespace, schema=self.control_tables_schema,
-                                    prefix=self.prefix, **self._timeouts())
+                                    prefix=self.prefix, listen_url=self.listen_url, **self._timeouts())
             self._setup_error = None
         except (ControlTableError, ImportError) as exc:
             self._setup_error = exc

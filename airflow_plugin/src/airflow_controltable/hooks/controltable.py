@@ -111,6 +111,12 @@ class ControlTableHook(BaseHook):
                 ) from exc
             if conn.password and not parsed.password:
                 parsed = parsed.set(password=conn.password)
+            listen = extras.get("listen_url")
+            if listen and conn.password and "://" in str(listen):
+                # The listener's direct URL logs in as the same user: the Password field fills it too.
+                direct = make_url(str(listen))
+                if not direct.password:
+                    extras["listen_url"] = direct.set(password=conn.password).render_as_string(hide_password=False)
             return parsed.render_as_string(hide_password=False), extras
         return self._url_from_sql_hook(conn), {}
 
@@ -156,12 +162,14 @@ class ControlTableHook(BaseHook):
         namespace = self.namespace or extras.get("namespace") or "default"
         schema = self.schema if self.schema is not None else extras.get("schema")
         prefix = self.prefix if self.prefix is not None else extras.get("prefix", "ct_")
-        key = (url, str(namespace), schema, str(prefix))
+        listen_url = extras.get("listen_url") or None  # None: CONTROLTABLE_LISTEN_URL, else a self-probed listener
+        key = (url, str(namespace), schema, str(prefix), listen_url)
         with _CACHE_LOCK:
             table = _CACHE.get(key)
             if table is None or _CACHE_PID.get(id(table)) != os.getpid():
                 try:
-                    table = ControlTable(url, namespace=namespace, schema=schema, prefix=prefix)
+                    table = ControlTable(url, namespace=namespace, schema=schema, prefix=prefix,
+                                         listen_url=listen_url)
                     if _truthy(extras.get("install")):
                         table.install()
                 except ControlTableError as exc:

@@ -29,6 +29,8 @@ WAITING, GRANTED = "waiting", "granted"
 #: The outcomes of a grant in the history: still held, given back, or its lease ran out (the holder
 #: died or stopped renewing; a grant made on a waiter's behalf that was never picked up also ends so).
 HELD, RELEASED, EXPIRED = "held", "released", "expired"
+#: A history row's outcome when a newer attempt of the same holder took the grant over with a new token.
+SUPERSEDED = "superseded"
 
 #: A fenced change: the UPDATE and the count that confirms it (see the module's docstring).
 Fenced = tuple[Update, Select]  # type: ignore[type-arg]
@@ -389,12 +391,14 @@ def delete_resource_requests(t: ControlSchema, namespace: str, name: str) -> Del
 
 # -- grant history ----------------------------------------------------------------------------------
 def record_grant(t: ControlSchema, namespace: str, resource: str, token: int, row: Any, priority: int,
-                 now: float) -> Insert:
+                 now: float, enqueued_at: Optional[float] = None) -> Insert:
     """The history row of a grant just made (``row``: the request row granted), in the grant's own
-    transaction: the rate window, counted from these rows, can never miss a grant."""
+    transaction: the rate window, counted from these rows, can never miss a grant. ``enqueued_at``:
+    when the request for this token was made, if not the row's (a newer attempt taking a grant over)."""
     return insert(t.history).values(
         namespace=namespace, resource=resource, token=token, holder=row.holder, mode=row.mode,
-        slots=int(row.slots), priority=priority, enqueued_at=float(row.enqueued_at), granted_at=now,
+        slots=int(row.slots), priority=priority,
+        enqueued_at=float(row.enqueued_at) if enqueued_at is None else enqueued_at, granted_at=now,
         ended_at=None, outcome=HELD,
     )
 
@@ -409,10 +413,10 @@ def end_grant(t: ControlSchema, namespace: str, resource: str, token: int, outco
     )
 
 
-def retoken_grant(t: ControlSchema, namespace: str, resource: str, old: int, new: int) -> Update:
-    """A newer attempt took a new fencing token for the same grant: the row follows it."""
-    h = t.history
-    return update(h).where(h.c.namespace == namespace, h.c.resource == resource, h.c.token == old).values(token=new)
+def retoken_grant(t: ControlSchema, namespace: str, resource: str, old: int, now: float) -> Update:
+    """A newer attempt took the grant over with a new fencing token: the old token's row ends here
+    (``superseded``), and :func:`record_grant` adds the new token's row, so every token keeps its row."""
+    return end_grant(t, namespace, resource, old, SUPERSEDED, now)
 
 
 def window_count(t: ControlSchema, namespace: str, resource: str, since: float) -> Select:  # type: ignore[type-arg]

@@ -645,8 +645,10 @@ class SlotEngine:
                     if newer:
                         for name in names:
                             res[name].last_token += 1
-                            conn.execute(sql.retoken_grant(self.t, self.ns, name, tokens[name],
-                                                           res[name].last_token))
+                            conn.execute(sql.retoken_grant(self.t, self.ns, name, tokens[name], now))
+                            (row_of,) = [row for row in mine if row.resource == name]
+                            conn.execute(sql.record_grant(self.t, self.ns, name, res[name].last_token, row_of,
+                                                          int(row_of.priority), now, enqueued_at=now))
                             tokens[name] = res[name].last_token
                             conn.execute(sql.write_last_token(self.t, self.ns, name, tokens[name]))
                     for row in mine:
