@@ -559,6 +559,72 @@ def stats(obj: CT, resource: Optional[str], window: str, as_json: bool) -> None:
 
 
 @cli.command()
+@click.argument("resource", required=False)
+@click.option("--since", default="1h", show_default=True, help="How far back: seconds or e.g. 15m, 1h, 1d.")
+@click.option("--limit", default=100, show_default=True, type=int, help="At most this many grants (newest first).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+@handled
+def history(obj: CT, resource: Optional[str], since: str, limit: int, as_json: bool) -> None:
+    """The grants made in the last SINCE (of RESOURCE, or all), newest first: who, token, wait, hold, outcome."""
+    from dataclasses import asdict
+
+    from .slots import parse_duration
+
+    ct = obj.get()
+    records = ct.history(resource, since=parse_duration(since), limit=limit)
+    if resource and not records and not ct.status([resource]):
+        fail(f"resource {resource!r} does not exist in namespace {obj.namespace!r}", EXIT_USAGE)
+    if as_json:
+        click.echo(json.dumps([asdict(r) for r in records], default=str, indent=2))
+        return
+    if not records:
+        console.print(f"no grants in the last {since} in namespace {obj.namespace!r}"
+                      + (f" for {resource!r}" if resource else ""))
+        return
+    now = ct.now()
+    wide = console.width >= 120
+    show_priority = any(r.priority != DEFAULT_SLOT_PRIORITY for r in records)
+    table = Table(title=f"controltable history: namespace {obj.namespace}, last {since}",
+                  box=box.HEAVY_HEAD if wide else box.SIMPLE_HEAD, show_edge=wide,
+                  padding=(0, 1) if wide else (0, 1, 0, 0), expand=not wide)
+    # Narrow (80 columns): the date goes (the time stays), the resource goes when one was asked for,
+    # and names fold rather than being cut.
+    show_resource = resource is None
+    show_slots = wide or any(r.slots != 1 for r in records)
+    if show_resource:
+        table.add_column("resource", overflow="fold", ratio=2, min_width=8)
+    table.add_column("holder", overflow="fold", ratio=3, min_width=12)
+    for header in ("token", "mode", *(["slots"] if show_slots else []), *(["priority"] if show_priority else []),
+                   "granted (UTC)" if wide else "granted", "waited", "held", "outcome"):
+        table.add_column(header, no_wrap=True)
+    for r in records:
+        end = r.ended_at.timestamp() if r.ended_at is not None else now
+        cells = [escape(r.resource)] if show_resource else []
+        cells += [escape(r.holder), str(r.token), mode_name(r.mode)]
+        if show_slots:
+            cells.append(str(r.slots))
+        if show_priority:
+            cells.append(str(r.priority))
+        cells += [when(r.granted_at) if wide else r.granted_at.astimezone(timezone.utc).strftime("%H:%M:%S"),
+                  duration_text(r.wait_seconds), duration_text(max(end - r.granted_at.timestamp(), 0.0)),
+                  r.outcome]  # "held": still held, the hold so far
+        table.add_row(*cells)
+    console.print(table)
+
+
+def duration_text(seconds: float) -> str:
+    """A duration a reader takes in at a glance: 0.42s, 12.3s, 4m05s, 2h03m."""
+    if seconds < 10:
+        return f"{seconds:.2f}s"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
+@cli.command()
 @click.pass_obj
 @handled
 def reap(obj: CT) -> None:
