@@ -211,3 +211,32 @@ def test_status_json_names_the_modes_as_stored(tmp_path: Path) -> None:
         ct.close()
     data = json.loads(cli(tmp_path, "status", "--json", url=url).stdout)
     assert data[0]["holders"][0]["mode"] == "shared"
+
+
+def test_the_demo_fits_80_columns_in_whole_sentences(tmp_path: Path) -> None:
+    got = cli(tmp_path, "--url", "sqlite:///demo.db", "demo", "--workers", "2", "--rounds", "4",
+              "--events", "100", columns=80, timeout=300)
+    assert got.returncode == 0, got.stdout + got.stderr
+    lines = got.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, got.stdout
+    prose = [line.rstrip() for line in lines if line.strip() and not re.search(r"[━┃│┏┗┡└]", line)
+             and not line.strip().endswith(("per worker", "summary"))]
+    assert prose[0].startswith("controltable demo on sqlite:")
+    for line in prose[1:]:
+        assert line.endswith((".", ",", ":", "demo passed")), f"a sentence was cut at 80 columns: {line!r}"
+    assert any(line.startswith("queue") for line in lines)  # what headed the queue, or that it drained
+
+
+def test_the_demo_says_what_heads_the_queue() -> None:
+    from types import SimpleNamespace
+
+    from controltable.demo import queue_line
+
+    def entry(position: int, mode: str, expired: bool = False) -> SimpleNamespace:
+        return SimpleNamespace(position=position, mode=mode, expired=expired)
+
+    st = SimpleNamespace(used=1, waiters=[entry(2, "shared"), entry(1, "exclusive"), entry(3, "shared")])
+    assert queue_line(st, 2) == "in use 1/2, waiting  3, an exclusive request heads the queue"
+    st = SimpleNamespace(used=2, waiters=[entry(1, "shared", expired=True), entry(2, "shared")])
+    assert queue_line(st, 2) == "in use 2/2, waiting  1, a counting request heads the queue"
+    assert queue_line(SimpleNamespace(used=0, waiters=[]), 2) == "in use 0/2, waiting  0"

@@ -40,7 +40,7 @@ def _slot_worker(url: str, worker: str, rounds: int, out: Any) -> None:
     def requester(thread: int) -> None:
         rng = random.Random(f"{worker}.{thread}")
         for _ in range(rounds):
-            mode = "exclusive" if rng.random() < 0.1 else "shared"
+            mode = "exclusive" if rng.random() < 0.1 else "shared"  # the stored name of a counting slot (checks.py)
             asked = time.time()
             with ct.slot(RESOURCE, holder=f"{worker}.{thread}-{rng.getrandbits(32):08x}", mode=mode,
                          lease=30) as lease:
@@ -83,6 +83,20 @@ def peak_queue(intervals: list[Interval], asked: list[float]) -> int:
     return peak
 
 
+def queue_line(status: Any, capacity: int) -> str:
+    """The live line about the demo resource: slots in use, the queue, and what heads it.
+
+    "in use 1/2, waiting 16" alone looks like a slot wasted; it is FIFO at work when an exclusive
+    request heads the queue (it waits for the resource to empty, and everyone behind it waits too).
+    """
+    waiting = sorted((w for w in status.waiters if not w.expired), key=lambda w: w.position)
+    line = f"in use {status.used}/{capacity}, waiting {len(waiting):2d}"
+    if waiting:
+        head = "an exclusive request" if waiting[0].mode == "exclusive" else "a counting request"
+        line += f", {head} heads the queue"
+    return line
+
+
 def _event_worker(url: str, worker: str, out: Any) -> None:
     from .control import ControlTable
 
@@ -107,9 +121,11 @@ def run_demo(url: str, *, workers: int, rounds: int, capacity: int, n_events: in
     ct = ControlTable(url, namespace="demo")
     ct.install()
     ct.set_capacity(RESOURCE, capacity)
-    console.print(f"[bold]controltable demo[/] on {ct.db.safe_url}: {workers} processes x {THREADS} threads "
-                  f"ask {rounds} times each for a counting slot of {RESOURCE!r} (capacity {capacity}; 10% ask "
-                  f"exclusively), then drain {n_events} events")
+    # Short lines of whole sentences: piped into a log (80 columns) nothing wraps mid-sentence.
+    console.print(f"[bold]controltable demo[/] on {ct.db.safe_url}")
+    console.print(f"{workers} processes x {THREADS} threads ask {rounds} times each for a slot of {RESOURCE!r}.")
+    console.print(f"Capacity {capacity}; a slot counts, and 10% of the requests ask for the resource alone.")
+    console.print(f"Then the same processes drain an event table of {n_events} rows.")
 
     md = MetaData()
     table = SATable(EVENTS, md, Column("event_id", Integer, primary_key=True), Column("payload", String(50)))
@@ -126,10 +142,12 @@ def run_demo(url: str, *, workers: int, rounds: int, capacity: int, n_events: in
     processed: Counter[Any] = Counter()
     per_worker: Counter[str] = Counter()
     names = [f"worker-{i + 1}" for i in range(workers)]
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (TextColumn("{task.description}"), BarColumn(bar_width=None), MofNCompleteColumn(), TimeElapsedColumn())
+    heads: Counter[str] = Counter()
     with Progress(*columns, console=console) as progress:
         total = workers * THREADS * rounds
         slots_task = progress.add_task("slot grants", total=total)
+        queue_task = progress.add_task("queue", total=None)  # a line of its own: the bar line stays short
         procs = [ctx.Process(target=_slot_worker, args=(url, n, rounds, out)) for n in names]
         for p in procs:
             p.start()
@@ -138,8 +156,9 @@ def run_demo(url: str, *, workers: int, rounds: int, capacity: int, n_events: in
             if time.monotonic() - looked > 0.5:
                 looked = time.monotonic()
                 (st,) = ct.status([RESOURCE])
-                progress.update(slots_task, description=f"slot grants (in use {st.used}/{capacity}, "
-                                                        f"waiting {len(st.waiters):2d})")
+                line = queue_line(st, capacity)
+                heads.update(["exclusive" if "exclusive request heads" in line else "counting"] if st.waiters else [])
+                progress.update(queue_task, description=line)
             try:
                 kind, record, when = out.get(timeout=0.2)
             except Exception:
@@ -149,6 +168,9 @@ def run_demo(url: str, *, workers: int, rounds: int, capacity: int, n_events: in
             progress.advance(slots_task)
         for p in procs:
             p.join()
+        looks = sum(heads.values())
+        progress.update(queue_task, total=1, completed=1, description=f"queue: exclusive at its head in "
+                        f"{heads['exclusive']} of {looks} looks" if looks else "queue drained")
         ev_task = progress.add_task("events processed", total=n_events)
         procs = [ctx.Process(target=_event_worker, args=(url, n, out)) for n in names]
         for p in procs:
@@ -164,15 +186,18 @@ def run_demo(url: str, *, workers: int, rounds: int, capacity: int, n_events: in
         for p in procs:
             p.join()
 
-    grants = Table("worker", "grants", "exclusive", "shared", "events done", title="per worker")
+    if heads["exclusive"]:
+        console.print("An exclusive request at the head of the queue waits for the resource to empty,")
+        console.print("and FIFO keeps everyone behind it waiting, so a slot may stay free meanwhile.")
+    grants = Table("worker", "grants", "exclusive", "counting", "events done", title="per worker")
     for n in names:
         mine = [iv for iv in intervals if iv.worker == n]
         grants.add_row(n, str(len(mine)), str(sum(iv.mode == "exclusive" for iv in mine)),
-                       str(sum(iv.mode == "shared" for iv in mine)), str(per_worker[n]))
+                       str(sum(iv.mode != "exclusive" for iv in mine)), str(per_worker[n]))
     console.print(grants)
 
     problems = violations(intervals, {RESOURCE: capacity})
-    peak, _ = peak_usage(iv for iv in intervals if iv.mode == "shared")
+    peak, _ = peak_usage(iv for iv in intervals if iv.mode != "exclusive")
     queued = peak_queue(intervals, asked)
     handed = handoffs(intervals, asked)
     waits = [iv.start - t for iv, t in zip(intervals, asked)]
@@ -195,13 +220,13 @@ def run_demo(url: str, *, workers: int, rounds: int, capacity: int, n_events: in
         summary.add_row(text, "[green]PASS[/]" if ok else "[red]FAIL[/]")
     console.print(summary)
     if waits:
-        console.print(f"wait for a slot: median {statistics.median(waits) * 1000:.0f} ms, "
-                      f"max {max(waits) * 1000:.0f} ms")
+        console.print(f"Wait for a slot: median {statistics.median(waits) * 1000:.0f} ms, "
+                      f"max {max(waits) * 1000:.0f} ms.")
     if handed:
         handed.sort()
-        console.print(f"handoff (a holder's release to the next waiter's start, {len(handed)} queued grants): "
-                      f"median {statistics.median(handed) * 1000:.0f} ms, "
-                      f"90th percentile {handed[int(len(handed) * 0.9)] * 1000:.0f} ms")
+        console.print(f"Handoff, from a release to the next waiter's start ({len(handed)} queued grants):")
+        console.print(f"median {statistics.median(handed) * 1000:.0f} ms, "
+                      f"90th percentile {handed[int(len(handed) * 0.9)] * 1000:.0f} ms.")
     for problem in problems[:10]:
         console.print(f"[red]violation:[/] {problem}")
     ok = all(passed for _, passed in checks)
