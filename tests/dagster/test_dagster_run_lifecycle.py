@@ -251,32 +251,39 @@ def test_wait_goes_into_the_log_and_output_metadata(ct: Any, resource: ControlTa
         assert any("position 1 behind airflow:nightly:run1" in m for m in messages), messages
 
 
-def test_namespace_reset_by_run_config_is_warned_about(ct: Any, backend_url: str, namespace: str) -> None:
+def test_run_config_overriding_url_keeps_the_definitions_other_fields(ct: Any, backend_url: str,
+                                                                      namespace: str) -> None:
+    """Run config giving only ``url`` keeps the namespace and prefix of the definitions (Dagster alone
+    would reset them to their defaults); a field the run config gives wins; nothing warns."""
     from dagster import Definitions
 
     ct.set_capacity("warehouse", 1)
 
     @op
-    def load(controltable: ControlTableResource) -> str:
-        return controltable.namespace
+    def load(controltable: ControlTableResource) -> tuple[str, str, float]:
+        assert controltable.control_table.namespace == controltable.namespace  # opened and checked
+        return controltable.namespace, controltable.prefix, controltable.default_lease
 
     @job
     def load_job() -> None:
         load()
 
-    defs = Definitions(jobs=[load_job],
-                       resources={"controltable": ControlTableResource(url=backend_url, namespace=namespace)})
+    defs = Definitions(jobs=[load_job], resources={"controltable": ControlTableResource(
+        url=backend_url, namespace=namespace, default_lease=42.0)})
+
+    def run(config: dict[str, Any]) -> tuple[Any, list[str]]:
+        result = job_def.execute_in_process(instance=instance, run_config=config)
+        return result.output_for_node("load"), [r.user_message for r in instance.all_logs(result.run_id)
+                                                if r.level >= 30 and "controltable" in (r.user_message or "")]
+
     with DagsterInstance.ephemeral() as instance:
         job_def = defs.resolve_job_def("load_job")
-        plain = job_def.execute_in_process(instance=instance)
-        assert plain.output_for_node("load") == namespace
-        assert not any("namespace" in (r.user_message or "") and "warn" in str(r.level).lower()
-                       for r in instance.all_logs(plain.run_id) if r.level >= 30)
-        reset = job_def.execute_in_process(
-            instance=instance, run_config={"resources": {"controltable": {"config": {"url": backend_url}}}})
-        assert reset.output_for_node("load") == "default"
-        warnings = [r.user_message for r in instance.all_logs(reset.run_id) if r.level >= 30]
-        assert any(f"definitions give {namespace!r}" in m and "namespace 'default'" in m for m in warnings), warnings
+        assert run({}) == ((namespace, "ct_", 42.0), [])
+        only_url = {"resources": {"controltable": {"config": {"url": backend_url}}}}
+        assert run(only_url) == ((namespace, "ct_", 42.0), [])
+        chosen = {"resources": {"controltable": {"config": {"url": backend_url, "namespace": "elsewhere",
+                                                            "default_lease": 7.0}}}}
+        assert run(chosen) == (("elsewhere", "ct_", 7.0), [])
 
 
 def test_events_sensor_skip_reason_says_what_the_backlog_waits_for(ct: Any, resource: ControlTableResource,
