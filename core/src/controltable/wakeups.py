@@ -116,6 +116,12 @@ class Wakeups:
         self._ensure_listener()
         return self._listening.is_set()
 
+    @property
+    def lost(self) -> bool:
+        """Whether the self-probe found that pushes cannot arrive (a pooler swallows them): waiters
+        then poll at the head of a queue more often than where push is merely unavailable."""
+        return self._probe_failed
+
     def status(self) -> PushStatus:
         """Whether pushes reach this process (starting the listener if needed), with the reason."""
         target = self._target_text()
@@ -297,12 +303,12 @@ class Wakeups:
                     return True
                 if note.payload.startswith(prefix) and not note.payload.startswith(prefix + PROBE_KEY):
                     self._deliver(note.payload[len(prefix):])
-        self._probe_failed = True
-        self._settled.set()
-        if not self._warned:
+        if not self._warned:  # before the state changes: whoever sees "inactive" can find the warning
             self._warned = True
             log.warning("controltable: %s", _probe_failed_text(self.listen_url is not None, self._target_text(),
                                                              self.probe_timeout))
+        self._probe_failed = True
+        self._settled.set()
         return False
 
 

@@ -1,0 +1,149 @@
+"""``listen_url``: push wake-ups behind a connection pooler, and the self-probe that notices when they are lost.
+
+Through PgBouncer in transaction mode ``LISTEN`` succeeds and nothing ever arrives. Without
+``listen_url`` the listener must find that out by itself (one warning naming ``listen_url``, push
+reported inactive, waiters polling fast enough for a handoff p50 within 100 ms); with it, pushes
+arrive through the direct connection while the work goes through the pooler.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import statistics
+import threading
+import time
+from typing import Any, Iterator
+
+import pytest
+from click.testing import CliRunner
+from support.pgbouncer import pgbouncer_url  # noqa: F401 - a fixture
+
+from controltable import ConfigurationError, ControlTable
+from controltable.cli import cli
+from controltable.defaults import LISTEN_URL_ENV
+
+pytestmark = pytest.mark.backends("postgres")
+
+
+@pytest.fixture
+def opened() -> Iterator[Any]:
+    made: list[ControlTable] = []
+
+    def make(url: str, namespace: str, **kw: Any) -> ControlTable:
+        ct = ControlTable(url, namespace=namespace, **kw)
+        made.append(ct)
+        return ct
+
+    yield make
+    for ct in made:
+        ct.close()
+
+
+def handoffs(holder: ControlTable, waiter: ControlTable, rounds: int) -> tuple[list[float], int]:
+    """Release-to-grant latencies of ``rounds`` handoffs of a capacity-1 resource, and how many
+    grants followed a push to the waiter."""
+    holder.install()
+    holder.set_capacity("h", 1)
+    latencies: list[float] = []
+    pushed = 0
+    for i in range(rounds):
+        lease = holder.acquire("h", holder="holder", timeout=0)
+        granted: list[float] = []
+
+        def wait(n: int = i, granted: list[float] = granted) -> None:
+            got = waiter.acquire("h", holder=f"waiter-{n}", timeout=30)
+            granted.append(time.monotonic())
+            got.release()
+
+        before = waiter._wakeups.received
+        t = threading.Thread(target=wait)
+        t.start()
+        while not any(w.holder == f"waiter-{i}" for w in holder.status(["h"])[0].waiters):
+            time.sleep(0.005)
+        time.sleep(random.uniform(0.1, 0.25))  # the waiter is asleep in its wait, not mid-poll
+        released = time.monotonic()
+        lease.release()
+        t.join(30)
+        assert granted, "the waiter was never granted"
+        latencies.append(granted[0] - released)
+        pushed += int(waiter._wakeups.received > before)
+    return latencies, pushed
+
+
+def test_direct_listener_proves_push_at_start(backend_url: str, namespace: str, opened: Any) -> None:
+    ct = opened(backend_url, namespace)
+    status = ct.push_status()
+    assert status.active and status.state == "active" and ct.push_active
+    assert status.round_trip_ms is not None and status.round_trip_ms < 2000
+    seconds = ct._wakeups.probe()
+    assert seconds is not None and seconds < 2.0
+
+
+def test_behind_pgbouncer_without_listen_url_push_is_inactive_with_one_warning(
+        pgbouncer_url: Any, namespace: str, opened: Any, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+    caplog.set_level(logging.WARNING, logger="controltable")
+    ct = opened(pgbouncer_url("transaction"), namespace)
+    ct.install()
+    status = ct.push_status()
+    for _ in range(3):  # asked again and again (every waiter asks): still one warning, no new listener
+        assert not ct.push_active
+        ct.push_status()
+    assert status.state == "inactive" and not status.active, status
+    assert "listen_url" in status.detail and "pooler" in status.detail
+    warnings = [r for r in caplog.records if "push wake-ups are inactive" in r.getMessage()]
+    assert len(warnings) == 1 and "listen_url" in warnings[0].getMessage()
+    assert ct._wakeups.probe() is None
+
+
+def test_behind_pgbouncer_without_listen_url_waiters_poll_within_100_ms(
+        pgbouncer_url: Any, backend_url: str, namespace: str, opened: Any) -> None:  # noqa: F811
+    waiter = opened(pgbouncer_url("transaction"), namespace)
+    holder = opened(backend_url, namespace)
+    assert not waiter.push_active
+    latencies, pushed = handoffs(holder, waiter, 15)
+    p50 = statistics.median(latencies)
+    assert pushed == 0, "no push can reach a listener behind a pooler in transaction mode"
+    # Before the self-probe, waiters here slept as if pushed (p50 about 580 ms).
+    assert p50 <= 0.1, f"handoff p50 {p50 * 1000:.0f} ms through the pooler without push: {latencies}"
+
+
+def test_behind_pgbouncer_with_listen_url_pushes_arrive(
+        pgbouncer_url: Any, backend_url: str, namespace: str, opened: Any) -> None:  # noqa: F811
+    waiter = opened(pgbouncer_url("transaction"), namespace, listen_url=backend_url)
+    holder = opened(pgbouncer_url("transaction"), namespace)  # pushes are sent through the pooler
+    status = waiter.push_status()
+    assert status.active and status.listen_url is not None and str(backend_url.split("@")[1]) in status.listen_url
+    latencies, pushed = handoffs(holder, waiter, 10)
+    assert pushed >= 8, f"only {pushed} of 10 grants followed a push"
+    assert statistics.median(latencies) < 0.1, latencies
+
+
+def test_listen_url_must_be_postgresql(backend_url: str, namespace: str, tmp_path: Any) -> None:
+    with pytest.raises(ConfigurationError, match="listen_url .* not a PostgreSQL URL"):
+        ControlTable(backend_url, namespace=namespace, listen_url=f"sqlite:///{tmp_path / 'x.db'}")
+    with pytest.raises(ConfigurationError, match="listen_url .* not a database URL"):
+        ControlTable(backend_url, namespace=namespace, listen_url="not a url")
+
+
+def test_listen_url_from_the_environment_on_postgresql_only(backend_url: str, namespace: str, tmp_path: Any,
+                                                            monkeypatch: pytest.MonkeyPatch, opened: Any) -> None:
+    monkeypatch.setenv(LISTEN_URL_ENV, backend_url)
+    assert opened(backend_url, namespace)._wakeups.listen_url == backend_url
+    lite = opened(f"sqlite:///{tmp_path / 'ct.db'}", namespace)  # an environment-wide setting must not break it
+    assert lite._wakeups.listen_url is None and lite.push_status().state == "unavailable"
+
+
+def test_cli_listen_url_reaches_the_listener(pgbouncer_url: Any, backend_url: str,  # noqa: F811
+                                             namespace: str) -> None:
+    url = pgbouncer_url("transaction")
+    args = ["--url", url, "--namespace", namespace]
+    assert CliRunner().invoke(cli, [*args, "init"]).exit_code == 0
+    without = CliRunner().invoke(cli, [*args, "doctor", "--json"])
+    with_listen = CliRunner().invoke(cli, ["--listen-url", backend_url, *args, "doctor", "--json"])
+    assert without.exit_code == 1, without.output
+    push = {f["check"]: f for f in json.loads(without.output)}["push"]
+    assert push["level"] == "warning" and push["message"].startswith("push wake-ups are inactive")
+    assert with_listen.exit_code == 0, with_listen.output
+    assert {f["check"]: f for f in json.loads(with_listen.output)}["push"]["level"] == "ok"
