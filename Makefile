@@ -4,13 +4,15 @@
 # Both create their own virtual environments and install what they need.
 #   make lint   - ruff check . and mypy over the three packages (CI runs it before the tests)
 #   make docs   - the documentation site, mkdocs build --strict into site/ (CI runs it too)
+#   make dist   - the three wheels and sdists in dist/, twine-checked, installed into a clean venv and tried
+#                 (imports, --version, Airflow entry points, the README's snippets); CI runs it too
 
 PYTHON ?= python3
 VENV ?= .venv
 VENV_SA14 ?= .venv-sa14
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-airflow-live faults soak lint docs docs-serve sql bench clean
+.PHONY: demo test test-airflow-live faults soak lint docs docs-serve sql bench dist clean
 
 $(VENV)/.core-installed: core/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,12 +20,15 @@ $(VENV)/.core-installed: core/pyproject.toml
 	$(BIN)/pip install --quiet -e 'core[postgres,mysql]'
 	touch $@
 
-# The status page's browser tests drive Debian's chromium (never a downloaded browser) through Playwright.
+# The status page's browser tests drive Debian's chromium (never a downloaded browser) through Playwright;
+# the operations kit's tests run Debian's promtool (package prometheus) over the alerting rules and /metrics.
 # The egg-info an editable install leaves in airflow_plugin/src would make Airflow see the provider's
 # plugin entry point twice (once per sys.path entry) and report a duplicate plugin.
 $(VENV)/.all-installed: $(VENV)/.core-installed pyproject.toml airflow_plugin/pyproject.toml dagster_plugin/pyproject.toml
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
 		|| echo "warning: could not install chromium (apt-get); the browser tests need /usr/bin/chromium"
+	command -v promtool >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; } \
+		|| echo "warning: could not install prometheus (apt-get); tests/ops needs /usr/bin/promtool"
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/pip install --quiet -e 'core[postgres,mysql,web]' -e 'airflow_plugin[web]' \
 		-e dagster_plugin --group dev
 	rm -rf airflow_plugin/src/*.egg-info
@@ -77,5 +82,10 @@ sql: $(VENV)/.core-installed
 bench:
 	benchmarks/run
 
+# A release as it would be published (scripts/dist; see CONTRIBUTING.md "Releases"): build tools in .venv-dist,
+# the check in a temporary clean venv. Nothing is left in the checkout but dist/.
+dist:
+	scripts/dist
+
 clean:
-	rm -rf $(VENV) $(VENV_SA14) demo.db demo.db-* .pytest_cache site
+	rm -rf $(VENV) $(VENV_SA14) .venv-dist dist demo.db demo.db-* .pytest_cache site

@@ -129,6 +129,17 @@ def test_every_python_snippet_of_the_page_runs(page: Path, tmp_path: Path, monke
             check.close()
 
 
+@pytest.mark.skipif(not os.environ.get("CONTROLTABLE_TEST_INSTALLED"), reason="only in `make dist`'s clean venv")
+def test_the_snippets_ran_against_the_installed_wheels() -> None:
+    """`make dist` sets CONTROLTABLE_TEST_INSTALLED: the snippets must have met the wheels, not the checkout."""
+    import airflow_controltable
+    import controltable
+    import dagster_controltable
+
+    for module in (controltable, airflow_controltable, dagster_controltable):
+        assert ROOT not in Path(str(module.__file__)).resolve().parents, module.__file__
+
+
 def test_the_snippets_that_do_not_run_are_few_and_say_why() -> None:
     counted = {}
     for page in PAGES:
