@@ -91,7 +91,7 @@ SELECT ct_resource.name
 FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (:namespace, :name, :capacity, :last_token, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0), :last_ticket);
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
@@ -104,7 +104,7 @@ FROM ct_request
 WHERE ct_request.namespace = :namespace_2 AND ct_request.resource = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket) AS anon_1;
 
 -- ===== acquire: lock the resource rows, enqueue under the next ticket, grant pass over holders and head =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
@@ -134,7 +134,7 @@ FROM ct_request AS hq
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = :mode_1) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
 FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
 WHERE ct_request.namespace = :namespace_1 AND ct_request.resource IN (:resource_1_1) AND ct_request.holder = :holder_1;
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
@@ -161,7 +161,7 @@ FROM ct_request
 WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'granted' AND ct_request.expires_at = :expires_at_1;
 
 -- ===== release a lease: lock the resource row, delete the entry, grant pass for the next in line =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
@@ -199,7 +199,7 @@ SELECT ct_resource.name
 FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (:namespace, :name, :capacity, :last_token, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0), :last_ticket);
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
@@ -216,7 +216,7 @@ FROM ct_grant_history
 WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history.resource = :resource_1 AND ct_grant_history.granted_at > :granted_at_1;
 
 -- ===== rate-limited grants: the window's budget from the grant history; the head times the next opening =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
@@ -386,7 +386,7 @@ FROM events WITH (UPDLOCK, ROWLOCK)
 WHERE events.ct_state = 3 ORDER BY events.event_id;
 
 -- ===== worklist populate =====
-SELECT ct_worklist.last_token 
+SELECT ct_worklist.last_token, 1 AS epoch 
 FROM ct_worklist WITH (UPDLOCK, ROWLOCK) 
 WHERE ct_worklist.namespace = :namespace_1 AND ct_worklist.name = :name_1;
 INSERT INTO ct_worklist (namespace, name, last_token, created_at) VALUES (:namespace, :name, :last_token, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0));
@@ -394,7 +394,7 @@ SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS 
 INSERT INTO ct_work_item (namespace, worklist, exec_order, priority, payload, state, attempts, created_at) OUTPUT inserted.id VALUES (:namespace, :worklist, :exec_order, :priority, :payload, :state, :attempts, :created_at);
 
 -- ===== worklist allocate: lock the work list row, lowest unfinished order only =====
-SELECT ct_worklist.last_token 
+SELECT ct_worklist.last_token, 1 AS epoch 
 FROM ct_worklist WITH (UPDLOCK, ROWLOCK) 
 WHERE ct_worklist.namespace = :namespace_1 AND ct_worklist.name = :name_1;
 SELECT min(ct_work_item.exec_order) AS [current], (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now 

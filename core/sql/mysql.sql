@@ -91,7 +91,7 @@ SELECT ct_resource.name
 FROM ct_resource 
 WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (%s, %s, %s, %s, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0), %s);
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
 SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
@@ -105,7 +105,7 @@ WHERE ct_request.namespace = %s AND ct_request.resource = %s AND ct_request.stat
  LIMIT %s) AS anon_1;
 
 -- ===== acquire: lock the resource rows, enqueue under the next ticket, grant pass over holders and head =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
 SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
@@ -137,7 +137,7 @@ FROM ct_request AS hq
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = %s) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
 FROM ct_request INNER JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
 WHERE ct_request.namespace = %s AND ct_request.resource IN (%s) AND ct_request.holder = %s;
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
 SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
@@ -163,7 +163,7 @@ SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 10
 UPDATE ct_request SET lease_seconds=%s, expires_at=%s WHERE ct_request.request_key = %s AND ct_request.state = 'granted' AND ct_request.expires_at >= %s;
 
 -- ===== release a lease: lock the resource row, delete the entry, grant pass for the next in line =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
 SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
@@ -202,7 +202,7 @@ SELECT ct_resource.name
 FROM ct_resource 
 WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (%s, %s, %s, %s, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0), %s);
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
 SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
@@ -220,7 +220,7 @@ FROM ct_grant_history
 WHERE ct_grant_history.namespace = %s AND ct_grant_history.resource = %s AND ct_grant_history.granted_at > %s;
 
 -- ===== rate-limited grants: the window's budget from the grant history; the head times the next opening =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
 SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
@@ -388,7 +388,7 @@ WHERE events.ct_state = 3 ORDER BY events.event_id
 UPDATE events SET ct_state=%s, ct_available_at=%s, ct_attempts=%s, ct_error=%s WHERE events.ct_state = 3;
 
 -- ===== worklist populate =====
-SELECT ct_worklist.last_token 
+SELECT ct_worklist.last_token, 1 AS epoch 
 FROM ct_worklist 
 WHERE ct_worklist.namespace = %s AND ct_worklist.name = %s FOR UPDATE;
 INSERT INTO ct_worklist (namespace, name, last_token, created_at) VALUES (%s, %s, %s, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0));
@@ -396,7 +396,7 @@ SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 10
 INSERT INTO ct_work_item (namespace, worklist, exec_order, priority, payload, state, attempts, created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s);
 
 -- ===== worklist allocate: lock the work list row, lowest unfinished order only =====
-SELECT ct_worklist.last_token 
+SELECT ct_worklist.last_token, 1 AS epoch 
 FROM ct_worklist 
 WHERE ct_worklist.namespace = %s AND ct_worklist.name = %s FOR UPDATE;
 SELECT min(ct_work_item.exec_order) AS current, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS now 

@@ -91,7 +91,7 @@ SELECT ct_resource.name
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (:namespace, :name, :capacity, :last_token, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))), :last_ticket);
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
@@ -105,7 +105,7 @@ WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_
  FETCH FIRST 2 ROWS ONLY) anon_1;
 
 -- ===== acquire: lock the resource rows, enqueue under the next ticket, grant pass over holders and head =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
@@ -137,7 +137,7 @@ FROM ct_request hq
 WHERE hq.namespace = ct_request.namespace AND hq."resource" = ct_request."resource" AND hq.state = 'granted' AND hq."mode" = :mode_1) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
 FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request."resource" 
 WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.holder = :holder_1;
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
@@ -163,7 +163,7 @@ SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 
 UPDATE ct_request SET lease_seconds=:lease_seconds, expires_at=:expires_at WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'granted' AND ct_request.expires_at >= :expires_at_1;
 
 -- ===== release a lease: lock the resource row, delete the entry, grant pass for the next in line =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
@@ -202,7 +202,7 @@ SELECT ct_resource.name
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (:namespace, :name, :capacity, :last_token, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))), :last_ticket);
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
@@ -220,7 +220,7 @@ FROM ct_grant_history
 WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.granted_at > :granted_at_1;
 
 -- ===== rate-limited grants: the window's budget from the grant history; the head times the next opening =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
@@ -384,7 +384,7 @@ WHERE events.ct_state = 3 ORDER BY events.event_id
 UPDATE events SET ct_state=:ct_state, ct_available_at=:ct_available_at, ct_attempts=:ct_attempts, ct_error=:ct_error WHERE events.ct_state = 3;
 
 -- ===== worklist populate =====
-SELECT ct_worklist.last_token 
+SELECT ct_worklist.last_token, 1 AS epoch 
 FROM ct_worklist 
 WHERE ct_worklist.namespace = :namespace_1 AND ct_worklist.name = :name_1 FOR UPDATE;
 INSERT INTO ct_worklist (namespace, name, last_token, created_at) VALUES (:namespace, :name, :last_token, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))));
@@ -392,7 +392,7 @@ SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 
 INSERT INTO ct_work_item (namespace, worklist, exec_order, priority, payload, state, attempts, created_at) VALUES (:namespace, :worklist, :exec_order, :priority, :payload, :state, :attempts, :created_at) RETURNING ct_work_item.id INTO :ret_0;
 
 -- ===== worklist allocate: lock the work list row, lowest unfinished order only =====
-SELECT ct_worklist.last_token 
+SELECT ct_worklist.last_token, 1 AS epoch 
 FROM ct_worklist 
 WHERE ct_worklist.namespace = :namespace_1 AND ct_worklist.name = :name_1 FOR UPDATE;
 SELECT min(ct_work_item.exec_order) AS "current", (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now 

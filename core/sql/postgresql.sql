@@ -91,7 +91,7 @@ SELECT ct_resource.name
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (%(namespace)s::VARCHAR, %(name)s::VARCHAR, %(capacity)s::INTEGER, %(last_token)s::BIGINT, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION), %(last_ticket)s::BIGINT);
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
@@ -105,7 +105,7 @@ WHERE ct_request.namespace = %(namespace_2)s::VARCHAR AND ct_request.resource = 
  LIMIT %(param_3)s::INTEGER) AS anon_1;
 
 -- ===== acquire: lock the resource rows, enqueue under the next ticket, grant pass over holders and head =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
@@ -137,7 +137,7 @@ FROM ct_request AS hq
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = %(mode_1)s::VARCHAR) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
 FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
 WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource IN (%(resource_1_1)s::VARCHAR) AND ct_request.holder = %(holder_1)s::VARCHAR;
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
@@ -163,7 +163,7 @@ SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db
 UPDATE ct_request SET lease_seconds=%(lease_seconds)s, expires_at=%(expires_at)s WHERE ct_request.request_key = %(request_key_1)s::VARCHAR AND ct_request.state = 'granted' AND ct_request.expires_at >= %(expires_at_1)s;
 
 -- ===== release a lease: lock the resource row, delete the entry, grant pass for the next in line =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
@@ -202,7 +202,7 @@ SELECT ct_resource.name
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (%(namespace)s::VARCHAR, %(name)s::VARCHAR, %(capacity)s::INTEGER, %(last_token)s::BIGINT, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION), %(last_ticket)s::BIGINT);
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
@@ -220,7 +220,7 @@ FROM ct_grant_history
 WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.resource = %(resource_1)s::VARCHAR AND ct_grant_history.granted_at > %(granted_at_1)s;
 
 -- ===== rate-limited grants: the window's budget from the grant history; the head times the next opening =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
@@ -384,7 +384,7 @@ WHERE events.ct_state = 3 ORDER BY events.event_id
 UPDATE events SET ct_state=%(ct_state)s::SMALLINT, ct_available_at=%(ct_available_at)s, ct_attempts=%(ct_attempts)s::INTEGER, ct_error=%(ct_error)s::VARCHAR WHERE events.ct_state = 3;
 
 -- ===== worklist populate =====
-SELECT ct_worklist.last_token 
+SELECT ct_worklist.last_token, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_worklist 
 WHERE ct_worklist.namespace = %(namespace_1)s::VARCHAR AND ct_worklist.name = %(name_1)s::VARCHAR FOR UPDATE;
 INSERT INTO ct_worklist (namespace, name, last_token, created_at) VALUES (%(namespace)s::VARCHAR, %(name)s::VARCHAR, %(last_token)s::BIGINT, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION));
@@ -392,7 +392,7 @@ SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db
 INSERT INTO ct_work_item (namespace, worklist, exec_order, priority, payload, state, attempts, created_at) VALUES (%(namespace)s::VARCHAR, %(worklist)s::VARCHAR, %(exec_order)s::INTEGER, %(priority)s::INTEGER, %(payload)s::VARCHAR, %(state)s::VARCHAR, %(attempts)s::INTEGER, %(created_at)s) RETURNING ct_work_item.id;
 
 -- ===== worklist allocate: lock the work list row, lowest unfinished order only =====
-SELECT ct_worklist.last_token 
+SELECT ct_worklist.last_token, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_worklist 
 WHERE ct_worklist.namespace = %(namespace_1)s::VARCHAR AND ct_worklist.name = %(name_1)s::VARCHAR FOR UPDATE;
 SELECT min(ct_work_item.exec_order) AS current, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS now 

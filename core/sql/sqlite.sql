@@ -89,7 +89,7 @@ SELECT ct_resource.name
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (?, ?, ?, ?, ((julianday('now') - 2440587.5) * 86400.0), ?);
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
@@ -103,7 +103,7 @@ WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state 
  LIMIT ? OFFSET ?) AS anon_1;
 
 -- ===== acquire: lock the resource rows, enqueue under the next ticket, grant pass over holders and head =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
@@ -135,7 +135,7 @@ FROM ct_request AS hq
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = ?) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
 FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
 WHERE ct_request.namespace = ? AND ct_request.resource IN (?) AND ct_request.holder = ?;
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
@@ -161,7 +161,7 @@ SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
 UPDATE ct_request SET lease_seconds=?, expires_at=? WHERE ct_request.request_key = ? AND ct_request.state = 'granted' AND ct_request.expires_at >= ?;
 
 -- ===== release a lease: lock the resource row, delete the entry, grant pass for the next in line =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
@@ -200,7 +200,7 @@ SELECT ct_resource.name
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (?, ?, ?, ?, ((julianday('now') - 2440587.5) * 86400.0), ?);
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
@@ -218,7 +218,7 @@ FROM ct_grant_history
 WHERE ct_grant_history.namespace = ? AND ct_grant_history.resource = ? AND ct_grant_history.granted_at > ?;
 
 -- ===== rate-limited grants: the window's budget from the grant history; the head times the next opening =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
@@ -382,7 +382,7 @@ WHERE events.ct_state = 3 ORDER BY events.event_id
 UPDATE events SET ct_state=?, ct_available_at=?, ct_attempts=?, ct_error=? WHERE events.ct_state = 3;
 
 -- ===== worklist populate =====
-SELECT ct_worklist.last_token 
+SELECT ct_worklist.last_token, 1 AS epoch 
 FROM ct_worklist 
 WHERE ct_worklist.namespace = ? AND ct_worklist.name = ?;
 INSERT INTO ct_worklist (namespace, name, last_token, created_at) VALUES (?, ?, ?, ((julianday('now') - 2440587.5) * 86400.0));
@@ -390,7 +390,7 @@ SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
 INSERT INTO ct_work_item (namespace, worklist, exec_order, priority, payload, state, attempts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?);
 
 -- ===== worklist allocate: lock the work list row, lowest unfinished order only =====
-SELECT ct_worklist.last_token 
+SELECT ct_worklist.last_token, 1 AS epoch 
 FROM ct_worklist 
 WHERE ct_worklist.namespace = ? AND ct_worklist.name = ?;
 SELECT min(ct_work_item.exec_order) AS current, ((julianday('now') - 2440587.5) * 86400.0) AS now 

@@ -301,15 +301,22 @@ class ControlTable:
         attempt: Optional[int] = None,
         pickup: float = DEFAULT_PICKUP,
         priority: int = DEFAULT_SLOT_PRIORITY,
+        interrupt: Optional[bool] = None,
     ) -> Iterator[Lease]:
         """Hold a slot for the duration of a ``with`` block, renewing its lease in the background.
 
-        Raises :class:`LeaseLost` on exit if the lease was lost while the block ran (the block's
-        own exception, if any, takes precedence).
+        When the renewer finds the lease lost or expired, the block is interrupted with
+        :class:`LeaseLostInterrupt` (a :class:`LeaseLost`) in the thread that entered it, so the
+        work stops instead of overlapping the next holder; ``interrupt=False`` (default:
+        ``defaults.INTERRUPT_ON_LEASE_LOSS``) lets it run on. Raises :class:`LeaseLost` on exit
+        if the lease was lost while the block ran (the block's own exception, if any, takes
+        precedence).
         """
         lease_obj = self.acquire(resource, holder=holder, slots=slots, mode=mode, timeout=timeout,
                                  lease=lease, waiter_ttl=waiter_ttl, attempt=attempt, pickup=pickup,
                                  priority=priority)
+        if interrupt is not None:
+            lease_obj.interrupt = bool(interrupt)
         lease_obj.start_renewing()
         with lease_obj:
             yield lease_obj

@@ -44,6 +44,9 @@ from .errors import (
 from .validation import check_retries, check_timeout_setting
 
 log = logging.getLogger("controltable")
+# A library logs, the application decides where it goes: without a handler of its own, Python prints
+# warnings (a retry after a failover) to stderr through its last-resort handler.
+log.addHandler(logging.NullHandler())
 
 T = TypeVar("T")
 

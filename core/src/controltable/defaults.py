@@ -57,6 +57,12 @@ ORPHAN_CHECK_INTERVAL = 1.0
 #: about 5,000 locks on one table or index escalates to a table lock (ROWLOCK does not prevent
 #: it); an event row changed by a claim holds a key lock in the table and in each claim index.
 MSSQL_ROWS_PER_STATEMENT = 1000
+#: Fencing tokens: the low bits count grants within one server epoch (a PostgreSQL timeline), the
+#: high bits are the epoch minus one, so a token issued after a promotion exceeds every token of the
+#: timelines before it, lost commits included (docs/production-databases.md has the proof). 2**40
+#: grants per resource and timeline is 35 years at 1,000 grants a second; 2**23 timelines fit in 63
+#: bits, and tokens stay below 2**53 (exact in JSON) up to timeline 8192.
+TOKEN_EPOCH_BITS = 40
 #: How long ``prepare()`` waits for the lock its DDL needs on a busy table (seconds) before it
 #: gives up with an error that says to retry or run the printed DDL in a quiet moment.
 DDL_LOCK_TIMEOUT = 30

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, TypeVar
 
-from sqlalchemy import Float, String, Text, bindparam, event
+from sqlalchemy import BigInteger, Float, String, Text, bindparam, event
 from sqlalchemy.dialects import mssql, oracle
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.compiler import compiles
@@ -19,7 +19,7 @@ from sqlalchemy.sql.expression import FunctionElement
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeDecorator
 
-from .defaults import DDL_LOCK_TIMEOUT, MSSQL_ROWS_PER_STATEMENT
+from .defaults import DDL_LOCK_TIMEOUT, MSSQL_ROWS_PER_STATEMENT, TOKEN_EPOCH_BITS
 from .errorcodes import is_lock_timeout  # noqa: F401 - re-exported: by error code, one place
 
 SUPPORTED_DIALECTS = ("postgresql", "mssql", "mysql", "oracle", "sqlite")
@@ -79,6 +79,51 @@ def _db_now_oracle(element: Any, compiler: Any, **kw: Any) -> str:
         f"(EXTRACT(DAY FROM {d}) * 86400 + EXTRACT(HOUR FROM {d}) * 3600"
         f" + EXTRACT(MINUTE FROM {d}) * 60 + EXTRACT(SECOND FROM {d}))"
     )
+
+
+class token_epoch(FunctionElement):  # type: ignore[type-arg]
+    """The server's failover epoch: a number that only grows when another server takes over writes.
+
+    Read in the transaction that advances a fencing counter (the locked resource or work-list row):
+    a token is ``next_token(last, epoch)``, so a token issued after a promotion is greater than every
+    token issued before it, including those in commits the promoted server never received. The
+    transaction that reads it also writes, so it runs on the primary; a transaction begun on a
+    standby stays read-only after that standby is promoted, so no token carries a standby's epoch.
+
+    PostgreSQL: the timeline ID, which every promotion (and point-in-time recovery) raises; read
+    from the name of the current WAL file, which any user may call (``pg_control_checkpoint()``
+    lags until the first checkpoint after a promotion). Other backends expose no such number
+    cheaply and compile to ``1``: a MariaDB Galera cluster certifies every commit on all nodes
+    before it returns, a single SQLite file has no failover, and the limits of asynchronous
+    MySQL/MariaDB replication, SQL Server availability groups and Oracle Data Guard are in
+    docs/production-databases.md.
+    """
+
+    type = BigInteger()
+    inherit_cache = True
+    name = "token_epoch"
+
+
+@compiles(token_epoch)
+def _token_epoch_default(element: Any, compiler: Any, **kw: Any) -> str:
+    return "1"
+
+
+@compiles(token_epoch, "postgresql")
+def _token_epoch_pg(element: Any, compiler: Any, **kw: Any) -> str:
+    # The first 8 hex digits of a WAL file name are its timeline; pg_current_wal_lsn() raises on
+    # a server in recovery, which is right: no token is issued there.
+    return "CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT)"
+
+
+def next_token(last: int, epoch: int) -> int:
+    """The fencing token after ``last`` in server epoch ``epoch`` (see :class:`token_epoch`).
+
+    ``max(last + 1, (epoch - 1) * 2**TOKEN_EPOCH_BITS + 1)``: on epoch 1 (every installation that
+    never failed over, and every backend without an epoch) tokens count on unchanged; the first
+    token on a later epoch jumps above every token an earlier epoch could have issued.
+    """
+    return max(int(last) + 1, ((max(int(epoch), 1) - 1) << TOKEN_EPOCH_BITS) + 1)
 
 
 def lock_rows(stmt: S, table: Table, *, skip_locked: bool = False, seek: bool = False) -> S:

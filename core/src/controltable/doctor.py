@@ -14,6 +14,7 @@ own, never an exception: doctor is what a user runs when something is wrong.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from dataclasses import dataclass
@@ -345,7 +346,7 @@ def run_checks(ct: ControlTable, *, event_tables: Sequence[EventTable] = ()) -> 
         check("galera", lambda: [_galera(ct)])
     for ev in event_tables:
         label = f"{ev.table_schema}.{ev.name}" if ev.table_schema else ev.name
-        check(f"event table {label}", lambda ev=ev, label=label: _event_table(ct, ev, label))
+        check(f"event table {label}", functools.partial(_event_table, ct, ev, label))
     return findings
 
 
@@ -406,10 +407,14 @@ def _denied(ct: ControlTable, table: Table) -> dict[str, str]:
     denied: dict[str, str] = {}
     for privilege, stmt in privilege_probes(table).items():
         try:
-            ct.db.run(lambda conn, s=stmt: conn.execute(s))
+            ct.db.run(functools.partial(_execute, stmt))
         except PermissionDeniedError as exc:
             denied[privilege] = str(exc)
     return denied
+
+
+def _execute(stmt: Any, conn: Connection) -> None:
+    conn.execute(stmt)
 
 
 def _event_table(ct: ControlTable, ev: EventTable, label: str) -> list[Finding]:

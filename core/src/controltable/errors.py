@@ -74,6 +74,24 @@ class LeaseLost(ControlTableError):
         self.keys: list[object] = list(keys)
 
 
+class LeaseLostInterrupt(LeaseLost):
+    """Raised *inside* the work when its lease was found lost or expired while the work ran.
+
+    The background renewer raises it asynchronously in the thread that holds the lease, while
+    that thread is inside the ``with`` block (``slot()``, ``Lease``, ``Batch.renewing()``,
+    ``Item.renewing()``), so work stops instead of overlapping the next holder. It is a
+    :class:`LeaseLost`: code that already handles a lost lease handles it. Turn it off with
+    ``interrupt=False`` (or :data:`~controltable.defaults.INTERRUPT_ON_LEASE_LOSS`); the fencing
+    token stays the defence for writes already in flight.
+    """
+
+    def __init__(self, message: str = "", keys: Sequence[object] = ()) -> None:
+        super().__init__(message or (
+            "the lease this work held was lost or expired while the work ran, so the work was interrupted "
+            "(another holder may have it now); retry the work, or pass interrupt=False to let it run on"
+        ), keys)
+
+
 def describe_keys(keys: Iterable[object], limit: int = 10) -> str:
     """Render a few keys for an error message without flooding the log."""
     keys = list(keys)

@@ -5,20 +5,41 @@ say it cannot: the owner says so (``alive()`` returns false), or the process was
 parent it started under is gone, e.g. an Airflow task supervisor or a Dagster run worker that was
 SIGKILLed). Then the renewer stops and lets the lease run out on the database clock, so the slot,
 batch or item comes back to others within one lease instead of when the orphan finally ends.
+
+The other way round, work must not outlive its lease: when the renewer finds the lease lost
+(taken over, reaped, let go) or expired (renewals kept failing until the lease ran out), it
+interrupts the work: :class:`~controltable.errors.LeaseLostInterrupt` is raised asynchronously
+in the thread that holds the lease (``PyThreadState_SetAsyncExc``), but only while that thread is
+inside the ``with`` block that armed it (:meth:`BackgroundRenewal.interrupting`). Arming, the
+interrupt and disarming take one lock, and disarming cancels an interrupt not yet delivered, so
+no exception ever lands after the block was left. A thread blocked in C (a ``time.sleep``, a
+socket read) receives it when the call returns to Python.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
 
-from .defaults import ORPHAN_CHECK_INTERVAL, STOP_RENEWING_WHEN_ORPHANED
-from .errors import LeaseLost
+from .defaults import INTERRUPT_ON_LEASE_LOSS, ORPHAN_CHECK_INTERVAL, STOP_RENEWING_WHEN_ORPHANED
+from .errors import LeaseLost, LeaseLostInterrupt
 
 log = logging.getLogger("controltable")
+
+#: Guards every arm, interrupt and disarm: the renewer raises only into an armed thread, and a
+#: disarmed one has any undelivered interrupt cancelled before the lock is let go.
+_GUARD = threading.Lock()
+
+
+def _raise_in_thread(ident: int, exc: Optional[type[BaseException]]) -> int:
+    """Schedule ``exc`` in thread ``ident`` (``None``: cancel a scheduled one); threads affected."""
+    return int(ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(ident), ctypes.py_object(exc) if exc is not None else None))
 
 
 def parent_gone(original_ppid: int) -> bool:
@@ -35,10 +56,14 @@ class Renewer(threading.Thread):
     """Calls ``target.renew()`` every ``interval`` seconds; remembers a loss in ``target.lost``.
 
     A failed renewal that is not a loss (the database briefly unreachable) is retried at the next
-    tick: the lease may well outlive the outage. Between renewals the renewer looks at least every
+    tick: the lease may well outlive the outage. Once the lease's length has passed since the
+    last renewal that went through (on this machine's monotonic clock, counted from before that
+    renewal was sent, so never later than the database's expiry) the lease is taken as expired:
+    a :class:`LeaseLost` is recorded. Between renewals the renewer looks at least every
     :data:`~controltable.defaults.ORPHAN_CHECK_INTERVAL` seconds whether it should stop (orphaned,
     or ``alive()`` false); stopping that way records a :class:`LeaseLost` in ``target.lost`` so the
-    owner's next complete/release/check reports that the lease was let go.
+    owner's next complete/release/check reports that the lease was let go. Every recorded loss
+    also interrupts the owner's work if it armed the interrupt.
     """
 
     def __init__(
@@ -76,28 +101,50 @@ class Renewer(threading.Thread):
                 return f"the owner's alive() check failed ({type(exc).__name__}: {exc})"
         return None
 
+    def _lose(self, exc: LeaseLost) -> None:
+        """Record the loss for the owner's next call, and interrupt its work if it armed that."""
+        self.target.lost = exc
+        self.target._interrupt_owner()
+
     def run(self) -> None:
         watching = self.parent_pid is not None or self.alive is not None
         step = min(self.interval, ORPHAN_CHECK_INTERVAL) if watching else self.interval
-        next_renewal = time.monotonic() + self.interval
+        started = time.monotonic()
+        next_renewal = started + self.interval
+        seconds = getattr(self.target, "lease_seconds", None)
+        # When the lease runs out unless renewed: at most its length after renewal started (the
+        # grant came before that), then its length after the last renewal that went through.
+        expires = started + float(seconds) if seconds else None
         while not self._stop_event.wait(max(min(step, next_renewal - time.monotonic()), 0.0)):
             reason = self._reason_to_stop()
             if reason is not None:
                 self.stopped_because = reason
                 log.warning("controltable: stopped renewing %s: %s; the lease will expire", self.name, reason)
-                self.target.lost = LeaseLost(f"renewal stopped because {reason}; the lease was left to expire")
+                self._lose(LeaseLost(f"renewal stopped because {reason}; the lease was left to expire"))
                 return
             if time.monotonic() < next_renewal:
                 continue
-            next_renewal = time.monotonic() + self.interval
+            sent = time.monotonic()
+            next_renewal = sent + self.interval
             try:
                 self.target.renew()
             except LeaseLost as exc:
                 log.error("controltable: %s", exc)
-                self.target.lost = exc
+                self._lose(exc)
                 return
             except Exception as exc:
+                if expires is not None and time.monotonic() >= expires:
+                    log.error("controltable: lease of %s expired while renewal failed: %s", self.name, exc)
+                    self._lose(LeaseLost(
+                        f"the lease expired: renewals kept failing for its whole length ({exc}); another "
+                        "holder may have it now"))
+                    return
                 log.warning("controltable: lease renewal failed, will retry: %s", exc)
+                if expires is not None:
+                    next_renewal = min(next_renewal, expires)  # notice the expiry when it comes
+            else:
+                seconds = getattr(self.target, "lease_seconds", None)
+                expires = sent + float(seconds) if seconds else None
 
 
 class BackgroundRenewal:
@@ -105,6 +152,13 @@ class BackgroundRenewal:
 
     lost: Optional[LeaseLost] = None
     _renewer: Optional[Renewer] = None
+    #: Whether :meth:`interrupting` (``with lease:``, ``slot()``, :meth:`renewing`) arms the
+    #: interrupt by default; ``slot(interrupt=...)`` sets it for a lease.
+    interrupt: bool = INTERRUPT_ON_LEASE_LOSS
+    #: The thread inside the armed block (``threading.get_ident()``), if any; under ``_GUARD``.
+    _armed_thread: Optional[int] = None
+    #: Whether the renewer scheduled the interrupt in that thread; under ``_GUARD``.
+    _interrupt_sent: bool = False
 
     def renew(self, lease: Optional[float] = None) -> Any:  # pragma: no cover - implemented by subclasses
         raise NotImplementedError
@@ -148,3 +202,89 @@ class BackgroundRenewal:
             self._renewer.stop()
             self._renewer = None
 
+    # -- interrupting the work when the lease is gone ------------------------------------------
+    def _interrupt_owner(self) -> None:
+        """From the renewer: raise :class:`LeaseLostInterrupt` in the armed thread, once."""
+        with _GUARD:
+            ident = self._armed_thread
+            if ident is None or self._interrupt_sent:
+                return
+            self._interrupt_sent = True
+            _raise_in_thread(ident, LeaseLostInterrupt)
+        log.warning("controltable: interrupting the work of %s: its lease is gone (%s)", type(self).__name__, self.lost)
+
+    def _arm(self) -> bool:
+        """Arm the interrupt for the calling thread; False if a block of this thread already did."""
+        if self.lost is not None:  # lost before the work began: do not begin it
+            raise LeaseLostInterrupt(f"the lease was already lost before the work began: {self.lost}",
+                                     self.lost.keys) from self.lost
+        with _GUARD:
+            if self._armed_thread is not None:
+                return False
+            self._armed_thread = threading.get_ident()
+            self._interrupt_sent = False
+        return True
+
+    def _disarm(self) -> bool:
+        """Disarm, cancelling an interrupt scheduled but not yet delivered; whether one was sent."""
+        with _GUARD:
+            ident, sent = self._armed_thread, self._interrupt_sent
+            self._armed_thread = None
+            self._interrupt_sent = False
+            if ident is not None and sent:
+                _raise_in_thread(ident, None)
+        return sent
+
+    @contextmanager
+    def interrupting(self, interrupt: Optional[bool] = None) -> Iterator[Any]:
+        """While the block runs, a lease found lost or expired by the renewer interrupts it.
+
+        The block gets :class:`~controltable.errors.LeaseLostInterrupt` (a ``LeaseLost``) in
+        this thread. ``interrupt``: ``False`` turns it off for this block (default:
+        :attr:`interrupt`, i.e. :data:`~controltable.defaults.INTERRUPT_ON_LEASE_LOSS`). Nested
+        blocks of the same thread share the outer one's arming. Only a background renewer
+        (:meth:`start_renewing`) interrupts; without one the block runs as before.
+        """
+        if not (self.interrupt if interrupt is None else bool(interrupt)):
+            yield self
+            return
+        armed = self._arm()
+        try:
+            yield self
+        except LeaseLostInterrupt as exc:
+            if armed:
+                self._disarm()
+            lost = self.lost
+            if lost is not None and exc.__cause__ is None and lost is not exc:
+                raise LeaseLostInterrupt(f"the work was interrupted because its lease is gone: {lost}",
+                                         lost.keys) from lost
+            raise
+        finally:
+            if armed:
+                self._disarm()
+
+    @contextmanager
+    def renewing(
+        self,
+        interval: Optional[float] = None,
+        *,
+        stop_when_orphaned: Optional[bool] = None,
+        alive: Optional[Callable[[], bool]] = None,
+        interrupt: Optional[bool] = None,
+    ) -> Iterator[Any]:
+        """Renew in the background while the block runs, and interrupt the block if the lease is gone.
+
+        ``with item.renewing(): work(item.payload)`` then ``item.complete()`` (inside or after the
+        block). The renewal stops when the block ends; a loss met while it ran is raised on
+        exit (:class:`LeaseLost`) unless the block raised. ``interrupt=False`` lets the work run
+        on after a loss (it then learns of it at exit or from its next complete/check).
+        Arguments as :meth:`start_renewing`.
+        """
+        self.start_renewing(interval, stop_when_orphaned=stop_when_orphaned, alive=alive)
+        try:
+            with self.interrupting(interrupt):
+                yield self
+        finally:
+            self.stop_renewing()
+        if self.lost is not None:
+            raise self.lost

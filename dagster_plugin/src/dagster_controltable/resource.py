@@ -393,7 +393,7 @@ class ControlTableResource(ConfigurableResource):
         except (ControlTableError, ImportError) as exc:
             self._setup_error = exc
 
-    def _timeouts(self) -> dict[str, float]:
+    def _timeouts(self) -> dict[str, Any]:
         """The timeouts given in the config (the core's defaults apply to the others)."""
         given = {"connect_timeout": self.connect_timeout, "statement_timeout": self.statement_timeout}
         return {k: float(v) for k, v in given.items() if v is not None}

@@ -30,7 +30,7 @@ from controltable import ControlTable, ControlTableError
 DEFAULT_CONN_ID = "controltable_default"
 CONN_TYPE = "controltable"
 
-_CACHE: dict[tuple[str, str, Optional[str], str], ControlTable] = {}
+_CACHE: dict[tuple[str, str, Optional[str], str, Optional[str]], ControlTable] = {}
 _CACHE_LOCK = threading.Lock()
 
 

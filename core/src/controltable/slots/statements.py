@@ -52,7 +52,8 @@ def lock_resource(t: ControlSchema, namespace: str, name: str) -> Select:  # typ
     """
     r = t.resource
     return dialects.lock_rows(
-        select(r.c.name, r.c.capacity, r.c.last_token, r.c.last_ticket, r.c.rate_count, r.c.rate_per, r.c.aging)
+        select(r.c.name, r.c.capacity, r.c.last_token, r.c.last_ticket, r.c.rate_count, r.c.rate_per, r.c.aging,
+               dialects.token_epoch().label("epoch"))  # the fencing tokens' epoch, read where they advance
         .where(*_resource_row(t, namespace, name)),
         r,
     )

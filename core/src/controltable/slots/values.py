@@ -35,7 +35,9 @@ class Lease(BackgroundRenewal):
     """A granted slot request. Renew it while working, release it when done.
 
     Usable as a context manager (``with ct.acquire(...) as lease``), which releases on exit.
-    :meth:`ControlTable.slot` additionally renews it in the background.
+    :meth:`ControlTable.slot` additionally renews it in the background; with a renewer running,
+    the block is interrupted (:class:`~controltable.errors.LeaseLostInterrupt`) when the renewer
+    finds the lease lost or expired, unless :attr:`interrupt` is false.
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class Lease(BackgroundRenewal):
         self._granted_at = granted_at
         self.released = False
         self.lost: Optional[LeaseLost] = None
+        self._armed_here = False
 
     # -- facts -----------------------------------------------------------------------------
     @property
@@ -142,9 +145,16 @@ class Lease(BackgroundRenewal):
         return self.lease_seconds / 3.0
 
     def __enter__(self) -> Lease:
+        # With a background renewer, a lease found lost or expired interrupts the block (see
+        # ``BackgroundRenewal.interrupting``; ``self.interrupt = False`` or ``slot(interrupt=False)``
+        # opts out). Disarmed first thing on exit, before the release.
+        self._armed_here = self.interrupt and self._arm()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if getattr(self, "_armed_here", False):
+            self._armed_here = False
+            self._disarm()
         self.stop_renewing()
         try:
             self.release()

@@ -105,6 +105,14 @@ class _Res:
     rate_count: Optional[int] = None
     rate_per: Optional[float] = None
     aging: Optional[float] = None
+    #: The server's failover epoch, read with the row lock (``dialects.token_epoch``).
+    epoch: int = 1
+
+    def next_token(self) -> int:
+        """Advance the fencing counter: above the last token and every token of an earlier epoch."""
+        self.last_token = dialects.next_token(self.last_token, self.epoch)
+        self.dirty = True
+        return self.last_token
 
 
 @dataclass
@@ -248,7 +256,8 @@ class SlotEngine:
             rows[name] = _Res(name, int(row.capacity), int(row.last_token), int(row.last_ticket),
                               rate_count=None if row.rate_count is None else int(row.rate_count),
                               rate_per=None if row.rate_per is None else float(row.rate_per),
-                              aging=None if row.aging is None else float(row.aging))
+                              aging=None if row.aging is None else float(row.aging),
+                              epoch=int(row.epoch))
         return rows
 
     def _snapshot(self, conn: Connection, res: dict[str, Any]) -> list[Any]:
@@ -348,9 +357,7 @@ class SlotEngine:
             for key in decision.grant:
                 mine = own is not None and key == own[0]
                 for row in rows_by_key[key]:
-                    res[row.resource].last_token += 1
-                    res[row.resource].dirty = True
-                    token = res[row.resource].last_token
+                    token = res[row.resource].next_token()
                     if granted is not None:
                         granted.setdefault(key, {})[row.resource] = token
                     if mine and own is not None:
@@ -649,12 +656,12 @@ class SlotEngine:
                     tokens = {row.resource: int(row.token) for row in mine}
                     if newer:
                         for name in names:
-                            res[name].last_token += 1
+                            new_token = res[name].next_token()
                             conn.execute(sql.retoken_grant(self.t, self.ns, name, tokens[name], now))
                             (row_of,) = [row for row in mine if row.resource == name]
-                            conn.execute(sql.record_grant(self.t, self.ns, name, res[name].last_token, row_of,
+                            conn.execute(sql.record_grant(self.t, self.ns, name, new_token, row_of,
                                                           int(row_of.priority), now, enqueued_at=now))
-                            tokens[name] = res[name].last_token
+                            tokens[name] = new_token
                             conn.execute(sql.write_last_token(self.t, self.ns, name, tokens[name]))
                     for row in mine:
                         conn.execute(sql.extend_grant_row(self.t, row.id, tokens[row.resource], now + req.lease,

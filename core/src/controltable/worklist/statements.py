@@ -32,7 +32,9 @@ def list_row(lists: Table, namespace: str, name: str) -> list[ColumnElement[bool
 
 def lock_list(lists: Table, namespace: str, name: str) -> Any:
     """Lock the work list's row: the allocation lock."""
-    return dialects.lock_rows(select(lists.c.last_token).where(*list_row(lists, namespace, name)), lists)
+    # The fencing tokens' epoch is read where they advance (see ``dialects.token_epoch``).
+    return dialects.lock_rows(select(lists.c.last_token, dialects.token_epoch().label("epoch"))
+                              .where(*list_row(lists, namespace, name)), lists)
 
 
 def create_list(lists: Table, namespace: str, name: str) -> Any:

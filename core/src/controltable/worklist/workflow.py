@@ -154,7 +154,7 @@ class WorkList:
             row = conn.execute(sql.next_item(self.t, self.ns, self.name, current, now)).first()
             if row is None:
                 return None
-            token = int(lock.last_token) + 1
+            token = dialects.next_token(int(lock.last_token), int(lock.epoch))
             conn.execute(sql.set_last_token(self.w, self.ns, self.name, token))
             conn.execute(sql.allocate_item(self.t, int(row.id), owner, token, now, lease_s))
             attempted.append((int(row.id), token, now))

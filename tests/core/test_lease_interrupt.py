@@ -1,0 +1,181 @@
+"""Work is interrupted when its lease is gone: slot leases, event batches and work items.
+
+The lease is taken away from another connection (released by an operator, reset, reaped and
+taken over) while the work runs in a ``with`` block; the background renewer notices at its next
+tick and raises ``LeaseLostInterrupt`` in the working thread. Measured from the moment the lease
+was taken: within one renewal interval (plus the renewal's own round trip).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+import pytest
+
+from controltable import ControlTable, DatabaseUnavailableError, LeaseLost, LeaseLostInterrupt
+
+LEASE = 1.5
+INTERVAL = LEASE / 3
+#: What one renewal round trip and the delivery of the exception may add (a loaded CI machine).
+SLACK = 0.5
+
+
+def work_until_interrupted(taken: dict[str, float], seconds: float = 15.0) -> None:
+    """Busy work in short Python steps (an async exception lands between bytecodes)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.01)
+    raise AssertionError(f"the work ran {seconds} s and was never interrupted (taken at {taken})")
+
+
+def take_later(delay: float, take: Callable[[], None], taken: dict[str, float]) -> threading.Thread:
+    def run() -> None:
+        time.sleep(delay)
+        take()
+        taken["at"] = time.monotonic()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def assert_interrupted_in_time(raised: BaseException, taken: dict[str, float], caught_at: float) -> None:
+    assert isinstance(raised, LeaseLostInterrupt) and isinstance(raised, LeaseLost), raised
+    assert "at" in taken, "interrupted before the lease was taken"
+    late = caught_at - taken["at"]
+    assert late <= INTERVAL + SLACK, f"interrupted {late:.2f} s after the lease was taken (interval {INTERVAL} s)"
+
+
+def test_slot_work_is_interrupted_when_the_lease_is_taken(ct: ControlTable, backend_url: str, namespace: str) -> None:
+    ct.set_capacity("r", 1)
+    other = ControlTable(backend_url, namespace=namespace)
+    taken: dict[str, float] = {}
+    try:
+        with pytest.raises(LeaseLostInterrupt) as info:
+            with ct.slot("r", holder="a", lease=LEASE):
+                take_later(0.3, lambda: other.release("r", "a"), taken)
+                work_until_interrupted(taken)
+        assert_interrupted_in_time(info.value, taken, time.monotonic())
+        # the slot is free for the next holder, and this process's state is clean
+        nxt = other.acquire("r", holder="b", timeout=5)
+        nxt.release()
+    finally:
+        other.close()
+
+
+def test_work_item_is_interrupted_when_reset_elsewhere(ct: ControlTable, backend_url: str, namespace: str) -> None:
+    wl = ct.worklist("interrupt")
+    wl.populate([{"n": 1}])
+    item = wl.allocate("w", lease=LEASE)
+    assert item is not None
+    other = ControlTable(backend_url, namespace=namespace)
+    taken: dict[str, float] = {}
+    try:
+        with pytest.raises(LeaseLostInterrupt) as info:
+            with item.renewing():
+                take_later(0.3, lambda: other.worklist("interrupt").reset(), taken)
+                work_until_interrupted(taken)
+        assert_interrupted_in_time(info.value, taken, time.monotonic())
+        assert item._renewer is None
+    finally:
+        other.close()
+
+
+def test_batch_is_interrupted_when_taken_over(ct: ControlTable, backend_url: str, namespace: str,
+                                               event_table: Callable[..., Any]) -> None:
+    ev = event_table(2)
+    batch = ev.claim(2, owner="a", lease=LEASE)
+    assert batch is not None
+    taken: dict[str, float] = {}
+    with pytest.raises(LeaseLostInterrupt) as info:
+        with batch.renewing():
+            take_later(0.3, ev.reset, taken)
+            work_until_interrupted(taken)
+    assert_interrupted_in_time(info.value, taken, time.monotonic())
+
+
+def test_expiry_while_renewals_fail_interrupts(ct: ControlTable, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The database unreachable for the whole lease: the lease is taken as expired at its end."""
+    wl = ct.worklist("expire")
+    wl.populate([{"n": 1}])
+    item = wl.allocate("w", lease=1.0)
+    assert item is not None
+
+    def unreachable(*_: Any) -> float:
+        raise DatabaseUnavailableError("test: the database is unreachable")
+
+    monkeypatch.setattr(wl, "_renew", unreachable)
+    started = time.monotonic()
+    with pytest.raises(LeaseLostInterrupt):
+        with item.renewing():
+            work_until_interrupted({})
+    took = time.monotonic() - started
+    assert 0.9 <= took <= 1.0 + SLACK, f"interrupted after {took:.2f} s; the lease was 1 s"
+
+
+def test_opt_out_lets_the_work_finish_and_reports_the_loss_at_exit(ct: ControlTable, backend_url: str,
+                                                                    namespace: str) -> None:
+    ct.set_capacity("r", 1)
+    other = ControlTable(backend_url, namespace=namespace)
+    try:
+        with pytest.raises(LeaseLost) as info:
+            with ct.slot("r", holder="a", lease=LEASE, interrupt=False) as lease:
+                other.release("r", "a")
+                deadline = time.monotonic() + 5
+                while lease.lost is None and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert lease.lost is not None, "the renewer never noticed the loss"
+                time.sleep(0.3)  # the work runs on: nothing is raised inside the block
+                finished = True
+        assert finished and not isinstance(info.value, LeaseLostInterrupt)
+    finally:
+        other.close()
+
+
+def test_no_interrupt_after_the_block_exited(ct: ControlTable, backend_url: str, namespace: str) -> None:
+    wl = ct.worklist("after")
+    wl.populate([{"n": 1}])
+    item = wl.allocate("w", lease=LEASE)
+    assert item is not None
+    with item.renewing():
+        pass
+    # The block is left: the lease is lost now (renewal stopped, taken elsewhere), and a renewer
+    # started without a block never interrupts.
+    other = ControlTable(backend_url, namespace=namespace)
+    try:
+        item.start_renewing()
+        other.worklist("after").reset()
+        deadline = time.monotonic() + 5
+        while item.lost is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert isinstance(item.lost, LeaseLost)
+        time.sleep(0.3)  # an interrupt, had one been sent, would land in this sleep's loop
+        for _ in range(30):
+            time.sleep(0.01)
+    finally:
+        other.close()
+
+
+def test_interrupt_cancelled_when_the_block_leaves_first(ct: ControlTable) -> None:
+    """An interrupt scheduled while the owner is on its way out never lands after the block."""
+    wl = ct.worklist("race")
+    wl.populate([{"n": 1}])
+    item = wl.allocate("w", lease=30)
+    assert item is not None
+    for _ in range(200):
+        armed = item._arm()
+        assert armed
+        item.lost = LeaseLost("test")
+        t = threading.Thread(target=item._interrupt_owner)
+        try:
+            t.start()
+            item._disarm()
+        except LeaseLostInterrupt:
+            item._disarm()  # landed before the disarm: still inside the block
+        t.join()
+        item.lost = None
+        for _ in range(100):  # would raise here if an undelivered interrupt survived the disarm
+            pass
+    item.complete()
