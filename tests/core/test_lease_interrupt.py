@@ -53,10 +53,9 @@ def test_slot_work_is_interrupted_when_the_lease_is_taken(ct: ControlTable, back
     other = ControlTable(backend_url, namespace=namespace)
     taken: dict[str, float] = {}
     try:
-        with pytest.raises(LeaseLostInterrupt) as info:
-            with ct.slot("r", holder="a", lease=LEASE):
-                take_later(0.3, lambda: other.release("r", "a"), taken)
-                work_until_interrupted(taken)
+        with pytest.raises(LeaseLostInterrupt) as info, ct.slot("r", holder="a", lease=LEASE):
+            take_later(0.3, lambda: other.release("r", "a"), taken)
+            work_until_interrupted(taken)
         assert_interrupted_in_time(info.value, taken, time.monotonic())
         # the slot is free for the next holder, and this process's state is clean
         nxt = other.acquire("r", holder="b", timeout=5)
@@ -73,10 +72,9 @@ def test_work_item_is_interrupted_when_reset_elsewhere(ct: ControlTable, backend
     other = ControlTable(backend_url, namespace=namespace)
     taken: dict[str, float] = {}
     try:
-        with pytest.raises(LeaseLostInterrupt) as info:
-            with item.renewing():
-                take_later(0.3, lambda: other.worklist("interrupt").reset(), taken)
-                work_until_interrupted(taken)
+        with pytest.raises(LeaseLostInterrupt) as info, item.renewing():
+            take_later(0.3, lambda: other.worklist("interrupt").reset(), taken)
+            work_until_interrupted(taken)
         assert_interrupted_in_time(info.value, taken, time.monotonic())
         assert item._renewer is None
     finally:
@@ -89,10 +87,9 @@ def test_batch_is_interrupted_when_taken_over(ct: ControlTable, backend_url: str
     batch = ev.claim(2, owner="a", lease=LEASE)
     assert batch is not None
     taken: dict[str, float] = {}
-    with pytest.raises(LeaseLostInterrupt) as info:
-        with batch.renewing():
-            take_later(0.3, ev.reset, taken)
-            work_until_interrupted(taken)
+    with pytest.raises(LeaseLostInterrupt) as info, batch.renewing():
+        take_later(0.3, ev.reset, taken)
+        work_until_interrupted(taken)
     assert_interrupted_in_time(info.value, taken, time.monotonic())
 
 
@@ -108,9 +105,8 @@ def test_expiry_while_renewals_fail_interrupts(ct: ControlTable, monkeypatch: py
 
     monkeypatch.setattr(wl, "_renew", unreachable)
     started = time.monotonic()
-    with pytest.raises(LeaseLostInterrupt):
-        with item.renewing():
-            work_until_interrupted({})
+    with pytest.raises(LeaseLostInterrupt), item.renewing():
+        work_until_interrupted({})
     took = time.monotonic() - started
     assert 0.9 <= took <= 1.0 + SLACK, f"interrupted after {took:.2f} s; the lease was 1 s"
 
@@ -120,15 +116,14 @@ def test_opt_out_lets_the_work_finish_and_reports_the_loss_at_exit(ct: ControlTa
     ct.set_capacity("r", 1)
     other = ControlTable(backend_url, namespace=namespace)
     try:
-        with pytest.raises(LeaseLost) as info:
-            with ct.slot("r", holder="a", lease=LEASE, interrupt=False) as lease:
-                other.release("r", "a")
-                deadline = time.monotonic() + 5
-                while lease.lost is None and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                assert lease.lost is not None, "the renewer never noticed the loss"
-                time.sleep(0.3)  # the work runs on: nothing is raised inside the block
-                finished = True
+        with pytest.raises(LeaseLost) as info, ct.slot("r", holder="a", lease=LEASE, interrupt=False) as lease:
+            other.release("r", "a")
+            deadline = time.monotonic() + 5
+            while lease.lost is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert lease.lost is not None, "the renewer never noticed the loss"
+            time.sleep(0.3)  # the work runs on: nothing is raised inside the block
+            finished = True
         assert finished and not isinstance(info.value, LeaseLostInterrupt)
     finally:
         other.close()

@@ -107,7 +107,8 @@ def item_row(wl: Any, item_id: int) -> dict[str, Any]:
     return rows[item_id]
 
 
-def run_raced(ct: Any, backend: str, backend_url: str, wl: Any, old: Any, how: str, first: str) -> tuple[Outcome, Outcome]:
+def run_raced(ct: Any, backend: str, backend_url: str, wl: Any, old: Any, how: str,
+              first: str) -> tuple[Outcome, Outcome]:
     """Queue the finish and the allocation behind an outside row lock in the order ``first`` names."""
     finish_call = Outcome(lambda: finish(old, how))
     alloc_call = Outcome(lambda: wl.allocate(owner="new", lease=30))

@@ -62,25 +62,54 @@ def current_order(items: Table, namespace: str, name: str) -> Any:
             .where(mine(items, namespace, name), items.c.state.in_(UNFINISHED)))
 
 
-def next_item(items: Table, namespace: str, name: str, order: int, now: float) -> Any:
-    """The next item of ``order`` to hand out: new, or active under an expired lease."""
+def next_item(items: Table, namespace: str, name: str, order: int, now: float,
+              skip: Sequence[int] = ()) -> Any:
+    """The next item of ``order`` to hand out: new, or active under an expired lease.
+
+    Read without a row lock (the list lock serialises allocations, not finishes): what it read
+    is re-checked by :func:`allocate_item`. ``skip``: items this allocation found changed
+    under it (a finish or renewal that committed while it waited on the row).
+    """
     t = items
-    return (select(t.c.id, t.c.payload, t.c.exec_order, t.c.priority, t.c.attempts)
+    stmt = (select(t.c.id, t.c.payload, t.c.exec_order, t.c.priority, t.c.attempts, t.c.state, t.c.token)
             .where(mine(t, namespace, name), t.c.exec_order == order,
                    or_(t.c.state == NEW, and_(t.c.state == ACTIVE, t.c.expires_at < now)))
             .order_by(t.c.priority.desc(), t.c.id)
             .limit(1))
+    if skip:
+        stmt = stmt.where(t.c.id.notin_(list(skip)))
+    return stmt
 
 
 def set_last_token(lists: Table, namespace: str, name: str, token: int) -> Any:
     return update(lists).where(*list_row(lists, namespace, name)).values(last_token=token)
 
 
-def allocate_item(items: Table, item_id: int, owner: str, token: int, now: float, lease: float) -> Any:
+def allocate_item(items: Table, item_id: int, owner: str, token: int, now: float, lease: float,
+                  read_state: str, read_token: Optional[int]) -> Any:
+    """Stamp an item as allocated, only if it is still as :func:`next_item` read it.
+
+    The read took no row lock, so the old holder of an expired item may have finished, freed
+    or renewed it since (its COMMIT landing while this UPDATE waited on the row): the UPDATE
+    re-checks the state, the token and the expiry it saw, and changes nothing if any moved on.
+    Both backends with row locks re-evaluate the WHERE on the row as committed, so the old
+    holder's finish and this allocation never both succeed.
+    """
     t = items
-    return update(t).where(t.c.id == item_id).values(
+    if read_state == NEW:
+        still = t.c.state == NEW
+    else:
+        still = and_(t.c.state == ACTIVE, t.c.token == read_token, t.c.expires_at < now)
+    return update(t).where(t.c.id == item_id, still).values(
         state=ACTIVE, owner=owner, token=token, attempts=t.c.attempts + 1, started_at=now,
         finished_at=None, expires_at=now + lease)
+
+
+def count_allocated(items: Table, item_id: int, token: int, now: float) -> Any:
+    """Rows an allocation stamped (this token, this instant): what confirms it where rowcount is not trusted."""
+    t = items
+    return select(func.count()).select_from(t).where(
+        t.c.id == item_id, t.c.token == token, t.c.state == ACTIVE, t.c.started_at == now)
 
 
 def find_allocation(items: Table, namespace: str, name: str, item_id: int, token: int, owner: str,

@@ -3,6 +3,9 @@
 Allocation locks the work list's row, so two workers can never both decide "order 300 is
 finished" from a stale view. Completion needs no lock: it can only make the lowest unfinished
 order move forward, and an allocation that ran just before it merely saw the older, stricter state.
+The item an allocation reads is not locked either, so its UPDATE re-checks what it read (state,
+token, expiry) and counts what it stamped: an old holder's finish that commits while the
+allocation waits on the row wins, and the allocation moves to the next item (never both).
 
 Every operation is safe to run twice across a lost COMMIT reply: a retried allocation finds the
 item its first attempt stamped, and a retried complete/fail recognises "already done by this
@@ -151,12 +154,25 @@ class WorkList:
             now, current = float(head.now), head.current
             if current is None:
                 return None
-            row = conn.execute(sql.next_item(self.t, self.ns, self.name, current, now)).first()
-            if row is None:
-                return None
             token = dialects.next_token(int(lock.last_token), int(lock.epoch))
+            # Items found changed under this allocation: an old holder's finish, release or
+            # renewal that committed while the UPDATE waited on the row won it; move on. Each
+            # skip is another transaction's committed change, so the loop ends.
+            skip: list[int] = []
+            while True:
+                row = conn.execute(sql.next_item(self.t, self.ns, self.name, current, now, skip)).first()
+                if row is None:
+                    return None
+                stamped = dialects.confirmed_count(
+                    conn,
+                    sql.allocate_item(self.t, int(row.id), owner, token, now, lease_s, str(row.state),
+                                      None if row.token is None else int(row.token)),
+                    sql.count_allocated(self.t, int(row.id), token, now), self.db.dialect_name,
+                )
+                if stamped == 1:
+                    break
+                skip.append(int(row.id))
             conn.execute(sql.set_last_token(self.w, self.ns, self.name, token))
-            conn.execute(sql.allocate_item(self.t, int(row.id), owner, token, now, lease_s))
             attempted.append((int(row.id), token, now))
             return Item(self, int(row.id), json.loads(row.payload), int(row.exec_order), int(row.priority), owner,
                         token, int(row.attempts) + 1, now + lease_s, lease_s)
