@@ -142,6 +142,44 @@ def lock_rows(stmt: S, table: Table, *, skip_locked: bool = False, seek: bool = 
         table, f"WITH ({', '.join(hints)})", dialect_name="mssql")
 
 
+#: The pseudo dialect name under which :func:`seek_keyed` records a seek demand on an UPDATE or
+#: DELETE (in the statement's cache key, rendered only by the SQL Server compile hook below).
+_SEEK_OPTION = "controltable_mssql_seek"
+
+
+def seek_keyed(stmt: Any, table: Table) -> Any:
+    """SQL Server: make a statement that finds ``table``'s rows by an indexed key seek them.
+
+    Without ``FORCESEEK`` a small table, or a parameter typed unlike the key, gets a scan; a
+    scan under UPDLOCK (and an UPDATE's own U locks) walks into rows other workers hold, without
+    READPAST, and concurrent claimers deadlock (1205). A SELECT gets the table hint
+    ``WITH (FORCESEEK)``. An UPDATE or DELETE target takes only the limited table hints, so it
+    gets the query hint ``OPTION (TABLE HINT(<table>, FORCESEEK))`` instead. Only for
+    statements whose WHERE leads with an indexed column (the key, always unique-indexed, or the
+    token with its index): otherwise the server raises error 8622. Other backends ignore it."""
+    if isinstance(stmt, Select):
+        return stmt.with_hint(table, "WITH (FORCESEEK)", dialect_name="mssql")
+    return stmt.with_hint("FORCESEEK", selectable=table, dialect_name=_SEEK_OPTION)
+
+
+def _seek_option(element: Any, compiler: Any, text: str) -> str:
+    tables = [t for (t, name) in getattr(element, "_hints", {}) if name == _SEEK_OPTION]
+    if not tables:
+        return text
+    hints = ", ".join(f"TABLE HINT({compiler.preparer.format_table(t)}, FORCESEEK)" for t in tables)
+    return f"{text} OPTION ({hints})"
+
+
+@compiles(Update, "mssql")
+def _update_mssql(element: Any, compiler: Any, **kw: Any) -> str:
+    return _seek_option(element, compiler, compiler.visit_update(element, **kw))
+
+
+@compiles(Delete, "mssql")
+def _delete_mssql(element: Any, compiler: Any, **kw: Any) -> str:
+    return _seek_option(element, compiler, compiler.visit_delete(element, **kw))
+
+
 def first_rows_hint(stmt: S, table: Table, n: int) -> S:
     """Oracle: ``/*+ FIRST_ROWS(n) */`` on a claim, so the optimizer reads the claim index in
     order and stops, instead of sorting every candidate row (which it would then lock as the
@@ -187,44 +225,6 @@ def apply_fetch_limit(cursor: Any, context: Any) -> None:
 
 def rows_per_statement(dialect_name: str) -> Optional[int]:
     """The most rows one claim or completion statement may touch, or None for no cap.
-#: The pseudo dialect name under which :func:`seek_keyed` records a seek demand on an UPDATE or
-#: DELETE (in the statement's cache key, rendered only by the SQL Server compile hook below).
-_SEEK_OPTION = "controltable_mssql_seek"
-
-
-def seek_keyed(stmt: Any, table: Table) -> Any:
-    """SQL Server: make a statement that finds ``table``'s rows by an indexed key seek them.
-
-    Without ``FORCESEEK`` a small table, or a parameter typed unlike the key, gets a scan; a
-    scan under UPDLOCK (and an UPDATE's own U locks) walks into rows other workers hold, without
-    READPAST, and concurrent claimers deadlock (1205). A SELECT gets the table hint
-    ``WITH (FORCESEEK)``. An UPDATE or DELETE target takes only the limited table hints, so it
-    gets the query hint ``OPTION (TABLE HINT(<table>, FORCESEEK))`` instead. Only for
-    statements whose WHERE leads with an indexed column (the key, always unique-indexed, or the
-    token with its index): otherwise the server raises error 8622. Other backends ignore it."""
-    if isinstance(stmt, Select):
-        return stmt.with_hint(table, "WITH (FORCESEEK)", dialect_name="mssql")
-    return stmt.with_hint("FORCESEEK", selectable=table, dialect_name=_SEEK_OPTION)
-
-
-def _seek_option(element: Any, compiler: Any, text: str) -> str:
-    tables = [t for (t, name) in getattr(element, "_hints", {}) if name == _SEEK_OPTION]
-    if not tables:
-        return text
-    hints = ", ".join(f"TABLE HINT({compiler.preparer.format_table(t)}, FORCESEEK)" for t in tables)
-    return f"{text} OPTION ({hints})"
-
-
-@compiles(Update, "mssql")
-def _update_mssql(element: Any, compiler: Any, **kw: Any) -> str:
-    return _seek_option(element, compiler, compiler.visit_update(element, **kw))
-
-
-@compiles(Delete, "mssql")
-def _delete_mssql(element: Any, compiler: Any, **kw: Any) -> str:
-    return _seek_option(element, compiler, compiler.visit_delete(element, **kw))
-
-
 
     SQL Server escalates a statement's row locks to a table lock at about 5,000 locks, which
     would block every other worker and producer; its statements stay below that."""
@@ -253,6 +253,37 @@ def confirmed_count(conn: Any, update_stmt: Any, confirm: Any, dialect_name: str
     if trusts_rowcount(dialect_name):
         return int(result.rowcount)
     return int(conn.scalar(confirm) or 0)
+
+
+def counts_by_output(dialect_name: str) -> bool:
+    """Whether a ``DELETE``/``UPDATE`` of a control table is counted by the rows it returns
+    (``OUTPUT deleted.id`` on SQL Server) instead of its ``rowcount``.
+
+    On SQL Server with NOCOUNT set server-wide (``sp_configure 'user options', 512``) the count
+    is -1, which is truthy: a reap that trusted it would drop a holder that renewed meanwhile
+    from the used count and grant beyond capacity. ``OUTPUT`` without ``INTO`` is refused on a
+    table with an enabled trigger (error 334), which is why the user's event tables use
+    confirming selects (:func:`confirmed_count`) instead; the control tables are controltable's
+    own and carry no triggers."""
+    return not trusts_rowcount(dialect_name)
+
+
+def changed_rows(conn: Any, stmt: Any, id_column: Any, dialect_name: str) -> int:
+    """Run a ``DELETE`` or ``UPDATE`` of a control table and return how many rows it changed.
+
+    Where the row count is trusted, the count; on SQL Server (:func:`counts_by_output`) the
+    statement returns ``id_column`` of each changed row (``OUTPUT deleted.id``) and those rows
+    are counted. The running dialect decides only when it cannot return rows at all (SQLite on
+    SQLAlchemy 1.4 while ``controltable sql`` prints SQL Server statements): its own count is
+    faithful."""
+    if counts_by_output(dialect_name):
+        kind = "delete_returning" if getattr(stmt, "is_delete", False) else "update_returning"
+        running = conn.dialect
+        if getattr(running, kind, None) or getattr(running, "full_returning", False):
+            return len(conn.execute(stmt.returning(id_column)).all())
+        if running.name == dialect_name:  # pragma: no cover - every SQL Server dialect returns rows
+            raise NotImplementedError(f"{dialect_name}: cannot count changed rows without OUTPUT")
+    return int(conn.execute(stmt).rowcount)
 
 
 def state_literal(value: Any, type_: Any = None) -> ColumnElement[Any]:
@@ -300,37 +331,6 @@ def name_type(length: int) -> Any:
 
 def text_type() -> Any:
     """Long text (work-item payloads, errors): ``NVARCHAR(max)`` on SQL Server, whose ``TEXT`` is
-def counts_by_output(dialect_name: str) -> bool:
-    """Whether a ``DELETE``/``UPDATE`` of a control table is counted by the rows it returns
-    (``OUTPUT deleted.id`` on SQL Server) instead of its ``rowcount``.
-
-    On SQL Server with NOCOUNT set server-wide (``sp_configure 'user options', 512``) the count
-    is -1, which is truthy: a reap that trusted it would drop a holder that renewed meanwhile
-    from the used count and grant beyond capacity. ``OUTPUT`` without ``INTO`` is refused on a
-    table with an enabled trigger (error 334), which is why the user's event tables use
-    confirming selects (:func:`confirmed_count`) instead; the control tables are controltable's
-    own and carry no triggers."""
-    return not trusts_rowcount(dialect_name)
-
-
-def changed_rows(conn: Any, stmt: Any, id_column: Any, dialect_name: str) -> int:
-    """Run a ``DELETE`` or ``UPDATE`` of a control table and return how many rows it changed.
-
-    Where the row count is trusted, the count; on SQL Server (:func:`counts_by_output`) the
-    statement returns ``id_column`` of each changed row (``OUTPUT deleted.id``) and those rows
-    are counted. The running dialect decides only when it cannot return rows at all (SQLite on
-    SQLAlchemy 1.4 while ``controltable sql`` prints SQL Server statements): its own count is
-    faithful."""
-    if counts_by_output(dialect_name):
-        kind = "delete_returning" if getattr(stmt, "is_delete", False) else "update_returning"
-        running = conn.dialect
-        if getattr(running, kind, None) or getattr(running, "full_returning", False):
-            return len(conn.execute(stmt.returning(id_column)).all())
-        if running.name == dialect_name:  # pragma: no cover - every SQL Server dialect returns rows
-            raise NotImplementedError(f"{dialect_name}: cannot count changed rows without OUTPUT")
-    return int(conn.execute(stmt).rowcount)
-
-
     deprecated and whose ``VARCHAR(max)`` would lose characters outside its code page."""
     return Text().with_variant(mssql.NVARCHAR(), "mssql")
 
@@ -417,8 +417,12 @@ class AnalyzeTable(DDLElement):
     freshly prepared 100,000-row table drained at less than half the speed it reached after
     ``ANALYZE``)."""
 
-    def __init__(self, table: Table) -> None:
+    def __init__(self, table: Table, histograms: tuple[str, ...] = ()) -> None:
         self.table = table
+        #: Columns whose value distribution is skewed (the claim state: few pending and claimed
+        #: rows next to many done ones). Oracle gathers a frequency histogram on them (``SIZE
+        #: 254``): without one its optimizer assumes the states equally common.
+        self.histograms = tuple(histograms)
 
 
 @compiles(AnalyzeTable)
@@ -445,6 +449,11 @@ def _analyze_oracle(element: AnalyzeTable, compiler: Any, **kw: Any) -> str:
         return str(compiler.sql_compiler.render_literal_value(f'"{dialect.denormalize_name(name)}"', String()))
 
     owner = quoted(element.table.schema) if element.table.schema else "USER"
+    method = ""
+    if element.histograms:
+        columns = ", ".join(compiler.preparer.quote(dialect.denormalize_name(c)) for c in element.histograms)
+        option = f"FOR ALL COLUMNS SIZE AUTO FOR COLUMNS {columns} SIZE 254"
+        method = f", method_opt => {compiler.sql_compiler.render_literal_value(option, String())}"
     return (f"BEGIN DBMS_STATS.GATHER_TABLE_STATS(ownname => {owner}, "
             f"tabname => {quoted(element.table.name)}, cascade => TRUE{method}); END;")
 
@@ -452,7 +461,7 @@ def _analyze_oracle(element: AnalyzeTable, compiler: Any, **kw: Any) -> str:
 class DisableLockEscalation(DDLElement):
     """SQL Server: ``ALTER TABLE t SET (LOCK_ESCALATION = DISABLE)`` (an option of ``prepare()``)."""
 
-    def __init__(self, table: Table, histograms: tuple[str, ...] = ()) -> None:
+    def __init__(self, table: Table) -> None:
         self.table = table
 
 
@@ -461,60 +470,6 @@ def _lock_escalation(element: DisableLockEscalation, compiler: Any, **kw: Any) -
     return f"ALTER TABLE {compiler.preparer.format_table(element.table)} SET (LOCK_ESCALATION = DISABLE)"
 
 
-class CreateIndexOnline(DDLElement):
-    """``CREATE INDEX`` that lets writers go on while it builds, where the server offers it:
-    ``CONCURRENTLY`` on PostgreSQL (outside a transaction), ``WITH (ONLINE = ON)`` on SQL Server
-        #: Columns whose value distribution is skewed (the claim state: few pending and claimed
-        #: rows next to many done ones). Oracle gathers a frequency histogram on them (``SIZE
-        #: 254``): without one its optimizer assumes the states equally common.
-        self.histograms = tuple(histograms)
-    and ``ONLINE`` on Oracle (both Enterprise Edition features). InnoDB builds secondary indexes
-    online by default; SQLite has one writer anyway."""
-
-    def __init__(self, index: Any) -> None:
-        self.index = index
-
-
-@compiles(CreateIndexOnline)
-def _create_index_online(element: CreateIndexOnline, compiler: Any, **kw: Any) -> str:
-    from sqlalchemy.schema import CreateIndex
-
-    text = str(compiler.process(CreateIndex(element.index), **kw)).strip()
-    name = compiler.dialect.name
-    if name == "postgresql":
-        return text.replace("CREATE INDEX ", "CREATE INDEX CONCURRENTLY ", 1)
-    if name == "mssql":
-        return text + " WITH (ONLINE = ON)"
-    if name == "oracle":
-        return text + " ONLINE"
-    return text
-
-
-def online_ddl_available(conn: Any) -> bool:
-    """Whether this server builds indexes online (see :class:`CreateIndexOnline`)."""
-    name = conn.dialect.name
-    if name == "postgresql":
-    method = ""
-    if element.histograms:
-        columns = ", ".join(compiler.preparer.quote(dialect.denormalize_name(c)) for c in element.histograms)
-        option = f"FOR ALL COLUMNS SIZE AUTO FOR COLUMNS {columns} SIZE 254"
-        method = f", method_opt => {compiler.sql_compiler.render_literal_value(option, String())}"
-        return True
-    try:
-        if name == "mssql":
-            # 3 = Enterprise/Developer/Evaluation, 5 = Azure SQL Database, 8 = Managed Instance.
-            edition = conn.exec_driver_sql("SELECT CAST(SERVERPROPERTY('EngineEdition') AS INT)").scalar()
-            return int(edition) in (3, 5, 8)
-        if name == "oracle":
-            banner = conn.exec_driver_sql("SELECT banner FROM v$version WHERE ROWNUM = 1").scalar()
-            return "enterprise" in str(banner).lower()
-    except Exception:  # no right to read the edition: build the ordinary way
-        return False
-    return False
-
-
-def ddl_lock_timeout(dialect_name: str, seconds: int = DDL_LOCK_TIMEOUT) -> tuple[list[str], list[str]]:
-    """(statements before a DDL statement, statements after it) that bound its wait for the
 def adds_columns_nullable(dialect_name: str) -> bool:
     """Whether ``prepare()`` adds the claim counters nullable and then sets them in batches.
 
@@ -532,6 +487,57 @@ LOW_PRIORITY_INDEX_VERSION = (16,)
 LOW_PRIORITY_MINUTES = 1
 
 
+class CreateIndexOnline(DDLElement):
+    """``CREATE INDEX`` that lets writers go on while it builds, where the server offers it:
+    ``CONCURRENTLY`` on PostgreSQL (outside a transaction), ``WITH (ONLINE = ON)`` on SQL Server
+    and ``ONLINE`` on Oracle (both Enterprise Edition features). InnoDB builds secondary indexes
+    online by default; SQLite has one writer anyway."""
+
+    def __init__(self, index: Any) -> None:
+        self.index = index
+
+
+@compiles(CreateIndexOnline)
+def _create_index_online(element: CreateIndexOnline, compiler: Any, **kw: Any) -> str:
+    from sqlalchemy.schema import CreateIndex
+
+    text = str(compiler.process(CreateIndex(element.index), **kw)).strip()
+    name = compiler.dialect.name
+    if name == "postgresql":
+        return text.replace("CREATE INDEX ", "CREATE INDEX CONCURRENTLY ", 1)
+    if name == "mssql":
+        version = tuple(getattr(compiler.dialect, "server_version_info", None) or ())
+        if version >= LOW_PRIORITY_INDEX_VERSION:
+            # SQL Server 2022+ / Azure: the build's schema-lock request waits in a low-priority
+            # queue (new readers and writers pass it) and gives up itself, as a lock timeout.
+            return (text + f" WITH (ONLINE = ON (WAIT_AT_LOW_PRIORITY (MAX_DURATION = {LOW_PRIORITY_MINUTES} "
+                    "MINUTES, ABORT_AFTER_WAIT = SELF)))")
+        return text + " WITH (ONLINE = ON)"
+    if name == "oracle":
+        return text + " ONLINE"
+    return text
+
+
+def online_ddl_available(conn: Any) -> bool:
+    """Whether this server builds indexes online (see :class:`CreateIndexOnline`)."""
+    name = conn.dialect.name
+    if name == "postgresql":
+        return True
+    try:
+        if name == "mssql":
+            # 3 = Enterprise/Developer/Evaluation, 5 = Azure SQL Database, 8 = Managed Instance.
+            edition = conn.exec_driver_sql("SELECT CAST(SERVERPROPERTY('EngineEdition') AS INT)").scalar()
+            return int(edition) in (3, 5, 8)
+        if name == "oracle":
+            banner = conn.exec_driver_sql("SELECT banner FROM v$version WHERE ROWNUM = 1").scalar()
+            return "enterprise" in str(banner).lower()
+    except Exception:  # no right to read the edition: build the ordinary way
+        return False
+    return False
+
+
+def ddl_lock_timeout(dialect_name: str, seconds: int = DDL_LOCK_TIMEOUT) -> tuple[list[str], list[str]]:
+    """(statements before a DDL statement, statements after it) that bound its wait for the
     table's lock, so ``prepare()`` on a busy table fails after ``seconds`` with a clear error
     instead of queueing (on PostgreSQL every later reader would queue behind it) or failing at
     once (Oracle's ORA-00054). Session settings, reset afterwards: the connection is pooled."""
@@ -547,16 +553,25 @@ LOW_PRIORITY_MINUTES = 1
     return [], []
 
 
+def typed_binds(backend: str, driver: str) -> dict[str, Any]:
+    """``create_engine`` arguments that send every bound parameter typed like its column.
+
+    SQL Server: pyodbc sends a Python ``str`` as NVARCHAR unless told otherwise, and an
+    NVARCHAR parameter compared with a VARCHAR column (an event table's VARCHAR key, the
+    control tables' ``request_key VARCHAR(64)``) converts the column: the seek becomes a scan
+    that takes U locks on every row it reads. With ``use_setinputsizes`` (SQLAlchemy 2's
+    default for pyodbc, opt-in on 1.4) a parameter bound with a ``String`` type goes as
+    SQL_VARCHAR and a ``Unicode``/``NVARCHAR`` one as SQL_WVARCHAR; the statements bind every
+    key with its column's type (``column == value``, ``column.in_(values)``)."""
+    if backend == "mssql" and driver == "pyodbc":
+        return {"use_setinputsizes": True}
+    return {}
+
+
 def prepare_engine(engine: Engine, *, busy_timeout: float = 60.0) -> Engine:
     """Return an engine configured the way the coordination logic needs.
 
     * Server backends run at READ COMMITTED, so a statement run after a row lock was granted sees
-        version = tuple(getattr(compiler.dialect, "server_version_info", None) or ())
-        if version >= LOW_PRIORITY_INDEX_VERSION:
-            # SQL Server 2022+ / Azure: the build's schema-lock request waits in a low-priority
-            # queue (new readers and writers pass it) and gives up itself, as a lock timeout.
-            return (text + f" WITH (ONLINE = ON (WAIT_AT_LOW_PRIORITY (MAX_DURATION = {LOW_PRIORITY_MINUTES} "
-                    "MINUTES, ABORT_AFTER_WAIT = SELF)))")
       every change committed by the previous lock holder (MySQL's default REPEATABLE READ would
       show a stale snapshot). Engines controltable creates set it once per new connection
       (``create_engine(isolation_level=...)``, see :mod:`controltable.connect`); for an engine
@@ -598,21 +613,6 @@ def _configure_sqlite(engine: Engine, busy_timeout: float = 60.0) -> None:
         return
 
     @event.listens_for(engine, "connect")
-def typed_binds(backend: str, driver: str) -> dict[str, Any]:
-    """``create_engine`` arguments that send every bound parameter typed like its column.
-
-    SQL Server: pyodbc sends a Python ``str`` as NVARCHAR unless told otherwise, and an
-    NVARCHAR parameter compared with a VARCHAR column (an event table's VARCHAR key, the
-    control tables' ``request_key VARCHAR(64)``) converts the column: the seek becomes a scan
-    that takes U locks on every row it reads. With ``use_setinputsizes`` (SQLAlchemy 2's
-    default for pyodbc, opt-in on 1.4) a parameter bound with a ``String`` type goes as
-    SQL_VARCHAR and a ``Unicode``/``NVARCHAR`` one as SQL_WVARCHAR; the statements bind every
-    key with its column's type (``column == value``, ``column.in_(values)``)."""
-    if backend == "mssql" and driver == "pyodbc":
-        return {"use_setinputsizes": True}
-    return {}
-
-
     def _on_connect(dbapi_conn: Any, record: Any) -> None:
         # Let SQLAlchemy, not the driver, emit BEGIN; wait up to busy_timeout for the write lock.
         dbapi_conn.isolation_level = None
