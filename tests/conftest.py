@@ -49,6 +49,7 @@ def _check_reachable(backend: str, url: str) -> str | None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "backends(*names): run only on these backends")
     config.addinivalue_line("markers", "slow: multi-process stress tests")
+    config.pluginmanager.import_plugin("support.sqlcapture")  # inert unless CONTROLTABLE_CAPTURE_SQL is set
     for backend in ("postgres", "mysql"):
         url = server_url(backend)
         if url is None:

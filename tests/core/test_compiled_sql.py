@@ -70,7 +70,7 @@ def test_partial_claim_index_where_supported() -> None:
     pg = "\n".join(section("postgresql", "events prepare: claim"))
     assert re.search(r"CREATE INDEX ct_pending_events ON events \(event_id\) WHERE ct_state = 0", pg)
     assert re.search(r"CREATE INDEX ct_claimed_events ON events \(event_id\) WHERE ct_state = 1", pg)
-    ms = "\n".join(s for s in section("mssql", "events prepare: claim") if not s.startswith("--"))
+    ms = "\n".join(s for s in section("mssql", "events prepare: claim") if s.startswith("CREATE INDEX"))
     # SQL Server: plain indexes by default (filtered ones break writers with old SET options).
     assert "CREATE INDEX ct_claim_events ON events (ct_state, event_id)" in ms and "WHERE" not in ms
     my = "\n".join(section("mysql", "events prepare: claim"))

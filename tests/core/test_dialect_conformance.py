@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy
@@ -200,7 +201,8 @@ def test_oracle_clock_is_exact_interval_arithmetic() -> None:
 
 def test_oracle_statistics_and_plsql_terminator() -> None:
     text = render("oracle")
-    assert "BEGIN DBMS_STATS.GATHER_TABLE_STATS(ownname => USER, tabname => '\"EVENTS\"', cascade => TRUE); END;\n/" \
+    assert ("BEGIN DBMS_STATS.GATHER_TABLE_STATS(ownname => USER, tabname => '\"EVENTS\"', cascade => TRUE, "
+            "method_opt => 'FOR ALL COLUMNS SIZE AUTO FOR COLUMNS \"CT_STATE\" SIZE 254'); END;\n/") \
         in text
 
 
@@ -264,3 +266,199 @@ def test_v3_upgrade_columns_compile(dialect: str) -> None:
         assert (" ADD COLUMN " in sql) == (dialect not in ("mssql", "oracle")), sql
         if name in ("priority", "queue_key"):
             assert sql.endswith("DEFAULT 0 NOT NULL"), sql
+
+
+# -- no decision on a row count (SQL Server with NOCOUNT set server-wide reports -1) ----------------
+@pytest.fixture
+def nocount_mssql(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A SQLite control table whose statements are built for SQL Server, with every reported row
+    count -1 (what a server with NOCOUNT set server-wide reports): a workflow that still decided
+    on ``rowcount`` would take -1 (truthy) for "a row changed"."""
+    from sqlalchemy.engine import CursorResult
+
+    from controltable import ControlTable
+
+    ct = ControlTable(f"sqlite:///{tmp_path / 'nocount.db'}", namespace="nc")
+    ct.install()
+    ct.db.target_dialect = "mssql"
+    monkeypatch.setattr(CursorResult, "rowcount", property(lambda self: -1))
+    yield ct
+    ct.close()
+
+
+def _renewed_meanwhile(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """The expired-row DELETE finds nothing: a renewal committed between the read and the delete."""
+    from sqlalchemy import false
+
+    from controltable.slots import statements as slot_sql
+
+    original = getattr(slot_sql, name)
+    monkeypatch.setattr(slot_sql, name, lambda *a, **k: original(*a, **k).where(false()))
+
+
+def test_nocount_reap_that_deleted_nothing_keeps_the_holder_counted(
+        nocount_mssql: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    ct = nocount_mssql
+    ct.set_capacity("r", 1)
+    ct.acquire("r", holder="a", lease=1)
+    time.sleep(1.2)
+    _renewed_meanwhile(monkeypatch, "delete_expired_row")
+    assert ct.try_acquire("r", holder="b", lease=30) is None, "granted beyond capacity on a -1 row count"
+    assert [h.holder for h in ct.status(["r"])[0].holders] == ["a"]
+
+
+def test_nocount_expired_own_request_that_was_picked_up_is_not_requeued(
+        nocount_mssql: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    ct = nocount_mssql
+    ct.set_capacity("r", 1)
+    first = ct.acquire("r", holder="a", lease=1)
+    time.sleep(1.2)
+    _renewed_meanwhile(monkeypatch, "delete_expired_request")
+    _renewed_meanwhile(monkeypatch, "delete_expired_row")
+    again = ct.try_acquire("r", holder="a", lease=30)
+    # The entry stays (nothing was deleted), so this is the same grant, not a new ticket behind it.
+    assert again is not None and again.token == first.token
+
+
+def test_nocount_counts_come_from_output_rows(nocount_mssql: Any) -> None:
+    import time
+
+    ct = nocount_mssql
+    ct.set_capacity("r", 2)
+    ct.acquire("r", holder="a", lease=30).release()
+    ct.acquire("r", holder="b", lease=30).release()
+    wl = ct.worklist("nc")
+    wl.populate([{"n": 1}, {"n": 2}], order=1)
+    item = wl.allocate("w", lease=30)
+    assert item is not None
+    item.fail("x")
+    assert wl.clear_errors() == 1
+    assert wl.drop() == 2
+    time.sleep(0.05)
+    assert ct.prune_history(0.0) == 2
+
+
+def test_mssql_counted_statements_carry_output() -> None:
+    text = "\n".join(statements("mssql"))
+    for stmt in ("DELETE FROM ct_request OUTPUT deleted.id", "DELETE FROM ct_grant_history OUTPUT deleted.token"):
+        assert stmt in text, f"no {stmt!r}: a SQL Server DELETE whose count matters must OUTPUT its rows"
+    for s in statements("mssql"):
+        if s.startswith("DELETE FROM ct_request") and "expires_at <" in s:
+            assert "OUTPUT deleted.id" in s, s
+
+
+def test_no_workflow_reads_a_row_count_outside_the_dialect_helpers() -> None:
+    """Row counts are read in :mod:`controltable.dialects` (``changed_rows``, ``confirmed_count``), or
+    by the event engine under :func:`dialects.trusts_rowcount` / the SQL Server row cap only."""
+    import controltable
+
+    root = Path(controltable.__file__).parent
+    for path in (root / "slots" / "workflow.py", root / "worklist" / "workflow.py"):
+        assert ".rowcount" not in path.read_text(encoding="utf-8"), f"{path.name} decides on a row count"
+
+
+# -- SQL Server: keyed statements seek, parameters typed like their columns -------------------------
+_KEYED = re.compile(r"\bevents\.event_id (?:IN \(:|= :|> :)")
+
+
+def test_mssql_every_keyed_statement_over_the_event_table_seeks() -> None:
+    """A keyed statement without FORCESEEK may scan (small table, parameter typed unlike the key),
+    and a scan under U locks without READPAST deadlocks concurrent claimers (1205). The one keyed
+    statement of ``prepare()`` (the backfill, which seeks the claim index inside) runs alone."""
+    keyed = [s for title, stmts in sections("mssql", None, LARGE) if not title.startswith("events prepare")
+             for s in stmts if re.match(r"(SELECT|UPDATE|DELETE)\b", s) and re.search(r"\bevents\b", s)
+             and _KEYED.search(s)]
+    assert len(keyed) >= 5, keyed
+    for s in keyed:
+        if s.startswith("SELECT"):
+            assert re.search(r"FROM events WITH \([^)]*FORCESEEK", s), s[:300]
+        else:
+            assert s.endswith("OPTION (TABLE HINT(events, FORCESEEK))"), s[-200:]
+
+
+def test_mssql_keys_bind_with_their_column_type() -> None:
+    """VARCHAR keys bind as VARCHAR (SQL_VARCHAR through pyodbc's setinputsizes, which
+    controltable's engines turn on), NVARCHAR ones as NVARCHAR: no implicit conversion of the
+    column, so the seek stays a seek."""
+    import inspect as pyinspect
+
+    from sqlalchemy import VARCHAR, Column, MetaData, String, Table, Unicode
+    from sqlalchemy.dialects import mssql
+    from sqlalchemy.dialects.mssql.pyodbc import MSDialect_pyodbc
+
+    from controltable import dialects
+    from controltable.events import ClaimColumns, claim_columns
+    from controltable.events import statements as ev_sql
+    from controltable.slots import statements as slot_sql
+
+    cols = ClaimColumns()
+    for key_type, unicode in ((VARCHAR(40), False), (mssql.NVARCHAR(40), True)):
+        t = Table("ev", MetaData(), Column("k", key_type, primary_key=True), *claim_columns())
+        built = [ev_sql.update_keys(t, "k", ["a", "b"], cols.values(state=2)),
+                 ev_sql.keys_where(t, "k", ["a"], [], lock=True), ev_sql.keys_where(t, "k", ["a"], []),
+                 ev_sql.rows_by_keys(t, cols, "k", ["a"]), ev_sql.expires_of(t, cols, "k", "a")]
+        for stmt in built:
+            binds = [b for b in stmt.compile(dialect=mssql.dialect()).binds.values()
+                     if b.value == "a" or b.value in (["a"], ["a", "b"])]
+            assert binds, stmt
+            for b in binds:
+                assert isinstance(b.type, String) and isinstance(b.type, Unicode) == unicode, (stmt, b.type)
+    s = build_schema()
+    stmt = slot_sql.delete_expired_request(s, "k" * 64, 0.0)
+    binds = [b for b in stmt.compile(dialect=mssql.dialect()).binds.values() if b.value == "k" * 64]
+    assert binds and all(isinstance(b.type, String) and not isinstance(b.type, Unicode) for b in binds)
+    assert dialects.typed_binds("mssql", "pyodbc") == {"use_setinputsizes": True}
+    assert "use_setinputsizes" in pyinspect.signature(MSDialect_pyodbc.__init__).parameters
+
+
+# -- SQL Server: prepare() never rewrites the table, waits briefly for its locks ---------------------
+def test_mssql_prepare_adds_columns_metadata_only_then_sets_them_in_batches() -> None:
+    prep = statements("mssql", "events prepare: claim")
+    adds = [s for s in prep if s.startswith("ALTER TABLE events ADD")]
+    assert len(adds) == 8 and not any("NOT NULL" in s for s in adds), adds
+    backfill = [s for s in prep if s.startswith("UPDATE events SET ct_state=0, ct_attempts=0")]
+    assert backfill and "SELECT TOP 1000" in backfill[0] and "ct_state IS NULL" in backfill[0]
+    assert prep.index(backfill[0]) > max(prep.index(s) for s in prep if s.startswith("CREATE INDEX"))
+    for dialect in ("postgresql", "mysql", "oracle", "sqlite"):  # there NOT NULL DEFAULT is metadata-only
+        state = [s for s in statements(dialect, "events prepare: claim") if "ADD" in s and "ct_state" in s]
+        assert state and "NOT NULL" in state[0], (dialect, state)
+
+
+def test_mssql_claim_index_includes_the_claim_predicates() -> None:
+    prep = statements("mssql", "events prepare: claim")
+    assert "CREATE INDEX ct_claim_events ON events (ct_state, event_id) INCLUDE (ct_available_at, ct_expires_at)" \
+        in prep
+
+
+def test_mssql_online_index_waits_at_low_priority_where_the_version_has_it() -> None:
+    from sqlalchemy import Column, Index, Integer, MetaData, Table
+
+    from controltable.dialects import CreateIndexOnline
+    from controltable.sqlscript import dialect_for
+
+    t = Table("events", MetaData(), Column("id", Integer, primary_key=True), Column("s", Integer))
+    ix = Index("ix_s", t.c.s)
+    text_2022 = str(CreateIndexOnline(ix).compile(dialect=dialect_for("mssql", (16, 0))))
+    assert text_2022.endswith("WITH (ONLINE = ON (WAIT_AT_LOW_PRIORITY (MAX_DURATION = 1 MINUTES, "
+                              "ABORT_AFTER_WAIT = SELF)))"), text_2022
+    assert str(CreateIndexOnline(ix).compile(dialect=dialect_for("mssql", (15, 0)))).endswith("WITH (ONLINE = ON)")
+
+
+def test_ddl_lock_waits_are_short_and_retried() -> None:
+    from controltable import dialects
+    from controltable.defaults import DDL_LOCK_RETRY_WAIT, DDL_LOCK_TIMEOUT
+
+    assert DDL_LOCK_RETRY_WAIT < DDL_LOCK_TIMEOUT
+    before = dialects.ddl_lock_timeout("mssql", DDL_LOCK_RETRY_WAIT)[0]
+    assert before == [f"SET LOCK_TIMEOUT {DDL_LOCK_RETRY_WAIT * 1000}"]
+
+
+# -- Oracle: completion finds a batch by token through an index; the state has a histogram ------------
+def test_oracle_token_index_and_state_histogram() -> None:
+    prep = statements("oracle", "events prepare: claim")
+    assert "CREATE INDEX ct_token_events ON events (ct_token)" in prep
+    assert any("FOR COLUMNS \"CT_STATE\" SIZE 254" in s for s in prep)

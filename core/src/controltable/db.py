@@ -115,6 +115,7 @@ def _server_engine(
             url, pool_size=5, max_overflow=10, pool_recycle=1800,
             # Set once per new connection by the dialect, not on every checkout.
             isolation_level=connect.READ_COMMITTED, connect_args=args,
+            **dialects.typed_binds(url.get_backend_name(), url.get_driver_name()),
         )
     except NoSuchModuleError as exc:
         raise ConfigurationError(f"unknown database in URL {safe_url(url)!r}: {redact(exc)}") from None

@@ -66,6 +66,12 @@ TOKEN_EPOCH_BITS = 40
 #: How long ``prepare()`` waits for the lock its DDL needs on a busy table (seconds) before it
 #: gives up with an error that says to retry or run the printed DDL in a quiet moment.
 DDL_LOCK_TIMEOUT = 30
+#: The longest one DDL statement's lock request may wait (seconds) before it is withdrawn and
+#: retried, within ``DDL_LOCK_TIMEOUT`` in all: a queued ALTER blocks every new reader and writer
+#: of the table behind it (PostgreSQL, SQL Server, MySQL metadata locks), so it never queues long.
+DDL_LOCK_RETRY_WAIT = 2
+#: Rows per transaction when SQL Server's metadata-only ``prepare()`` sets its new columns.
+DDL_BACKFILL_BATCH = 1000
 #: How long ``install()`` keeps re-running an idempotent DDL step that met a concurrent install's lock
 #: (seconds); past it the ``DatabaseBusyError`` reaches the caller.
 INSTALL_BUSY_WINDOW = 30.0

@@ -12,8 +12,10 @@ reviewed golden files; ``python -m controltable.sqlscript core/sql`` rewrites th
 
 from __future__ import annotations
 
+import re
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -192,6 +194,18 @@ def captured_statements(
         section("status: resources, holders and waiters (no locks)", lambda: ct.status())
         section("reap: resources with entries expired on the database clock (each then reaped under its lock)",
                 lambda: ct.reap())
+        def expiry() -> None:
+            ct.set_capacity("lapse", 1)
+            ct.acquire("lapse", holder="x", lease=0.5)
+            ct.try_acquire("lapse", holder="y", lease=60, waiter_ttl=0.5)
+            time.sleep(0.6)
+            ct.try_acquire("lapse", holder="x", lease=60)  # its own request ran out: it goes, x queues again
+            ct.try_acquire("lapse", holder="z", lease=60, waiter_ttl=0.5)
+            time.sleep(0.6)
+            ct.reap()  # z's entry ran out behind x
+
+        section("expiry: an expired holder or waiter is deleted with its expiry re-checked (on SQL Server the "
+                "DELETE returns the ids it removed: the row count is never trusted)", expiry)
         section("set_capacity with a rate limit and aging (rewrites the waiters' queue order)",
                 lambda: ct.set_capacity("api", 1, rate=(2, 60), aging=30))
 
@@ -231,7 +245,7 @@ def captured_statements(
                 "-- prepare(disable_lock_escalation=True) adds ALTER TABLE ... SET (LOCK_ESCALATION = DISABLE).",
             ]
         stmts = notes + [compile_sql(CreateIndex(s) if not isinstance(s, DDLElement) else s, dialect) for s in ddl]
-        stmts.append(compile_sql(AnalyzeTable(ev._reflect()), dialect))
+        stmts.append(compile_sql(AnalyzeTable(ev._reflect(), histograms=(ev.cols.state,)), dialect))
         sections.append(("events prepare: claim columns, claim indexes, statistics (DDL)", stmts))
         ev.prepare()
         batch: dict[str, Any] = {}
@@ -327,3 +341,65 @@ def write_golden(directory: Path) -> list[Path]:
 if __name__ == "__main__":  # pragma: no cover - the documented regeneration command
     for written_path in write_golden(Path(sys.argv[1] if len(sys.argv) > 1 else "core/sql")):
         print(written_path)
+
+
+# -- statement shapes: comparing what an engine sent with the golden files -------------------------
+_CONTROL = ("grant_history", "work_item", "worklist", "resource", "request", "meta")
+_BIND = re.compile(r"%\(\w+\)s|(?<![:\w]):\"[^\"]+\"|(?<![:\w]):\w+|@\w+|\?|__\[POSTCOMPILE_\w+\]")
+_ROWS = re.compile(r"\b(TOP|LIMIT|OFFSET|FETCH FIRST|FIRST_ROWS)(\s*\(?\s*)\d+")
+
+
+def statement_shape(sql: str, *, claim_prefix: str = "ct_") -> str:
+    """A statement with what varies between two sends of it made uniform: bound parameters (``?``),
+    the length of IN lists and multi-row VALUES, row counts (TOP, LIMIT, FIRST_ROWS), the control
+    tables' prefix and schema, and the user's event table and its own columns (``events``,
+    ``col``). Two sends of one builder have one shape; two builders' statements differ in shape."""
+    s = " ".join(sql.split())
+    s = re.sub(r"::[A-Z]+(?: PRECISION)?", "", s)  # PostgreSQL's typed binds (%(x)s::INTEGER)
+    s = _BIND.sub("?", s)
+    s = re.sub(r"\(\?(?:, \?)*\)", "(?*)", s)
+    s = re.sub(r"\(\?\*\)(?:, \(\?\*\))+", "(?*)", s)
+    s = _ROWS.sub(r"\1\2N", s)
+    s = re.sub(r"\b(anon|param)_\d+\b", r"\1", s)
+    s = re.sub(r'(?<![\w."])(?:"?\w+"?\.)?"?\w*_(' + "|".join(_CONTROL) + r')\b"?', r"ct_\1", s)
+    controls = {f"ct_{c}" for c in _CONTROL}
+    # The user's table: whatever FROM / UPDATE / INTO / ON / JOIN names that is not a control table.
+    for m in set(re.findall(r'\b(?:FROM|UPDATE|INTO|JOIN|TABLE|INDEX \S+ ON)\s+((?:"?\w+"?\.)?"?\w+"?)(?![\w(])', s)):
+        bare = m.split(".")[-1].strip('"')
+        if bare not in controls and bare.upper() not in ("DUAL", "STATISTICS") and not bare.startswith("ct_"):
+            s = re.sub(rf'(?<![\w."]){re.escape(m)}(?![\w"])', "events", s)
+    s = re.sub(r"\b(ct_(?:claim|pending|claimed|token))_\w+", r"\1_events", s)
+    s = re.sub(r"\bevents\.(?!" + re.escape(claim_prefix) + r")\"?\w+\"?", "events.col", s)
+    s = re.sub(r"events\.col(?:, events\.col)+", "events.col", s)
+    return s
+
+
+def golden_statements(text: str) -> list[str]:
+    """The statements of a printed script (comments and terminators dropped)."""
+    out: list[str] = []
+    current: list[str] = []
+    for line in text.splitlines():
+        if not current and (line.startswith("--") or not line.strip()):
+            continue
+        if line == "/":  # the end of a PL/SQL block
+            out.append("\n".join(current))
+            current = []
+            continue
+        current.append(line)
+        joined = "\n".join(current)
+        if line.endswith(";") and not (joined.startswith("BEGIN ") and not joined.endswith("END;")):
+            if joined.startswith("BEGIN ") and joined.endswith("END;"):
+                continue  # ended by the "/" line
+            out.append(joined[:-1])
+            current = []
+    return out
+
+
+def golden_shapes(directory: Path, dialect_name: str) -> set[str]:
+    """The shapes of every statement in ``<directory>/<dialect>.sql`` and its ``.suite.sql``."""
+    shapes: set[str] = set()
+    for name in (f"{dialect_name}.sql", f"{dialect_name}.suite.sql"):
+        path = directory / name
+        if path.exists():
+            shapes |= {statement_shape(s) for s in golden_statements(path.read_text(encoding="utf-8"))}
+    return shapes

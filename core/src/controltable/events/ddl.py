@@ -8,9 +8,10 @@ that read the catalogue or run DDL take the database layer explicitly.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Optional
+import time
+from typing import Any, Optional, Sequence
 
-from sqlalchemy import Column, Index, MetaData, SmallInteger, Table, inspect
+from sqlalchemy import Column, Index, MetaData, SmallInteger, Table, and_, inspect, literal, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, NoSuchTableError
 from sqlalchemy.ext.compiler import compiles
@@ -18,9 +19,11 @@ from sqlalchemy.schema import CreateColumn, CreateIndex, DDLElement, DropIndex
 
 from .. import dialects
 from ..db import Database
+from ..defaults import DDL_BACKFILL_BATCH, DDL_LOCK_RETRY_WAIT
 from ..errorcodes import is_lock_timeout
-from ..errors import ConfigurationError, ControlTableError, NotInstalledError
-from .statements import CLAIMED, PENDING, ClaimColumns, invalid_indexes
+from ..errors import ConfigurationError, ControlTableError, NotInstalledError, UnexpectedDatabaseError
+from ..schema import build_schema
+from .statements import CLAIMED, PENDING, ClaimColumns, any_unset, backfill_batch, invalid_indexes
 
 
 class TableBusyError(ControlTableError):
@@ -39,6 +42,31 @@ class AddColumn(DDLElement):
 def _add_column(element: AddColumn, compiler: Any, **kw: Any) -> str:
     spec = compiler.process(CreateColumn(element.column), **kw)
     return f"ALTER TABLE {compiler.preparer.format_table(element.table)} ADD {spec}"
+
+
+class BackfillClaimColumns(DDLElement):
+    """SQL Server, after a metadata-only ``prepare()`` (see :meth:`ClaimColumns.ddl`): set the
+    rows the nullable counters left NULL to pending, in batches of ``size`` rows, each batch a
+    transaction of its own (row locks only, below lock escalation), until none is left.
+
+    Not one statement: :func:`run_ddl` runs :func:`statements.backfill_batch` and
+    :func:`statements.any_unset` in a loop. Compiled, it prints the batch statement (what a
+    DBA would see repeated)."""
+
+    def __init__(self, table: Table, cols: ClaimColumns, key: str, size: int) -> None:
+        self.table = table
+        self.cols = cols
+        self.key = key
+        self.size = size
+
+    def batch(self) -> Any:
+        return backfill_batch(self.table, self.cols, self.key, self.size)
+
+
+@compiles(BackfillClaimColumns)
+def _backfill(element: BackfillClaimColumns, compiler: Any, **kw: Any) -> str:
+    text = compiler.sql_compiler.process(element.batch(), literal_binds=True)
+    return f"{text}  -- repeated, one transaction per batch, until no row has {element.cols.state} NULL"
 
 
 def index_name(base: str) -> str:
@@ -85,14 +113,20 @@ def claim_indexes(
     if dialect == "mssql":
         if filtered_indexes:
             return [
-                Index(index_name(f"{p}pending_{name}"), state, *ordered, mssql_where=state == pending_literal),
-                Index(index_name(f"{p}claimed_{name}"), state, *ordered, mssql_where=state == claimed_literal),
+                Index(index_name(f"{p}pending_{name}"), state, *ordered, mssql_where=state == pending_literal,
+                      mssql_include=[cols.name("available_at")]),
+                Index(index_name(f"{p}claimed_{name}"), state, *ordered, mssql_where=state == claimed_literal,
+                      mssql_include=[cols.expires_at]),
                 Index(index_name(f"{p}token_{name}"), token, mssql_where=state == claimed_literal),
             ]
-        return [Index(index_name(f"{p}claim_{name}"), state, *ordered),
+        # INCLUDE the claim's other predicates: a backed-off row or a live claim the walk passes
+        # is rejected from the index leaf, with no key lookup (and no U lock held to commit).
+        include = [cols.name("available_at"), cols.expires_at]
+        return [Index(index_name(f"{p}claim_{name}"), state, *ordered, mssql_include=include),
                 Index(index_name(f"{p}token_{name}"), token)]
     if dialect == "oracle":
-        return [Index(index_name(f"{p}claim_{name}"), state, *ordered)]
+        # The token index: completion and the lost-commit look find a batch's rows by token.
+        return [Index(index_name(f"{p}claim_{name}"), state, *ordered), Index(index_name(f"{p}token_{name}"), token)]
     return [Index(index_name(f"{p}claim_{name}"), state, order)]
 
 
@@ -128,9 +162,53 @@ def key_is_unique(db: Database, table: Table, name: str, schema: Optional[str], 
     return False
 
 
+def _control_table_signatures() -> dict[str, frozenset[str]]:
+    """Per control-table name suffix (``meta``, ``request``, ...): the columns every installed
+    version of that table has (declared NOT NULL without a server default: the columns later
+    versions added all have a default or allow NULL)."""
+    tables = build_schema("").tables
+    return {
+        t.name: frozenset(c.name.lower() for c in t.columns if not c.nullable and c.server_default is None)
+        for t in tables
+    }
+
+
+_CONTROL_TABLES = _control_table_signatures()
+
+
+def control_table_kind(table: Table) -> Optional[str]:
+    """Which control table ``table`` is (``"request"``, ``"meta"``...), whatever its prefix, or None.
+
+    Pure: told from the reflected table's name (one of the control tables' names after any
+    prefix) and shape (every column that table has had in every schema version), so a user table
+    merely called ``orders_request`` is not mistaken for one.
+    """
+    name = table.name.lower()
+    columns = {c.name.lower() for c in table.columns}
+    for suffix, required in _CONTROL_TABLES.items():
+        if name.endswith(suffix) and required <= columns:
+            return suffix
+    return None
+
+
+def refuse_control_table(table: Table, name: str, schema: Optional[str]) -> None:
+    """A control table is never an event table: ``prepare()`` would add claim columns and indexes
+    to controltable's own bookkeeping, and claims would hand its rows out as events."""
+    kind = control_table_kind(table)
+    if kind is not None:
+        raise ConfigurationError(
+            f"{qualified(name, schema)!r} is one of controltable's own control tables (its {kind!r} table), "
+            "not an event table; pass the name of your own table that holds the events "
+            "(controltable adds claim columns to that table)"
+        )
+
+
 def check_columns(db: Database, table: Table, name: str, schema: Optional[str], key: str, order_by: str,
                   time_column: Optional[str]) -> None:
-    """The named columns exist and the key is unique; else a :class:`ConfigurationError` saying how to fix it."""
+    """The named columns exist and the key is unique; else a :class:`ConfigurationError` saying how to fix it.
+
+    A control table (any prefix) is refused first (:func:`refuse_control_table`)."""
+    refuse_control_table(table, name, schema)
     where = qualified(name, schema)
     for kind, col in (("key", key), ("order_by", order_by), ("time_column", time_column)):
         if col is not None and col not in table.c:
@@ -143,6 +221,29 @@ def check_columns(db: Database, table: Table, name: str, schema: Optional[str], 
             f"key column {key!r} of {where!r} is not unique; claiming needs a primary key "
             f"or unique index on it (e.g. CREATE UNIQUE INDEX ... ON {name} ({key}))"
         )
+
+
+def check_filter(db: Database, table: Table, conditions: Sequence[Any]) -> None:
+    """Raise a :class:`ConfigurationError` if the caller's ``where=`` filter alone is refused by the database.
+
+    Called when a claim that used a filter failed as "not installed" or with an error
+    controltable has no diagnosis for: ``text("junk")`` names no column (SQLite says "no such
+    column", PostgreSQL 42703) or is no SQL at all (a syntax error), which would otherwise read as
+    missing control tables. The filter is run on its own (one row at most, nothing locked); if it
+    runs, the claim's error stands and the caller re-raises it.
+    """
+    if not conditions:
+        return
+    probe = select(literal(1)).select_from(table).where(and_(*conditions)).limit(1)
+    try:
+        db.run(lambda conn: conn.execute(probe).first())
+    except (NotInstalledError, UnexpectedDatabaseError, ConfigurationError) as exc:
+        raise ConfigurationError(
+            f"the where= filter on {table.name!r} was refused by the database: {db.short(exc.__cause__ or exc)}; "
+            f"fix the filter (its SQL and column names: the table's columns are "
+            f"{', '.join(c.name for c in table.columns)}), or build it from columns, e.g. "
+            "where=lambda t: t.c.region == 'eu'"
+        ) from exc
 
 
 def check_prepared(table: Table, cols: ClaimColumns, name: str, schema: Optional[str], key: str) -> None:
@@ -175,10 +276,13 @@ def missing_ddl(
 ) -> list[Any]:
     """The DDL that would bring ``table`` (freshly reflected) to a prepared event table."""
     stmts: list[Any] = []
-    for col in cols.ddl():
+    metadata_only = dialects.adds_columns_nullable(db.dialect_name)
+    unset = metadata_only and cols.state in table.c and bool(table.c[cols.state].nullable)
+    for col in cols.ddl(metadata_only=metadata_only):
         if col.name not in table.c:
             stmts.append(AddColumn(table, col))
             table.append_column(col)
+            unset = unset or (metadata_only and col.name == cols.state)
     existing = {ix["name"] for ix in inspect(db.engine).get_indexes(name, schema=schema)}
     if db.engine.dialect.name == "postgresql":
         with db.engine.connect() as conn:
@@ -187,7 +291,16 @@ def missing_ddl(
                                             filtered_indexes=filtered_indexes) if ix.name not in existing)
     if disable_lock_escalation and db.dialect_name == "mssql":
         stmts.append(dialects.DisableLockEscalation(table))
+    if unset and (stmts or _has_unset(db, table, cols)):
+        # After the indexes: each batch then seeks the claim index (state leading) for NULLs.
+        cap = dialects.rows_per_statement(db.dialect_name) or DDL_BACKFILL_BATCH
+        stmts.append(BackfillClaimColumns(table, cols, key, min(cap, DDL_BACKFILL_BATCH)))
     return stmts
+
+
+def _has_unset(db: Database, table: Table, cols: ClaimColumns) -> bool:
+    """Whether an interrupted metadata-only ``prepare()`` left rows to set (it is then resumed)."""
+    return bool(db.run(lambda conn: conn.scalar(any_unset(table, cols))))
 
 
 def _run_each(conn: Connection, statements: list[str], autocommit: bool) -> None:
@@ -210,17 +323,25 @@ def run_ddl(db: Database, stmts: list[Any], name: str, schema: Optional[str], *,
             lock_timeout: int) -> list[str]:
     """Run ``stmts`` one transaction each, bounded by ``lock_timeout``; returns the SQL run.
 
-    Indexes are built online where ``online`` (``None``: detected). A statement whose table lock
-    is not granted in time raises :class:`TableBusyError` listing the DDL still to run.
+    Indexes are built online where ``online`` (``None``: detected). Each statement's lock
+    request waits at most ``DDL_LOCK_RETRY_WAIT`` seconds and is then withdrawn and retried,
+    for ``lock_timeout`` seconds in all: a DDL statement waiting for its lock blocks every new
+    reader and writer queued behind it, so it never waits there long. A statement whose lock is
+    not granted in time raises :class:`TableBusyError` listing the DDL still to run.
     """
     engine = db.engine
     running = engine.dialect.name
     if online is None and any(isinstance(s, Index) for s in stmts):
         with engine.connect() as conn:
             online = dialects.online_ddl_available(conn)
-    before, after = dialects.ddl_lock_timeout(running, lock_timeout)
+    wait = max(1, min(int(lock_timeout), DDL_LOCK_RETRY_WAIT))
+    before, after = dialects.ddl_lock_timeout(running, wait)
     done: list[str] = []
     for i, stmt in enumerate(stmts):
+        if isinstance(stmt, BackfillClaimColumns):
+            _backfill_rows(db, stmt)
+            done.append(str(stmt.compile(dialect=engine.dialect)).strip())
+            continue
         if isinstance(stmt, Index):
             ddl: Any = dialects.CreateIndexOnline(stmt) if online else CreateIndex(stmt)
         else:
@@ -228,30 +349,51 @@ def run_ddl(db: Database, stmts: list[Any], name: str, schema: Optional[str], *,
         text = str(ddl.compile(dialect=engine.dialect)).strip()
         # CREATE INDEX CONCURRENTLY cannot run inside a transaction block.
         autocommit = bool(online) and running == "postgresql" and isinstance(stmt, Index)
-        try:
-            with engine.connect() as conn:
-                if autocommit:
-                    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-                _run_each(conn, before, autocommit)
-                try:
-                    if autocommit:
-                        if stmt.name in invalid_index_names(conn, name, schema):
-                            conn.execute(DropIndex(stmt))
-                        conn.execute(ddl)
-                    else:
-                        with conn.begin():
-                            conn.execute(ddl)
-                finally:
-                    _run_each(conn, after, autocommit)
-        except DBAPIError as exc:
-            if is_lock_timeout(exc):
-                rest = [text] + [str((CreateIndex(s) if isinstance(s, Index) else s).compile(
-                    dialect=engine.dialect)).strip() for s in stmts[i + 1:]]
-                raise TableBusyError(
-                    f"prepare() could not lock {qualified(name, schema)!r} within {lock_timeout} s: other sessions "
-                    f"kept it busy ({_first_line(exc)}). Retry later, or run this DDL in a quiet moment "
-                    "(each statement on its own):\n" + ";\n".join(rest) + ";"
-                ) from exc
-            raise db.translate(exc) from exc
+        give_up = time.monotonic() + lock_timeout
+        while True:
+            try:
+                _run_one(engine, stmt, ddl, before, after, autocommit, name, schema)
+                break
+            except DBAPIError as exc:
+                if is_lock_timeout(exc) and time.monotonic() + wait <= give_up:
+                    time.sleep(min(0.5, max(0.0, give_up - time.monotonic())))  # let the queue behind it drain
+                    continue
+                if is_lock_timeout(exc):
+                    rest = [text] + [str((CreateIndex(s) if isinstance(s, Index) else s).compile(
+                        dialect=engine.dialect)).strip() for s in stmts[i + 1:]]
+                    raise TableBusyError(
+                        f"prepare() could not lock {qualified(name, schema)!r} within {lock_timeout} s: other "
+                        f"sessions kept it busy ({_first_line(exc)}). Retry later, or run this DDL in a quiet "
+                        "moment (each statement on its own):\n" + ";\n".join(rest) + ";"
+                    ) from exc
+                raise db.translate(exc) from exc
         done.append(text)
     return done
+
+
+def _run_one(engine: Any, stmt: Any, ddl: Any, before: list[str], after: list[str], autocommit: bool,
+             name: str, schema: Optional[str]) -> None:
+    """One DDL statement on a connection of its own, between the lock-timeout settings."""
+    with engine.connect() as conn:
+        if autocommit:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        _run_each(conn, before, autocommit)
+        try:
+            if autocommit:
+                if stmt.name in invalid_index_names(conn, name, schema):
+                    conn.execute(DropIndex(stmt))
+                conn.execute(ddl)
+            else:
+                with conn.begin():
+                    conn.execute(ddl)
+        finally:
+            _run_each(conn, after, autocommit)
+
+
+def _backfill_rows(db: Database, step: BackfillClaimColumns) -> None:
+    """Set a metadata-only ``prepare()``'s NULL counters batch by batch, each batch a short
+    transaction, until none is left (asked with a select, never a row count)."""
+    while True:
+        db.run(lambda conn: conn.execute(step.batch()))
+        if not db.run(lambda conn: conn.scalar(any_unset(step.table, step.cols))):
+            return

@@ -96,15 +96,22 @@ class ClaimColumns:
         """Whether a column of the table is one of controltable's (else it is the user's)."""
         return name.startswith(self.prefix)
 
-    def ddl(self) -> list[Column[Any]]:
-        """The columns ``prepare()`` adds to an event table, in order."""
+    def ddl(self, *, metadata_only: bool = False) -> list[Column[Any]]:
+        """The columns ``prepare()`` adds to an event table, in order.
+
+        ``metadata_only`` (SQL Server): the two counters are added nullable, with their default.
+        ``ADD ... NOT NULL DEFAULT 0`` is a metadata-only change on Enterprise and Azure only;
+        on Standard it rewrites the whole table under a schema lock. A nullable column with a
+        default (without ``WITH VALUES``) is metadata-only on every edition: existing rows read
+        NULL, new rows get 0, and ``prepare()`` then sets the NULLs to 0 in short batches
+        (:func:`backfill_batch`); until a row is set no claim takes it."""
         return [
-            Column(self.state, SmallInteger, nullable=False, server_default="0"),
+            Column(self.state, SmallInteger, nullable=metadata_only, server_default="0"),
             Column(self.name("owner"), dialects.name_type(NAME_LENGTH), nullable=True),
             Column(self.token, BigInteger, nullable=True),
             Column(self.expires_at, EpochSeconds, nullable=True),
             Column(self.name("available_at"), EpochSeconds, nullable=True),
-            Column(self.attempts, Integer, nullable=False, server_default="0"),
+            Column(self.attempts, Integer, nullable=metadata_only, server_default="0"),
             Column(self.name("error"), dialects.message_type(ERROR_LENGTH), nullable=True),
             Column(self.name("done_at"), EpochSeconds, nullable=True),
         ]
@@ -201,8 +208,10 @@ def claim_returning(
 
 def update_keys(table: Table, key: str, keys: Sequence[Any], values: dict[str, Any],
                 *conditions: ColumnElement[Any]) -> Any:
-    """``UPDATE <table> SET values WHERE key IN (keys) AND conditions``."""
-    return update(table).where(table.c[key].in_(list(keys)), *conditions).values(values)
+    """``UPDATE <table> SET values WHERE key IN (keys) AND conditions``: a seek of the key's
+    index on SQL Server (:func:`dialects.seek_keyed`), the keys bound with the key column's type."""
+    stmt = update(table).where(table.c[key].in_(list(keys)), *conditions).values(values)
+    return dialects.seek_keyed(stmt, table)
 
 
 def poisoned_values(cols: ClaimColumns) -> dict[str, Any]:
@@ -212,7 +221,7 @@ def poisoned_values(cols: ClaimColumns) -> dict[str, Any]:
 
 def expires_of(table: Table, cols: ClaimColumns, key: str, first_key: Any) -> Any:
     """The expiry a claim stamped (read back when it was a database-clock expression)."""
-    return select(cols.of(table, "expires_at")).where(table.c[key] == first_key)
+    return dialects.seek_keyed(select(cols.of(table, "expires_at")).where(table.c[key] == first_key), table)
 
 
 def with_token(table: Table, cols: ClaimColumns, token: int) -> Any:
@@ -223,8 +232,8 @@ def with_token(table: Table, cols: ClaimColumns, token: int) -> Any:
 def rows_by_keys(table: Table, cols: ClaimColumns, key: str, keys: Sequence[Any]) -> Any:
     """The user columns and the claim history (attempts, expiry, token) of ``keys``."""
     user = [c for c in table.c if not cols.is_claim_column(c.name)]
-    return select(*user, cols.of(table, "attempts"), cols.of(table, "expires_at"), cols.of(table, "token")).where(
-        table.c[key].in_(list(keys)))
+    return dialects.seek_keyed(select(*user, cols.of(table, "attempts"), cols.of(table, "expires_at"),
+                                      cols.of(table, "token")).where(table.c[key].in_(list(keys))), table)
 
 
 # -- finishing (all fenced on the batch token) ---------------------------------------------------
@@ -234,8 +243,8 @@ def keys_where(table: Table, key: str, keys: Sequence[Any], conditions: Sequence
     looked up through the key's index, never by scanning past other workers' locked rows."""
     stmt = select(table.c[key]).where(table.c[key].in_(list(keys)), *conditions)
     if lock:
-        return dialects.lock_rows(stmt, table)
-    return stmt.with_hint(table, "WITH (FORCESEEK)", dialect_name="mssql")
+        return dialects.lock_rows(stmt, table, seek=True)
+    return dialects.seek_keyed(stmt, table)
 
 
 def done_values(cols: ClaimColumns) -> dict[str, Any]:
@@ -269,7 +278,9 @@ def renew_values(cols: ClaimColumns, expires_at: float) -> dict[str, Any]:
 
 # -- administration --------------------------------------------------------------------------------
 def counts_by_state(table: Table, cols: ClaimColumns) -> Any:
-    state = cols.of(table, "state")
+    """Rows per state; a row a metadata-only ``prepare()`` has not set yet (NULL, SQL Server
+    only, while ``prepare()`` runs) counts as pending, which it becomes."""
+    state = func.coalesce(cols.of(table, "state"), dialects.state_literal(PENDING, SmallInteger()))
     return select(state, func.count()).group_by(state)
 
 
@@ -318,7 +329,27 @@ def page_keys(table: Table, key: str, conditions: Sequence[ColumnElement[Any]], 
     """The next ``cap`` keys meeting ``conditions`` after ``after``, locked (SQL Server paging)."""
     k = table.c[key]
     stmt = select(k).where(*conditions, *([k > after] if after is not None else []))
-    return dialects.lock_rows(stmt.order_by(k).limit(cap), table)
+    return dialects.lock_rows(stmt.order_by(k).limit(cap), table, seek=True)
+
+
+def unset_claim_columns(table: Table, cols: ClaimColumns) -> ColumnElement[bool]:
+    """Rows whose claim columns a metadata-only ``prepare()`` has not set yet (SQL Server)."""
+    return cols.of(table, "state").is_(None)
+
+
+def backfill_batch(table: Table, cols: ClaimColumns, key: str, size: int) -> Any:
+    """Set up to ``size`` unset rows pending with no attempts: ``UPDATE ... WHERE key IN (SELECT
+    TOP n key ... WHERE ct_state IS NULL)``, a seek of the claim index (state leading), each
+    batch its own short transaction under the lock-escalation threshold."""
+    k = table.c[key]
+    chosen = select(k).where(unset_claim_columns(table, cols)).limit(size).scalar_subquery()
+    return update(table).where(k.in_(chosen)).values(cols.values(state=PENDING, attempts=0))
+
+
+def any_unset(table: Table, cols: ClaimColumns) -> Any:
+    """One key of a row a metadata-only ``prepare()`` has not set yet, if any."""
+    return select(func.count()).select_from(
+        select(cols.of(table, "state")).where(unset_claim_columns(table, cols)).limit(1).subquery())
 
 
 def update_where(table: Table, conditions: Sequence[ColumnElement[Any]], values: dict[str, Any]) -> Any:

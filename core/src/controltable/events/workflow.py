@@ -218,7 +218,7 @@ class EventTable:
         stmts = self.prepare_statements(
             filtered_indexes=filtered_indexes, disable_lock_escalation=disable_lock_escalation)
         if stmts and analyze:
-            stmts.append(dialects.AnalyzeTable(self._reflect()))
+            stmts.append(dialects.AnalyzeTable(self._reflect(), histograms=(self.cols.state,)))
         done = ddl.run_ddl(self.db, stmts, self.name, self.table_schema, online=online, lock_timeout=lock_timeout)
         self._table = None
         return done

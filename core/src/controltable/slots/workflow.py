@@ -315,7 +315,8 @@ class SlotEngine:
                 seen.add(row.id)
                 if float(row.expires_at) < now:
                     # The only judge of expiry: a renewal or pickup committed meanwhile keeps the row.
-                    gone = conn.execute(sql.delete_expired_row(self.t, row.id, now)).rowcount
+                    gone = dialects.changed_rows(conn, sql.delete_expired_row(self.t, row.id, now), self.t.request.c.id,
+                                                 self.db.dialect_name)
                     if gone:
                         reaped += 1
                         self._end_grants(conn, [row], now, EXPIRED)
@@ -632,7 +633,8 @@ class SlotEngine:
                 if any(float(row.expires_at) < now for row in mine):
                     # Our entry expired (a waiter that stopped looking) or our grant lapsed: it goes,
                     # and we queue again at the back. The delete re-checks: a pickup may have won.
-                    gone = conn.execute(sql.delete_expired_request(self.t, mine[0].request_key, now)).rowcount
+                    gone = dialects.changed_rows(conn, sql.delete_expired_request(self.t, mine[0].request_key, now),
+                                                 self.t.request.c.id, self.db.dialect_name)
                     if gone:
                         conn.execute(sql.delete_requests(self.t, mine[0].request_key))
                         self._end_grants(conn, mine, now, EXPIRED)
@@ -1070,8 +1072,10 @@ class SlotEngine:
                     before = read_now(conn) - older_than
                     edge = conn.scalar(sql.prune_edge(self.t, self.ns, name, before, HISTORY_PRUNE_BATCH))
                     if edge is None:  # fewer than a batch left: the rest
-                        return int(conn.execute(sql.delete_ended(self.t, self.ns, name, before, False)).rowcount)
-                    return int(conn.execute(sql.delete_ended(self.t, self.ns, name, float(edge), True)).rowcount)
+                        return dialects.changed_rows(conn, sql.delete_ended(self.t, self.ns, name, before, False),
+                                                     self.t.history.c.token, self.db.dialect_name)
+                    return dialects.changed_rows(conn, sql.delete_ended(self.t, self.ns, name, float(edge), True),
+                                                 self.t.history.c.token, self.db.dialect_name)
 
                 n = self.db.run(fn)
                 total += n
@@ -1100,7 +1104,8 @@ class SlotEngine:
 
         def action(conn: Connection, res: dict[str, Any], now: float) -> int:
             # Waiters anywhere in the queues (a pass only looks at the head); holders go in the pass.
-            return int(conn.execute(sql.delete_expired_waiters(self.t, self.ns, sorted(res), now)).rowcount)
+            return dialects.changed_rows(conn, sql.delete_expired_waiters(self.t, self.ns, sorted(res), now),
+                                         self.t.request.c.id, self.db.dialect_name)
 
         counted: list[int] = []
 

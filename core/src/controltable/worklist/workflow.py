@@ -319,7 +319,8 @@ class WorkList:
     def drop(self) -> int:
         """Delete the work list and its items; returns items deleted."""
         def fn(conn: Connection) -> int:
-            n = int(conn.execute(sql.drop_items(self.t, self.ns, self.name)).rowcount)
+            n = dialects.changed_rows(conn, sql.drop_items(self.t, self.ns, self.name), self.t.c.id,
+                                      self.db.dialect_name)
             conn.execute(sql.drop_list(self.w, self.ns, self.name))
             return n
 
@@ -327,7 +328,7 @@ class WorkList:
 
     def _update(self, stmt: Any) -> int:
         def fn(conn: Connection) -> int:
-            count = int(conn.execute(stmt).rowcount)
+            count = dialects.changed_rows(conn, stmt, self.t.c.id, self.db.dialect_name)
             self.runtime.notify(conn, [self.wakeup_key])
             return count
 

@@ -1,0 +1,160 @@
+"""Capture every statement the engine sends during a test run, and fail the run when one is not in
+the golden files (``core/sql/``).
+
+Inert unless ``CONTROLTABLE_CAPTURE_SQL`` names a directory. Then every SQLAlchemy statement
+object that controltable's own code executes (not the tests' set-up statements: the caller is found
+on the stack) is recorded per running dialect, as its shape (:func:`controltable.sqlscript.statement_shape`:
+binds, IN-list lengths, row counts, prefixes and the user's table names made uniform). Statements
+run on SQLite are also compiled for SQL Server and Oracle (the dialects that cannot run here).
+
+At the end of the session, for each dialect, the directory gets ``<dialect>.shapes`` (every shape
+sent) and ``<dialect>.missing.sql`` (one full statement per shape that neither ``core/sql/<dialect>.sql``
+nor ``core/sql/<dialect>.suite.sql`` holds). A shape missing for a dialect that ran live (sqlite,
+postgresql, mysql) fails the run. For SQL Server and Oracle the compiled statements are reported
+only: a run on SQLite takes SQLite's branches (``UPDATE ... RETURNING`` claims, no row caps), so
+their compiled texts are not all statements those servers would receive; the scripted session of
+``controltable sql`` runs their branches and is what the golden files hold for them.
+
+``CONTROLTABLE_CAPTURE_SQL_WRITE=1`` rewrites ``core/sql/<dialect>.suite.sql`` from the run
+instead (every shape the suite sent that the scripted golden file lacks), to review with ``git diff``.
+Scope: meant for ``tests/core`` (``-m "not slow"``); shapes that only a timing accident produces
+(a retry after a lock timeout) may need a second run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+ENV = "CONTROLTABLE_CAPTURE_SQL"
+WRITE_ENV = "CONTROLTABLE_CAPTURE_SQL_WRITE"
+GOLDEN = Path(__file__).resolve().parents[2] / "core" / "sql"
+LIVE = ("sqlite", "postgresql", "mysql")
+COMPILED = ("mssql", "oracle")
+
+#: dialect -> shape -> one full statement of that shape
+_SEEN: dict[str, dict[str, str]] = {}
+_ERRORS: dict[str, int] = {}
+
+
+def _from_controltable() -> bool:
+    """Whether the statement being executed was sent by controltable's code (the first frame
+    outside SQLAlchemy belongs to the package), and not while ``controltable sql`` prints
+    statements for another dialect (those are built for the target, not the running backend)."""
+    frame: Any = sys._getframe(2)
+    package = os.sep + "controltable" + os.sep
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if os.sep + "sqlalchemy" + os.sep in name or name.endswith("sqlcapture.py"):
+            frame = frame.f_back
+            continue
+        inside = package in name and (os.sep + "tests" + os.sep) not in name
+        break
+    else:
+        return False
+    if not inside:
+        return False
+    while frame is not None:
+        if frame.f_code.co_name == "captured_statements" and frame.f_code.co_filename.endswith("sqlscript.py"):
+            return False
+        frame = frame.f_back
+    return True
+
+
+def _record(dialect: str, text: str) -> None:
+    from controltable.sqlscript import statement_shape
+
+    _SEEN.setdefault(dialect, {}).setdefault(statement_shape(text), text)
+
+
+def _on_execute(conn: Any, clauseelement: Any, multiparams: Any, params: Any, execution_options: Any) -> None:
+    from sqlalchemy.sql import ClauseElement
+
+    from controltable.sqlscript import _column_keys, compile_sql, dialect_for
+
+    if not isinstance(clauseelement, ClauseElement) or not _from_controltable():
+        return
+    keys = _column_keys(clauseelement, multiparams, params)
+    running = conn.dialect.name
+    try:
+        _record(running, compile_sql(clauseelement, conn.dialect, keys))
+    except Exception:  # a statement the capture cannot print: counted, never fails the test
+        _ERRORS[running] = _ERRORS.get(running, 0) + 1
+    if running != "sqlite":
+        return
+    for name in COMPILED:
+        try:
+            _record(name, compile_sql(clauseelement, dialect_for(name), keys))
+        except Exception:
+            _ERRORS[name] = _ERRORS.get(name, 0) + 1
+
+
+def enabled() -> Optional[Path]:
+    value = os.environ.get(ENV)
+    return Path(value) if value else None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if enabled() is None:
+        return
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    event.listen(Engine, "before_execute", _on_execute)
+
+
+def missing_shapes(dialect: str) -> dict[str, str]:
+    """Shapes sent for ``dialect`` that the golden files do not hold (shape -> a statement)."""
+    from controltable.sqlscript import golden_shapes
+
+    held = golden_shapes(GOLDEN, dialect)
+    return {shape: text for shape, text in _SEEN.get(dialect, {}).items() if shape not in held}
+
+
+def _write_suite(dialect: str) -> None:
+    from controltable.sqlscript import _terminated, golden_statements, statement_shape
+
+    scripted = {statement_shape(s) for s in golden_statements((GOLDEN / f"{dialect}.sql").read_text(encoding="utf-8"))}
+    extra = sorted((shape, text) for shape, text in _SEEN.get(dialect, {}).items() if shape not in scripted)
+    lines = [f"-- controltable: statements the test suite (tests/core) sends on {dialect} beyond the scripted",
+             f"-- session of {dialect}.sql, one per statement shape (written by tests/support/sqlcapture.py;",
+             "-- review like the scripted file)."]
+    lines += [_terminated(text) for _, text in extra]
+    (GOLDEN / f"{dialect}.suite.sql").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    out = enabled()
+    if out is None or not _SEEN:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    failed: list[str] = []
+    for dialect in sorted(_SEEN):
+        (out / f"{dialect}.shapes").write_text("\n".join(sorted(_SEEN[dialect])) + "\n", encoding="utf-8")
+        if os.environ.get(WRITE_ENV) == "1" and dialect in LIVE + COMPILED:
+            _write_suite(dialect)
+            continue
+        missing = missing_shapes(dialect)
+        (out / f"{dialect}.missing.sql").write_text("".join(f"{t};\n\n" for t in missing.values()), encoding="utf-8")
+        if missing and dialect in LIVE:
+            failed.append(f"{dialect}: {len(missing)} statement shape(s) not in core/sql "
+                          f"(see {out}/{dialect}.missing.sql)")
+    if failed:
+        session.config.stash[_FAILED] = failed
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_FAILED = pytest.StashKey[list]()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if enabled() is None:
+        return
+    sent = ", ".join(f"{d} {len(s)}" for d, s in sorted(_SEEN.items()))
+    terminalreporter.write_line(f"sql capture: statement shapes sent: {sent or 'none'}")
+    for line in config.stash.get(_FAILED, []):
+        terminalreporter.write_line(f"sql capture FAILED: {line}", red=True)
