@@ -456,7 +456,8 @@ class ControlTable:
         primary or standby and synchronous replication, clock skew, isolation level, privileges,
         the control tables' version, Galera settings, and each of ``event_tables``' claim indexes
         and statistics. Every finding has a ``level`` (``ok``, ``info``, ``warning``, ``error``)
-        and a ``fix``. Read-only apart from one notification and rolled-back probes.
+        and a ``fix``. Read-only apart from one notification and probes that match no row. An
+        unreachable database raises :class:`DatabaseUnavailableError` instead.
         """
         from .doctor import run_checks
 

@@ -300,9 +300,14 @@ def galera_finding(wsrep_on: Optional[bool], sync_wait: Optional[int], status: d
 
 # -- running the checks ----------------------------------------------------------------------------------------
 def run_checks(ct: ControlTable, *, event_tables: Sequence[EventTable] = ()) -> list[Finding]:
-    """Every check against ``ct``'s database, in a stable order; each failure is a finding of its own."""
+    """Every check against ``ct``'s database, in a stable order; each failure is a finding of its own.
+
+    A database that cannot be reached at all raises :class:`DatabaseUnavailableError` (the CLI's exit 4).
+    """
     db = ct.db
     dialect = db.dialect_name
+    # Unreachable is one answer, not a dozen findings that each wait for the connect timeout.
+    db.ping()
     findings: list[Finding] = []
 
     def check(name: str, fn: Callable[[], list[Finding]]) -> None:
