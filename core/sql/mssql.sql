@@ -194,6 +194,52 @@ SELECT DISTINCT ct_request.resource
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 AND ct_request.expires_at < (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0);
 
+-- ===== expiry: an expired holder or waiter is deleted with its expiry re-checked (on SQL Server the DELETE returns the ids it removed: the row count is never trusted) =====
+SELECT ct_resource.name 
+FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
+WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (:namespace, :name, :capacity, :last_token, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0), :last_ticket);
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
+FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
+WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
+UPDATE ct_resource SET capacity=:capacity WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request.resource IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+FROM (SELECT TOP 2 ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_2 AND ct_request.resource = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket) AS anon_1;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request.resource IN (:resource_1_1) AND ct_request.holder = :holder_1;
+INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) OUTPUT inserted.id VALUES (:namespace, :resource, :holder, :request_key, :slots, :mode, :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds, :priority, :queue_key);
+UPDATE ct_request SET state=:state, token=:token, lease_seconds=:lease_seconds, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
+INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:namespace, :resource, :token, :holder, :mode, :slots, :priority, :enqueued_at, :granted_at, :ended_at, :outcome);
+UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now, (SELECT TOP 1 wq.ticket 
+FROM ct_request AS wq 
+WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' ORDER BY wq.queue_key, wq.ticket) AS head_ticket, (SELECT min(hq.expires_at) AS min_1 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), :coalesce_2) AS coalesce_1 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS used, (SELECT count(*) AS count_1 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = :mode_1) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
+FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
+WHERE ct_request.namespace = :namespace_1 AND ct_request.resource IN (:resource_1_1) AND ct_request.holder = :holder_1;
+SELECT TOP 1 ct_request.ticket 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request.resource = :resource_1 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket;
+DELETE FROM ct_request OUTPUT deleted.id WHERE ct_request.request_key = :request_key_1 AND ct_request.expires_at < :expires_at_1;
+DELETE FROM ct_request WHERE ct_request.request_key = :request_key_1;
+UPDATE ct_grant_history SET ended_at=:ended_at, outcome=:outcome WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history.resource = :resource_1 AND ct_grant_history.token = :token_1 AND ct_grant_history.outcome = 'held';
+DELETE FROM ct_request OUTPUT deleted.id WHERE ct_request.id = :id_1 AND ct_request.expires_at < :expires_at_1;
+SELECT DISTINCT ct_request.resource 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request.expires_at < (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0);
+DELETE FROM ct_request OUTPUT deleted.id WHERE ct_request.namespace = :namespace_1 AND ct_request.resource IN (:resource_1_1) AND ct_request.state = 'waiting' AND ct_request.expires_at < :expires_at_1;
+
 -- ===== set_capacity with a rate limit and aging (rewrites the waiters' queue order) =====
 SELECT ct_resource.name 
 FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
@@ -291,7 +337,7 @@ FROM ct_grant_history
 WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history.resource = :resource_1 AND ct_grant_history.granted_at < :granted_at_1 AND ct_grant_history.outcome != 'held' ORDER BY ct_grant_history.granted_at
  OFFSET :param_2 ROWS
  FETCH FIRST :param_3 ROWS ONLY;
-DELETE FROM ct_grant_history WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history.resource = :resource_1 AND ct_grant_history.granted_at < :granted_at_1 AND ct_grant_history.outcome != 'held';
+DELETE FROM ct_grant_history OUTPUT deleted.token WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history.resource = :resource_1 AND ct_grant_history.granted_at < :granted_at_1 AND ct_grant_history.outcome != 'held';
 
 -- ===== events prepare (introspection) =====
 
@@ -304,16 +350,19 @@ DELETE FROM ct_grant_history WHERE ct_grant_history.namespace = :namespace_1 AND
 -- (WHERE ct_state = 0 / 1): smaller, but then every INSERT, UPDATE and DELETE on this table
 -- fails (error 1934) in sessions with QUOTED_IDENTIFIER or ANSI_NULLS OFF.
 -- prepare(disable_lock_escalation=True) adds ALTER TABLE ... SET (LOCK_ESCALATION = DISABLE).
-ALTER TABLE events ADD ct_state SMALLINT NOT NULL DEFAULT '0';
+ALTER TABLE events ADD ct_state SMALLINT NULL DEFAULT '0';
 ALTER TABLE events ADD ct_owner NVARCHAR(200) COLLATE Latin1_General_100_BIN2 NULL;
 ALTER TABLE events ADD ct_token BIGINT NULL;
 ALTER TABLE events ADD ct_expires_at FLOAT(53) NULL;
 ALTER TABLE events ADD ct_available_at FLOAT(53) NULL;
-ALTER TABLE events ADD ct_attempts INTEGER NOT NULL DEFAULT '0';
+ALTER TABLE events ADD ct_attempts INTEGER NULL DEFAULT '0';
 ALTER TABLE events ADD ct_error NVARCHAR(2000) NULL;
 ALTER TABLE events ADD ct_done_at FLOAT(53) NULL;
-CREATE INDEX ct_claim_events ON events (ct_state, event_id);
+CREATE INDEX ct_claim_events ON events (ct_state, event_id) INCLUDE (ct_available_at, ct_expires_at);
 CREATE INDEX ct_token_events ON events (ct_token);
+UPDATE events SET ct_state=0, ct_attempts=0 WHERE events.event_id IN (SELECT TOP 1000 events.event_id 
+FROM events 
+WHERE events.ct_state IS NULL)  -- repeated, one transaction per batch, until no row has ct_state NULL;
 UPDATE STATISTICS events;
 
 -- ===== events claim: one short transaction that skips rows other workers hold =====
@@ -324,10 +373,10 @@ WHERE events.ct_state = 1 AND events.ct_expires_at < :ct_expires_at_1 ORDER BY e
 SELECT TOP 5 events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events WITH (UPDLOCK, ROWLOCK, READPAST, FORCESEEK) 
 WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1) ORDER BY events.event_id;
-UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5);
+UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5) OPTION (TABLE HINT(events, FORCESEEK));
 
 -- ===== batch complete (fenced on the batch token) =====
-UPDATE events SET ct_state=:ct_state, ct_expires_at=:ct_expires_at, ct_error=:ct_error, ct_done_at=(DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5) AND events.ct_token = :ct_token_1 AND events.ct_state = 1;
+UPDATE events SET ct_state=:ct_state, ct_expires_at=:ct_expires_at, ct_error=:ct_error, ct_done_at=(DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5) AND events.ct_token = :ct_token_1 AND events.ct_state = 1 OPTION (TABLE HINT(events, FORCESEEK));
 SELECT events.event_id 
 FROM events WITH (FORCESEEK) 
 WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5) AND events.ct_token = :ct_token_1 AND events.ct_state = 2;
@@ -340,11 +389,11 @@ WHERE events.ct_state = 1 AND events.ct_expires_at < :ct_expires_at_1 ORDER BY e
 SELECT TOP 5 events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events WITH (UPDLOCK, ROWLOCK, READPAST, FORCESEEK) 
 WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1) ORDER BY events.event_id;
-UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5);
+UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5) OPTION (TABLE HINT(events, FORCESEEK));
 SELECT events.event_id 
-FROM events WITH (UPDLOCK, ROWLOCK) 
+FROM events WITH (UPDLOCK, ROWLOCK, FORCESEEK) 
 WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5) AND events.ct_token = :ct_token_1 AND events.ct_state = 1;
-UPDATE events SET ct_state=CASE WHEN (events.ct_attempts >= :ct_attempts_1) THEN :param_1 ELSE :param_2 END, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_available_at=CASE WHEN (events.ct_attempts >= :ct_attempts_1) THEN NULL WHEN (events.ct_attempts <= :ct_attempts_2) THEN (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) + :param_3 WHEN (events.ct_attempts <= :ct_attempts_3) THEN (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) + :param_4 WHEN (events.ct_attempts <= :ct_attempts_4) THEN (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) + :param_5 WHEN (events.ct_attempts <= :ct_attempts_5) THEN (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) + :param_6 ELSE (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) + :param_7 END, ct_error=:ct_error WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5) AND events.ct_token = :ct_token_1 AND events.ct_state = 1;
+UPDATE events SET ct_state=CASE WHEN (events.ct_attempts >= :ct_attempts_1) THEN :param_1 ELSE :param_2 END, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_available_at=CASE WHEN (events.ct_attempts >= :ct_attempts_1) THEN NULL WHEN (events.ct_attempts <= :ct_attempts_2) THEN (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) + :param_3 WHEN (events.ct_attempts <= :ct_attempts_3) THEN (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) + :param_4 WHEN (events.ct_attempts <= :ct_attempts_4) THEN (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) + :param_5 WHEN (events.ct_attempts <= :ct_attempts_5) THEN (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) + :param_6 ELSE (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) + :param_7 END, ct_error=:ct_error WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5) AND events.ct_token = :ct_token_1 AND events.ct_state = 1 OPTION (TABLE HINT(events, FORCESEEK));
 
 -- ===== batch renew and release =====
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
@@ -354,20 +403,20 @@ WHERE events.ct_state = 1 AND events.ct_expires_at < :ct_expires_at_1 ORDER BY e
 SELECT TOP 2 events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events WITH (UPDLOCK, ROWLOCK, READPAST, FORCESEEK) 
 WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1) ORDER BY events.event_id;
-UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2);
+UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) OPTION (TABLE HINT(events, FORCESEEK));
 SELECT events.event_id 
-FROM events WITH (UPDLOCK, ROWLOCK) 
+FROM events WITH (UPDLOCK, ROWLOCK, FORCESEEK) 
 WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) AND events.ct_token = :ct_token_1 AND events.ct_state = 1 AND events.ct_expires_at >= :ct_expires_at_1;
-UPDATE events SET ct_expires_at=:ct_expires_at WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) AND events.ct_token = :ct_token_1 AND events.ct_state = 1;
+UPDATE events SET ct_expires_at=:ct_expires_at WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) AND events.ct_token = :ct_token_1 AND events.ct_state = 1 OPTION (TABLE HINT(events, FORCESEEK));
 SELECT events.event_id 
-FROM events WITH (UPDLOCK, ROWLOCK) 
+FROM events WITH (UPDLOCK, ROWLOCK, FORCESEEK) 
 WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) AND events.ct_token = :ct_token_1 AND events.ct_state = 1;
-UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=CASE WHEN (events.ct_attempts > :ct_attempts_1) THEN events.ct_attempts - :ct_attempts_2 ELSE :param_1 END WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) AND events.ct_token = :ct_token_1 AND events.ct_state = 1;
+UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=CASE WHEN (events.ct_attempts > :ct_attempts_1) THEN events.ct_attempts - :ct_attempts_2 ELSE :param_1 END WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) AND events.ct_token = :ct_token_1 AND events.ct_state = 1 OPTION (TABLE HINT(events, FORCESEEK));
 
 -- ===== events stats =====
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
-SELECT events.ct_state, count(*) AS count_1 
-FROM events GROUP BY events.ct_state;
+SELECT coalesce(events.ct_state, 0) AS coalesce_1, count(*) AS count_1 
+FROM events GROUP BY coalesce(events.ct_state, 0);
 SELECT count(*) AS count_1 
 FROM events 
 WHERE events.ct_state = 1 AND events.ct_expires_at < :ct_expires_at_1;
@@ -382,7 +431,7 @@ WHERE events.ct_state = 3 ORDER BY events.event_id;
 
 -- ===== events retry_errors =====
 SELECT TOP 1000 events.event_id 
-FROM events WITH (UPDLOCK, ROWLOCK) 
+FROM events WITH (UPDLOCK, ROWLOCK, FORCESEEK) 
 WHERE events.ct_state = 3 ORDER BY events.event_id;
 
 -- ===== worklist populate =====
@@ -400,11 +449,14 @@ WHERE ct_worklist.namespace = :namespace_1 AND ct_worklist.name = :name_1;
 SELECT min(ct_work_item.exec_order) AS [current], (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = :namespace_1 AND ct_work_item.worklist = :worklist_1 AND ct_work_item.state IN ('new', 'active', 'error');
-SELECT TOP 1 ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts 
+SELECT TOP 1 ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts, ct_work_item.state, ct_work_item.token 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = :namespace_1 AND ct_work_item.worklist = :worklist_1 AND ct_work_item.exec_order = :exec_order_1 AND (ct_work_item.state = 'new' OR ct_work_item.state = 'active' AND ct_work_item.expires_at < :expires_at_1) ORDER BY ct_work_item.priority DESC, ct_work_item.id;
+UPDATE ct_work_item SET state=:state, owner=:owner, token=:token, attempts=(ct_work_item.attempts + :attempts_1), started_at=:started_at, finished_at=:finished_at, expires_at=:expires_at WHERE ct_work_item.id = :id_1 AND ct_work_item.state = 'new';
+SELECT count(*) AS count_1 
+FROM ct_work_item 
+WHERE ct_work_item.id = :id_1 AND ct_work_item.token = :token_1 AND ct_work_item.state = 'active' AND ct_work_item.started_at = :started_at_1;
 UPDATE ct_worklist SET last_token=:last_token WHERE ct_worklist.namespace = :namespace_1 AND ct_worklist.name = :name_1;
-UPDATE ct_work_item SET state=:state, owner=:owner, token=:token, attempts=(ct_work_item.attempts + :attempts_1), started_at=:started_at, finished_at=:finished_at, expires_at=:expires_at WHERE ct_work_item.id = :id_1;
 
 -- ===== work item complete (fenced on the item token) =====
 UPDATE ct_work_item SET state=:state, last_error=:last_error, finished_at=(DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0), expires_at=:expires_at WHERE ct_work_item.id = :id_1 AND ct_work_item.token = :token_1 AND ct_work_item.state = 'active';

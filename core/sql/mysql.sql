@@ -16,13 +16,13 @@ CREATE TABLE ct_grant_history (
 	ended_at FLOAT(53), 
 	outcome VARCHAR(10) NOT NULL, 
 	CONSTRAINT ct_grant_history_pk PRIMARY KEY (namespace, resource, token)
-);
+)CHARSET=utf8mb4 COLLATE utf8mb4_bin;
 CREATE INDEX ct_grant_history_time_ix ON ct_grant_history (namespace, resource, granted_at);
 CREATE TABLE ct_meta (
 	`key` VARCHAR(64) NOT NULL, 
 	value VARCHAR(255) NOT NULL, 
 	PRIMARY KEY (`key`)
-);
+)CHARSET=utf8mb4 COLLATE utf8mb4_bin;
 CREATE TABLE ct_request (
 	id BIGINT NOT NULL AUTO_INCREMENT, 
 	namespace VARCHAR(100) NOT NULL, 
@@ -44,7 +44,7 @@ CREATE TABLE ct_request (
 	queue_key FLOAT(53) NOT NULL DEFAULT 0, 
 	PRIMARY KEY (id), 
 	CONSTRAINT ct_request_holder_uq UNIQUE (namespace, resource, holder)
-);
+)CHARSET=utf8mb4 COLLATE utf8mb4_bin;
 CREATE INDEX ct_request_key_ix ON ct_request (request_key);
 CREATE INDEX ct_request_order_ix ON ct_request (namespace, resource, state, queue_key, ticket);
 CREATE TABLE ct_resource (
@@ -58,7 +58,7 @@ CREATE TABLE ct_resource (
 	rate_per FLOAT(53), 
 	aging FLOAT(53), 
 	CONSTRAINT ct_resource_pk PRIMARY KEY (namespace, name)
-);
+)CHARSET=utf8mb4 COLLATE utf8mb4_bin;
 CREATE TABLE ct_work_item (
 	id BIGINT NOT NULL AUTO_INCREMENT, 
 	namespace VARCHAR(100) NOT NULL, 
@@ -76,7 +76,7 @@ CREATE TABLE ct_work_item (
 	finished_at FLOAT(53), 
 	expires_at FLOAT(53), 
 	PRIMARY KEY (id)
-);
+)CHARSET=utf8mb4 COLLATE utf8mb4_bin;
 CREATE INDEX ct_work_item_ix ON ct_work_item (namespace, worklist, state, exec_order);
 CREATE TABLE ct_worklist (
 	namespace VARCHAR(100) NOT NULL, 
@@ -84,7 +84,7 @@ CREATE TABLE ct_worklist (
 	last_token BIGINT NOT NULL, 
 	created_at FLOAT(53) NOT NULL, 
 	CONSTRAINT ct_worklist_pk PRIMARY KEY (namespace, name)
-);
+)CHARSET=utf8mb4 COLLATE utf8mb4_bin;
 
 -- ===== set_capacity: lock or create the resource row, then a grant pass (more capacity may admit waiters) =====
 SELECT ct_resource.name 
@@ -196,6 +196,55 @@ WHERE ct_request.namespace = %s ORDER BY ct_request.resource, ct_request.ticket;
 SELECT DISTINCT ct_request.resource 
 FROM ct_request 
 WHERE ct_request.namespace = %s AND ct_request.expires_at < (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0);
+
+-- ===== expiry: an expired holder or waiter is deleted with its expiry re-checked (on SQL Server the DELETE returns the ids it removed: the row count is never trusted) =====
+SELECT ct_resource.name 
+FROM ct_resource 
+WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
+INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (%s, %s, %s, %s, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0), %s);
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
+FROM ct_resource 
+WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
+SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
+UPDATE ct_resource SET capacity=%s WHERE ct_resource.namespace = %s AND ct_resource.name = %s;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource IN (%s) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource = %s AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket 
+ LIMIT %s) AS anon_1;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource IN (%s) AND ct_request.holder = %s;
+INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s);
+UPDATE ct_request SET state=%s, token=%s, lease_seconds=%s, granted_at=%s, expires_at=%s WHERE ct_request.id = %s AND ct_request.state = 'waiting';
+INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s);
+UPDATE ct_resource SET last_token=%s, last_ticket=%s WHERE ct_resource.namespace = %s AND ct_resource.name = %s;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS now, (SELECT wq.ticket 
+FROM ct_request AS wq 
+WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' ORDER BY wq.queue_key, wq.ticket 
+ LIMIT %s) AS head_ticket, (SELECT min(hq.expires_at) AS min_1 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), %s) AS coalesce_1 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS used, (SELECT count(*) AS count_1 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = %s) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
+FROM ct_request INNER JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
+WHERE ct_request.namespace = %s AND ct_request.resource IN (%s) AND ct_request.holder = %s;
+SELECT ct_request.ticket 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.resource = %s AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket 
+ LIMIT %s;
+DELETE FROM ct_request WHERE ct_request.request_key = %s AND ct_request.expires_at < %s;
+DELETE FROM ct_request WHERE ct_request.request_key = %s;
+UPDATE ct_grant_history SET ended_at=%s, outcome=%s WHERE ct_grant_history.namespace = %s AND ct_grant_history.resource = %s AND ct_grant_history.token = %s AND ct_grant_history.outcome = 'held';
+DELETE FROM ct_request WHERE ct_request.id = %s AND ct_request.expires_at < %s;
+SELECT DISTINCT ct_request.resource 
+FROM ct_request 
+WHERE ct_request.namespace = %s AND ct_request.expires_at < (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0);
+DELETE FROM ct_request WHERE ct_request.namespace = %s AND ct_request.resource IN (%s) AND ct_request.state = 'waiting' AND ct_request.expires_at < %s;
 
 -- ===== set_capacity with a rate limit and aging (rewrites the waiters' queue order) =====
 SELECT ct_resource.name 
@@ -368,8 +417,8 @@ UPDATE events SET ct_state=%s, ct_owner=%s, ct_token=%s, ct_expires_at=%s, ct_at
 
 -- ===== events stats =====
 SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
-SELECT events.ct_state, count(*) AS count_1 
-FROM events GROUP BY events.ct_state;
+SELECT coalesce(events.ct_state, 0) AS coalesce_1, count(*) AS count_1 
+FROM events GROUP BY coalesce(events.ct_state, 0);
 SELECT count(*) AS count_1 
 FROM events 
 WHERE events.ct_state = 1 AND events.ct_expires_at < %s;
@@ -402,12 +451,12 @@ WHERE ct_worklist.namespace = %s AND ct_worklist.name = %s FOR UPDATE;
 SELECT min(ct_work_item.exec_order) AS current, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS now 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = %s AND ct_work_item.worklist = %s AND ct_work_item.state IN ('new', 'active', 'error');
-SELECT ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts 
+SELECT ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts, ct_work_item.state, ct_work_item.token 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = %s AND ct_work_item.worklist = %s AND ct_work_item.exec_order = %s AND (ct_work_item.state = 'new' OR ct_work_item.state = 'active' AND ct_work_item.expires_at < %s) ORDER BY ct_work_item.priority DESC, ct_work_item.id 
  LIMIT %s;
+UPDATE ct_work_item SET state=%s, owner=%s, token=%s, attempts=(ct_work_item.attempts + %s), started_at=%s, finished_at=%s, expires_at=%s WHERE ct_work_item.id = %s AND ct_work_item.state = 'new';
 UPDATE ct_worklist SET last_token=%s WHERE ct_worklist.namespace = %s AND ct_worklist.name = %s;
-UPDATE ct_work_item SET state=%s, owner=%s, token=%s, attempts=(ct_work_item.attempts + %s), started_at=%s, finished_at=%s, expires_at=%s WHERE ct_work_item.id = %s;
 
 -- ===== work item complete (fenced on the item token) =====
 UPDATE ct_work_item SET state=%s, last_error=%s, finished_at=(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0), expires_at=%s WHERE ct_work_item.id = %s AND ct_work_item.token = %s AND ct_work_item.state = 'active';

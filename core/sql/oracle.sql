@@ -197,6 +197,55 @@ SELECT DISTINCT ct_request."resource"
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 AND ct_request.expires_at < (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')));
 
+-- ===== expiry: an expired holder or waiter is deleted with its expiry re-checked (on SQL Server the DELETE returns the ids it removed: the row count is never trusted) =====
+SELECT ct_resource.name 
+FROM ct_resource 
+WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
+INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (:namespace, :name, :capacity, :last_token, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))), :last_ticket);
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
+FROM ct_resource 
+WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
+SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+UPDATE ct_resource SET capacity=:capacity WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
+ FETCH FIRST 2 ROWS ONLY) anon_1;
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.holder = :holder_1;
+INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (:namespace, :"resource", :holder, :request_key, :slots, :"mode", :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds, :priority, :queue_key) RETURNING ct_request.id INTO :ret_0;
+UPDATE ct_request SET state=:state, token=:token, lease_seconds=:lease_seconds, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
+INSERT INTO ct_grant_history (namespace, "resource", token, holder, "mode", slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:namespace, :"resource", :token, :holder, :"mode", :slots, :priority, :enqueued_at, :granted_at, :ended_at, :outcome);
+UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now, (SELECT wq.ticket 
+FROM ct_request wq 
+WHERE wq.namespace = ct_request.namespace AND wq."resource" = ct_request."resource" AND wq.state = 'waiting' ORDER BY wq.queue_key, wq.ticket
+ FETCH FIRST 1 ROWS ONLY) AS head_ticket, (SELECT min(hq.expires_at) AS min_1 
+FROM ct_request hq 
+WHERE hq.namespace = ct_request.namespace AND hq."resource" = ct_request."resource" AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), :coalesce_2) AS coalesce_1 
+FROM ct_request hq 
+WHERE hq.namespace = ct_request.namespace AND hq."resource" = ct_request."resource" AND hq.state = 'granted') AS used, (SELECT count(*) AS count_1 
+FROM ct_request hq 
+WHERE hq.namespace = ct_request.namespace AND hq."resource" = ct_request."resource" AND hq.state = 'granted' AND hq."mode" = :mode_1) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
+FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request."resource" 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.holder = :holder_1;
+SELECT ct_request.ticket 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" = :resource_1 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
+ FETCH FIRST 1 ROWS ONLY;
+DELETE FROM ct_request WHERE ct_request.request_key = :request_key_1 AND ct_request.expires_at < :expires_at_1;
+DELETE FROM ct_request WHERE ct_request.request_key = :request_key_1;
+UPDATE ct_grant_history SET ended_at=:ended_at, outcome=:outcome WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.token = :token_1 AND ct_grant_history.outcome = 'held';
+DELETE FROM ct_request WHERE ct_request.id = :id_1 AND ct_request.expires_at < :expires_at_1;
+SELECT DISTINCT ct_request."resource" 
+FROM ct_request 
+WHERE ct_request.namespace = :namespace_1 AND ct_request.expires_at < (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')));
+DELETE FROM ct_request WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'waiting' AND ct_request.expires_at < :expires_at_1;
+
 -- ===== set_capacity with a rate limit and aging (rewrites the waiters' queue order) =====
 SELECT ct_resource.name 
 FROM ct_resource 
@@ -314,7 +363,8 @@ ALTER TABLE events ADD ct_attempts INTEGER DEFAULT '0' NOT NULL;
 ALTER TABLE events ADD ct_error VARCHAR2(4000 BYTE);
 ALTER TABLE events ADD ct_done_at BINARY_DOUBLE;
 CREATE INDEX ct_claim_events ON events (ct_state, event_id);
-BEGIN DBMS_STATS.GATHER_TABLE_STATS(ownname => USER, tabname => '"EVENTS"', cascade => TRUE); END;
+CREATE INDEX ct_token_events ON events (ct_token);
+BEGIN DBMS_STATS.GATHER_TABLE_STATS(ownname => USER, tabname => '"EVENTS"', cascade => TRUE, method_opt => 'FOR ALL COLUMNS SIZE AUTO FOR COLUMNS "CT_STATE" SIZE 254'); END;
 /
 
 -- ===== events claim: one short transaction that skips rows other workers hold =====
@@ -364,8 +414,8 @@ UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct
 
 -- ===== events stats =====
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
-SELECT events.ct_state, count(*) AS count_1 
-FROM events GROUP BY events.ct_state;
+SELECT coalesce(events.ct_state, 0) AS coalesce_1, count(*) AS count_1 
+FROM events GROUP BY coalesce(events.ct_state, 0);
 SELECT count(*) AS count_1 
 FROM events 
 WHERE events.ct_state = 1 AND events.ct_expires_at < :ct_expires_at_1;
@@ -398,12 +448,12 @@ WHERE ct_worklist.namespace = :namespace_1 AND ct_worklist.name = :name_1 FOR UP
 SELECT min(ct_work_item.exec_order) AS "current", (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = :namespace_1 AND ct_work_item.worklist = :worklist_1 AND ct_work_item.state IN ('new', 'active', 'error');
-SELECT ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts 
+SELECT ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts, ct_work_item.state, ct_work_item.token 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = :namespace_1 AND ct_work_item.worklist = :worklist_1 AND ct_work_item.exec_order = :exec_order_1 AND (ct_work_item.state = 'new' OR ct_work_item.state = 'active' AND ct_work_item.expires_at < :expires_at_1) ORDER BY ct_work_item.priority DESC, ct_work_item.id
  FETCH FIRST 1 ROWS ONLY;
+UPDATE ct_work_item SET state=:state, owner=:owner, token=:token, attempts=(ct_work_item.attempts + :attempts_1), started_at=:started_at, finished_at=:finished_at, expires_at=:expires_at WHERE ct_work_item.id = :id_1 AND ct_work_item.state = 'new';
 UPDATE ct_worklist SET last_token=:last_token WHERE ct_worklist.namespace = :namespace_1 AND ct_worklist.name = :name_1;
-UPDATE ct_work_item SET state=:state, owner=:owner, token=:token, attempts=(ct_work_item.attempts + :attempts_1), started_at=:started_at, finished_at=:finished_at, expires_at=:expires_at WHERE ct_work_item.id = :id_1;
 
 -- ===== work item complete (fenced on the item token) =====
 UPDATE ct_work_item SET state=:state, last_error=:last_error, finished_at=(EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))), expires_at=:expires_at WHERE ct_work_item.id = :id_1 AND ct_work_item.token = :token_1 AND ct_work_item.state = 'active';

@@ -197,6 +197,55 @@ SELECT DISTINCT ct_request.resource
 FROM ct_request 
 WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.expires_at < CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION);
 
+-- ===== expiry: an expired holder or waiter is deleted with its expiry re-checked (on SQL Server the DELETE returns the ids it removed: the row count is never trusted) =====
+SELECT ct_resource.name 
+FROM ct_resource 
+WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
+INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (%(namespace)s::VARCHAR, %(name)s::VARCHAR, %(capacity)s::INTEGER, %(last_token)s::BIGINT, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION), %(last_ticket)s::BIGINT);
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
+FROM ct_resource 
+WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
+SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
+UPDATE ct_resource SET capacity=%(capacity)s::INTEGER WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource IN (%(resource_1_1)s::VARCHAR) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = %(namespace_2)s::VARCHAR AND ct_request.resource = %(resource_2)s::VARCHAR AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket 
+ LIMIT %(param_3)s::INTEGER) AS anon_1;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource IN (%(resource_1_1)s::VARCHAR) AND ct_request.holder = %(holder_1)s::VARCHAR;
+INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (%(namespace)s::VARCHAR, %(resource)s::VARCHAR, %(holder)s::VARCHAR, %(request_key)s::VARCHAR, %(slots)s::INTEGER, %(mode)s::VARCHAR, %(state)s::VARCHAR, %(lease_seconds)s, %(enqueued_at)s, %(expires_at)s, %(ticket)s::BIGINT, %(attempt)s::INTEGER, %(pickup_seconds)s, %(priority)s::INTEGER, %(queue_key)s) RETURNING ct_request.id;
+UPDATE ct_request SET state=%(state)s::VARCHAR, token=%(token)s::BIGINT, lease_seconds=%(lease_seconds)s, granted_at=%(granted_at)s, expires_at=%(expires_at)s WHERE ct_request.id = %(id_1)s::BIGINT AND ct_request.state = 'waiting';
+INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (%(namespace)s::VARCHAR, %(resource)s::VARCHAR, %(token)s::BIGINT, %(holder)s::VARCHAR, %(mode)s::VARCHAR, %(slots)s::INTEGER, %(priority)s::INTEGER, %(enqueued_at)s, %(granted_at)s, %(ended_at)s, %(outcome)s::VARCHAR);
+UPDATE ct_resource SET last_token=%(last_token)s::BIGINT, last_ticket=%(last_ticket)s::BIGINT WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS now, (SELECT wq.ticket 
+FROM ct_request AS wq 
+WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' ORDER BY wq.queue_key, wq.ticket 
+ LIMIT %(param_2)s::INTEGER) AS head_ticket, (SELECT min(hq.expires_at) AS min_1 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), %(coalesce_2)s::INTEGER) AS coalesce_1 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS used, (SELECT count(*) AS count_1 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = %(mode_1)s::VARCHAR) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
+FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
+WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource IN (%(resource_1_1)s::VARCHAR) AND ct_request.holder = %(holder_1)s::VARCHAR;
+SELECT ct_request.ticket 
+FROM ct_request 
+WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource = %(resource_1)s::VARCHAR AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket 
+ LIMIT %(param_2)s::INTEGER;
+DELETE FROM ct_request WHERE ct_request.request_key = %(request_key_1)s::VARCHAR AND ct_request.expires_at < %(expires_at_1)s;
+DELETE FROM ct_request WHERE ct_request.request_key = %(request_key_1)s::VARCHAR;
+UPDATE ct_grant_history SET ended_at=%(ended_at)s, outcome=%(outcome)s::VARCHAR WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.resource = %(resource_1)s::VARCHAR AND ct_grant_history.token = %(token_1)s::BIGINT AND ct_grant_history.outcome = 'held';
+DELETE FROM ct_request WHERE ct_request.id = %(id_1)s::BIGINT AND ct_request.expires_at < %(expires_at_1)s;
+SELECT DISTINCT ct_request.resource 
+FROM ct_request 
+WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.expires_at < CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION);
+DELETE FROM ct_request WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource IN (%(resource_1_1)s::VARCHAR) AND ct_request.state = 'waiting' AND ct_request.expires_at < %(expires_at_1)s;
+
 -- ===== set_capacity with a rate limit and aging (rewrites the waiters' queue order) =====
 SELECT ct_resource.name 
 FROM ct_resource 
@@ -364,8 +413,8 @@ UPDATE events SET ct_state=%(ct_state)s::SMALLINT, ct_owner=%(ct_owner)s::VARCHA
 
 -- ===== events stats =====
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
-SELECT events.ct_state, count(*) AS count_1 
-FROM events GROUP BY events.ct_state;
+SELECT coalesce(events.ct_state, 0) AS coalesce_1, count(*) AS count_1 
+FROM events GROUP BY coalesce(events.ct_state, 0);
 SELECT count(*) AS count_1 
 FROM events 
 WHERE events.ct_state = 1 AND events.ct_expires_at < %(ct_expires_at_1)s;
@@ -398,12 +447,12 @@ WHERE ct_worklist.namespace = %(namespace_1)s::VARCHAR AND ct_worklist.name = %(
 SELECT min(ct_work_item.exec_order) AS current, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS now 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = %(namespace_1)s::VARCHAR AND ct_work_item.worklist = %(worklist_1)s::VARCHAR AND ct_work_item.state IN ('new', 'active', 'error');
-SELECT ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts 
+SELECT ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts, ct_work_item.state, ct_work_item.token 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = %(namespace_1)s::VARCHAR AND ct_work_item.worklist = %(worklist_1)s::VARCHAR AND ct_work_item.exec_order = %(exec_order_1)s::INTEGER AND (ct_work_item.state = 'new' OR ct_work_item.state = 'active' AND ct_work_item.expires_at < %(expires_at_1)s) ORDER BY ct_work_item.priority DESC, ct_work_item.id 
  LIMIT %(param_3)s::INTEGER;
+UPDATE ct_work_item SET state=%(state)s::VARCHAR, owner=%(owner)s::VARCHAR, token=%(token)s::BIGINT, attempts=(ct_work_item.attempts + %(attempts_1)s::INTEGER), started_at=%(started_at)s, finished_at=%(finished_at)s, expires_at=%(expires_at)s WHERE ct_work_item.id = %(id_1)s::BIGINT AND ct_work_item.state = 'new';
 UPDATE ct_worklist SET last_token=%(last_token)s::BIGINT WHERE ct_worklist.namespace = %(namespace_1)s::VARCHAR AND ct_worklist.name = %(name_1)s::VARCHAR;
-UPDATE ct_work_item SET state=%(state)s::VARCHAR, owner=%(owner)s::VARCHAR, token=%(token)s::BIGINT, attempts=(ct_work_item.attempts + %(attempts_1)s::INTEGER), started_at=%(started_at)s, finished_at=%(finished_at)s, expires_at=%(expires_at)s WHERE ct_work_item.id = %(id_1)s::BIGINT;
 
 -- ===== work item complete (fenced on the item token) =====
 UPDATE ct_work_item SET state=%(state)s::VARCHAR, last_error=%(last_error)s::VARCHAR, finished_at=CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION), expires_at=%(expires_at)s WHERE ct_work_item.id = %(id_1)s::BIGINT AND ct_work_item.token = %(token_1)s::BIGINT AND ct_work_item.state = 'active';

@@ -195,6 +195,55 @@ SELECT DISTINCT ct_request.resource
 FROM ct_request 
 WHERE ct_request.namespace = ? AND ct_request.expires_at < ((julianday('now') - 2440587.5) * 86400.0);
 
+-- ===== expiry: an expired holder or waiter is deleted with its expiry re-checked (on SQL Server the DELETE returns the ids it removed: the row count is never trusted) =====
+SELECT ct_resource.name 
+FROM ct_resource 
+WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
+INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (?, ?, ?, ?, ((julianday('now') - 2440587.5) * 86400.0), ?);
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
+FROM ct_resource 
+WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
+SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
+UPDATE ct_resource SET capacity=? WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = ? AND ct_request.resource IN (?) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
+ LIMIT ? OFFSET ?) AS anon_1;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = ? AND ct_request.resource IN (?) AND ct_request.holder = ?;
+INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
+UPDATE ct_request SET state=?, token=?, lease_seconds=?, granted_at=?, expires_at=? WHERE ct_request.id = ? AND ct_request.state = 'waiting';
+INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
+UPDATE ct_resource SET last_token=?, last_ticket=? WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, ((julianday('now') - 2440587.5) * 86400.0) AS now, (SELECT wq.ticket 
+FROM ct_request AS wq 
+WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' ORDER BY wq.queue_key, wq.ticket
+ LIMIT ? OFFSET ?) AS head_ticket, (SELECT min(hq.expires_at) AS min_1 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), ?) AS coalesce_1 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS used, (SELECT count(*) AS count_1 
+FROM ct_request AS hq 
+WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = ?) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
+FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
+WHERE ct_request.namespace = ? AND ct_request.resource IN (?) AND ct_request.holder = ?;
+SELECT ct_request.ticket 
+FROM ct_request 
+WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
+ LIMIT ? OFFSET ?;
+DELETE FROM ct_request WHERE ct_request.request_key = ? AND ct_request.expires_at < ?;
+DELETE FROM ct_request WHERE ct_request.request_key = ?;
+UPDATE ct_grant_history SET ended_at=?, outcome=? WHERE ct_grant_history.namespace = ? AND ct_grant_history.resource = ? AND ct_grant_history.token = ? AND ct_grant_history.outcome = 'held';
+DELETE FROM ct_request WHERE ct_request.id = ? AND ct_request.expires_at < ?;
+SELECT DISTINCT ct_request.resource 
+FROM ct_request 
+WHERE ct_request.namespace = ? AND ct_request.expires_at < ((julianday('now') - 2440587.5) * 86400.0);
+DELETE FROM ct_request WHERE ct_request.namespace = ? AND ct_request.resource IN (?) AND ct_request.state = 'waiting' AND ct_request.expires_at < ?;
+
 -- ===== set_capacity with a rate limit and aging (rewrites the waiters' queue order) =====
 SELECT ct_resource.name 
 FROM ct_resource 
@@ -362,8 +411,8 @@ UPDATE events SET ct_state=?, ct_owner=?, ct_token=?, ct_expires_at=?, ct_attemp
 
 -- ===== events stats =====
 SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
-SELECT events.ct_state, count(*) AS count_1 
-FROM events GROUP BY events.ct_state;
+SELECT coalesce(events.ct_state, 0) AS coalesce_1, count(*) AS count_1 
+FROM events GROUP BY coalesce(events.ct_state, 0);
 SELECT count(*) AS count_1 
 FROM events 
 WHERE events.ct_state = 1 AND events.ct_expires_at < ?;
@@ -396,12 +445,12 @@ WHERE ct_worklist.namespace = ? AND ct_worklist.name = ?;
 SELECT min(ct_work_item.exec_order) AS current, ((julianday('now') - 2440587.5) * 86400.0) AS now 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = ? AND ct_work_item.worklist = ? AND ct_work_item.state IN ('new', 'active', 'error');
-SELECT ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts 
+SELECT ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts, ct_work_item.state, ct_work_item.token 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = ? AND ct_work_item.worklist = ? AND ct_work_item.exec_order = ? AND (ct_work_item.state = 'new' OR ct_work_item.state = 'active' AND ct_work_item.expires_at < ?) ORDER BY ct_work_item.priority DESC, ct_work_item.id
  LIMIT ? OFFSET ?;
+UPDATE ct_work_item SET state=?, owner=?, token=?, attempts=(ct_work_item.attempts + ?), started_at=?, finished_at=?, expires_at=? WHERE ct_work_item.id = ? AND ct_work_item.state = 'new';
 UPDATE ct_worklist SET last_token=? WHERE ct_worklist.namespace = ? AND ct_worklist.name = ?;
-UPDATE ct_work_item SET state=?, owner=?, token=?, attempts=(ct_work_item.attempts + ?), started_at=?, finished_at=?, expires_at=? WHERE ct_work_item.id = ?;
 
 -- ===== work item complete (fenced on the item token) =====
 UPDATE ct_work_item SET state=?, last_error=?, finished_at=((julianday('now') - 2440587.5) * 86400.0), expires_at=? WHERE ct_work_item.id = ? AND ct_work_item.token = ? AND ct_work_item.state = 'active';
