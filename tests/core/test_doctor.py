@@ -242,3 +242,47 @@ def test_cli_doctor_on_an_unreachable_database_exits_4_at_once() -> None:
                                       "--connect-timeout", "2", "doctor"])
     assert result.exit_code == 4, result.output
     assert "cannot reach the database" in result.output and result.output.count("cannot reach") == 1
+
+
+# -- a throwaway primary and streaming standby ----------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.backends("postgres")
+def test_doctor_on_a_streaming_pair_warns_until_commits_wait_for_the_standby(backend: str) -> None:
+    from faults.replication import ReplicatedPostgres
+    from faults.servers import postgres_bin
+
+    if postgres_bin() is None:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_basebackup) are not installed")
+    pair = ReplicatedPostgres(synchronous=False)
+    tables: list[ControlTable] = []
+    try:
+        pair.wait_streaming()
+        primary = ControlTable(pair.primary.url())
+        tables.append(primary)
+        primary.install()
+        found = by_check(primary.doctor())
+        assert found["role"].level == "ok"
+        assert found["replication"].level == "warning" and "asynchronous" in found["replication"].message
+        assert "synchronous_standby_names" in found["replication"].fix
+
+        admin = create_engine(pair.primary.url(), isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:  # what the warning says to set
+            conn.execute(text("ALTER SYSTEM SET synchronous_standby_names = '*'"))
+            conn.execute(text("SELECT pg_reload_conf()"))
+        admin.dispose()
+        pair.synchronous = True
+        pair.wait_streaming()
+        found = by_check(primary.doctor())
+        assert found["replication"].level == "ok" and "synchronous standby" in found["replication"].message
+
+        standby = ControlTable(pair.standby.url(), statement_timeout=10)
+        tables.append(standby)
+        found = by_check(standby.doctor())
+        assert found["role"].level == "error" and "standby" in found["role"].message
+        assert "target_session_attrs=read-write" in found["role"].fix
+        assert found["replication"].level == "info"
+        assert doc.exit_code(list(found.values())) == 2
+    finally:
+        for ct in tables:
+            ct.close()
+        pair.close()
