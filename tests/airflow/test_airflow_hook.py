@@ -187,3 +187,21 @@ def test_form_extras_and_the_test_button(airflow_db: Path, monkeypatch: pytest.M
                           extra={"url": "postgresql+psycopg://nobody@127.0.0.1:1/none"})
     ok, message = ControlTableHook(down).test_connection()
     assert not ok and "127.0.0.1" in message and "s3cret" not in message
+
+
+@pytest.mark.backends("postgres")
+def test_listen_url_extra_reaches_the_listener(airflow_db: Path, monkeypatch: pytest.MonkeyPatch, backend_url: str,
+                                               namespace: str) -> None:
+    """The ``listen_url`` extra (a field of the connection form) is the listener's direct URL."""
+    from sqlalchemy.engine import make_url
+
+    from airflow_controltable.get_provider_info import get_provider_info
+    from airflow_controltable.hooks.controltable import ControlTableHook
+
+    fields = get_provider_info()["connection-types"][0]["conn-fields"]
+    assert "listen_url" in fields
+    direct = make_url(backend_url)
+    conn = set_connection(monkeypatch, "ct_listen", conn_type="controltable", password="pw",
+                          extra={"url": backend_url, "namespace": namespace, "listen_url": backend_url})
+    table = ControlTableHook(conn).get_control_table()
+    assert table._wakeups.listen_url == direct.set(password="pw").render_as_string(hide_password=False)

@@ -147,3 +147,15 @@ def test_cli_listen_url_reaches_the_listener(pgbouncer_url: Any, backend_url: st
     assert push["level"] == "warning" and push["message"].startswith("push wake-ups are inactive")
     assert with_listen.exit_code == 0, with_listen.output
     assert {f["check"]: f for f in json.loads(with_listen.output)}["push"]["level"] == "ok"
+
+
+def test_dagster_resource_listen_url_field(pgbouncer_url: Any, backend_url: str, namespace: str) -> None:  # noqa: F811
+    pytest.importorskip("dagster_controltable")
+    from dagster_controltable import ControlTableResource
+
+    resource = ControlTableResource(url=pgbouncer_url("transaction"), namespace=namespace, listen_url=backend_url)
+    ct = resource.control_table
+    try:
+        assert ct.push_status().active, ct.push_status()
+    finally:
+        ct.close()
