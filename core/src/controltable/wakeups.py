@@ -251,7 +251,11 @@ class Wakeups:
             try:
                 raw = self._connect()
                 if not self._self_probe(raw):
-                    return
+                    if connects == 0:  # never proven: a pooler swallows pushes; stop for good
+                        self._give_up()
+                        return
+                    # Proven before, so this server delivers: a slow restart, not a pooler. Reconnect.
+                    raise RuntimeError(f"the self-probe did not come back within {self.probe_timeout:g} s")
                 self._listening.set()
                 self._settled.set()
                 connects += 1
@@ -288,8 +292,7 @@ class Wakeups:
                         pass
 
     def _self_probe(self, raw: Any) -> bool:
-        """Prove that a notification sent through the work URL reaches ``raw``; False (and one
-        warning, and the listener stopped) when it does not arrive within the probe timeout."""
+        """Prove that a notification sent through the work URL reaches ``raw`` within the probe timeout."""
         key = f"{PROBE_KEY}{uuid.uuid4().hex}"
         payload = f"{self.namespace}\x1f{key}"
         prefix = f"{self.namespace}\x1f"
@@ -303,13 +306,16 @@ class Wakeups:
                     return True
                 if note.payload.startswith(prefix) and not note.payload.startswith(prefix + PROBE_KEY):
                     self._deliver(note.payload[len(prefix):])
+        return False
+
+    def _give_up(self) -> None:
+        """Push is lost for this process: one warning, then waiters poll (see :attr:`lost`)."""
         if not self._warned:  # before the state changes: whoever sees "inactive" can find the warning
             self._warned = True
             log.warning("controltable: %s", _probe_failed_text(self.listen_url is not None, self._target_text(),
                                                              self.probe_timeout))
         self._probe_failed = True
         self._settled.set()
-        return False
 
 
 def _probe_failed_text(with_listen_url: bool, target: str, timeout: float) -> str:
