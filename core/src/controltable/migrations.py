@@ -16,8 +16,9 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from sqlalchemy import Column, Index, Table, func, inspect, select, text, update
+from sqlalchemy import Column, Index, Sequence, Table, func, inspect, select, text, update
 from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.schema import CreateSequence
 from sqlalchemy.sql.elements import TextClause
 
 from .db import Database
@@ -73,6 +74,46 @@ def _ensure_index(db: Database, table: Table, index: Index) -> None:
     _ddl(db, create)
 
 
+def id_sequence(table: Table) -> Sequence:
+    """Oracle: the sequence that generates ``table``'s ids where an upgrade found none (v1 tables
+    had no identity; an existing column cannot be made one, ORA-30673)."""
+    return Sequence(f"{table.name}_id_seq", schema=table.schema)
+
+
+def id_default_sql(table: Table, sequence: Sequence, dialect: Dialect) -> TextClause:
+    """Oracle 12c+: ``ALTER TABLE t MODIFY (id DEFAULT ON NULL <seq>.NEXTVAL)``, so inserts that
+    leave the id out (every insert of the engine) get one instead of failing with ORA-01400."""
+    prep = dialect.identifier_preparer
+    return text(f"ALTER TABLE {prep.format_table(table)} MODIFY ({prep.quote('id')} DEFAULT ON NULL "
+                f"{prep.format_sequence(sequence)}.NEXTVAL)")
+
+
+def ensure_oracle_ids(db: Database, table: Table) -> None:
+    """Give an Oracle table whose ``id`` has neither identity nor default a sequence default: two
+    check-then-act steps (the sequence, starting above every id; then the default)."""
+    dialect: Dialect = db.engine.dialect
+    if dialect.name != "oracle":
+        return
+    seq = id_sequence(table)
+
+    def generated(conn: Connection) -> bool:
+        col = next(c for c in inspect(conn).get_columns(table.name, schema=table.schema) if c["name"].lower() == "id")
+        return bool(col.get("identity") or col.get("default"))
+
+    def create_sequence(conn: Connection) -> None:
+        if generated(conn) or dialect.has_sequence(conn, seq.name, schema=table.schema):
+            return
+        start = int(conn.scalar(select(func.coalesce(func.max(table.c.id), 0))) or 0) + 1
+        conn.execute(CreateSequence(Sequence(seq.name, schema=table.schema, start=start)))
+
+    def set_default(conn: Connection) -> None:
+        if not generated(conn):
+            conn.execute(id_default_sql(table, seq, dialect))
+
+    _ddl(db, create_sequence)
+    _ddl(db, set_default)
+
+
 def upgrade_v1_to_v2(db: Database, tables: ControlSchema) -> None:
     """Tickets from the per-resource counter, attempts and pickup deadlines, the (state, ticket) index."""
     r, q = tables.resource, tables.request
@@ -96,6 +137,9 @@ def upgrade_v1_to_v2(db: Database, tables: ControlSchema) -> None:
         conn.execute(update(r).values(last_ticket=top))
 
     db.run(backfill)  # idempotent: tickets still 0 and the counters' maxima
+    # v1 ids had no identity: on Oracle every insert failed (ORA-01400) until they get a default.
+    for with_ids in (q, tables.item):
+        ensure_oracle_ids(db, with_ids)
 
     # The v2 index (state, ticket); v2 -> v3 replaces it in turn (built on a scratch copy, as
     # it is no longer part of the declared schema).

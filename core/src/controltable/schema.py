@@ -47,8 +47,13 @@ EpochSeconds = Float(precision=53).with_variant(oracle.BINARY_DOUBLE(), "oracle"
 _Id = BigInteger().with_variant(Integer(), "sqlite")
 
 
-def _identity() -> Identity:
-    """An ordered identity: Oracle needs one for ids omitted from inserts (other backends ignore ORDER)."""
+def _identity(ordered: bool = True) -> Identity:
+    """An identity: Oracle needs one for ids omitted from inserts. ``ordered`` (Oracle ``ORDER``,
+    which other backends ignore) only where ids order something: work items of equal order and
+    priority are allocated by id. Requests are queued by their per-resource ticket, so their ids
+    need no order, which on RAC would cost a cross-instance round trip per id."""
+    if not ordered:
+        return Identity()
     try:
         return Identity(oracle_order=True)  # type: ignore[call-arg]  # SQLAlchemy 2.1 spelling
     except TypeError:  # pragma: no cover - SQLAlchemy 1.4 / 2.0
@@ -103,7 +108,7 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
     request = Table(
         f"{prefix}request",
         md,
-        Column("id", _Id, _identity(), primary_key=True, autoincrement=True),
+        Column("id", _Id, _identity(ordered=False), primary_key=True, autoincrement=True),
         Column("namespace", name_type(NAMESPACE_LENGTH), nullable=False),
         Column("resource", name_type(NAME_LENGTH), nullable=False),
         Column("holder", name_type(NAME_LENGTH), nullable=False),

@@ -334,7 +334,9 @@ def requeue_waiter(t: ControlSchema, key: str, expires_at: float, attempt: Optio
 def reorder_queue(t: ControlSchema, namespace: str, name: str, aging: Optional[float]) -> Update:
     """Rewrite the queue order of ``name``'s waiters for a new aging rate (see :func:`.grants.queue_key`)."""
     q = t.request
-    key = -q.c.priority if aging is None else q.c.enqueued_at - q.c.priority * aging
+    # Multiplied by a float, never negated or multiplied as an INT: -(-2**31) and -2**31 * 30 overflow
+    # INT on PostgreSQL and SQL Server (queue_key itself is a double, like grants.queue_key).
+    key = q.c.priority * -1.0 if aging is None else q.c.enqueued_at - q.c.priority * float(aging)
     return (update(q).where(q.c.namespace == namespace, q.c.resource == name, q.c.state == WAITING)
             .values(queue_key=key))
 
