@@ -73,6 +73,18 @@ def test_doctor_checks_event_tables_claim_indexes_and_statistics(ct: ControlTabl
     assert doc.exit_code(findings) == 1
 
 
+@pytest.mark.backends("postgres", "sqlite")
+def test_doctor_warns_about_an_event_table_never_analyzed(ct: ControlTable, event_table: Any) -> None:
+    ev = event_table(3000, prepare=False)
+    ev.prepare(analyze=False)
+    stats = by_check(ct.doctor(event_tables=[ev]))[f"event table {ev.name}"]
+    assert stats.level == "warning" and "never analyzed" in stats.message and "ANALYZE" in stats.fix, stats
+    ev.prepare(analyze=True)  # nothing to add, so it analyzes nothing: ANALYZE by hand, as the fix says
+    with ct.engine.begin() as conn:
+        conn.execute(text(f'ANALYZE "{ev.name}"'))
+    assert by_check(ct.doctor(event_tables=[ev]))[f"event table {ev.name}"].level == "ok"
+
+
 def test_cli_doctor_prints_a_table_and_exits_by_the_worst_level(ct: ControlTable, backend_url: str,
                                                                  namespace: str, event_table: Any) -> None:
     runner = CliRunner()
@@ -187,6 +199,17 @@ def test_replication_decisions() -> None:
     assert gone.level == "error" and "waits" in gone.message
     assert doc.replication_finding("on", "", [], in_recovery=False).level == "info"
     assert doc.replication_finding("on", "", [], in_recovery=True).level == "info"
+
+
+def test_push_decisions() -> None:
+    lost = doc.push_finding("inactive", "push wake-ups are inactive: nothing came back. Set listen_url.", None)
+    assert lost.level == "warning" and lost.message == "push wake-ups are inactive: nothing came back."
+    assert "listen_url" in lost.fix
+    wrong = doc.push_finding("inactive", "push wake-ups are inactive: x. Waiters poll.", None, listen_url=True)
+    assert "point listen_url at the PostgreSQL server itself" in wrong.fix
+    assert doc.push_finding("active", "", 3.0).level == "ok"
+    assert doc.push_finding("active", "", None).level == "warning", "connected, yet the probe sent now was lost"
+    assert doc.push_finding("unavailable", "", None).level == "info"
 
 
 def test_role_decisions() -> None:

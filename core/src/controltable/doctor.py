@@ -77,9 +77,14 @@ PG_SET_PROBE = text("SELECT set_config('controltable.doctor_probe', :value, fals
 PG_READ_PROBE = text("SELECT current_setting('controltable.doctor_probe', true)")
 PG_SYNC_SETTINGS = text("SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names')")
 PG_REPLICAS = text("SELECT application_name, state, sync_state FROM pg_stat_replication")
+#: Column statistics (``pg_stats``) exist once ANALYZE ran, and are visible when its transaction
+#: commits (``pg_stat_user_tables.last_analyze`` reaches other sessions up to a second later, and
+#: ``pg_class.reltuples`` is also set by CREATE INDEX, which gathers no column statistics).
 PG_TABLE_STATS = text(
-    "SELECT n_live_tup, n_mod_since_analyze, last_analyze, last_autoanalyze "
-    "FROM pg_stat_user_tables WHERE relid = to_regclass(:name)")
+    "SELECT c.reltuples, s.n_mod_since_analyze, "
+    "EXISTS (SELECT 1 FROM pg_stats p WHERE p.schemaname = n.nspname AND p.tablename = c.relname) "
+    "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = to_regclass(:name)")
 MYSQL_TABLE_ROWS = text(
     "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = COALESCE(:schema, DATABASE()) "
     "AND TABLE_NAME = :name")
@@ -162,7 +167,8 @@ def pooler_finding(probe: PoolerProbe, push_active: bool, listen_url: bool) -> F
                    NOTHING)
 
 
-def push_finding(state: str, detail: str, round_trip_ms: Optional[float]) -> Finding:
+def push_finding(state: str, detail: str, round_trip_ms: Optional[float], listen_url: bool = False) -> Finding:
+    """From a :class:`~controltable.wakeups.PushStatus`: ``detail``'s first sentence is the finding."""
     if state == "unavailable":
         return Finding("push", "info", "push wake-ups exist on PostgreSQL only: waiters poll (tens of ms per handoff)",
                        NOTHING)
@@ -171,7 +177,11 @@ def push_finding(state: str, detail: str, round_trip_ms: Optional[float]) -> Fin
     if state == "active":
         return Finding("push", "warning", "the listener is connected but a notification sent now did not arrive",
                        "check that listen_url points at the same server as the URL (not a replica)")
-    return Finding("push", "warning", detail,
+    seen = detail.split(". ", 1)[0].rstrip(".") + "."
+    if listen_url:
+        return Finding("push", "warning", seen, "point listen_url at the PostgreSQL server itself (the same server "
+                       "the URL reaches, not a pooler or a replica); until then waiters poll")
+    return Finding("push", "warning", seen,
                    "set listen_url (ControlTable(url, listen_url=...), CONTROLTABLE_LISTEN_URL or --listen-url) to "
                    "a direct URL of the PostgreSQL server; until then waiters poll")
 
@@ -386,7 +396,7 @@ def _push(ct: ControlTable) -> Finding:
     if status.active:
         seconds = ct._wakeups.probe()
         round_trip = None if seconds is None else seconds * 1000.0
-    return push_finding(status.state, status.detail, round_trip)
+    return push_finding(status.state, status.detail, round_trip, ct._wakeups.listen_url is not None)
 
 
 def _replication(ct: ControlTable, in_recovery: bool) -> Finding:
@@ -439,8 +449,9 @@ def _event_table(ct: ControlTable, ev: EventTable, label: str) -> list[Finding]:
         name = ct.db.engine.dialect.identifier_preparer.format_table(table)
         found = ct.db.run(lambda c: c.execute(PG_TABLE_STATS, {"name": name}).first())
         if found is not None:
-            rows, modified = int(found[0]), int(found[1])
-            analyzed = found[2] is not None or found[3] is not None
+            rows = max(int(found[0]), 0)
+            modified = None if found[1] is None else int(found[1])
+            analyzed = bool(found[2])
     elif dialect == "mysql":
         found = ct.db.run(lambda c: c.execute(MYSQL_TABLE_ROWS, {"schema": ev.table_schema, "name": ev.name}).first())
         rows = None if found is None or found[0] is None else int(found[0])
