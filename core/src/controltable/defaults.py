@@ -51,6 +51,10 @@ DEFAULT_ITEM_LEASE = 600.0
 STOP_RENEWING_WHEN_ORPHANED = False
 #: How often (seconds) a renewer that watches for orphaning or an ``alive()`` callback looks.
 ORPHAN_CHECK_INTERVAL = 1.0
+#: Whether work inside a ``with`` block that holds a lease (``slot()``, ``with lease:``,
+#: ``batch.renewing()``, ``item.renewing()``) is interrupted with ``LeaseLostInterrupt`` when its
+#: background renewer finds the lease lost or expired. Each of those takes ``interrupt=`` to opt out.
+INTERRUPT_ON_LEASE_LOSS = True
 
 # -- statements per dialect ----------------------------------------------------------------------
 #: The most rows one claim or completion statement touches on SQL Server. A statement that takes
@@ -63,6 +67,13 @@ MSSQL_ROWS_PER_STATEMENT = 1000
 #: grants per resource and timeline is 35 years at 1,000 grants a second; 2**23 timelines fit in 63
 #: bits, and tokens stay below 2**53 (exact in JSON) up to timeline 8192.
 TOKEN_EPOCH_BITS = 40
+#: How long an ``acquire()`` that fails (database unreachable, interrupted, any error) tries to
+#: withdraw its queue entry before it lets the error through (seconds): within the caller's
+#: ``TIMEOUT_MARGIN``. A withdrawal that did not get through is retried in the background, by
+#: its request key, every ``WITHDRAW_RETRY_INTERVAL`` seconds until it does or the entry lapsed.
+WITHDRAW_GRACE = 2.0
+#: See ``WITHDRAW_GRACE``.
+WITHDRAW_RETRY_INTERVAL = 0.5
 #: How long ``prepare()`` waits for the lock its DDL needs on a busy table (seconds) before it
 #: gives up with an error that says to retry or run the printed DDL in a quiet moment.
 DDL_LOCK_TIMEOUT = 30

@@ -279,6 +279,12 @@ def holder_match(t: ControlSchema, namespace: str, resource: str, holder: str) -
     return and_(q.c.namespace == namespace, q.c.resource == resource, q.c.holder == holder)
 
 
+def request_match(t: ControlSchema, namespace: str, names: Sequence[str], holder: str, key: str) -> ColumnElement[bool]:
+    """The rows of one request of one holder (a waiter that gave up withdraws exactly these)."""
+    q = t.request
+    return and_(q.c.namespace == namespace, q.c.resource.in_(names), q.c.holder == holder, q.c.request_key == key)
+
+
 def prefix_match(t: ControlSchema, namespace: str, prefix: str) -> ColumnElement[bool]:
     """The rows of every holder whose id starts with ``prefix`` (``%`` and ``_`` match literally)."""
     q = t.request

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar, Union
@@ -22,6 +23,8 @@ from ..defaults import (
     HISTORY_PRUNE_BATCH,
     HISTORY_PRUNE_INTERVAL,
     HISTORY_RETENTION,
+    WITHDRAW_GRACE,
+    WITHDRAW_RETRY_INTERVAL,
 )
 from ..errors import AcquireTimeout, ConfigurationError, LeaseLost, UnknownResourceError
 from ..holders import process_holder_id
@@ -64,6 +67,11 @@ REFRESH_FRACTION = 0.5
 #: A waiter behind the head reaps an expired holder itself once it is this many seconds overdue
 #: (the head, which does it at once, may be dead).
 REAP_GRACE = 2.0
+#: ... or sooner: this many seconds per position behind the head (up to ``REAP_GRACE``), so the
+#: waiter right behind a dead head (a process that died in the queue) takes over within moments.
+#: Every waiter times the holders' earliest expiry (a grant's pickup deadline included), so an
+#: expiry wakes the next live waiter at once instead of at its next refresh.
+BEHIND_GRACE = 0.25
 #: Seconds past an ``acquire`` timeout that its last transaction may still take (then the
 #: caller hears :class:`AcquireTimeout`, or the database error that stopped it).
 DEADLINE_GRACE = 1.0
@@ -186,6 +194,11 @@ class SlotEngine:
         self.ns = rt.namespace
         #: When this process next prunes a batch of history (``time.monotonic()``).
         self._next_prune = time.monotonic() + HISTORY_PRUNE_INTERVAL * random.random()
+        #: Queue entries of failed acquires still to withdraw: (holder, request key) -> (request,
+        #: give up at); retried by one background thread (see :meth:`_abandon`).
+        self._withdrawals: dict[tuple[str, str], tuple[_Request, float]] = {}
+        self._withdrawals_lock = threading.Lock()
+        self._withdrawer: Optional[threading.Thread] = None
 
     # -- running a change followed by a grant pass ---------------------------------------------
     def _with_pass(self, names: set[str], action: Callable[[Connection, dict[str, Any], float], T]) -> T:
@@ -263,7 +276,8 @@ class SlotEngine:
     def _snapshot(self, conn: Connection, res: dict[str, Any]) -> list[Any]:
         """The holders of the locked resources and the head of each waiting queue, in one statement.
 
-        Reads at most ``capacity + 1`` waiters per queue (no more can be granted by one pass).
+        Reads at most ``capacity + 2`` waiters per queue (no more can be granted by one pass, and
+        the new head and the one behind it are told to look).
         """
         heads = {name: self._head_size(res[name]) for name in res}
         return list(conn.execute(sql.snapshot(self.t, self.ns, heads)).all())
@@ -286,7 +300,9 @@ class SlotEngine:
 
     @staticmethod
     def _head_size(res: _Res) -> int:
-        return min(res.capacity, HEAD_READ_LIMIT) + 1
+        # A capacity's worth can be granted by one pass; then the new head and the one behind it
+        # (told to look: it times the grants' pickup deadlines in case the head is dead).
+        return min(res.capacity, HEAD_READ_LIMIT) + 2
 
     def _grant_pass(
         self, conn: Connection, res: dict[str, Any], now: float, own: Optional[tuple[str, float]] = None,
@@ -390,6 +406,14 @@ class SlotEngine:
                     # A new head: it now times the holders' leases, so tell it.
                     row = rows_by_key[key][0]
                     notify.append(head_key(min(spans.get(key, {name})), row.holder))
+                if others:
+                    # The waiter behind the head times the pickup deadlines of the grants just
+                    # made too: the head may be dead (a process that died in the queue), and then
+                    # nobody else notices a grant lapse. Tell it to look.
+                    left = [w.key for w in queues[name].head if w.key not in decision.grant]
+                    behind = left[1] if len(left) > 1 and left[0] == key else None
+                    if behind is not None and behind in rows_by_key:
+                        notify.append(head_key(min(spans.get(behind, {name})), rows_by_key[behind][0].holder))
             if others or reaped:
                 notify.extend(slot_key(name) for name in sorted(res))
             if notify:
@@ -487,9 +511,27 @@ class SlotEngine:
         deadline = None if wait is None else time.monotonic() + wait
         if deadline is not None:
             req = dataclasses.replace(req, deadline=deadline + DEADLINE_GRACE)
+        self._forget_withdrawal(req)  # this holder asks again: a pending withdrawal of its old entry is moot
+        # Whatever makes this call fail (the database gone while it waits, an interrupt, a bug),
+        # its queue entry must not stay behind to be granted and block the queue for a pickup
+        # window: it is withdrawn on the way out, or, failing that, on reconnect.
+        entered: list[str] = []
+        try:
+            return self._acquire(req, wait, deadline, poll_interval, entered)
+        except AcquireTimeout as exc:
+            if not getattr(exc, "withdrawn", False):
+                self._abandon(req, entered[-1] if entered else req.key)
+            raise
+        except BaseException:
+            self._abandon(req, entered[-1] if entered else req.key)
+            raise
+
+    def _acquire(self, req: _Request, wait: Optional[float], deadline: Optional[float], poll_interval: float,
+                 entered: list[str]) -> Lease:
         keys = [holder_key(min(req.parts), req.holder), head_key(min(req.parts), req.holder)]
         since = self.runtime.mark(keys)
         outcome = self._enqueue(req)
+        entered.append(outcome.request_key)
         refreshed = time.monotonic()
         delay = max(min(poll_interval, HEAD_POLL_INTERVAL), 0.01)
         peek: Optional[_Peek] = None
@@ -501,10 +543,12 @@ class SlotEngine:
                     outcome = granted
                     break
                 where = ", ".join(f"{n!r} (about position {p})" for n, p in outcome.position.items())
-                raise AcquireTimeout(
+                timeout = AcquireTimeout(
                     f"holder {req.holder!r} was not granted {req.parts!r} ({req.mode}) within {wait:g} s; "
                     f"it was waiting at {where}. Raise the timeout or the capacity, or see `controltable status`."
                 )
+                timeout.withdrawn = True  # type: ignore[attr-defined]
+                raise timeout
             sleep = self._sleep_for(req, outcome, peek, refreshed, delay)
             delay = min(delay * 1.5, MAX_POLL_INTERVAL)
             if deadline is not None:
@@ -529,10 +573,69 @@ class SlotEngine:
             elif peek.state in ("gone", "lapsed", "mismatch") or peek.needs_pass:
                 # Our entry expired, our grant lapsed, or we must pass the capacity on ourselves.
                 outcome = self._enqueue(req)
+                entered.append(outcome.request_key)
                 refreshed = time.monotonic()
             elif peek.outcome is not None:
                 outcome = peek.outcome
         return self._lease(req, outcome)
+
+    # -- giving up: the queue entry goes with the caller ------------------------------------
+    def _abandon(self, req: _Request, key: str) -> None:
+        """Withdraw the entry of an ``acquire`` that failed, within :data:`WITHDRAW_GRACE` seconds.
+
+        Removes the request's rows whatever their state (waiting, or granted and not yet handed
+        to the caller, who will never see that lease) and passes the capacity on, like a
+        release. If the database cannot be reached now, the withdrawal is queued and retried in
+        the background by its request key (:meth:`_retry_withdrawals`).
+        """
+        try:
+            with self.db.deadline(time.monotonic() + WITHDRAW_GRACE):
+                self._remove(sql.request_match(self.t, self.ns, sorted(req.parts), req.holder, key))
+        except Exception as exc:
+            log.warning("controltable: could not withdraw the queue entry of %r on %s (%s); retrying on reconnect",
+                        req.holder, sorted(req.parts), exc)
+            self._defer_withdrawal(req, key)
+
+    def _defer_withdrawal(self, req: _Request, key: str) -> None:
+        # Past the entry's own expiry (plus a pickup window for a grant made meanwhile) it can no
+        # longer hold anyone up: the next grant pass reaps it.
+        give_up = time.monotonic() + req.ttl + req.pickup
+        with self._withdrawals_lock:
+            self._withdrawals[(req.holder, key)] = (req, give_up)
+            if self._withdrawer is None or not self._withdrawer.is_alive():
+                self._withdrawer = threading.Thread(target=self._retry_withdrawals, daemon=True,
+                                                    name="controltable-withdraw")
+                self._withdrawer.start()
+
+    def _forget_withdrawal(self, req: _Request) -> None:
+        """A new acquire of the same holder and resources: its old entry is its own again."""
+        with self._withdrawals_lock:
+            for pending in [k for k, (r, _) in self._withdrawals.items()
+                            if r.holder == req.holder and r.parts == req.parts]:
+                del self._withdrawals[pending]
+
+    def _retry_withdrawals(self) -> None:
+        """The background half of :meth:`_abandon`: one thread per engine while withdrawals are pending."""
+        while True:
+            time.sleep(WITHDRAW_RETRY_INTERVAL)
+            with self._withdrawals_lock:
+                pending = list(self._withdrawals.items())
+                if not pending:
+                    self._withdrawer = None
+                    return
+            for (holder, key), (req, give_up) in pending:
+                done = time.monotonic() >= give_up
+                if not done:
+                    try:
+                        with self.db.deadline(time.monotonic() + WITHDRAW_GRACE):
+                            self._remove(sql.request_match(self.t, self.ns, sorted(req.parts), holder, key))
+                        done = True
+                        log.info("controltable: withdrew the queue entry %r of %r (a failed acquire)", key, holder)
+                    except Exception:
+                        continue  # still unreachable: try again next round
+                with self._withdrawals_lock:
+                    if self._withdrawals.get((holder, key), (None, None))[0] is req:
+                        del self._withdrawals[(holder, key)]
 
     def _sleep_for(
         self, req: _Request, outcome: _Outcome, peek: Optional[_Peek], refreshed: float, delay: float
@@ -547,7 +650,12 @@ class SlotEngine:
         refresh_in = max(req.ttl * REFRESH_FRACTION - (time.monotonic() - refreshed), 0.01)
         position = max(outcome.position.values() or [1])
         head = position <= 1 if peek is None else peek.head
-        expiry = peek.holder_expiry_in if peek is not None and peek.head else None
+        expiry = None
+        if peek is not None and peek.holder_expiry_in is not None:
+            # The head looks when the first holder's lease (or a grant's pickup) runs out; those
+            # behind it a little later (see ``BEHIND_GRACE``), in case the head is dead too.
+            behind = 0.0 if peek.head else min(REAP_GRACE, BEHIND_GRACE * (position - 1))
+            expiry = peek.holder_expiry_in + behind
         if self.runtime.push_active:
             sleep = refresh_in
             if head or position <= HEAD_POSITIONS:
@@ -781,7 +889,8 @@ class SlotEngine:
                     rescue = left_at is not None and now - (float(left_at) + per) > REAP_GRACE
             fits_all = fits_all and grants.fits(queue, int(row.slots), row.mode)
         capacity = min(int(row.capacity) for row in rows)
-        behind_expired = expired_holder and soonest is not None and soonest < -REAP_GRACE
+        grace = min(REAP_GRACE, BEHIND_GRACE * (max(position.values(), default=1) - 1))
+        behind_expired = expired_holder and soonest is not None and soonest < -grace
         return _Peek(
             "waiting",
             _Outcome(False, key, {}, now + req.ttl, None, position, ticket, recorded, capacity),
