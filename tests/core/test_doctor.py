@@ -309,3 +309,37 @@ def test_doctor_on_a_streaming_pair_warns_until_commits_wait_for_the_standby(bac
         for ct in tables:
             ct.close()
         pair.close()
+
+
+# -- a throwaway Galera cluster -----------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.backends("mysql")
+def test_doctor_on_a_galera_node_reads_sync_wait_and_cluster_size(backend: str) -> None:
+    from faults.galera import GaleraCluster, galera_missing
+
+    missing = galera_missing()
+    if missing is not None:
+        pytest.skip(missing)
+    cluster = GaleraCluster(nodes=2)
+    try:
+        cluster.start()
+        url = cluster.nodes[0].url()
+        first = ControlTable(url)
+        try:
+            first.install()
+            galera = by_check(first.doctor())["galera"]
+        finally:
+            first.close()
+        assert galera.level == "warning" and "wsrep_sync_wait = 0" in galera.message, galera
+        admin = create_engine(url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:  # what the warning says to set
+            conn.execute(text("SET GLOBAL wsrep_sync_wait = 1"))
+        admin.dispose()
+        second = ControlTable(url)  # new connections take the new global value
+        try:
+            galera = by_check(second.doctor())["galera"]
+        finally:
+            second.close()
+        assert galera.level == "warning" and "a cluster of 2" in galera.message and "garbd" in galera.fix, galera
+    finally:
+        cluster.close()
