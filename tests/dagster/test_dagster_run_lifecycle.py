@@ -347,3 +347,46 @@ def test_run_worker_withdraws_a_retry_waiter_when_its_run_is_cancelled(ct: Any, 
     finally:
         blocker.release()
         instance.dispose()
+
+
+@pytest.mark.backends("postgres", "sqlite")
+def test_retry_watcher_withdraws_a_place_within_moments_of_the_cancel(ct: Any, backend_url: str, namespace: str,
+                                                                      tmp_path: Any) -> None:
+    """Multiprocess executor between retries: no step process exists, the detached watcher withdraws
+    the place as soon as the run is canceling; a next try stops the watcher before touching its place."""
+    from dagster_controltable import retry_watch
+
+    ct.set_capacity("warehouse", 1)
+    ct.acquire("warehouse", holder="shell-job", lease=60)
+    with DagsterInstance.local_temp(str(tmp_path)) as instance:
+        run_id = _run_in(instance, DagsterRunStatus.STARTED)
+        holder = f"dagster:{run_id}:load"
+        assert ct.try_acquire("warehouse", holder=holder, waiter_ttl=120) is None
+
+        from dagster._serdes import serialize_value
+
+        settings = {"url": backend_url, "namespace": namespace, "schema": None, "prefix": "ct_", "run_id": run_id,
+                    "holder": holder, "resources": ["warehouse"], "instance_ref": serialize_value(instance.get_ref())}
+        assert retry_watch.ensure_watcher(settings, holder, time.time() + 60)
+        assert not retry_watch.ensure_watcher(settings, holder, time.time() + 90)  # one watcher, its deadline pushed
+        time.sleep(3)  # the watcher is up and reading the run's status
+        # A next try pauses the watcher (acknowledged) before it touches its place: nothing is withdrawn
+        # under it, even when the run is cancelled meanwhile; the watcher process stays for later tries.
+        started = time.monotonic()
+        retry_watch.pause_watcher(holder)
+        assert time.monotonic() - started < 2
+        instance.report_run_canceling(instance.get_run_by_id(run_id))
+        time.sleep(1)
+        assert _queue(ct, "warehouse") == (["shell-job"], [holder])
+        # The try raised RetryRequested again: the same watcher resumes, and withdraws the place.
+        assert not retry_watch.ensure_watcher(settings, holder, time.time() + 60)
+        started = time.monotonic()
+        deadline = started + 30
+        while _queue(ct, "warehouse")[1] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _queue(ct, "warehouse") == (["shell-job"], [])
+        assert time.monotonic() - started < 2
+        while retry_watch.state_file(holder).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not retry_watch.state_file(holder).exists()  # it ended after the withdrawal
+    ct.release("warehouse", "shell-job")

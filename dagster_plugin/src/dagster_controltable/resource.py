@@ -53,7 +53,7 @@ from controltable.defaults import MAX_PRIORITY, MIN_PRIORITY
 from controltable.errors import is_retryable, safe_url
 from controltable.holders import holder_id
 
-from . import defaults
+from . import defaults, retry_watch
 from .defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_WAITER_TTL
 
 try:  # only for type hints: these classes are reached through ControlTable.events()/worklist()
@@ -678,6 +678,8 @@ class ControlTableResource(ConfigurableResource):
         # next retry comes soon and the grant waits a whole retry interval; further back a grant
         # waits only the core's short default, then passes on. A new request is the head if
         # nobody waits yet.
+        if step.own_process:  # a try runs: its place is its own again (see retry_watch)
+            retry_watch.pause_watcher(who)
         before = self._wait_infos(ct, resource, who)
         at_head = all(i.position <= 1 for i in before) if before else self._nobody_waiting(ct, resource)
         pickup = retry_interval if at_head else None
@@ -711,7 +713,28 @@ class ControlTableResource(ConfigurableResource):
             with self._watch_lock:
                 self._between_retries = True
             self._watch_run_between_retries()
+        else:
+            self._watch_from_outside(who, names, _names_list(resource), seconds, pickup)
         raise RetryRequested(max_retries=cap, seconds_to_wait=seconds)
+
+    def _watch_from_outside(self, who: str, names: str, resources: list[str], seconds: float,
+                            pickup: Optional[float]) -> None:
+        """This step's process ends now (multiprocess executor): a detached watcher withdraws its
+        place if the run is cancelled before the next try (:mod:`dagster_controltable.retry_watch`)."""
+        if self._instance is None or self._run_id is None:
+            return
+        try:
+            from dagster._serdes import serialize_value
+
+            settings = {
+                "url": self.url, "namespace": self.namespace, "schema": self.control_tables_schema,
+                "prefix": self.prefix, "run_id": self._run_id, "holder": who, "resources": resources,
+                "instance_ref": serialize_value(self._instance.get_ref()),
+            }
+            until = time.time() + seconds + (pickup or 0.0) + retry_watch.WATCH_MARGIN
+            retry_watch.ensure_watcher(settings, who, until)
+        except Exception as exc:  # the cleanup sensor and the place's TTL remain
+            log.warning("controltable: could not start the watcher of %s's place on %s: %s", who, names, exc)
 
     def _watch_run_between_retries(self) -> None:
         """Withdraw this run's queue places the moment it is cancelled while its steps wait to retry.
