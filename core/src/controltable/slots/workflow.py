@@ -201,7 +201,8 @@ class SlotEngine:
         self._withdrawer: Optional[threading.Thread] = None
 
     # -- running a change followed by a grant pass ---------------------------------------------
-    def _with_pass(self, names: set[str], action: Callable[[Connection, dict[str, Any], float], T]) -> T:
+    def _with_pass(self, names: set[str], action: Callable[[Connection, dict[str, Any], float], T],
+                   deadline: Optional[float] = None) -> T:
         """Run ``action`` and a grant pass in one transaction, holding the locks of ``names``.
 
         If a chain of multi-resource requests keeps the locks moving (see :meth:`_in_lock_order`),
@@ -214,7 +215,7 @@ class SlotEngine:
             self._grant_pass(conn, res, now)
             return result
 
-        return self._in_lock_order(names, with_pass, fallback=action)
+        return self._in_lock_order(names, with_pass, fallback=action, deadline=deadline)
 
     def _in_lock_order(
         self, names: set[str], fn: Callable[[Connection, dict[str, Any], float], T], *,
@@ -589,8 +590,8 @@ class SlotEngine:
         the background by its request key (:meth:`_retry_withdrawals`).
         """
         try:
-            with self.db.deadline(time.monotonic() + WITHDRAW_GRACE):
-                self._remove(sql.request_match(self.t, self.ns, sorted(req.parts), req.holder, key))
+            self._remove(sql.request_match(self.t, self.ns, sorted(req.parts), req.holder, key),
+                         deadline=time.monotonic() + WITHDRAW_GRACE)
         except Exception as exc:
             log.warning("controltable: could not withdraw the queue entry of %r on %s (%s); retrying on reconnect",
                         req.holder, sorted(req.parts), exc)
@@ -627,8 +628,8 @@ class SlotEngine:
                 done = time.monotonic() >= give_up
                 if not done:
                     try:
-                        with self.db.deadline(time.monotonic() + WITHDRAW_GRACE):
-                            self._remove(sql.request_match(self.t, self.ns, sorted(req.parts), holder, key))
+                        self._remove(sql.request_match(self.t, self.ns, sorted(req.parts), holder, key),
+                                     deadline=time.monotonic() + WITHDRAW_GRACE)
                         done = True
                         log.info("controltable: withdrew the queue entry %r of %r (a failed acquire)", key, holder)
                     except Exception:
@@ -985,16 +986,18 @@ class SlotEngine:
         count = self.db.run(lambda c: c.scalar(sql.held_count(self.t, lease.request_key)))
         return int(count or 0) == len(lease.resources)
 
-    def _remove(self, match: Any, check: Optional[Callable[[Connection], None]] = None) -> int:
+    def _remove(self, match: Any, check: Optional[Callable[[Connection], None]] = None,
+                deadline: Optional[float] = None) -> int:
         """Remove the requests with rows matching ``match`` (whole requests), then pass capacity on.
 
         The resources involved are read first without locks, then locked in name order; rows of
         requests that appeared meanwhile on other resources are left for the next call.
         """
-        names = {row[0] for row in self.db.run(lambda c: c.execute(sql.resources_matching(self.t, match)).all())}
+        names = {row[0] for row in self.db.run(lambda c: c.execute(sql.resources_matching(self.t, match)).all(),
+                                               deadline=deadline)}
         if not names:
             if check is not None:
-                self.db.run(check)
+                self.db.run(check, deadline=deadline)
             return 0
 
         def action(conn: Connection, res: dict[str, Any], now: float) -> int:
@@ -1012,7 +1015,7 @@ class SlotEngine:
             self._end_grants(conn, list(gone), now)
             return len(keys)
 
-        return self._with_pass(names, action)
+        return self._with_pass(names, action, deadline=deadline)
 
     def release_holder(self, resource: str, holder: str) -> int:
         """Release whatever ``holder`` holds or waits for on ``resource`` (for shell scripts).
