@@ -174,3 +174,22 @@ def test_interrupt_cancelled_when_the_block_leaves_first(ct: ControlTable) -> No
         for _ in range(100):  # would raise here if an undelivered interrupt survived the disarm
             pass
     item.complete()
+
+
+def test_renewal_let_go_interrupts_the_work(ct: ControlTable) -> None:
+    """The renewer lets the lease go (``alive()`` false, as for an orphaned process): the work
+    must stop too, since the lease will run out under it. Checked every ORPHAN_CHECK_INTERVAL."""
+    from controltable.defaults import ORPHAN_CHECK_INTERVAL
+
+    wl = ct.worklist("let_go")
+    wl.populate([{"n": 1}])
+    item = wl.allocate("w", lease=30)
+    assert item is not None
+    ended = threading.Event()
+    started = time.monotonic()
+    with pytest.raises(LeaseLostInterrupt) as info, item.renewing(alive=lambda: not ended.is_set()):
+        take_later(0.2, ended.set, {})
+        work_until_interrupted({})
+    took = time.monotonic() - started
+    assert "owner said the work ended" in str(info.value)
+    assert took <= 0.2 + ORPHAN_CHECK_INTERVAL + SLACK, f"interrupted {took:.2f} s after the start"
