@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from live_airflow import LiveAirflow, live_intervals, state_mismatches
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select
+from sqlalchemy.exc import OperationalError
 from support.live import postgres_url
 
 from controltable import ControlTable
@@ -39,7 +40,8 @@ def live() -> Iterator[tuple[LiveAirflow, ControlTable]]:
     airflow = LiveAirflow(server_url=url, control_url=url, namespace=namespace, dag_files=[DAGS])
     try:
         airflow.start()
-        airflow.wait_for_dags(["ct_live_slot", "ct_live_sensor", "ct_live_poison", "ct_live_pool"])
+        airflow.wait_for_dags(["ct_live_slot", "ct_live_sensor", "ct_live_poison", "ct_live_pool", "ct_live_sql",
+                               "ct_live_sql_sensor"])
         yield airflow, ct
         lags = airflow.resume_lags()
         if lags:
@@ -84,9 +86,16 @@ HEARTBEAT = 0.1
 
 def recorded(ct: ControlTable, run_ids: list[str]) -> list[dict[str, Any]]:
     table = intervals_table(ct)
-    with ct.engine.connect() as conn:
-        rows = conn.execute(select(table).where(table.c.run_id.in_(run_ids)).order_by(table.c.started))
-        return [dict(r._mapping) for r in rows]
+    for attempt in range(3):
+        try:
+            with ct.engine.connect() as conn:
+                rows = conn.execute(select(table).where(table.c.run_id.in_(run_ids)).order_by(table.c.started))
+                return [dict(r._mapping) for r in rows]
+        except OperationalError:  # a pooled connection closed under us (a shared server's admin): reconnect
+            if attempt == 2:
+                raise
+            ct.engine.dispose()
+    raise AssertionError("unreachable")
 
 
 def check_exclusive(rows: list[dict[str, Any]], resource: str) -> None:
@@ -256,3 +265,40 @@ def test_teardown_waits_for_a_load_marked_failed(live: tuple[LiveAirflow, Contro
     print(f"\nsensor + teardown, run marked failed: the killed load stopped {rows[0]['finished'] - marked:.1f} s "
           f"after the mark (closed: {rows[0]['closed']}); the next load started {rows[1]['started'] - marked:.1f} s "
           "after it")
+
+
+# -- a load that is one SQL statement ----------------------------------------------------------------------
+@pytest.mark.parametrize("dag_id", ["ct_live_sql", "ct_live_sql_sensor"])
+def test_statement_of_a_killed_load_never_writes_after_the_next_load_started(
+    live: tuple[LiveAirflow, ControlTable], dag_id: str,
+) -> None:
+    """A load whose work is one long statement (pg_sleep, then a write), its run marked failed: the
+    statement is cancelled in the server before the slot goes on (psycopg cancels on the
+    KeyboardInterrupt the kill raises), so no write of it lands after the next load started."""
+    from sqlalchemy import text
+
+    airflow, ct = live
+    resource = f"sqlres_{dag_id[-6:]}"
+    ct.set_capacity(resource, 1)
+    seconds = 30
+    (first,) = start_runs(airflow, dag_id, 1, resource=resource, seconds=seconds)
+    started = wait_started(ct, first)
+    (second,) = start_runs(airflow, dag_id, 1, resource=resource, seconds=1)
+    marked = time.time()
+    airflow.api("PATCH", f"/dags/{dag_id}/dagRuns/{first}", {"state": "failed"})
+    states = airflow.wait_for_runs(dag_id, [first, second], 240)
+    assert states[second] == "success", (states, airflow.task_logs(dag_id, second))
+    rows = recorded(ct, [first, second])
+    assert [r["run_id"] for r in rows] == [first, second]
+    # Had the statement gone on in the server, it would have written `seconds` after it started.
+    time.sleep(max(started["started"] + seconds + 5 - time.time(), 0))
+    with ct.engine.connect() as conn:
+        writes = dict(conn.execute(text(f"select run_id, written from live_sql_writes_{ct.namespace} "
+                                        "where run_id in (:a, :b)"), {"a": first, "b": second}).all())
+    assert second in writes
+    late = [w for run, w in writes.items() if run == first and w >= rows[1]["started"]]
+    assert not late, f"the killed load's statement wrote {late[0] - rows[1]['started']:.1f} s after the next start"
+    assert first not in writes  # cancelled, not merely early
+    print(f"\n{dag_id}, run marked failed during a {seconds} s statement: the load stopped "
+          f"{rows[0]['finished'] - marked:.1f} s after the mark; the next load started "
+          f"{rows[1]['started'] - marked:.1f} s after it; the statement never wrote")

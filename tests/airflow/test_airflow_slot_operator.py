@@ -137,6 +137,56 @@ def test_on_kill_stops_the_work_before_the_release(conn_id: str, ct: Any) -> Non
     assert holders(ct) == []
 
 
+@pytest.mark.backends("postgres")
+def test_on_kill_cancels_the_statement_the_work_has_running(conn_id: str, ct: Any, backend_url: str) -> None:
+    """A load of one long statement: the kill cancels it in the server (psycopg cancels on a
+    KeyboardInterrupt), so its write never happens, and the slot is released after that."""
+    import time
+
+    from sqlalchemy import create_engine, text
+
+    from airflow_controltable.operators.slots import ControlTableTaskKilled
+
+    ct.set_capacity("warehouse", 1)
+    marker = f"ct_kill_{threading.get_ident()}_{time.monotonic_ns()}"
+    engine = create_engine(backend_url)
+    with engine.begin() as conn:
+        conn.execute(text(f"create table {marker} (token int)"))
+    seen: list[Any] = []
+
+    def work(lease: Any = None) -> None:
+        threading.Timer(0.5, signal.raise_signal, args=(signal.SIGTERM,)).start()
+        try:
+            with engine.begin() as conn:  # one statement: sleep, then write
+                conn.execute(text(f"insert into {marker} select :t from (select pg_sleep(20)) s"),
+                             {"t": lease.token})
+        finally:
+            seen.append(holders(ct))
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: op.on_kill())
+    try:
+        op = operator(conn_id, work)
+        started = time.monotonic()
+        with pytest.raises(ControlTableTaskKilled):
+            op.execute(ctx())
+        stopped = time.monotonic() - started
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    try:
+        assert stopped < 10, stopped
+        assert seen == [[HOLDER]] and holders(ct) == []  # held until the statement had stopped
+        with engine.connect() as conn:
+            running = conn.execute(text("select count(*) from pg_stat_activity where query like :q and "
+                                        "state = 'active' and pid <> pg_backend_pid()"),
+                                   {"q": f"insert into {marker}%"}).scalar()
+            assert running == 0  # cancelled in the server, not left running after the client gave up
+            assert conn.execute(text(f"select count(*) from {marker}")).scalar() == 0
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"drop table {marker}"))
+        engine.dispose()
+
+
 def test_wait_timeout_withdraws_from_the_queue(conn_id: str, ct: Any) -> None:
     from airflow.sdk.exceptions import TaskDeferred
 

@@ -267,6 +267,46 @@ def test_teardown_stops_waiting_once_a_killed_task_records_its_end(monkeypatch: 
     assert 0.5 <= time.monotonic() - started < 5
 
 
+def test_tasks_covered_by_a_teardown_stop_their_work_on_kill_and_record_its_end() -> None:
+    """The work_ended listener: SIGTERM's on_kill raises into a covered task's work (a KeyboardInterrupt,
+    which psycopg cancels a running statement on); its end is recorded for the teardown; other tasks
+    are left alone."""
+    from datetime import datetime
+
+    from airflow.sdk import DAG
+    from airflow.sdk.bases.operator import BaseOperator
+
+    from airflow_controltable.operators.slots import ControlTableTaskKilled, ReleaseSlotOperator
+    from airflow_controltable.plugins import work_ended
+
+    with DAG("covered", schedule=None, start_date=datetime(2024, 1, 1)):
+        sensor, work, release = BaseOperator(task_id="acquire"), BaseOperator(task_id="work"), ReleaseSlotOperator(
+            task_id="release", resource="warehouse")
+        alone = BaseOperator(task_id="alone")
+        sensor >> work >> release.as_teardown(setups=sensor)
+
+    class RuntimeTI:  # what the Task SDK passes the listener in a task process
+        __module__ = "airflow.sdk.execution_time.task_runner"
+
+        def __init__(self, task: Any) -> None:
+            self.task, self.pushed = task, {}
+
+        def xcom_push(self, key: str, value: Any) -> None:
+            self.pushed[key] = value
+
+    ti, other = RuntimeTI(work), RuntimeTI(alone)
+    work_ended.on_task_instance_running(None, ti)
+    work_ended.on_task_instance_running(None, other)
+    other.task.on_kill()  # not covered: Airflow's own behaviour
+    with pytest.raises(ControlTableTaskKilled) as killed:
+        ti.task.on_kill()
+    assert isinstance(killed.value, KeyboardInterrupt)
+    work_ended.on_task_instance_failed(None, ti, killed.value)
+    ti.task.on_kill()  # the work is over: a late SIGTERM raises nothing
+    work_ended.on_task_instance_failed(None, other, RuntimeError("x"))
+    assert ti.pushed == {"controltable_work_ended": True} and other.pushed == {}
+
+
 def test_release_of_a_missing_resource_is_a_clear_error(conn_id: str) -> None:
     from airflow_controltable.exceptions import ControlTableConfigError
     from airflow_controltable.operators.slots import ReleaseSlotOperator

@@ -88,6 +88,68 @@ with DAG("ct_live_slot", schedule=None, start_date=datetime(2024, 1, 1), catchup
     load()
 
 
+#: The writes of the SQL-statement loads: one row per statement that ran to its end (server clock).
+sql_writes = Table(
+    f"live_sql_writes_{NAMESPACE}",
+    MetaData(),
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(250), nullable=False),
+    Column("token", Integer, nullable=True),
+    Column("written", Float, nullable=False),
+)
+
+
+def sql_load(pattern: str, token: Any, seconds: float) -> dict[str, Any]:
+    """A load that is one long statement (PostgreSQL: sleep, then write), its start recorded first."""
+    from sqlalchemy import text
+
+    context = get_current_context()
+    engine = _engine()
+    for table in (intervals, sql_writes):
+        try:
+            table.create(engine, checkfirst=True)
+        except Exception:  # another load created it at the same moment
+            pass
+    with engine.begin() as conn:
+        row_id = conn.execute(insert(intervals).values(
+            pattern=pattern, run_id=context["run_id"], try_number=context["ti"].try_number, token=token,
+            deferred=False, started=time.time(), finished=time.time(), closed=False,
+        )).inserted_primary_key[0]
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(
+                f"insert into {sql_writes.name} (run_id, token, written) "
+                "select :run_id, :token, extract(epoch from clock_timestamp()) from (select pg_sleep(:s)) s"),
+                {"run_id": context["run_id"], "token": token, "s": seconds})
+    finally:
+        with engine.begin() as conn:
+            conn.execute(update(intervals).where(intervals.c.id == row_id).values(finished=time.time(), closed=True))
+    return {"token": token}
+
+
+with DAG("ct_live_sql", schedule=None, start_date=datetime(2024, 1, 1), catchup=False, params=PARAMS,
+         max_active_runs=64) as sql_dag:
+
+    @task.controltable_slot("{{ params.resource }}", poll_interval=1.0)
+    def sql_in_slot(lease: Any = None) -> dict[str, Any]:
+        return sql_load("sql", lease.token, float(get_current_context()["params"]["seconds"]))
+
+    sql_in_slot()
+
+
+with DAG("ct_live_sql_sensor", schedule=None, start_date=datetime(2024, 1, 1), catchup=False, params=PARAMS,
+         max_active_runs=64) as sql_sensor_dag:
+    sql_acquire = SlotSensor(task_id="acquire", resource="{{ params.resource }}", deferrable=True, poke_interval=1,
+                             timeout=600, lease=600)
+
+    @task
+    def sql_work(lease: dict[str, Any]) -> dict[str, Any]:
+        return sql_load("sql_sensor", lease["token"], float(get_current_context()["params"]["seconds"]))
+
+    sql_release = ReleaseSlotOperator(task_id="release", resource="{{ params.resource }}")
+    sql_work(sql_acquire.output) >> sql_release.as_teardown(setups=sql_acquire)
+
+
 with DAG("ct_live_pool", schedule=None, start_date=datetime(2024, 1, 1), catchup=False, params=PARAMS,
          max_active_runs=64) as pool_dag:
 

@@ -75,8 +75,14 @@ FINISHED_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", 
 CLEAN_STATES = frozenset({"success", "skipped", "upstream_failed"})
 
 
-class ControlTableTaskKilled(AirflowTaskTerminated):
-    """Raised into the work by ``on_kill`` so that the slot is released only after the work stopped."""
+class ControlTableTaskKilled(AirflowTaskTerminated, KeyboardInterrupt):
+    """Raised into the work by ``on_kill`` so that the slot is released only after the work stopped.
+
+    Also a ``KeyboardInterrupt``: that is what database drivers cancel a running statement on
+    (psycopg 3 sends the server a cancel request and waits for it to take effect). Any other
+    exception leaves the statement running in the server after the client gave up: a load of one
+    long statement would commit its write after the slot was released and the next holder started.
+    """
 
 
 class HoldSlotMixin(BaseOperator):
@@ -289,7 +295,9 @@ class HoldSlotMixin(BaseOperator):
         Airflow's SIGTERM handler calls this in the main thread and then lets the task go on; raising
         here unwinds the work, and ``_run_in_slot`` releases the slot once it has. Releasing here
         instead would hand the slot on while the work still writes (Airflow sends SIGKILL only
-        seconds later).
+        seconds later). The exception is a ``KeyboardInterrupt`` too, so a statement the work has
+        running is cancelled in the server before the work's stack unwinds (psycopg 3); the lease
+        is renewed until then.
         """
         try:
             super().on_kill()  # type: ignore[misc]

@@ -9,6 +9,9 @@ Airflow's kill grace for a ``failed`` task, unless the task left this marker: an
 the task process's finalizer, which Airflow runs only after ``execute`` has returned or raised in
 that process. A task killed before it gets there (SIGKILL) leaves no marker, and the teardown waits.
 
+The same listener makes SIGTERM stop such a task's work by raising into it (:func:`stop_work_on_kill`),
+so that a statement it has running is cancelled instead of committing after the release.
+
 Registered by the provider's plugin (``ControlTableStatusPlugin.listeners``); it does nothing for a
 task with no ``ReleaseSlotOperator`` downstream, and nothing outside a task process.
 """
@@ -16,6 +19,7 @@ task with no ``ReleaseSlotOperator`` downstream, and nothing outside a task proc
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from pluggy import HookimplMarker
@@ -50,9 +54,65 @@ def record_work_ended(task_instance: Any) -> bool:
     return True
 
 
+def stop_work_on_kill(task_instance: Any) -> bool:
+    """Make SIGTERM stop the work of a task covered by a teardown, as the slot operators do; True when set.
+
+    Airflow's SIGTERM handler only calls the operator's ``on_kill`` and lets the work go on until
+    SIGKILL; a statement the work has running then goes on in the server even after that, and may
+    commit after the teardown handed the slot on. Wrapped here, ``on_kill`` raises
+    :class:`~airflow_controltable.operators.slots.ControlTableTaskKilled` (a ``KeyboardInterrupt``:
+    psycopg cancels the running statement on it) into the work; the process then reaches its
+    finalizer and records the end of its work, and the teardown releases.
+    """
+    from airflow_controltable.operators.slots import ControlTableTaskKilled, HoldSlotMixin
+
+    if not type(task_instance).__module__.startswith("airflow.sdk"):
+        return False
+    task = getattr(task_instance, "task", None)
+    if task is None or isinstance(task, HoldSlotMixin) or not _covered_by_teardown(task):
+        return False  # a slot operator stops its own work on kill
+    original = task.on_kill
+    working = [True]
+
+    def on_kill() -> None:
+        try:
+            original()
+        finally:
+            if working[0] and threading.current_thread() is threading.main_thread():
+                working[0] = False
+                raise ControlTableTaskKilled(
+                    f"the task is being killed: stopped its work so that the slot its run holds is released "
+                    f"only after it ({task.task_id})")
+
+    task.on_kill = on_kill
+    task._controltable_working = working  # the end hooks below turn the raise off
+    return True
+
+
+def _work_over(task_instance: Any) -> None:
+    working = getattr(getattr(task_instance, "task", None), "_controltable_working", None)
+    if working is not None:
+        working[0] = False
+
+
+@hookimpl
+def on_task_instance_running(previous_state: Any, task_instance: Any) -> None:
+    """Before the work starts in the task process: SIGTERM is to stop it (see :func:`stop_work_on_kill`)."""
+    try:
+        stop_work_on_kill(task_instance)
+    except Exception as exc:
+        log.warning("controltable: could not arrange for the work of %s to stop on kill: %s", task_instance, exc)
+
+
+@hookimpl
+def on_task_instance_success(previous_state: Any, task_instance: Any) -> None:
+    _work_over(task_instance)
+
+
 @hookimpl
 def on_task_instance_failed(previous_state: Any, task_instance: Any, error: Any) -> None:
     """The task process reached its finalizer after a failure: its work has stopped."""
+    _work_over(task_instance)
     try:
         record_work_ended(task_instance)
     except Exception as exc:  # the teardown then waits the kill grace: slower, never unsafe
