@@ -370,3 +370,45 @@ def test_event_table_schema_is_table_schema_and_schema_a_deprecated_alias() -> N
         assert PendingEventsSensor(task_id="wait2", table="events", key="id", schema="raw").table_schema == "raw"
     with pytest.raises(ConfigurationError, match="give table_schema= only"):
         ClaimBatchOperator(task_id="claim3", table="events", key="id", schema="a", table_schema="b")
+
+
+def test_scheduler_beats_are_read_once_for_all_triggers_and_a_late_grant_does_not_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One reader serves every waiting trigger; a trigger asking after the scheduler caught up is answered at once."""
+    from airflow_controltable.triggers import controltable as triggers
+
+    monkeypatch.setattr(triggers, "SCHEDULER_HEARTBEAT_POLL", 0.05)
+    reads: list[float] = []
+    scheduler = iter([99.0, 101.0, 101.0, 102.0, 103.0] + [104.0] * 1000)
+
+    def beat(url: str) -> float:
+        reads.append(time.time())
+        return next(scheduler)
+
+    monkeypatch.setattr(triggers, "read_scheduler_heartbeat", beat)
+
+    async def scenario() -> tuple[list[Any], int, float]:
+        beats = triggers.scheduler_beats("http://airflow/api/v2/monitor/health")
+        assert triggers.scheduler_beats("http://airflow/api/v2/monitor/health") is beats
+        together = await asyncio.gather(*(beats.caught_up(100.0, 10) for _ in range(20)))
+        read_while_waiting = len(reads)
+        started = time.time()
+        late = await beats.caught_up(100.0, 10)  # a grant long after the deferral: the beats are known
+        return [*together, late], read_while_waiting, time.time() - started
+
+    answers, read_while_waiting, late_wait = asyncio.run(scenario())
+    assert answers == [True] * 21
+    assert read_while_waiting <= 6  # one reader for twenty triggers, not twenty
+    assert late_wait < 0.05
+
+
+def test_scheduler_beats_without_a_health_endpoint_leave_the_settle_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_controltable.triggers import controltable as triggers
+
+    monkeypatch.setattr(triggers, "read_scheduler_heartbeat", lambda url: None)
+
+    async def ask() -> Any:
+        return await triggers.scheduler_beats("http://nowhere/health").caught_up(100.0, 5)
+
+    assert asyncio.run(ask()) is None

@@ -23,8 +23,9 @@ after that process exited: watched through its pid when the triggerer runs on th
 can see the process alive), else assumed ``DEFAULT_EXIT_ALLOWANCE`` seconds after the deferral;
 and then until the scheduler has heartbeated twice after the exit report was due (read from
 Airflow's health endpoint, when it answers), since a busy scheduler's loop can outlast any fixed
-margin. A grant is held meanwhile (its pick-up lease covers it), so only grants that come within seconds of
-a deferral wait.
+margin. The heartbeats are watched from the exit on, beside the wait, by one reader per triggerer
+(:class:`SchedulerBeats`): a grant that comes after that fires at once. A grant is held meanwhile
+(its pick-up lease covers it), so only grants that come within seconds of a deferral wait.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import logging
 import os
 import socket
 import time
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any, Callable, Optional
 
@@ -155,6 +157,68 @@ def read_scheduler_heartbeat(url: str) -> Optional[float]:
         return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp() if stamp else None
     except Exception:
         return None
+
+
+class SchedulerBeats:
+    """The scheduler's heartbeats as this triggerer's event loop has seen them: one reader for all triggers.
+
+    Each deferred trigger needs to know when the scheduler has read its deferral's exit report
+    (:func:`scheduler_caught_up`). Observing that only once the slot is granted made every grant wait
+    for the scheduler's next heartbeat or two, even a grant made long after the deferral, when the
+    race cannot happen any more. So a trigger registers as soon as it knows when its deferring
+    process exited, and one reader per event loop polls Airflow's health endpoint while any trigger
+    is registered (every ``SCHEDULER_HEARTBEAT_POLL`` s, however many triggers wait): a grant that
+    comes after the scheduler caught up fires at once; only one that comes within a few heartbeats
+    of its deferral waits.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.beats: list[float] = []  # distinct heartbeats seen, oldest first (the last few)
+        self.waiting = 0
+        self.unavailable = False
+        self._reader: Optional[asyncio.Task[None]] = None
+
+    async def _read(self) -> None:
+        while self.waiting > 0:
+            beat = await asyncio.to_thread(read_scheduler_heartbeat, self.url)
+            if beat is None:
+                self.unavailable = True  # no health endpoint: the settle alone applies
+                return
+            if not self.beats or beat != self.beats[-1]:
+                self.beats = [*self.beats[-31:], beat]
+            await asyncio.sleep(SCHEDULER_HEARTBEAT_POLL)
+
+    async def caught_up(self, report_due: float, limit: float) -> Optional[bool]:
+        """Wait (at most ``limit`` s) until the scheduler surely read a report due at ``report_due``;
+        None when the heartbeat cannot be read."""
+        self.waiting += 1
+        try:
+            if self._reader is None or self._reader.done():
+                self.unavailable = False
+                self._reader = asyncio.ensure_future(self._read())
+            deadline = time.time() + limit
+            while not scheduler_caught_up(report_due, self.beats):
+                if self.unavailable:
+                    return None
+                if time.time() >= deadline:
+                    return False
+                await asyncio.sleep(min(SCHEDULER_HEARTBEAT_POLL / 2, max(deadline - time.time(), 0.0)))
+            return True
+        finally:
+            self.waiting -= 1
+
+
+_BEATS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SchedulerBeats] = weakref.WeakKeyDictionary()
+
+
+def scheduler_beats(url: str) -> SchedulerBeats:
+    """The running event loop's :class:`SchedulerBeats` (the triggerer runs every trigger in one loop)."""
+    loop = asyncio.get_running_loop()
+    beats = _BEATS.get(loop)
+    if beats is None or beats.url != url:
+        beats = _BEATS[loop] = SchedulerBeats(url)
+    return beats
 
 
 def lease_payload(lease: Any) -> dict[str, Any]:
@@ -285,20 +349,35 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
         finally:
             self._watch_done = True
 
-    async def _settle(self, watcher: Optional[asyncio.Task[None]]) -> None:
+    def _exited(self) -> float:
+        assert self.deferral is not None
+        return exit_time(self.deferral, self._seen_alive, time.time(), self._exited_seen, self._first_look)
+
+    async def _settle(self, watcher: Optional[asyncio.Task[None]], observer: Optional[asyncio.Task[None]]) -> None:
         """Wait until firing cannot make Airflow's scheduler fail the resumed task (module docstring)."""
         exited: Optional[float] = None
         if self.deferral is not None and not in_deferring_process(self.deferral):
             if watcher is not None:
                 await watcher  # bounded by the deferral's linger
-            exited = exit_time(self.deferral, self._seen_alive, time.time(), self._exited_seen, self._first_look)
+            exited = self._exited()
         earliest = fire_not_before(self.deferral, self.not_before, exited)
         delay = earliest - time.time()
         if delay > 0:
             log.info("controltable: firing in %.1f s, once Airflow has seen the deferring process exit", delay)
             await asyncio.sleep(delay)
-        if self.deferral is not None and exited is not None:
-            await self._scheduler_catch_up(exited + float(self.deferral.get("wake") or 0.0))
+        if observer is not None:
+            started = time.time()
+            await observer  # bounded by SCHEDULER_CATCH_UP_LIMIT; done long ago for a late grant
+            if time.time() - started > 1.0:
+                log.info("controltable: waited %.1f s for the scheduler to read the deferral's exit",
+                         time.time() - started)
+
+    async def _observe_scheduler(self, watcher: Optional[asyncio.Task[None]]) -> None:
+        """From the deferring process's exit on, until the scheduler has surely read its exit report."""
+        assert self.deferral is not None
+        if watcher is not None:
+            await watcher
+        await self._scheduler_catch_up(self._exited() + float(self.deferral.get("wake") or 0.0))
 
     async def _scheduler_catch_up(self, report_due: float) -> None:
         """Wait (bounded) until the scheduler has surely read the exit report: a busy scheduler's loop
@@ -306,28 +385,19 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
         url = health_url()
         if url is None:
             return
-        heartbeats: list[float] = []
-        started = time.time()
-        while time.time() - started < SCHEDULER_CATCH_UP_LIMIT:
-            beat = await asyncio.to_thread(read_scheduler_heartbeat, url)
-            if beat is None:
-                return
-            if not heartbeats or beat != heartbeats[-1]:
-                heartbeats.append(beat)
-            if scheduler_caught_up(report_due, heartbeats):
-                waited = time.time() - started
-                if waited > 1.0:
-                    log.info("controltable: waited %.1f s for the scheduler to read the deferral's exit", waited)
-                return
-            await asyncio.sleep(SCHEDULER_HEARTBEAT_POLL)
-        log.warning("controltable: the scheduler did not heartbeat twice in %.0f s; firing anyway",
-                    SCHEDULER_CATCH_UP_LIMIT)
+        if await scheduler_beats(url).caught_up(report_due, SCHEDULER_CATCH_UP_LIMIT) is False:
+            log.warning("controltable: the scheduler did not heartbeat twice in %.0f s; firing anyway",
+                        SCHEDULER_CATCH_UP_LIMIT)
 
     async def _wait(self) -> AsyncIterator[dict[str, Any]]:
         """Yield the first non-None result of ``self._check()``; errors become error events."""
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
         watcher = asyncio.ensure_future(self._watch_exit()) if self.deferral is not None else None
+        # The scheduler's heartbeats are watched from the deferral's exit on, beside the wait: a grant
+        # that comes after the scheduler has read the exit report then fires without waiting.
+        observer = (asyncio.ensure_future(self._observe_scheduler(watcher))
+                    if self.deferral is not None and not in_deferring_process(self.deferral) else None)
         remove = await self._subscribe(loop, woken)
         try:
             while True:
@@ -340,12 +410,12 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
                     log.warning("controltable: database unavailable, will retry: %s", exc)
                     result = None
                 except Exception as exc:  # report every other failure (bad resource, connection) to the task
-                    await self._settle(watcher)
+                    await self._settle(watcher, observer)
                     yield {"status": "error", "message": f"{type(exc).__name__}: {exc}",
                            "retryable": is_retryable(exc)}
                     return
                 if result is not None:
-                    await self._settle(watcher)
+                    await self._settle(watcher, observer)
                     yield result
                     return
                 interval = await self._interval(remove is not None)
@@ -353,7 +423,7 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
                     left = self.deadline - time.time()
                     if left <= 0:
                         await asyncio.to_thread(self._on_timeout)
-                        await self._settle(watcher)
+                        await self._settle(watcher, observer)
                         yield {"status": "timeout", "message": "gave up waiting: the task's wait timeout passed"}
                         return
                     interval = min(interval, left)
@@ -363,8 +433,9 @@ class _ControlTableTrigger(UsesControlTable, BaseTrigger):
                 except asyncio.TimeoutError:
                     pass
         finally:
-            if watcher is not None and not watcher.done():
-                watcher.cancel()
+            for task in (observer, watcher):
+                if task is not None and not task.done():
+                    task.cancel()
             if remove is not None:
                 remove()
 
