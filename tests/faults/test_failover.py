@@ -30,9 +30,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from sqlalchemy import Column, Integer, MetaData, String, Table, insert
+from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select
+from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from controltable import ControlTable, checks
+from controltable.defaults import TOKEN_EPOCH_BITS
+from controltable.dialects import next_token, token_epoch
 
 from .replication import ReplicatedPostgres
 from .servers import postgres_bin
@@ -41,10 +44,25 @@ from .test_faults import _error_summary, _finish, _read, _report, _retry
 pytestmark = [pytest.mark.faults]
 
 HERE = Path(__file__).parent
-EVENTS = 6000
+EVENTS = 15_000
 CAPACITIES = {"cap1": 1, "cap3": 3}
 #: Kill to first grant on the promoted standby, beyond the promotion itself (seconds).
 RECOVERY_GOAL = 5.0
+
+
+def test_next_token_jumps_above_every_earlier_epoch() -> None:
+    """The arithmetic the proof rests on (docs/production-databases.md), and what each dialect reads."""
+    span = 2**TOKEN_EPOCH_BITS
+    assert [next_token(last, 1) for last in (0, 5, 10**9)] == [1, 6, 10**9 + 1]  # timeline 1: unchanged
+    assert next_token(11, 2) == span + 1 and next_token(span + 7, 2) == span + 8
+    # Every token timeline 2 can issue (fewer than 2**40) is below the first one of timeline 3 or later.
+    assert next_token(2 * span, 3) == 2 * span + 1 > span + (span - 1)
+    assert next_token(5, 9) == 8 * span + 1 < 2**53
+    assert next_token(3, 0) == 4, "no epoch (0 or 1) leaves the counter alone"
+    pg = str(select(token_epoch()).compile(dialect=postgresql.dialect()))
+    assert "pg_walfile_name(pg_current_wal_lsn())" in pg and "SUBSTR" in pg
+    for dialect in (mysql.dialect(), sqlite.dialect()):
+        assert str(select(token_epoch()).compile(dialect=dialect)).startswith("SELECT 1")
 
 
 @pytest.fixture(params=["async", "sync"])
@@ -100,9 +118,6 @@ def test_failover_keeps_tokens_increasing_and_completions_once(pair: ReplicatedP
     drain_logs = [tmp_path / f"drain-{i}.jsonl" for i in range(2)]
     procs = [_spawn("failover_workers.py", "slots", url, namespace, f"s{i}", str(100 + i), str(log), str(stop))
              for i, log in enumerate(slot_logs)]
-    procs += [_spawn("fault_workers.py", "drain", url, namespace, name, f"d{i}", str(log), str(stop),
-                     "--size", "5", "--lease", "3", *(["--chain"] if i else []))
-              for i, log in enumerate(drain_logs)]
 
     def grants() -> list[dict[str, Any]]:
         return [r for r in _read(slot_logs) if "g" in r]
@@ -112,7 +127,12 @@ def test_failover_keeps_tokens_increasing_and_completions_once(pair: ReplicatedP
 
     promote_s = 0.0
     try:
-        _wait_for("grants and completions on the primary", lambda: len(grants()) >= 30 and completed() >= 400, 60)
+        # The drain starts once the slot fleet runs, so that it is still busy when the primary dies.
+        _wait_for("grants on the primary", lambda: len(grants()) >= 30, 60)
+        procs += [_spawn("fault_workers.py", "drain", url, namespace, name, f"d{i}", str(log), str(stop),
+                         "--size", "5", "--lease", "3", *(["--chain"] if i else []))
+                  for i, log in enumerate(drain_logs)]
+        _wait_for("completions on the primary", lambda: completed() >= 300, 60)
         if not pair.synchronous:
             # The standby goes away; the primary grants and completes on alone: commits to lose.
             pair.standby.stop("fast")
@@ -121,6 +141,7 @@ def test_failover_keeps_tokens_increasing_and_completions_once(pair: ReplicatedP
                       lambda: len(grants()) >= before[0] + 20 and completed() >= before[1] + 200, 60,
                       lambda: (before, len(grants()), completed(), [p.poll() for p in procs]))
         killed_at = pair.kill_primary()
+        completed_at_kill = completed()
         t0 = time.time()
         if not pair.synchronous:
             pair.standby.start()
@@ -172,6 +193,7 @@ def test_failover_keeps_tokens_increasing_and_completions_once(pair: ReplicatedP
     )
     assert not foreign, f"exceptions that are not ControlTableErrors reached the workers: {foreign[:5]}"
     assert all(p.returncode == 0 for p in procs), f"a worker failed: {tails}"
+    assert completed_at_kill < EVENTS, "the drain was over before the primary died: it tested nothing"
     assert all(not tail.strip() for tail in tails), f"a worker printed to stderr: {tails}"
     assert order_problems == [], "a token after the promotion is not above every token before it"
     assert violations == [], violations[:10]
