@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -168,14 +170,16 @@ def test_unencodable_names_are_configuration_errors(ct: ControlTable, name: str)
         ControlTable("sqlite:///x.db", namespace=name)
 
 
-def test_unencodable_text_reaching_the_database_is_a_configuration_error(ct: ControlTable) -> None:
+def test_unencodable_text_in_a_fail_reason_is_escaped_not_refused(ct: ControlTable) -> None:
+    """A failure reason is the one text a caller cannot be asked to fix in the moment of failing:
+    it is stored escaped (one rule for items and batches, see test_fail_reasons_*)."""
     wl = ct.worklist("texts")
     wl.populate([{"a": 1}])
     item = wl.allocate("w1")
     assert item is not None
-    with pytest.raises(ConfigurationError):
-        item.fail("bad \ud800 reason")
-    item.complete()
+    item.fail("bad \ud800 reason")
+    [row] = wl.items_list(state="error")
+    assert row["last_error"] == "bad \\ud800 reason"
 
 
 @pytest.mark.parametrize("where", ["ct_state = 'x'; drop table x", 42, b"raw"])
@@ -253,3 +257,169 @@ def test_cli_nan_timeout_exits_2_at_once(tmp_path: Path) -> None:
     code, output = _cli("--url", url, "capacity", "set", "r", str(2**31))
     assert code == 2 and "capacity" in output
     assert time.monotonic() - start < 60  # each call returns at once (generous bound for a loaded machine)
+
+
+# -- issue 21 item 4: errors that were not controltable errors, or named the wrong fix ------------------
+def _event_table(backend_url: str, name: str) -> tuple[Any, Any]:
+    """A small event table of the test's own (unique name: the servers are shared), with 3 rows."""
+    from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, insert
+
+    engine = create_engine(backend_url)
+    md = MetaData()
+    table = Table(name, md, Column("id", Integer, primary_key=True), Column("region", String(10)))
+    md.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(insert(table), [{"id": i, "region": "eu"} for i in (1, 2, 3)])
+    return engine, md
+
+
+def test_status_of_one_name_given_as_a_string(ct: ControlTable) -> None:
+    """``status("x6")`` means the resource x6 (not the resources "x" and "6"); other non-lists are refused."""
+    ct.set_capacity("x6", 2)
+    ct.set_capacity("x", 1)
+    assert [s.name for s in ct.status("x6")] == ["x6"]
+    assert sorted(s.name for s in ct.status(("x6", "x"))) == ["x", "x6"]
+    assert [s.resource for s in ct.stats("x6")] == ["x6"]
+    for bad in (6, b"x6", {"x6": 1}, 1.5):
+        with pytest.raises(ConfigurationError, match=r"list of names .*e\.g\. \["):
+            ct.status(bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="resource name must be a string"):
+        ct.status(["x6", 7])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("junk", ["junk", "1 +", "no_such_column = 3"])
+def test_a_bad_where_filter_says_so_not_not_installed(ct: ControlTable, backend_url: str, junk: str) -> None:
+    from sqlalchemy import text
+
+    name = f"ev_junk_{uuid.uuid4().hex[:8]}"
+    engine, md = _event_table(backend_url, name)
+    try:
+        events = ct.events(name, key="id")
+        events.prepare()
+        for call in (lambda: events.claim(1, where=text(junk)),
+                     lambda: ct.events(name, key="id", where=text(junk)).claim(1)):
+            with pytest.raises(ConfigurationError, match="where= filter .* refused by the database") as info:
+                call()
+            assert not isinstance(info.value, NotInstalledError)
+            assert "controltable init" not in str(info.value) and "fix the filter" in str(info.value)
+        batch = events.claim(5, where=text("region = 'eu'"))  # a good text filter still works
+        assert batch is not None and len(batch.keys) == 3
+        batch.complete()
+    finally:
+        md.drop_all(engine)
+        engine.dispose()
+
+
+def test_durations_below_their_lower_bound_are_refused(ct: ControlTable, backend_url: str) -> None:
+    from controltable import defaults
+
+    ct.set_capacity("w", 1)
+    for kwargs, bound in (({"lease": 1e-9}, defaults.MIN_LEASE), ({"waiter_ttl": 0.01}, defaults.MIN_WAITER_TTL),
+                          ({"pickup": 0.001}, defaults.MIN_PICKUP),
+                          ({"poll_interval": 1e-9}, defaults.MIN_POLL_SECONDS)):
+        arg = next(iter(kwargs))
+        with pytest.raises(ConfigurationError, match=rf"{arg} must be at least {bound:g} seconds"):
+            ct.acquire("w", holder="h", timeout=0, **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="lease must be at least"):
+        ct.try_acquire("w", holder="h", lease=1e-9)
+    with pytest.raises(ConfigurationError, match="lease must be at least"):
+        ct.worklist("wl").allocate("w", lease=1e-9)
+    with pytest.raises(ConfigurationError, match="lease must be at least"):
+        ct.events("ev", key="id", lease=1e-9)
+    lease = ct.acquire("w", holder="h", lease=defaults.MIN_LEASE + 1, timeout=0)
+    with pytest.raises(ConfigurationError, match="lease must be at least"):
+        lease.renew(1e-9)
+    lease.release()
+    assert ct.status(["w"])[0].holders == []
+
+
+def test_fail_reasons_over_64_kb_are_cut_by_one_rule_and_the_item_is_failed(ct: ControlTable, backend_url: str) -> None:
+    """MariaDB's TEXT holds 64 KB: a longer reason used to fail fail() and leave the item allocated."""
+    from controltable import defaults
+    from controltable.validation import fail_reason
+
+    huge = "reason: " + "ü名🙂" * 30_000  # 90,000 characters, over 64 KB in any encoding
+    expected = fail_reason(huge)
+    assert len(expected) <= defaults.FAIL_REASON_LENGTH and "[cut: " in expected
+    wl = ct.worklist("long_reason")
+    wl.populate([{"n": 1}])
+    item = wl.allocate("w1")
+    assert item is not None
+    item.fail(huge)
+    [row] = wl.items_list(state="error")
+    assert row["last_error"] == expected
+    assert wl.items_list(state="active") == [] and wl.allocate("w2") is None
+    name = f"ev_reason_{uuid.uuid4().hex[:8]}"
+    engine, md = _event_table(backend_url, name)
+    try:
+        events = ct.events(name, key="id", max_attempts=1)
+        events.prepare()
+        batch = events.claim(1)
+        assert batch is not None
+        batch.fail(huge)
+        [error] = events.error_rows()
+        assert error["error"] == expected  # the same rule: same text stored
+    finally:
+        md.drop_all(engine)
+        engine.dispose()
+
+
+def test_a_nul_in_a_fail_reason_is_escaped_on_every_backend(ct: ControlTable, backend_url: str) -> None:
+    wl = ct.worklist("nul_reason")
+    wl.populate([{"n": 1}])
+    item = wl.allocate("w1")
+    assert item is not None
+    item.fail("bad\x00byte")
+    [row] = wl.items_list(state="error")
+    assert row["last_error"] == "bad\\x00byte"
+    name = f"ev_nul_{uuid.uuid4().hex[:8]}"
+    engine, md = _event_table(backend_url, name)
+    try:
+        events = ct.events(name, key="id", max_attempts=1)
+        events.prepare()
+        batch = events.claim(1)
+        assert batch is not None
+        assert batch.fail("nul\x00in batch") == 1
+        assert events.error_rows()[0]["error"] == "nul\\x00in batch"
+    finally:
+        md.drop_all(engine)
+        engine.dispose()
+
+
+# -- issue 21 item 5: the control tables are never event tables --------------------------------------------
+def test_the_control_tables_are_refused_as_event_tables(backend_url: str, namespace: str) -> None:
+    from sqlalchemy import create_engine, inspect
+
+    prefix = f"z{uuid.uuid4().hex[:6]}_"
+    ct = ControlTable(backend_url, namespace=namespace, prefix=prefix)
+    ct.install()
+    other = ControlTable(backend_url, namespace=namespace)  # the default prefix, as a user would try
+    other.install()
+    engine = create_engine(backend_url)
+    try:
+        before = {c["name"] for c in inspect(engine).get_columns(f"{prefix}request")}
+        for table in ct.tables.tables:
+            for owner in (ct, other):
+                with pytest.raises(ConfigurationError, match="one of controltable's own control tables") as info:
+                    owner.events(table.name, key="id").prepare()
+                assert "prepare" not in str(info.value).split("control tables")[1]
+                with pytest.raises(ConfigurationError, match="not an event table"):
+                    owner.events(table.name, key="id").claim(1)
+        with pytest.raises(ConfigurationError, match="not an event table"):
+            other.events("ct_request", key="id").prepare_statements()
+        assert {c["name"] for c in inspect(engine).get_columns(f"{prefix}request")} == before  # nothing added
+        # A user's table merely named like one is an event table as any other.
+        name = f"orders_{uuid.uuid4().hex[:6]}_request"
+        user_engine, md = _event_table(backend_url, name)
+        try:
+            events = ct.events(name, key="id")
+            events.prepare()
+            assert events.claim(1) is not None
+        finally:
+            md.drop_all(user_engine)
+            user_engine.dispose()
+    finally:
+        ct.tables.metadata.drop_all(engine)
+        engine.dispose()
+        ct.close()
+        other.close()

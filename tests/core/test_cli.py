@@ -186,3 +186,33 @@ def test_policies_from_the_command_line(backend_url: str, namespace: str) -> Non
     assert stats["resource"] == "api" and stats["grants"] == 2 and stats["capacity"] == 1
     missing = run(backend_url, namespace, "stats", "nope")
     assert missing.returncode == 2
+
+
+def test_populate_from_a_file_that_cannot_be_read_or_decoded(backend_url: str, namespace: str, tmp_path: Path) -> None:
+    """Bad input files are usage errors (exit 2) that say what is wrong, never "a bug in controltable"."""
+    assert run(backend_url, namespace, "init").returncode == 0
+    missing = run(backend_url, namespace, "worklist", "populate", "wl", "--file", "/nonexistent.json")
+    assert missing.returncode == 2, missing.stderr
+    assert "cannot read /nonexistent.json" in missing.stderr and "No such file" in missing.stderr
+    assert "a bug in controltable" not in missing.stderr
+    directory = run(backend_url, namespace, "worklist", "populate", "wl", "--file", str(tmp_path))
+    assert directory.returncode == 2 and "cannot read" in directory.stderr
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes('[{"city": "Zürich"}]'.encode("latin-1"))
+    bad = run(backend_url, namespace, "worklist", "populate", "wl", "--file", str(latin1))
+    assert bad.returncode == 2, bad.stderr
+    assert "is not UTF-8 text" in bad.stderr and "offset 12" in bad.stderr and "save it as UTF-8" in bad.stderr
+    assert "a bug in controltable" not in bad.stderr
+    piped = subprocess.run([*CLI, "worklist", "populate", "wl"], input=b'{"n": "\xff"}\n', capture_output=True,
+                           env=dict(os.environ, CONTROLTABLE_URL=backend_url, CONTROLTABLE_NAMESPACE=namespace),
+                           timeout=120)
+    assert piped.returncode == 2 and b"- is not UTF-8 text" in piped.stderr
+    nothing = json.loads(run(backend_url, namespace, "worklist", "status", "wl", "--json").stdout)
+    assert nothing["orders"] == []  # nothing was added
+    # A UTF-8 file (with a byte order mark, as some editors write) is read as given.
+    good = tmp_path / "good.json"
+    good.write_bytes('\ufeff[{"city": "Zürich 🙂"}]'.encode())
+    ok = run(backend_url, namespace, "worklist", "populate", "wl", "--file", str(good))
+    assert ok.returncode == 0 and "added 1 items" in ok.stdout
+    assert ControlTable(backend_url, namespace=namespace).worklist("wl").items_list()[0]["payload"] == {
+        "city": "Zürich 🙂"}

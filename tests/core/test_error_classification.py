@@ -20,6 +20,7 @@ import pytest
 import sqlalchemy.exc as sa_exc
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+from support import pgbouncer
 
 from controltable import (
     AuthenticationError,
@@ -32,13 +33,15 @@ from controltable import (
     DatabaseUnavailableError,
     NotInstalledError,
     PermissionDeniedError,
+    PoolerError,
     StatementTimeoutError,
+    TooManyConnectionsError,
     UnexpectedDatabaseError,
 )
 from controltable import connect as ct_connect
 from controltable.db import Database
 from controltable.errorcodes import Kind, classify, is_unique_violation
-from controltable.errors import redact, safe_url
+from controltable.errors import is_retryable, redact, safe_url
 
 
 # -- fake driver exceptions that carry real codes where each driver keeps them ---------------------
@@ -87,7 +90,8 @@ def wrapped(orig: Exception, invalidated: bool = False) -> sa_exc.DBAPIError:
 PG_CASES = [
     ("40001", Kind.TRANSIENT), ("40P01", Kind.TRANSIENT), ("55P03", Kind.TRANSIENT),
     ("57P01", Kind.UNAVAILABLE), ("57P02", Kind.UNAVAILABLE), ("57P03", Kind.UNAVAILABLE),
-    ("53300", Kind.UNAVAILABLE), ("08006", Kind.UNAVAILABLE), ("08001", Kind.UNAVAILABLE),
+    ("53300", Kind.TOO_MANY_CONNECTIONS), ("08006", Kind.UNAVAILABLE), ("08001", Kind.UNAVAILABLE),
+    ("08P01", Kind.UNAVAILABLE), ("42P05", Kind.POOLER), ("26000", Kind.POOLER),
     ("28P01", Kind.AUTHENTICATION), ("28000", Kind.AUTHENTICATION), ("3D000", Kind.MISSING_DATABASE),
     ("42501", Kind.PERMISSION), ("42P01", Kind.NOT_INSTALLED), ("42703", Kind.NOT_INSTALLED),
     ("57014", Kind.TIMEOUT), ("23505", Kind.CONFLICT), ("22003", Kind.BAD_VALUE), ("42601", Kind.OTHER),
@@ -110,6 +114,12 @@ def test_postgresql_sqlstates(state: str, kind: Kind) -> None:
      Kind.MISSING_DATABASE),
     ('connection failed: connection to server at "h", port 5432 failed: FATAL:  the database system is starting up',
      Kind.UNAVAILABLE),
+    ('connection failed: connection to server at "h", port 5432 failed: FATAL:  too many connections for role "x"',
+     Kind.TOO_MANY_CONNECTIONS),
+    ('connection failed: connection to server at "h", port 5432 failed: FATAL:  sorry, too many clients already',
+     Kind.TOO_MANY_CONNECTIONS),
+    ('connection failed: connection to server at "h", port 6432 failed: FATAL:  unsupported startup parameter: '
+     "options", Kind.POOLER),
     ("connection failed: connection to server at \"h\", port 1 failed: Connection refused", Kind.UNAVAILABLE),
     ("consuming input failed: server closed the connection unexpectedly", Kind.UNAVAILABLE),
 ])
@@ -129,7 +139,9 @@ def test_a_missing_table_message_without_sqlstate_is_not_a_missing_table() -> No
 MYSQL_CASES = [
     (1205, Kind.TRANSIENT), (1213, Kind.TRANSIENT),
     (2002, Kind.UNAVAILABLE), (2003, Kind.UNAVAILABLE), (2006, Kind.UNAVAILABLE), (2013, Kind.UNAVAILABLE),
-    (2055, Kind.UNAVAILABLE), (1040, Kind.UNAVAILABLE), (1927, Kind.UNAVAILABLE), (1053, Kind.UNAVAILABLE),
+    (2055, Kind.UNAVAILABLE), (1927, Kind.UNAVAILABLE), (1053, Kind.UNAVAILABLE),
+    (1040, Kind.TOO_MANY_CONNECTIONS), (1203, Kind.TOO_MANY_CONNECTIONS), (1226, Kind.TOO_MANY_CONNECTIONS),
+    (1180, Kind.TRANSIENT), (1047, Kind.UNAVAILABLE), (1267, Kind.BAD_VALUE), (1271, Kind.BAD_VALUE),
     (1045, Kind.AUTHENTICATION), (1698, Kind.AUTHENTICATION), (1049, Kind.MISSING_DATABASE),
     (1044, Kind.PERMISSION), (1142, Kind.PERMISSION), (1143, Kind.PERMISSION),
     (1146, Kind.NOT_INSTALLED), (1054, Kind.NOT_INSTALLED), (1969, Kind.TIMEOUT), (3024, Kind.TIMEOUT),
@@ -162,6 +174,7 @@ def test_sql_server_codes(state: str, number: int, kind: Kind) -> None:
 ORACLE_CASES = [
     ("ORA-00060", Kind.TRANSIENT), ("ORA-08177", Kind.TRANSIENT), ("ORA-03113", Kind.UNAVAILABLE),
     ("ORA-03114", Kind.UNAVAILABLE), ("ORA-12541", Kind.UNAVAILABLE), ("DPY-4011", Kind.UNAVAILABLE),
+    ("ORA-00018", Kind.TOO_MANY_CONNECTIONS), ("ORA-00020", Kind.TOO_MANY_CONNECTIONS),
     ("ORA-01017", Kind.AUTHENTICATION), ("ORA-12514", Kind.MISSING_DATABASE), ("ORA-01031", Kind.PERMISSION),
     ("ORA-00942", Kind.NOT_INSTALLED), ("ORA-00904", Kind.NOT_INSTALLED), ("DPY-4024", Kind.TIMEOUT),
     ("ORA-00001", Kind.CONFLICT), ("ORA-12899", Kind.BAD_VALUE), ("ORA-00923", Kind.OTHER),
@@ -212,6 +225,9 @@ def db(tmp_path: Path) -> Iterator[Database]:
     (psycopg_error("42501"), PermissionDeniedError, "grant"),
     (psycopg_error("42P01"), NotInstalledError, "controltable init"),
     (psycopg_error("57P03"), DatabaseUnavailableError, "server is running"),
+    (psycopg_error("53300"), TooManyConnectionsError, "connection limit"),
+    (psycopg_error("42P05"), PoolerError, "connection pooler in transaction mode"),
+    (psycopg_error("26000"), PoolerError, "listen_url"),
     (psycopg_error("57014"), StatementTimeoutError, "statement_timeout"),
     (psycopg_error("40P01"), DatabaseBusyError, "retry later"),
     (psycopg_error("23505"), ConflictError, "retry"),
@@ -537,3 +553,205 @@ def test_acquire_timeout_bounds_the_wait_on_a_silent_server(silent_port: int, dr
         ct.acquire("r", timeout=2)
     assert time.monotonic() - start < 20  # the timeout plus a grace (libpq rounds up), not 60 s
     ct.close()
+
+
+# -- connection limits, connection poolers, Galera (issues 21, 22, 23) -------------------------------
+def test_a_protocol_violation_names_the_pooler_only_while_connecting() -> None:
+    # 08P01 is what PgBouncer sends when it refuses a startup parameter; drivers that keep the code
+    # at connect (asyncpg) show it then. Later on a live connection it is any protocol violation.
+    exc = psycopg_error("08P01", "unsupported startup parameter: options")
+    assert classify(exc, "postgresql", connecting=True) is Kind.POOLER
+    assert classify(exc, "postgresql") is Kind.UNAVAILABLE
+
+
+def _translated(db: Database, orig: Exception, dialect: str = "postgresql", **kw: Any) -> ControlTableError:
+    db.engine.dialect.name = dialect  # translate as if on that backend (instance attribute only)
+    try:
+        return db.translate(wrapped(orig), **kw)
+    finally:
+        del db.engine.dialect.name
+
+
+@pytest.mark.parametrize("orig", [
+    psycopg_error("53300", 'FATAL: too many connections for role "x"'),
+    psycopg_error(None, 'connection failed: connection to server at "h", port 5432 failed: FATAL:  sorry, too many '
+                        "clients already"),
+])
+def test_a_server_at_its_connection_limit_is_not_reported_as_down(db: Database, orig: Exception) -> None:
+    out = _translated(db, orig, retried=5)
+    assert type(out) is TooManyConnectionsError and isinstance(out, DatabaseUnavailableError)
+    text = str(out)
+    assert "connection limit" in text and "max_connections" in text and "CONNECTION LIMIT" in text
+    assert "retried 5 times" in text
+    assert "check that the server is running" not in text
+    assert is_retryable(out)  # connections come and go: a later attempt may get one
+
+
+def test_mysql_connection_limits_name_the_settings(db: Database) -> None:
+    pymysql = pytest.importorskip("pymysql")
+    for code in (1040, 1203, 1226):
+        out = _translated(db, pymysql.err.OperationalError(code, "Too many connections"), "mysql")
+        assert type(out) is TooManyConnectionsError
+        assert "max_user_connections" in str(out) and "check that the server is running" not in str(out)
+
+
+@pytest.mark.parametrize("orig", [
+    psycopg_error(None, 'connection failed: connection to server at "h", port 6432 failed: FATAL:  unsupported '
+                        "startup parameter: options"),
+    psycopg_error("42P05", 'prepared statement "_pg3_0" already exists', name="DuplicatePreparedStatement"),
+    psycopg_error("26000", 'prepared statement "_pg3_3" does not exist', name="InvalidSqlStatementName"),
+])
+def test_pooler_errors_say_pooler_and_what_to_do(db: Database, orig: Exception) -> None:
+    out = _translated(db, orig)
+    assert type(out) is PoolerError and isinstance(out, ConfigurationError)
+    text = str(out)
+    assert "this looks like a connection pooler in transaction mode" in text
+    assert "plain URL" in text and "listen_url" in text and "session mode" in text
+    assert "check that the server is running" not in text and "report it" not in text
+    assert not is_retryable(out)  # every connection meets the same pooler: a setting fixes it
+
+
+def test_pooler_errors_are_not_retried(db: Database) -> None:
+    flaky = _Flaky(psycopg_error("42P05", "prepared statement exists", name="DuplicatePreparedStatement"), 10)
+    with pytest.raises(PoolerError):
+        db.run(flaky)
+    assert flaky.calls == 1
+
+
+def test_too_many_connections_is_retried(db: Database) -> None:
+    flaky = _Flaky(psycopg_error("53300", "too many connections"), 2)
+    assert db.run(flaky) == "ok" and flaky.calls == 3
+
+
+class _FailingCommit:
+    """A COMMIT the server refused the first ``n`` times: the engine's commit event rolls the
+    transaction back (as a Galera node does with a write set that failed certification) and
+    raises ``make()``."""
+
+    def __init__(self, make: Any, n: int) -> None:
+        self.make, self.n, self.calls = make, n, 0
+
+    def __call__(self, conn: Any) -> None:
+        self.calls += 1
+        if self.calls <= self.n:
+            conn.exec_driver_sql("ROLLBACK")
+            raise self.make()
+
+
+@pytest.mark.parametrize(("code", "retried"), [
+    (1213, True),   # Galera certification failure at COMMIT: the write set was applied nowhere
+    (1180, True),   # ER_ERROR_DURING_COMMIT (Galera): rolled back
+    (1205, True),   # a brute-force abort seen as a lock wait timeout: rolled back
+    (2013, False),  # the connection lost during COMMIT: it may have happened, not retried unless idempotent
+])
+def test_galera_commit_failures_are_retried_where_nothing_was_applied(db: Database, code: int, retried: bool) -> None:
+    pymysql = pytest.importorskip("pymysql")
+    from sqlalchemy import event
+
+    failing = _FailingCommit(lambda: pymysql.err.OperationalError(code, "Deadlock: wsrep aborted transaction"), 1)
+    event.listen(db.engine, "commit", failing)
+    runs = []
+
+    def work(conn: Any) -> str:
+        runs.append(1)
+        conn.execute(text("SELECT 1"))
+        return "ok"
+
+    try:
+        if retried:
+            assert db.run(work, idempotent=False) == "ok"
+            assert len(runs) == 2
+        else:
+            with pytest.raises(DatabaseUnavailableError):
+                db.run(work, idempotent=False)
+            assert len(runs) == 1
+    finally:
+        event.remove(db.engine, "commit", failing)
+
+
+def test_a_galera_node_not_yet_synced_is_retried_then_reported_as_unavailable(db: Database) -> None:
+    pymysql = pytest.importorskip("pymysql")
+    flaky = _Flaky(pymysql.err.OperationalError(1047, "WSREP has not yet prepared node for application use"), 2)
+    assert db.run(flaky) == "ok" and flaky.calls == 3
+    db.retries = 1
+    stuck = _Flaky(pymysql.err.OperationalError(1047, "WSREP has not yet prepared node for application use"), 10)
+    with pytest.raises(DatabaseUnavailableError) as info:
+        db.run(stuck)
+    assert stuck.calls == 2 and "retried 1 times" in str(info.value)
+    assert not isinstance(info.value, (DatabaseBusyError, UnexpectedDatabaseError))
+
+
+def test_a_role_at_its_connection_limit_live() -> None:
+    """PostgreSQL 53300 for real: a role with CONNECTION LIMIT 0 (a throwaway role, dropped after)."""
+    base = make_url(_server("postgres"))
+    role = f"ct_lim_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 0")
+    try:
+        ct = ControlTable(base.set(username=role, password=None))
+        ct.db.retries = 2
+        with pytest.raises(TooManyConnectionsError) as info:
+            ct.status()
+        text = str(info.value)
+        assert "connection limit" in text and "CONNECTION LIMIT" in text and "retried 2 times" in text
+        assert "check that the server is running" not in text
+        with pytest.raises(TooManyConnectionsError):
+            ct.ping()
+        ct.close()
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP ROLE IF EXISTS {role}")
+        admin.dispose()
+
+
+# -- behind a real PgBouncer in transaction mode (Debian's package, started by the test) ----------------
+@pytest.fixture(scope="module")
+def transaction_pooler() -> Iterator[str]:
+    """The URL of a throwaway PgBouncer in transaction mode in front of the test PostgreSQL."""
+    reason = pgbouncer.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    upstream = pgbouncer.upstream_url()
+    assert upstream is not None
+    with pgbouncer.PgBouncer("transaction", upstream) as bouncer:
+        yield bouncer.url
+
+
+def test_a_startup_parameter_refused_by_pgbouncer_is_a_pooler_error(transaction_pooler: str) -> None:
+    url = transaction_pooler + "?options=-c%20statement_timeout%3D5000"
+    ct = ControlTable(url, connect_timeout=5)
+    try:
+        for call in (ct.ping, ct.install, ct.status):
+            start = time.monotonic()
+            with pytest.raises(PoolerError) as info:
+                call()
+            assert time.monotonic() - start < 5, "not retried: the next connection meets the same pooler"
+            text = str(info.value)
+            assert "unsupported startup parameter" in text
+            assert "this looks like a connection pooler in transaction mode" in text and "listen_url" in text
+            assert "check that the server is running" not in text
+    finally:
+        ct.close()
+
+
+def test_a_prepared_statement_clash_behind_pgbouncer_is_a_pooler_error(transaction_pooler: str) -> None:
+    """psycopg preparing statements on the server (an engine of the caller's with prepare_threshold=0)
+    through a transaction-mode pooler: the next transaction runs on another server connection."""
+    url = transaction_pooler
+    engines = [create_engine(url, connect_args={"prepare_threshold": 0}) for _ in range(2)]
+    cts = [ControlTable(e, namespace=f"pool_{uuid.uuid4().hex[:8]}") for e in engines]
+    try:
+        with pytest.raises(PoolerError) as info:
+            cts[0].install()
+            for _ in range(50):
+                for ct in cts:
+                    ct.status()
+        text = str(info.value)
+        assert "prepared statement" in text and "connection pooler in transaction mode" in text
+        assert "report it" not in text
+    finally:
+        for ct in cts:
+            ct.close()
+        for engine in engines:
+            engine.dispose()

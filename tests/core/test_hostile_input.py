@@ -396,3 +396,112 @@ def _encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+# -- a MariaDB / MySQL database whose default character set is latin1 (issue 21 item 4) -----------------
+UNICODE_NAMES = ["ü名前🙂", "Warehouse", "warehouse", "naïve", "e\u0301", "é"]
+
+
+@pytest.fixture
+def latin1_url() -> Iterator[str]:
+    """A throwaway database created with latin1 as its default on the shared MariaDB, dropped after."""
+    server = os.environ.get("CONTROLTABLE_TEST_MYSQL_URL")
+    if not server:
+        pytest.skip("CONTROLTABLE_TEST_MYSQL_URL not set")
+    name = f"ct_latin1_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET latin1 COLLATE latin1_swedish_ci")
+    try:
+        yield make_url(server).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
+        admin.dispose()
+
+
+def _collations(ct: ControlTable) -> set[str]:
+    """The collations of the control tables and of their text columns, from information_schema."""
+    from sqlalchemy import bindparam, text
+
+    names = [t.name for t in ct.tables.tables]
+    in_names = bindparam("names", expanding=True)
+    with ct.db.engine.connect() as conn:
+        tables = conn.execute(text("SELECT table_collation FROM information_schema.tables WHERE table_schema = "
+                                   "database() AND table_name IN :names").bindparams(in_names),
+                              {"names": names}).scalars().all()
+        columns = conn.execute(text("SELECT collation_name FROM information_schema.columns WHERE table_schema = "
+                                    "database() AND collation_name IS NOT NULL AND table_name IN :names")
+                               .bindparams(in_names), {"names": names}).scalars().all()
+    assert len(tables) == len(names)
+    return set(tables) | set(columns)
+
+
+def _use_unicode_names(ct: ControlTable) -> None:
+    for n, name in enumerate(UNICODE_NAMES):
+        ct.set_capacity(name, n + 1)
+    # Exact comparison: 'Warehouse' and 'warehouse', 'é' and 'e' + combining accent are different names.
+    assert sorted(s.name for s in ct.status()) == sorted(UNICODE_NAMES)
+    assert [s.capacity for s in ct.status("warehouse")] == [3]
+    with ct.acquire("ü名前🙂", holder="h名🙂", timeout=5) as lease:
+        assert lease.holder == "h名🙂"
+        assert [h.holder for h in ct.status(["ü名前🙂"])[0].holders] == ["h名🙂"]
+    wl = ct.worklist("リスト🙂")
+    wl.populate([{"name": "ü名前🙂"}])
+    item = wl.allocate("w🙂")
+    assert item is not None and item.payload == {"name": "ü名前🙂"}
+    item.fail("échec 🙂")
+    assert wl.items_list(state="error")[0]["last_error"] == "échec 🙂"
+
+
+def test_a_latin1_database_gets_utf8mb4_binary_control_tables(latin1_url: str) -> None:
+    ct = ControlTable(latin1_url, namespace="latin1")
+    try:
+        ct.install()
+        assert _collations(ct) == {"utf8mb4_bin"}
+        _use_unicode_names(ct)
+    finally:
+        ct.close()
+
+
+def test_an_existing_latin1_installation_is_converted_by_install(latin1_url: str) -> None:
+    """What a release before schema version 4 left in a latin1 database: the upgrade converts each
+    table once (one DDL step per table), a rerun converts nothing, and the names then work."""
+    from sqlalchemy import delete, event, update
+
+    from controltable.migrations import upgrade_v3_to_v4
+
+    ct = ControlTable(latin1_url, namespace="latin1_old")
+    try:
+        ct.install()
+        with ct.db.engine.begin() as conn:  # turn the tables into a v3 installation of a latin1 database
+            for table in ct.tables.tables:
+                conn.exec_driver_sql(f"ALTER TABLE `{table.name}` CONVERT TO CHARACTER SET latin1 COLLATE "
+                                     "latin1_swedish_ci")
+            conn.execute(update(ct.tables.meta).values(value="3"))
+        ct.set_capacity("plain", 1)  # existing rows survive the conversion
+        with pytest.raises(ControlTableError) as info:  # the v3 failure: a controltable error naming the fix
+            ct.set_capacity("ü名前🙂", 1)
+        assert "controltable init" in str(info.value)
+        assert _collations(ct) == {"latin1_swedish_ci"}
+        altered: list[str] = []
+
+        def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if statement.startswith("ALTER TABLE"):
+                altered.append(statement)
+
+        event.listen(ct.db.engine, "before_cursor_execute", seen)
+        assert ct.install() == SCHEMA_VERSION and ct.installed_version() == SCHEMA_VERSION
+        assert len(altered) == len(ct.tables.tables)  # one step per table
+        assert all("CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_bin" in s for s in altered)
+        assert _collations(ct) == {"utf8mb4_bin"}
+        altered.clear()
+        upgrade_v3_to_v4(ct.db, ct.tables)  # idempotent: nothing left to convert
+        assert ct.install() == SCHEMA_VERSION
+        assert altered == []
+        assert [s.capacity for s in ct.status("plain")] == [1]
+        with ct.db.engine.begin() as conn:
+            conn.execute(delete(ct.tables.resource))
+        _use_unicode_names(ct)
+    finally:
+        ct.close()

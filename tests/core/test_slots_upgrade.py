@@ -52,9 +52,9 @@ def test_install_upgrades_v1_tables_in_place(backend_url: str, namespace: str, v
     ct = ControlTable(backend_url, namespace=namespace, prefix=v1_prefix)
     try:
         assert ct.installed_version() == 1
-        assert ct.install() == SCHEMA_VERSION == 3
-        assert ct.installed_version() == 3
-        assert ct.install() == 3  # idempotent
+        assert ct.install() == SCHEMA_VERSION
+        assert ct.installed_version() == SCHEMA_VERSION
+        assert ct.install() == SCHEMA_VERSION  # idempotent
         cols = {c["name"] for c in inspect(ct.engine).get_columns(f"{v1_prefix}request")}
         assert {"ticket", "attempt", "pickup_seconds"} <= cols
         indexes = {i["name"] for i in inspect(ct.engine).get_indexes(f"{v1_prefix}request")}
@@ -117,9 +117,9 @@ def install_concurrently(backend_url: str, namespace: str, prefix: str, installs
 
 def test_concurrent_installs_of_a_v1_installation(backend_url: str, namespace: str, v1_prefix: str) -> None:
     make_v1_installation(backend_url, v1_prefix, namespace)
-    assert install_concurrently(backend_url, namespace, v1_prefix) == [3, 3, 3]
+    assert install_concurrently(backend_url, namespace, v1_prefix) == [SCHEMA_VERSION] * 3
     ct = ControlTable(backend_url, namespace=namespace, prefix=v1_prefix)
-    assert ct.installed_version() == 3
+    assert ct.installed_version() == SCHEMA_VERSION
     ct.close()
 
 
@@ -158,8 +158,8 @@ def test_install_upgrades_v2_tables_in_place(backend_url: str, namespace: str, v
     ct = ControlTable(backend_url, namespace=namespace, prefix=v2_prefix)
     try:
         assert ct.installed_version() == 2
-        assert ct.install() == SCHEMA_VERSION == 3
-        assert ct.install() == 3  # idempotent
+        assert ct.install() == SCHEMA_VERSION
+        assert ct.install() == SCHEMA_VERSION  # idempotent
         cols = {c["name"] for c in inspect(ct.engine).get_columns(f"{v2_prefix}request")}
         assert {"priority", "queue_key"} <= cols
         rcols = {c["name"] for c in inspect(ct.engine).get_columns(f"{v2_prefix}resource")}
@@ -199,9 +199,9 @@ def test_install_upgrades_v2_tables_in_place(backend_url: str, namespace: str, v
 
 def test_concurrent_installs_of_a_v2_installation(backend_url: str, namespace: str, v2_prefix: str) -> None:
     make_v2_installation(backend_url, v2_prefix, namespace)
-    assert install_concurrently(backend_url, namespace, v2_prefix) == [3, 3, 3]
+    assert install_concurrently(backend_url, namespace, v2_prefix) == [SCHEMA_VERSION] * 3
     ct = ControlTable(backend_url, namespace=namespace, prefix=v2_prefix)
-    assert ct.installed_version() == 3
+    assert ct.installed_version() == SCHEMA_VERSION
     assert [e.holder for e in ct.status(["w"])[0].waiters] == ["old-waiter-1", "old-waiter-2"]
     ct.close()
 

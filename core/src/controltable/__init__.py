@@ -1,6 +1,7 @@
 """controltable: resource slots and event batch claiming in a control table inside your own database."""
 
 from .control import ControlTable
+from .doctor import Finding
 from .errors import (
     AcquireTimeout,
     AuthenticationError,
@@ -14,11 +15,12 @@ from .errors import (
     LeaseLostInterrupt,
     NotInstalledError,
     PermissionDeniedError,
+    PoolerError,
     StatementTimeoutError,
+    TooManyConnectionsError,
     UnexpectedDatabaseError,
     UnknownResourceError,
 )
-from .doctor import Finding
 from .events import Batch, EventStats, EventTable, TableBusyError
 from .slots import Entry, GrantRecord, Lease, Rate, ResourceStats, ResourceStatus, WaitInfo
 from .wakeups import PushStatus
@@ -33,7 +35,9 @@ __all__ = [
     "DatabaseBusyError",
     "DatabaseMissingError",
     "PermissionDeniedError",
+    "PoolerError",
     "StatementTimeoutError",
+    "TooManyConnectionsError",
     "UnexpectedDatabaseError",
     "Batch",
     "EventStats",

@@ -43,6 +43,7 @@ from .errors import (
     LeaseLost,
     NotInstalledError,
     PermissionDeniedError,
+    PoolerError,
     UnknownResourceError,
     redact,
 )
@@ -91,7 +92,8 @@ def fail(message: str, code: int) -> NoReturn:
 def _exit_code(exc: BaseException) -> int:
     if isinstance(exc, AcquireTimeout):
         return EXIT_TIMEOUT
-    if isinstance(exc, (DatabaseUnavailableError, NotInstalledError, PermissionDeniedError)):
+    # A pooler in the way is a ConfigurationError of the database setup, not of the command line.
+    if isinstance(exc, (DatabaseUnavailableError, NotInstalledError, PermissionDeniedError, PoolerError)):
         return EXIT_DATABASE
     if isinstance(exc, LeaseLost):
         return EXIT_LOST

@@ -46,6 +46,7 @@ from .slots import (
 from .validation import (
     check_identifier,
     check_name,
+    check_names,
     check_namespace,
     check_positive_int,
     check_priority,
@@ -343,9 +344,11 @@ class ControlTable:
         """Where ``holder`` stands on ``resource`` (state, position, who is ahead), or None."""
         return self._slots.wait_info(check_name("resource", resource), check_name("holder", holder))
 
-    def status(self, resources: Optional[list[str]] = None) -> list[ResourceStatus]:
-        """Resources with capacity, holders and waiters (who, since when, lease expiry)."""
-        return self._slots.status(resources)
+    def status(self, resources: Union[list[str], str, None] = None) -> list[ResourceStatus]:
+        """Resources with capacity, holders and waiters (who, since when, lease expiry).
+
+        ``resources``: a list of names (or one name as a string); ``None`` for all."""
+        return self._slots.status(check_names("resource", resources) if resources is not None else None)
 
     def reap(self) -> int:
         """Remove expired holders and waiters of this namespace; returns how many."""
@@ -359,10 +362,10 @@ class ControlTable:
         assert window is not None
         return self._slots.history(name, window, check_positive_int("limit", limit))
 
-    def stats(self, resources: Optional[list[str]] = None, *, window: float = 3600.0) -> list[ResourceStats]:
+    def stats(self, resources: Union[list[str], str, None] = None, *, window: float = 3600.0) -> list[ResourceStats]:
         """Per resource: grants, wait p50/p95/max, utilisation, grants per hour and expired
         leases over the last ``window`` seconds (from the grant history)."""
-        names = [check_name("resource", n) for n in resources] if resources else None
+        names = check_names("resource", resources) if resources else None
         seconds = check_seconds("window", window)
         assert seconds is not None
         return self._slots.stats(names, seconds)

@@ -36,8 +36,11 @@ from .errors import (
     DatabaseUnavailableError,
     NotInstalledError,
     PermissionDeniedError,
+    PoolerError,
     StatementTimeoutError,
+    TooManyConnectionsError,
     UnexpectedDatabaseError,
+    pooler_message,
     redact,
     safe_url,
 )
@@ -290,9 +293,12 @@ class Database:
                     raise self.bad_settings(exc) from exc
                 if not self.is_database_error(exc):
                     raise
-                kind = errorcodes.classify(exc, self.engine.dialect.name)
-                lost = bool(getattr(exc, "connection_invalidated", False)) or kind is Kind.UNAVAILABLE
+                kind = errorcodes.classify(exc, self.engine.dialect.name, connecting=not connected)
+                lost = bool(getattr(exc, "connection_invalidated", False)) or kind in (
+                    Kind.UNAVAILABLE, Kind.TOO_MANY_CONNECTIONS)
                 retry = kind is Kind.TRANSIENT or (lost and (idempotent or not committing))
+                if kind is Kind.POOLER:
+                    retry = False  # the next connection meets the same pooler: only a setting fixes it
                 now = time.monotonic()
                 if lost and not connected and now - started >= min(
                     self.connect_timeout, (deadline - started) if deadline is not None else math.inf
@@ -301,7 +307,7 @@ class Database:
                 if deadline is not None and now + delay * 0.5 >= deadline:
                     retry = False
                 if not retry or attempt >= self.retries:
-                    raise self.translate(exc, retried=attempt) from exc
+                    raise self.translate(exc, retried=attempt, connecting=not connected) from exc
                 log.warning("controltable: retrying after %s (attempt %d)", self.short(exc), attempt + 1)
                 pause = delay * (0.5 + random.random())
                 if deadline is not None:
@@ -324,12 +330,15 @@ class Database:
         return self.redact(text[0] if text else type(orig).__name__)
 
     def translate(
-        self, exc: BaseException, *, retried: int = 0, default: Kind = Kind.OTHER
+        self, exc: BaseException, *, retried: int = 0, default: Kind = Kind.OTHER, connecting: bool = False
     ) -> ControlTableError:
-        """Turn a driver error into the controltable error that names the problem and the fix."""
+        """Turn a driver error into the controltable error that names the problem and the fix.
+
+        ``connecting``: the error came while a connection was being opened (see
+        :func:`errorcodes.classify`)."""
         if isinstance(exc, ControlTableError):
             return exc
-        kind = errorcodes.classify(exc, self.engine.dialect.name)
+        kind = errorcodes.classify(exc, self.engine.dialect.name, connecting=connecting)
         if kind is Kind.OTHER and getattr(exc, "connection_invalidated", False):
             kind = Kind.UNAVAILABLE
         if kind is Kind.OTHER:
@@ -344,6 +353,17 @@ class Database:
                 f"reachable from here (waited up to {self.connect_timeout:g} s to connect"
                 f"{f', retried {retried} times' if retried else ''})"
             )
+        if kind is Kind.TOO_MANY_CONNECTIONS:
+            return TooManyConnectionsError(
+                f"the database at {url} is at its connection limit: {short}; the server is running but "
+                f"accepts no more connections for this user or role{f' (retried {retried} times)' if retried else ''}. "
+                "Each controltable process keeps a pool of connections: run fewer processes, close "
+                "idle sessions, raise the limit (PostgreSQL max_connections or the role's CONNECTION LIMIT; "
+                "MySQL/MariaDB max_connections or max_user_connections), or put a connection pooler in front; "
+                "retrying later may succeed"
+            )
+        if kind is Kind.POOLER:
+            return PoolerError(pooler_message(f"the connection was refused or lost its session state ({short})", url))
         if kind is Kind.AUTHENTICATION:
             return AuthenticationError(
                 f"the database at {url} refused the login of user {user!r}: {short}; check the user name "
@@ -386,9 +406,12 @@ class Database:
                 "transactions holding locks"
             )
         if kind is Kind.BAD_VALUE:
+            mysql = self.engine.dialect.name in ("mysql", "mariadb")
             return ConfigurationError(
                 f"the database rejected a value: {short}; a name, number or text passed in does not fit "
                 "its column (too long, out of range, or characters the database cannot store)"
+                + ("; control tables created in a latin1 database are converted to utf8mb4 by "
+                   "`controltable init` (ControlTable.install())" if mysql else "")
             )
         if kind is Kind.CONFIGURATION:
             return self.bad_settings(exc)
@@ -416,7 +439,7 @@ class Database:
         except Exception as exc:  # raw_connection() passes the driver's own errors through unwrapped
             if isinstance(exc, (TypeError, ValueError)) and not isinstance(exc, UnicodeError):
                 raise self.bad_settings(exc) from exc
-            raise self.translate(exc, default=Kind.UNAVAILABLE) from exc
+            raise self.translate(exc, default=Kind.UNAVAILABLE, connecting=True) from exc
         try:
             cursor = raw.cursor()
             cursor.execute("SELECT 1 FROM DUAL" if self.engine.dialect.name == "oracle" else "SELECT 1")

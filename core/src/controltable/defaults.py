@@ -149,6 +149,23 @@ MAX_PRIORITY = MAX_INT
 MAX_SECONDS = 30 * 86400.0
 #: The longest poll interval (seconds).
 MAX_POLL_SECONDS = 3600.0
+#: The shortest lease (slot, batch, work item; seconds). A shorter one runs out before the reply
+#: that grants it has crossed a network, and its renewer (every third of the lease) would spin on
+#: the database; leases in production are minutes. 50 ms still lets tests watch a lease expire.
+MIN_LEASE = 0.05
+#: The shortest waiter TTL (seconds): waiters refresh their queue entry every half of it.
+MIN_WAITER_TTL = 0.5
+#: The shortest pickup window (seconds): a grant made on a waiter's behalf must outlast the wake-up
+#: (or the next poll) that tells the waiter, else every grant lapses before it is seen.
+MIN_PICKUP = 1.0
+#: The shortest poll interval (seconds): below it a waiter polls the database in a busy loop.
+MIN_POLL_SECONDS = 0.01
+#: The lower bounds of durations by argument name, applied by ``validation.check_seconds`` (the
+#: one place every surface checks durations through).
+MIN_SECONDS = {"lease": MIN_LEASE, "waiter_ttl": MIN_WAITER_TTL, "pickup": MIN_PICKUP}
+#: The longest failure reason stored (characters), for ``Item.fail()`` and ``Batch.fail()`` alike
+#: (an event table's error column holds 2,000); a longer one is cut with a marker saying how much.
+FAIL_REASON_LENGTH = 2000
 #: The longest connect timeout (seconds).
 MAX_CONNECT_TIMEOUT = 3600.0
 #: The longest statement timeout (seconds); PostgreSQL's limit is about 24.8 days.

@@ -5,9 +5,10 @@ wording of the message, so translated server messages and new driver versions do
 diagnosis. The one exception is an error raised while a connection is being opened by libpq
 (psycopg 3 says ``connection failed: ...``): libpq does not expose the server's SQLSTATE for
 those, so the standard server wording of the few cases that need a different fix (unknown role,
-wrong password, missing database, server starting up) is matched there, and anything else seen
-while connecting is simply "unavailable". SQLite's "no such table" is likewise only told by its
-(never translated) message, since SQLite gives every SQL error the same code.
+wrong password, missing database, too many connections, a startup parameter a connection pooler
+refuses) is matched there, and anything else seen while connecting is simply "unavailable".
+SQLite's "no such table" is likewise only told by its (never translated) message, since SQLite
+gives every SQL error the same code.
 
 The module is pure: it looks at exception objects and returns a kind; :mod:`controltable.db`
 decides what is retried and which controltable error a caller sees.
@@ -26,9 +27,17 @@ class Kind(enum.Enum):
     #: The transaction was rolled back by a deadlock, serialization failure or lock timeout (or
     #: SQLite was busy): running it again is safe and usually succeeds.
     TRANSIENT = "transient"
-    #: The server could not be reached or the connection broke (restart, network, too many
-    #: connections, shutting down, starting up). Safe to retry before COMMIT.
+    #: The server could not be reached or the connection broke (restart, network, shutting down,
+    #: starting up, a Galera node not yet synced). Safe to retry before COMMIT.
     UNAVAILABLE = "unavailable"
+    #: The server (or the role, or the user) is at its connection limit. Nothing ran; retried
+    #: like UNAVAILABLE (other processes' connections come and go), with its own fix.
+    TOO_MANY_CONNECTIONS = "too many connections"
+    #: A connection pooler in transaction mode is in the way: it refused a startup parameter
+    #: (PgBouncer's "unsupported startup parameter", 08P01 at connect), or a server-side prepared
+    #: statement met another session's (42P05) or was gone (26000) because consecutive
+    #: transactions ran on different server connections. Not retried: only a setting fixes it.
+    POOLER = "pooler"
     #: Unknown user or wrong password.
     AUTHENTICATION = "authentication"
     #: The database named in the URL does not exist.
@@ -59,7 +68,13 @@ _PG_EXACT = {
     "57P02": Kind.UNAVAILABLE,  # crash_shutdown
     "57P03": Kind.UNAVAILABLE,  # cannot_connect_now (starting up / shutting down)
     "57P05": Kind.UNAVAILABLE,  # idle_session_timeout
-    "53300": Kind.UNAVAILABLE,  # too_many_connections
+    "53300": Kind.TOO_MANY_CONNECTIONS,  # too_many_connections (server max_connections or the role's limit)
+    # A prepared statement of "this session" already exists / is unknown: the pooler handed this
+    # transaction another server connection than the one the statement was prepared on. No
+    # statement controltable runs names a prepared statement itself, so only the driver's
+    # automatic preparation across a transaction-mode pooler produces these.
+    "42P05": Kind.POOLER,  # duplicate_prepared_statement
+    "26000": Kind.POOLER,  # invalid_sql_statement_name
     "25P03": Kind.UNAVAILABLE,  # idle_in_transaction_session_timeout: the session is gone
     "28P01": Kind.AUTHENTICATION,  # invalid_password
     "28000": Kind.AUTHENTICATION,  # invalid_authorization_specification (unknown role, pg_hba)
@@ -82,14 +97,41 @@ _PG_CONNECT_TEXT = (
                 r"|authentication failed", re.I), Kind.AUTHENTICATION),
     (re.compile(r'database "[^"]*" does not exist', re.I), Kind.MISSING_DATABASE),
     (re.compile(r"permission denied for database|must have (?:the )?connect privilege", re.I), Kind.PERMISSION),
+    # 53300 at connect: the server's max_connections, the slots reserved for superusers, or a
+    # role's / database's CONNECTION LIMIT.
+    (re.compile(r"too many connections for (?:role|database)|sorry, too many clients already"
+                r"|remaining connection slots are reserved", re.I), Kind.TOO_MANY_CONNECTIONS),
+    # PgBouncer (and pgcat, Supavisor: same wording) refuses startup parameters it does not know,
+    # such as ``options``. It sends SQLSTATE 08P01, which libpq drops at connect; 08P01 alone is
+    # any protocol violation, so it names the pooler only together with "while connecting" (see
+    # _PG_CONNECT_CODES), and the wording is what libpq-based drivers leave us.
+    (re.compile(r"unsupported startup parameter", re.I), Kind.POOLER),
 )
+#: SQLSTATEs that mean something specific when they arrive while a connection is being opened
+#: (drivers that keep the code at connect, e.g. asyncpg): a protocol violation at startup is a
+#: pooler refusing a startup parameter; later it is a broken connection (class 08).
+_PG_CONNECT_CODES = {"08P01": Kind.POOLER}
 
 # -- MySQL / MariaDB (PyMySQL, mysqlclient): the server or client error number -------------------
 _MYSQL = {
     1205: Kind.TRANSIENT,  # ER_LOCK_WAIT_TIMEOUT
     1213: Kind.TRANSIENT,  # ER_LOCK_DEADLOCK
-    1040: Kind.UNAVAILABLE,  # ER_CON_COUNT_ERROR (too many connections)
+    1040: Kind.TOO_MANY_CONNECTIONS,  # ER_CON_COUNT_ERROR (max_connections)
+    1203: Kind.TOO_MANY_CONNECTIONS,  # ER_TOO_MANY_USER_CONNECTIONS (max_user_connections)
+    1226: Kind.TOO_MANY_CONNECTIONS,  # ER_USER_LIMIT_REACHED (MAX_USER_CONNECTIONS of the account)
     1053: Kind.UNAVAILABLE,  # ER_SERVER_SHUTDOWN
+    # Galera (MariaDB Galera Cluster, Percona XtraDB Cluster). Row locks are local to a node: the
+    # loser of a write conflict between nodes learns it at COMMIT, as 1213 (ER_LOCK_DEADLOCK, a
+    # certification failure: the write set was not applied anywhere, so the transaction is
+    # retried like any deadlock, above) or, from some versions and statements, 1180
+    # (ER_ERROR_DURING_COMMIT, "Got error 149/35 ... during COMMIT": rolled back, not applied);
+    # a brute-force abort of a local transaction by a replicated one is 1213 or 1205 before the
+    # COMMIT. 1047 (ER_UNKNOWN_COM_ERROR) is what a node that is not synced (joining, donor,
+    # non-primary component) answers every statement with: "WSREP has not yet prepared node for
+    # application use"; nothing ran, and the node (or the next connection, on another node) takes
+    # statements again once it has synced, so it is retried as the server being unavailable.
+    1180: Kind.TRANSIENT,  # ER_ERROR_DURING_COMMIT (Galera certification failure at COMMIT)
+    1047: Kind.UNAVAILABLE,  # ER_UNKNOWN_COM_ERROR (Galera: WSREP has not yet prepared node)
     1927: Kind.UNAVAILABLE,  # ER_CONNECTION_KILLED (MariaDB)
     4031: Kind.UNAVAILABLE,  # ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8: session closed while idle)
     2002: Kind.UNAVAILABLE,  # CR_CONNECTION_ERROR (socket)
@@ -118,6 +160,11 @@ _MYSQL = {
     1366: Kind.BAD_VALUE,  # ER_TRUNCATED_WRONG_VALUE_FOR_FIELD (e.g. 4-byte UTF-8 in utf8mb3)
     1406: Kind.BAD_VALUE,  # ER_DATA_TOO_LONG
     1690: Kind.BAD_VALUE,  # ER_DATA_OUT_OF_RANGE
+    # Illegal mix of collations: a name compared with a column in another character set (control
+    # tables a release before schema version 4 created in a latin1 database; install() converts them).
+    1267: Kind.BAD_VALUE,  # ER_CANT_AGGREGATE_2COLLATIONS
+    1270: Kind.BAD_VALUE,  # ER_CANT_AGGREGATE_3COLLATIONS
+    1271: Kind.BAD_VALUE,  # ER_CANT_AGGREGATE_NCOLLATIONS
 }
 
 # -- SQL Server (pyodbc): native error number, else the ODBC SQLSTATE ------------------------------
@@ -183,8 +230,8 @@ _ORACLE = {
     "ORA-12520": Kind.UNAVAILABLE,  # listener could not find an available handler
     "ORA-12516": Kind.UNAVAILABLE,  # listener could not find an available handler
     "ORA-12519": Kind.UNAVAILABLE,  # no appropriate service handler found
-    "ORA-00020": Kind.UNAVAILABLE,  # maximum number of processes exceeded
-    "ORA-00018": Kind.UNAVAILABLE,  # maximum number of sessions exceeded
+    "ORA-00020": Kind.TOO_MANY_CONNECTIONS,  # maximum number of processes exceeded
+    "ORA-00018": Kind.TOO_MANY_CONNECTIONS,  # maximum number of sessions exceeded
     "DPY-4011": Kind.UNAVAILABLE,  # the database or network closed the connection
     "DPY-6005": Kind.UNAVAILABLE,  # cannot connect to database
     "DPY-6000": Kind.UNAVAILABLE,  # listener refused connection
@@ -286,9 +333,11 @@ def _is_a(orig: BaseException, names: tuple[str, ...]) -> bool:
     return any(cls.__name__ in names for cls in type(orig).__mro__)
 
 
-def classify_postgresql(exc: BaseException) -> Kind:
+def classify_postgresql(exc: BaseException, connecting: bool = False) -> Kind:
     code = sqlstate(exc)
     if code is not None:
+        if connecting and code in _PG_CONNECT_CODES:
+            return _PG_CONNECT_CODES[code]
         return _PG_EXACT.get(code) or _PG_CLASS.get(code[:2], Kind.OTHER)
     orig = driver_error(exc)
     # No SQLSTATE: libpq failed to connect ("connection failed: ..." in psycopg 3) or lost the
@@ -368,19 +417,23 @@ _BY_DIALECT = {
 }
 
 
-def classify(exc: BaseException, dialect_name: Optional[str] = None) -> Kind:
+def classify(exc: BaseException, dialect_name: Optional[str] = None, *, connecting: bool = False) -> Kind:
     """The :class:`Kind` of a driver error (raw, or wrapped by SQLAlchemy).
 
     The code table is picked by the driver the exception comes from (its module), so errors
     raised outside SQLAlchemy (a pool hook, a raw connection) are classified too; ``dialect_name``
-    is the fallback for exceptions of unknown origin.
+    is the fallback for exceptions of unknown origin. ``connecting`` says the error came while a
+    connection was being opened (a few codes mean something narrower then).
     """
     orig = driver_error(exc)
     name = _dialect_of(orig) or dialect_name
     if isinstance(orig, (UnicodeError, OverflowError)):  # a value the driver cannot encode or store
         return Kind.BAD_VALUE
-    fn = _BY_DIALECT.get(name or "")
-    kind = fn(exc) if fn is not None else Kind.OTHER
+    if name == "postgresql":
+        kind = classify_postgresql(exc, connecting)
+    else:
+        fn = _BY_DIALECT.get(name or "")
+        kind = fn(exc) if fn is not None else Kind.OTHER
     if kind is Kind.OTHER and getattr(exc, "connection_invalidated", False):
         return Kind.UNAVAILABLE
     return kind

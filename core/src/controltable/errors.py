@@ -14,6 +14,31 @@ class ConfigurationError(ControlTableError, ValueError):
     """Bad input from the caller: a name, a number or a URL that cannot work as given."""
 
 
+class PoolerError(ConfigurationError):
+    """A connection pooler in transaction mode (PgBouncer, RDS Proxy, Supavisor, pgcat) is in the way.
+
+    It refused a startup parameter, or session state (a prepared statement, a ``SET``) did not
+    survive from one transaction to the next because the pooler gave the next transaction another
+    server connection. Not retried: a setting fixes it (see :func:`pooler_message`).
+    """
+
+
+def pooler_message(what: str, url: str = "") -> str:
+    """The message of a :class:`PoolerError`: what happened (``what``), then what to do.
+
+    One text for every place that detects a pooler (error translation, the connection hook that
+    finds a ``SET`` lost), so the advice is the same wherever it is met.
+    """
+    where = f" at {url}" if url else ""
+    return (
+        f"{what}{where}: this looks like a connection pooler in transaction mode (PgBouncer, RDS Proxy, "
+        "Supavisor, pgcat) between controltable and the database; use the plain URL with an up-to-date "
+        "controltable (it keeps no session state: no startup options, no server-side prepared statements), "
+        "set listen_url (CONTROLTABLE_LISTEN_URL, --listen-url) to a direct connection for push wake-ups, "
+        "or put controltable on a pool in session mode; `controltable doctor` checks the setup"
+    )
+
+
 class NotInstalledError(ControlTableError):
     """The control tables (or an event table's claim columns) are missing from the database."""
 
@@ -35,6 +60,14 @@ class AuthenticationError(DatabaseUnavailableError):
 
 class DatabaseMissingError(DatabaseUnavailableError):
     """The database named in the URL does not exist (or, for SQLite, its directory cannot be used)."""
+
+
+class TooManyConnectionsError(DatabaseUnavailableError):
+    """The database server (or the role, or the user) is at its connection limit.
+
+    Retried like an unreachable server while the caller's time allows (other processes'
+    connections come and go); ``is_retryable`` says yes.
+    """
 
 
 class StatementTimeoutError(DatabaseUnavailableError):

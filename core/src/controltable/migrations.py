@@ -14,9 +14,10 @@ Upgrade with the old release's workers stopped: a v1 worker does not know the ti
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Any, Callable
 
-from sqlalchemy import Column, Index, Sequence, Table, func, inspect, select, text, update
+from sqlalchemy import Column, Index, Sequence, Table, column, func, inspect, literal, select, text, update
+from sqlalchemy import table as table_clause
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.schema import CreateSequence
 from sqlalchemy.sql.elements import TextClause
@@ -24,7 +25,7 @@ from sqlalchemy.sql.elements import TextClause
 from .db import Database
 from .errorcodes import is_already_applied
 from .errors import ControlTableError
-from .schema import ControlSchema, build_schema
+from .schema import MYSQL_CHARSET, MYSQL_COLLATION, ControlSchema, build_schema
 
 log = logging.getLogger("controltable")
 
@@ -213,5 +214,68 @@ def upgrade_v2_to_v3(db: Database, tables: ControlSchema) -> None:
         log.warning("controltable: could not drop the old index %s (%s); it is unused now", old_name, exc)
 
 
+def convert_charset_sql(table: Table, dialect: Dialect) -> TextClause:
+    """``ALTER TABLE t CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_bin`` (MySQL / MariaDB).
+
+    The table name is quoted by the dialect; the character set and collation are constants of
+    :mod:`controltable.schema`, never a caller's value."""
+    prep = dialect.identifier_preparer
+    return text(f"ALTER TABLE {prep.format_table(table)} CONVERT TO CHARACTER SET {MYSQL_CHARSET} "
+                f"COLLATE {MYSQL_COLLATION}")
+
+
+def charset_pending(table: Table) -> Any:
+    """How many of ``table``'s text columns (or the table's own default) are not yet utf8mb4_bin,
+    from ``information_schema`` (MySQL / MariaDB); 0 means converted."""
+    tables = _info_schema("TABLES")
+    cols = _info_schema("COLUMNS")
+    where_db = func.coalesce(literal(table.schema), func.database())
+    off_table = (
+        select(func.count()).select_from(tables)
+        .where(tables.c["TABLE_SCHEMA"] == where_db, tables.c["TABLE_NAME"] == table.name,
+               tables.c["TABLE_COLLATION"] != MYSQL_COLLATION)
+        .scalar_subquery()
+    )
+    off_columns = (
+        select(func.count()).select_from(cols)
+        .where(cols.c["TABLE_SCHEMA"] == where_db, cols.c["TABLE_NAME"] == table.name,
+               cols.c["COLLATION_NAME"].is_not(None), cols.c["COLLATION_NAME"] != MYSQL_COLLATION)
+        .scalar_subquery()
+    )
+    return select(off_table + off_columns)
+
+
+def _info_schema(name: str) -> Any:
+    """An ``information_schema`` view with the columns :func:`charset_pending` reads."""
+    names = {"TABLES": ("TABLE_SCHEMA", "TABLE_NAME", "TABLE_COLLATION"),
+             "COLUMNS": ("TABLE_SCHEMA", "TABLE_NAME", "COLLATION_NAME")}[name]
+    return table_clause(name, *(column(n) for n in names), schema="information_schema")
+
+
+def upgrade_v3_to_v4(db: Database, tables: ControlSchema) -> None:
+    """MySQL / MariaDB: every control table converted to utf8mb4 with the binary collation.
+
+    Tables created in a database whose default is latin1 (or a case-insensitive collation) get
+    the character set and collation ``install()`` now declares. One table per DDL step, each
+    check-then-act (``information_schema`` says whether anything is left to convert), so a rerun or
+    a concurrent install converts nothing twice. The conversion copies the table: on a large
+    grant history it takes a while, during which the table is read-only; upgrade with workers
+    stopped, as for every upgrade. Other backends: nothing to do (they compare names exactly and
+    store any Unicode already).
+    """
+    dialect: Dialect = db.engine.dialect
+    if dialect.name not in ("mysql", "mariadb"):
+        return
+    for tbl in tables.tables:
+
+        def convert(conn: Connection, tbl: Table = tbl) -> None:
+            if int(conn.scalar(charset_pending(tbl)) or 0):
+                conn.execute(convert_charset_sql(tbl, dialect))
+
+        _ddl(db, convert)
+
+
 #: ``from_version -> step`` bringing the tables to ``from_version + 1``.
-UPGRADES: dict[int, Callable[[Database, ControlSchema], None]] = {1: upgrade_v1_to_v2, 2: upgrade_v2_to_v3}
+UPGRADES: dict[int, Callable[[Database, ControlSchema], None]] = {
+    1: upgrade_v1_to_v2, 2: upgrade_v2_to_v3, 3: upgrade_v3_to_v4,
+}

@@ -7,7 +7,7 @@ as double precision so that lease arithmetic is the same on every backend.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from sqlalchemy import (
     BigInteger,
@@ -30,13 +30,29 @@ from .dialects import StateString, name_type, text_type
 
 #: Bumped whenever the control tables change; ``install()`` records it in the meta table and
 #: later releases migrate from the recorded version.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: What each version added, for the migration in ``ControlTable.install()``:
 #: 2 - per-resource queue tickets (``resource.last_ticket``, ``request.ticket``), attempts and
 #:     pickup deadlines on requests, the (state, ticket) queue index, identities for Oracle.
 #: 3 - slot policies: rate limits and aging on resources (``rate_count``, ``rate_per``,
 #:     ``aging``), request priorities and their queue order (``priority``, ``queue_key``, the
 #:     (state, queue_key, ticket) index replacing the (state, ticket) one), the grant history table.
+#: 4 - MySQL / MariaDB: every control table in utf8mb4 with the binary collation (tables created
+#:     in a latin1 database could not store names such as 'ü名前🙂'); no change elsewhere.
+
+#: MySQL / MariaDB character set and collation of the control tables, whatever the database's
+#: default: utf8mb4 stores every name a caller may pass, and the binary collation compares names
+#: exactly, as every other backend does ('Warehouse' and 'warehouse' are two resources; with a
+#: case-insensitive default they would clash in the primary key). A latin1 default would refuse
+#: such names or fail comparisons with "Illegal mix of collations".
+MYSQL_CHARSET = "utf8mb4"
+MYSQL_COLLATION = "utf8mb4_bin"
+#: The table options that say so (the MariaDB dialect of SQLAlchemy 2 reads its own prefix only).
+_TABLE_OPTIONS: dict[str, Any] = {
+    f"{dialect}_{option}": value
+    for dialect in ("mysql", "mariadb")
+    for option, value in (("charset", MYSQL_CHARSET), ("collate", MYSQL_COLLATION))
+}
 
 
 #: Epoch seconds need double precision: MySQL's plain FLOAT is single precision (about two
@@ -85,6 +101,7 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
         md,
         Column("key", String(64), primary_key=True),
         Column("value", String(255), nullable=False),
+        **_TABLE_OPTIONS,
     )
     resource = Table(
         f"{prefix}resource",
@@ -104,6 +121,7 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
         # Aging: a waiter's effective priority rises by one per `aging` seconds waited (NULL: off).
         Column("aging", EpochSeconds, nullable=True),
         PrimaryKeyConstraint("namespace", "name", name=f"{prefix}resource_pk"),
+        **_TABLE_OPTIONS,
     )
     request = Table(
         f"{prefix}request",
@@ -141,6 +159,7 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
         Index(f"{prefix}request_order_ix", "namespace", "resource", "state", "queue_key", "ticket"),
         Index(f"{prefix}request_key_ix", "request_key"),
         sqlite_autoincrement=True,
+        **_TABLE_OPTIONS,
     )
     worklist = Table(
         f"{prefix}worklist",
@@ -150,6 +169,7 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
         Column("last_token", BigInteger, nullable=False, default=0),
         Column("created_at", EpochSeconds, nullable=False),
         PrimaryKeyConstraint("namespace", "name", name=f"{prefix}worklist_pk"),
+        **_TABLE_OPTIONS,
     )
     item = Table(
         f"{prefix}work_item",
@@ -171,6 +191,7 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
         Column("expires_at", EpochSeconds, nullable=True),
         Index(f"{prefix}work_item_ix", "namespace", "worklist", "state", "exec_order"),
         sqlite_autoincrement=True,
+        **_TABLE_OPTIONS,
     )
     history = Table(
         f"{prefix}grant_history",
@@ -191,5 +212,6 @@ def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSc
         PrimaryKeyConstraint("namespace", "resource", "token", name=f"{prefix}grant_history_pk"),
         # Rate windows, statistics and pruning read a resource's grants by time.
         Index(f"{prefix}grant_history_time_ix", "namespace", "resource", "granted_at"),
+        **_TABLE_OPTIONS,
     )
     return ControlSchema(md, meta, resource, request, worklist, item, history)

@@ -37,6 +37,23 @@ def check_name(kind: str, value: object, limit: int = NAME_LENGTH) -> str:
     return value
 
 
+def check_names(kind: str, value: object) -> list[str]:
+    """A list of names (``status(["a", "b"])``); a single string is taken as one name.
+
+    A single string is what a caller means by ``status("warehouse")``: iterating it would ask for
+    the resources ``w``, ``a``, ``r``... (or fail deep inside SQLAlchemy), so it is accepted as the
+    one-element list. Anything else must be an iterable of names (list, tuple, set).
+    """
+    if isinstance(value, str):
+        return [check_name(kind, value)]
+    if isinstance(value, (bytes, bytearray, Mapping)) or not hasattr(value, "__iter__"):
+        raise ConfigurationError(
+            f"{kind} names must be a list of names (or one name as a string), got {type(value).__name__} "
+            f"{_show(value)}; e.g. [\"warehouse\", \"orders\"]"
+        )
+    return [check_name(kind, v) for v in value]  # type: ignore[attr-defined]
+
+
 def check_namespace(value: object) -> str:
     return check_name("namespace", value, NAMESPACE_LENGTH)
 
@@ -76,6 +93,36 @@ def check_text(kind: str, value: object, *, limit: Optional[int] = None) -> str:
         raise ConfigurationError(f"{kind} must be a string, got {type(value).__name__}")
     check_encodable(kind, value)
     return value if limit is None else value[:limit]
+
+
+FAIL_MARKER = "... [cut: {n} more characters]"
+
+
+def fail_reason(reason: object, limit: int = defaults.FAIL_REASON_LENGTH) -> str:
+    """A failure reason every backend stores, by one rule for ``Item.fail()`` and ``Batch.fail()``.
+
+    Pure: ``str(reason)`` (an exception is a fine reason), NUL bytes written as ``\\x00`` (PostgreSQL
+    refuses them in text), characters UTF-8 cannot encode (lone surrogates) escaped, and text
+    beyond ``limit`` characters (or ``2 * limit`` UTF-8 bytes, at most 4,000: Oracle's VARCHAR2)
+    cut with a marker saying how much was cut. Failing a work item or a batch never fails because
+    of what the reason says, so an item is never left allocated by a reason the database refused.
+    """
+    text = reason if isinstance(reason, str) else str(reason)
+    text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    max_bytes = min(2 * limit, 4000)
+    if len(text) <= limit and len(text.encode("utf-8")) <= max_bytes:
+        return text
+    keep = limit - len(FAIL_MARKER.format(n=len(text))) - 1
+    while True:
+        head = text[:keep]
+        out = head + FAIL_MARKER.format(n=len(text) - len(head))
+        if len(out.encode("utf-8")) <= max_bytes or keep <= 0:
+            return out
+        keep -= max(1, (len(out.encode("utf-8")) - max_bytes) // 4)
 
 
 def _preview(value: str) -> str:
@@ -125,8 +172,11 @@ def check_seconds(
     allow_none: bool = False,
     allow_zero: bool = False,
     maximum: float = defaults.MAX_SECONDS,
+    minimum: Optional[float] = None,
 ) -> Optional[float]:
-    """A duration in seconds: finite, positive (or zero when allowed) and at most ``maximum``."""
+    """A duration in seconds: finite, positive (or zero when allowed), at least ``minimum`` and at
+    most ``maximum``. ``minimum`` defaults to the bound ``defaults.MIN_SECONDS`` sets for ``kind``
+    (``lease``, ``waiter_ttl``, ``pickup``): below it the value cannot work (see there)."""
     if value is None:
         if allow_none:
             return None
@@ -145,12 +195,18 @@ def check_seconds(
             f"{kind} must be at most {maximum:g} seconds, got {_show(value)}"
             + ("; pass None to wait without a limit" if allow_none else "")
         )
+    least = defaults.MIN_SECONDS.get(kind) if minimum is None else minimum
+    if least is not None and value < least and not (value == 0 and allow_zero):
+        raise ConfigurationError(
+            f"{kind} must be at least {least:g} seconds, got {_show(value)}; a shorter {kind} cannot work "
+            f"(it runs out before the database round trips that use it), pass {least:g} or more"
+        )
     return float(value)
 
 
 def check_poll_interval(kind: str, value: object) -> float:
-    """A poll interval: more than 0 and at most ``MAX_POLL_SECONDS``."""
-    out = check_seconds(kind, value, maximum=defaults.MAX_POLL_SECONDS)
+    """A poll interval: from ``MIN_POLL_SECONDS`` (no busy loop) up to ``MAX_POLL_SECONDS``."""
+    out = check_seconds(kind, value, maximum=defaults.MAX_POLL_SECONDS, minimum=defaults.MIN_POLL_SECONDS)
     assert out is not None
     return out
 

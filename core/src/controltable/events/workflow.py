@@ -24,7 +24,7 @@ from ..clock import clock, read_now
 from ..compat import deprecated
 from ..db import Database
 from ..defaults import DDL_LOCK_TIMEOUT, DEFAULT_BATCH_LEASE
-from ..errors import ConfigurationError, LeaseLost, describe_keys
+from ..errors import ConfigurationError, LeaseLost, NotInstalledError, UnexpectedDatabaseError, describe_keys
 from ..holders import process_holder_id
 from ..runtime import Runtime, runtime_of
 from ..validation import (
@@ -35,6 +35,7 @@ from ..validation import (
     check_positive_int,
     check_seconds,
     check_where,
+    fail_reason,
 )
 from . import ddl
 from . import statements as sql
@@ -297,7 +298,12 @@ class EventTable:
         lease_s = check_seconds("lease", lease) if lease is not None else self.lease
         assert lease_s is not None
         self.table  # noqa: B018 - reflect (and check) the table before the transaction, not inside it
-        return self._claim_run(size, owner, lease_s, where, deadline=deadline)
+        try:
+            return self._claim_run(size, owner, lease_s, where, deadline=deadline)
+        except (NotInstalledError, UnexpectedDatabaseError):
+            if self._where is not None or where is not None:  # the caller's filter may be at fault: say so
+                ddl.check_filter(self.db, self.table, self._where_clause(where))
+            raise
 
     def _claim_run(
         self, size: int, owner: str, lease_s: float, where: Where,
@@ -536,7 +542,7 @@ class EventTable:
         stored attempts (see :func:`controltable.events.statements.fail_values`). The rows are
         locked and checked first, so the outcome never depends on a reported row count."""
         t = self.table
-        message = dialects.fit_message(reason, ERROR_LENGTH)
+        message = dialects.fit_message(fail_reason(reason), ERROR_LENGTH)  # one rule with Item.fail()
         schedule = backoff_schedule(self.max_attempts, self.backoff, self.max_backoff)
 
         def fn(conn: Connection) -> int:

@@ -15,7 +15,7 @@ from ..clock import utc
 from ..defaults import DEFAULT_ITEM_LEASE
 from ..errors import ControlTableError
 from ..renewal import BackgroundRenewal
-from ..validation import check_seconds
+from ..validation import check_seconds, fail_reason
 from .statements import DONE, ERROR, NEW
 
 
@@ -70,7 +70,7 @@ class Item(BackgroundRenewal):
     def fail(self, reason: str) -> None:
         """Mark as error; it blocks later orders until cleared (``clear_error``) or reset."""
         self.stop_renewing()
-        self.worklist._finish(self, ERROR, str(reason))
+        self.worklist._finish(self, ERROR, fail_reason(reason))  # cut and cleaned: never refused
 
     def release(self) -> None:
         """Give the item back untouched, for another worker (as ``Batch.release`` and ``Lease.release`` do)."""
