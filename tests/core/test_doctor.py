@@ -73,6 +73,16 @@ def test_doctor_checks_event_tables_claim_indexes_and_statistics(ct: ControlTabl
     assert doc.exit_code(findings) == 1
 
 
+@pytest.mark.backends("postgres")
+def test_a_check_that_cannot_run_is_a_finding_and_the_others_still_run(ct: ControlTable,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(doc, "PG_REPLICAS", text("SELECT application_name, state, sync_state FROM no_such_view"))
+    findings = by_check(ct.doctor())
+    assert findings["replication"].level == "error" and "could not check" in findings["replication"].message
+    assert "run doctor again" in findings["replication"].fix
+    assert findings["clock"].level == "ok" and findings["privileges"].level == "ok"
+
+
 @pytest.mark.backends("postgres", "sqlite")
 def test_doctor_warns_about_an_event_table_never_analyzed(ct: ControlTable, event_table: Any) -> None:
     ev = event_table(3000, prepare=False)

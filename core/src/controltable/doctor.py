@@ -324,12 +324,16 @@ def run_checks(ct: ControlTable, *, event_tables: Sequence[EventTable] = ()) -> 
         try:
             findings.extend(fn())
         except ControlTableError as exc:
-            findings.append(Finding(name, "error", f"could not check: {exc}", "see the message"))
+            findings.append(_unchecked(name, exc))
 
     def one(stmt: TextClause, **params: Any) -> Any:
         return db.run(lambda conn: conn.execute(stmt, params).first())
 
-    check("server", lambda: [server_finding(dialect, str(one(VERSION[dialect])[0]))] if dialect in VERSION else [])
+    if dialect in VERSION:
+        check("server", lambda: [server_finding(dialect, str(one(VERSION[dialect])[0]))])
+    else:  # SQL Server, Oracle: what the dialect read when it connected
+        known = db.engine.dialect.server_version_info or ()
+        findings.append(server_finding(dialect, ".".join(str(part) for part in known) or "(version unknown)"))
     if dialect == "postgresql":
         check("pooler", lambda: [pooler_finding(_pooler_probe(ct), ct.push_active, ct._wakeups.listen_url is not None)])
     check("push", lambda: [_push(ct)])
@@ -337,10 +341,11 @@ def run_checks(ct: ControlTable, *, event_tables: Sequence[EventTable] = ()) -> 
     if dialect in READ_ONLY:
         try:
             read_only = bool(int(one(READ_ONLY[dialect])[0]))
+            findings.append(role_finding(dialect, read_only))
         except ControlTableError as exc:
-            findings.append(Finding("role", "error", f"could not check: {exc}", "see the message"))
-    if dialect in READ_ONLY and read_only is not None or dialect == "sqlite":
-        findings.append(role_finding(dialect, read_only))
+            findings.append(_unchecked("role", exc))
+    elif dialect == "sqlite":
+        findings.append(role_finding(dialect, None))
     if dialect == "postgresql":
         check("replication", lambda: [_replication(ct, bool(read_only))])
     check("clock", lambda: [_skew(ct)])
@@ -350,7 +355,7 @@ def run_checks(ct: ControlTable, *, event_tables: Sequence[EventTable] = ()) -> 
         installed = ct.installed_version()
         findings.append(version_finding(installed))
     except ControlTableError as exc:
-        findings.append(Finding("control tables", "error", f"could not check: {exc}", "see the message"))
+        findings.append(_unchecked("control tables", exc))
     if installed is not None:
         def control_privileges() -> list[Finding]:
             denied = {f"{p} on {t.name}": why for t in ct.tables.tables for p, why in _denied(ct, t).items()}
@@ -363,6 +368,12 @@ def run_checks(ct: ControlTable, *, event_tables: Sequence[EventTable] = ()) -> 
         label = f"{ev.table_schema}.{ev.name}" if ev.table_schema else ev.name
         check(f"event table {label}", functools.partial(_event_table, ct, ev, label))
     return findings
+
+
+def _unchecked(check: str, exc: ControlTableError) -> Finding:
+    """A check that could not run is an error of its own: doctor needs what the engine needs, and
+    read access to the server's views (``pg_stat_replication``, ``information_schema``)."""
+    return Finding(check, "error", f"could not check: {exc}", "fix what the message names, then run doctor again")
 
 
 def _pooler_probe(ct: ControlTable) -> PoolerProbe:
