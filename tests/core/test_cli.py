@@ -216,3 +216,13 @@ def test_populate_from_a_file_that_cannot_be_read_or_decoded(backend_url: str, n
     assert ok.returncode == 0 and "added 1 items" in ok.stdout
     assert ControlTable(backend_url, namespace=namespace).worklist("wl").items_list()[0]["payload"] == {
         "city": "Zürich 🙂"}
+
+
+def test_exit_codes_of_the_database_setup_errors() -> None:
+    """A pooler in the way or a server at its connection limit is a database problem (exit 4), not bad input."""
+    from controltable import ConfigurationError, PoolerError, TooManyConnectionsError
+    from controltable.cli import EXIT_DATABASE, EXIT_USAGE, _exit_code
+
+    assert _exit_code(PoolerError("pooler")) == EXIT_DATABASE
+    assert _exit_code(TooManyConnectionsError("limit")) == EXIT_DATABASE
+    assert _exit_code(ConfigurationError("bad input")) == EXIT_USAGE
