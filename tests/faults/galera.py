@@ -9,6 +9,7 @@ The shared MariaDB server of the machine is never touched.
 
 from __future__ import annotations
 
+import getpass
 import os
 import shutil
 import signal
@@ -61,7 +62,7 @@ class GaleraCluster:
         self.root = Path(tempfile.mkdtemp(prefix="ct-faults-galera-"))
         # As root, the servers run as the mysql user: the rsync daemon a joining node starts for its
         # state transfer runs as "nobody" when started by root, and could not write the data directory.
-        self.user = "mysql" if os.geteuid() == 0 else os.getlogin()
+        self.user = "mysql" if os.geteuid() == 0 else getpass.getuser()  # getlogin() needs a terminal
         self.root.chmod(0o755)
         self.nodes = [GaleraNode(self.root, i) for i in range(nodes)]
         for node in self.nodes:

@@ -13,6 +13,10 @@ themselves. Two runs:
 * synchronous (``synchronous_standby_names``): killed while running; no grant and no completion
   may be lost, and no event is reported completed twice.
 
+A work list is driven from the test process: three allocations right before the kill, one after
+the promotion, whose token must be above theirs; the three learn at their renewal whether the
+failover kept them (synchronous: all held; asynchronous: all lost, LeaseLost).
+
 Both: capacity never exceeded among the holds confirmed at their end, every exception a worker
 saw is a ControlTableError, nothing printed to stderr, and the time from the kill to the first
 grant on the promoted standby is printed (goal: <= 5 s beyond the promotion itself).
@@ -33,7 +37,7 @@ import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
-from controltable import ControlTable, checks
+from controltable import ControlTable, LeaseLost, checks
 from controltable.defaults import TOKEN_EPOCH_BITS
 from controltable.dialects import next_token, token_epoch
 
@@ -111,7 +115,12 @@ def test_failover_keeps_tokens_increasing_and_completions_once(pair: ReplicatedP
         conn.execute(insert(table), [{"id": k, "payload": f"event {k}"} for k in range(EVENTS)])
     ev = ct.events(name, key="id")
     ev.prepare()
+    ct.worklist("wl").populate(range(40))
     ct.close()
+    # The work list is driven from here: allocations right before the kill (lost with the primary
+    # when the standby is down) and after the promotion, whose token must be above them.
+    control = ControlTable(url, namespace=namespace)
+    wl = control.worklist("wl")
 
     stop = tmp_path / "stop"
     slot_logs = [tmp_path / f"slots-{i}.jsonl" for i in range(3)]
@@ -140,6 +149,7 @@ def test_failover_keeps_tokens_increasing_and_completions_once(pair: ReplicatedP
             _wait_for("commits the standby does not have",
                       lambda: len(grants()) >= before[0] + 20 and completed() >= before[1] + 200, 60,
                       lambda: (before, len(grants()), completed(), [p.poll() for p in procs]))
+        held = [item for item in (wl.allocate(owner="before", lease=300) for _ in range(3)) if item is not None]
         killed_at = pair.kill_primary()
         completed_at_kill = completed()
         t0 = time.time()
@@ -148,6 +158,15 @@ def test_failover_keeps_tokens_increasing_and_completions_once(pair: ReplicatedP
         promoted_at = pair.promote()
         promote_s = promoted_at - t0
         _wait_for("a grant on the promoted standby", lambda: any(r["t"] > promoted_at for r in grants()), 60)
+        item_after = _retry(lambda: wl.allocate(owner="after", lease=300))
+        # A holder of an allocation the failover lost learns it at its next renewal.
+        renewals = []
+        for item in held:
+            try:
+                item.renew()
+                renewals.append("held")
+            except LeaseLost:
+                renewals.append("lost")
         mark = len(grants())
         _wait_for("grants after the failover", lambda: len(grants()) >= mark + 40, 90)
         check = ControlTable(url, namespace=namespace)
@@ -173,6 +192,10 @@ def test_failover_keeps_tokens_increasing_and_completions_once(pair: ReplicatedP
         if min(after_tokens) <= max(before_tokens):
             order_problems.append((resource, max(before_tokens), min(after_tokens)))
         lost_grants += sum(1 for t in before_tokens if (resource, t) not in history)
+    before_items = [item.token for item in held]
+    if item_after is None or len(before_items) < 3 or item_after.token <= max(before_items):
+        order_problems.append(("worklist", before_items, item_after and item_after.token))
+    control.close()
     intervals = [checks.Interval(**r["iv"]) for r in slot_records if "iv" in r]
     # Capacity and exclusivity over the whole run; FIFO on each side of the failover only (the
     # queue's tickets, like its tokens, count on from what the promoted standby had received).
@@ -188,6 +211,7 @@ def test_failover_keeps_tokens_increasing_and_completions_once(pair: ReplicatedP
         f"failover {mode}: kill -> first grant on the promoted standby {recovery:.2f} s "
         f"(promotion{' with the standby restart' if not pair.synchronous else ''} {promote_s:.2f} s), "
         f"grants {len(got)}, lost grants {lost_grants}, token order problems {order_problems}, "
+        f"work-list allocations before the kill {renewals} at their renewal after it, "
         f"violations {len(violations)}, completed twice {len(twice)} (of {len(completions)} completions), "
         f"final {final.as_dict()}; worker exceptions {dict(errors)}"
     )
@@ -201,7 +225,9 @@ def test_failover_keeps_tokens_increasing_and_completions_once(pair: ReplicatedP
     assert recovery <= RECOVERY_GOAL + promote_s, f"the fleet took {recovery:.1f} s to grant again"
     if pair.synchronous:
         assert lost_grants == 0, "a synchronous standby lost an acknowledged grant"
+        assert renewals == ["held"] * 3, "a synchronous standby lost an acknowledged allocation"
         assert twice == [], f"events reported completed twice: {twice[:10]}"
     else:
         # The scenario must have lost commits, or it proved nothing about lost tokens.
         assert lost_grants > 0, "no grant was lost: the asynchronous run did not test lost tokens"
+        assert renewals == ["lost"] * 3, "allocations made while the standby was down survived the failover"
