@@ -362,9 +362,12 @@ def statement_shape(sql: str, *, claim_prefix: str = "ct_") -> str:
     s = _ROWS.sub(r"\1\2N", s)
     s = re.sub(r"\b(anon|param)_\d+\b", r"\1", s)
     s = re.sub(r'(?<![\w."])(?:"?\w+"?\.)?"?\w*_(' + "|".join(_CONTROL) + r')\b"?', r"ct_\1", s)
+    # Index and constraint names of the control tables carry the prefix too (zz_request_key_ix).
+    s = re.sub(r'(?<![\w."])"?\w*?_(' + "|".join(_CONTROL) + r')((?:_\w+?)?_(?:ix|uq|pk))\b"?', r"ct_\1\2", s)
     controls = {f"ct_{c}" for c in _CONTROL}
     # The user's table: whatever FROM / UPDATE / INTO / ON / JOIN names that is not a control table.
-    for m in set(re.findall(r'\b(?:FROM|UPDATE|INTO|JOIN|TABLE|INDEX \S+ ON)\s+((?:"?\w+"?\.)?"?\w+"?)(?![\w(])', s)):
+    named = r'\b(?:FROM|UPDATE|INTO|JOIN|TABLE|INDEX (?:CONCURRENTLY )?\S+ ON|ANALYZE(?! TABLE)|STATISTICS)\s+'
+    for m in set(re.findall(named + r'((?:"?\w+"?\.)?"?\w+"?)(?![\w(])', s)):
         bare = m.split(".")[-1].strip('"')
         if bare not in controls and bare.upper() not in ("DUAL", "STATISTICS") and not bare.startswith("ct_"):
             s = re.sub(rf'(?<![\w."]){re.escape(m)}(?![\w"])', "events", s)

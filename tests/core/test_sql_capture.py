@@ -1,0 +1,59 @@
+"""The statement capture (``tests/support/sqlcapture.py``) and the shapes it compares with the golden files.
+
+The capture itself runs when ``CONTROLTABLE_CAPTURE_SQL`` is set (it then fails the run on a statement
+shape the golden files lack); these tests check its parts without a capture run: the shape of a
+statement, the parsing of the golden files, and the verdict on a shape held or not held.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controltable.sqlscript import GOLDEN_DIALECTS, golden_shapes, golden_statements, statement_shape
+
+GOLDEN = Path(__file__).resolve().parents[2] / "core" / "sql"
+
+
+def test_shape_makes_what_varies_between_two_sends_uniform() -> None:
+    a = ("SELECT ev_1a2b.id, ev_1a2b.payload, ev_1a2b.ct_state FROM ev_1a2b WITH (UPDLOCK) "
+         "WHERE ev_1a2b.id IN (:id_1_1, :id_1_2, :id_1_3) AND zz_request.namespace = :namespace_1")
+    b = ("SELECT events.event_id, events.ct_state FROM events WITH (UPDLOCK) "
+         "WHERE events.event_id IN (:event_id_1_1) AND ct_request.namespace = :namespace_7")
+    assert statement_shape(a) == statement_shape(b)
+    assert "IN (?*)" in statement_shape(a) and "events.col" in statement_shape(a)
+    assert statement_shape("SELECT TOP 5 x FROM events") == statement_shape("SELECT TOP 1000 x FROM events")
+    assert statement_shape("CREATE INDEX v1ab_request_key_ix ON v1ab_request (request_key)") == \
+        "CREATE INDEX ct_request_key_ix ON ct_request (request_key)"
+    # What differs between two builders stays different: states, columns, hints.
+    assert statement_shape("UPDATE events SET ct_state=:s WHERE events.ct_state = 1") != \
+        statement_shape("UPDATE events SET ct_state=:s WHERE events.ct_state = 3")
+    assert statement_shape("SELECT x FROM events WITH (FORCESEEK)") != statement_shape("SELECT x FROM events")
+    assert statement_shape("SELECT ct_request.resource FROM ct_request") != \
+        statement_shape("SELECT ct_request.holder FROM ct_request")
+
+
+@pytest.mark.parametrize("dialect", GOLDEN_DIALECTS)
+def test_golden_files_parse_into_shapes_that_are_stable(dialect: str) -> None:
+    scripted = golden_statements((GOLDEN / f"{dialect}.sql").read_text(encoding="utf-8"))
+    assert len(scripted) > 100, "the scripted session's statements were not all found"
+    assert not any(s.lstrip().startswith("--") for s in scripted)
+    suite_path = GOLDEN / f"{dialect}.suite.sql"
+    assert suite_path.exists(), f"{suite_path} is missing; write it with CONTROLTABLE_CAPTURE_SQL_WRITE=1"
+    suite = golden_statements(suite_path.read_text(encoding="utf-8"))
+    for stmt in scripted + suite:
+        shape = statement_shape(stmt)
+        assert statement_shape(shape) == shape, stmt[:200]
+    held = {statement_shape(s) for s in scripted}
+    assert not [s for s in suite if statement_shape(s) in held], "the suite file repeats scripted statements"
+
+
+def test_a_statement_the_golden_files_lack_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    from support import sqlcapture
+
+    known = golden_statements((GOLDEN / "postgresql.sql").read_text(encoding="utf-8"))[5]
+    novel = "DELETE FROM ct_request WHERE ct_request.holder LIKE %(holder_1)s"
+    monkeypatch.setattr(sqlcapture, "_SEEN", {"postgresql": {statement_shape(s): s for s in (known, novel)}})
+    assert list(sqlcapture.missing_shapes("postgresql").values()) == [novel]
+    assert golden_shapes(GOLDEN, "postgresql") >= {statement_shape(known)}
