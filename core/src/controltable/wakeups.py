@@ -298,7 +298,9 @@ class Wakeups:
         prefix = f"{self.namespace}\x1f"
         start = time.monotonic()
         self.db.run(lambda conn: self._send_probe(conn, key))
-        deadline = start + self.probe_timeout
+        # The wait starts once the notification is committed: opening a pooled connection for the
+        # send can take a while on a loaded machine, and says nothing about delivery.
+        deadline = time.monotonic() + self.probe_timeout
         while (left := deadline - time.monotonic()) > 0:
             for note in raw.notifies(timeout=left, stop_after=1):
                 if note.payload == payload:
