@@ -550,3 +550,42 @@ def test_oracle_v1_upgrade_gives_ids_a_sequence_default() -> None:
                 name = "postgresql"
 
     ensure_oracle_ids(NotOracle(), build_schema().request)  # type: ignore[arg-type]  # nothing to do elsewhere
+
+
+def test_prepare_retries_a_short_lock_wait_until_the_table_is_free(ct: Any, event_table: Any, backend: str) -> None:
+    """Each DDL lock request waits ``DDL_LOCK_RETRY_WAIT`` seconds and is retried: a table busy for
+    longer than one wait but less than ``lock_timeout`` is prepared once it is free."""
+    import threading
+    import time
+
+    from sqlalchemy import create_engine, func, select, text
+
+    from controltable.defaults import DDL_LOCK_RETRY_WAIT
+
+    if backend == "sqlite":
+        pytest.skip("SQLite waits for its single writer (busy_timeout); no per-statement DDL lock timeout")
+    ev = event_table(3, prepare=False)
+    other = create_engine(ct.engine.url)
+    held = threading.Event()
+    busy = DDL_LOCK_RETRY_WAIT * 2 + 0.5
+
+    def hold() -> None:
+        with other.connect() as conn:
+            conn.begin()
+            conn.execute(select(func.count()).select_from(text(ev.name)))  # a lock the ALTER must wait for
+            held.set()
+            time.sleep(busy)
+            conn.rollback()
+
+    worker = threading.Thread(target=hold)
+    worker.start()
+    try:
+        assert held.wait(10)
+        started = time.monotonic()
+        done = ev.prepare(lock_timeout=int(busy * 4))
+        waited = time.monotonic() - started
+    finally:
+        worker.join()
+        other.dispose()
+    assert done and waited >= DDL_LOCK_RETRY_WAIT, (waited, done)
+    assert ev.claim(3, owner="w") is not None
