@@ -331,6 +331,9 @@ WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 SELECT ct_resource.name 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1;
+SELECT ct_resource.rate_per 
+FROM ct_resource 
+WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
 SELECT ct_grant_history.granted_at 
 FROM ct_grant_history 

@@ -339,6 +339,9 @@ WHERE ct_resource.namespace = %s AND ct_resource.name = %s;
 SELECT ct_resource.name 
 FROM ct_resource 
 WHERE ct_resource.namespace = %s;
+SELECT ct_resource.rate_per 
+FROM ct_resource 
+WHERE ct_resource.namespace = %s AND ct_resource.name = %s;
 SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
 SELECT ct_grant_history.granted_at 
 FROM ct_grant_history 

@@ -339,6 +339,9 @@ WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 SELECT ct_resource.name 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1;
+SELECT ct_resource.rate_per 
+FROM ct_resource 
+WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
 SELECT ct_grant_history.granted_at 
 FROM ct_grant_history 

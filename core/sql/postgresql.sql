@@ -339,6 +339,9 @@ WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(
 SELECT ct_resource.name 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR;
+SELECT ct_resource.rate_per 
+FROM ct_resource 
+WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR;
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
 SELECT ct_grant_history.granted_at 
 FROM ct_grant_history 

@@ -337,6 +337,9 @@ WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 SELECT ct_resource.name 
 FROM ct_resource 
 WHERE ct_resource.namespace = ?;
+SELECT ct_resource.rate_per 
+FROM ct_resource 
+WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
 SELECT ct_grant_history.granted_at 
 FROM ct_grant_history 

@@ -589,3 +589,19 @@ def test_prepare_retries_a_short_lock_wait_until_the_table_is_free(ct: Any, even
         other.dispose()
     assert done and waited >= DDL_LOCK_RETRY_WAIT, (waited, done)
     assert ev.claim(3, owner="w") is not None
+
+
+def test_pruning_keeps_the_grants_of_a_rate_window(ct: Any) -> None:
+    """A rate limit's budget is counted from the grant history: pruning (whatever ``older_than``)
+    keeps the grants inside each resource's rate period, and prunes the rest as before."""
+    import time
+
+    ct.set_capacity("limited", 5, rate=(10, 3600))
+    ct.set_capacity("free", 5)
+    for name in ("limited", "free"):
+        for holder in ("a", "b"):
+            ct.acquire(name, holder=holder, lease=30).release()
+    time.sleep(0.05)
+    assert ct.prune_history(0.01) == 2, "only the resource without a rate window is pruned"
+    assert len(ct.history("limited")) == 2 and ct.history("free") == []
+    assert ct.try_acquire("limited", holder="c", lease=30) is not None

@@ -114,6 +114,11 @@ def capacities(t: ControlSchema, namespace: str, names: Optional[Sequence[str]])
     return query.where(r.c.name.in_(names)) if names else query
 
 
+def rate_period(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
+    """The rate limit's period of a resource (NULL without a rate limit): pruning keeps that much."""
+    return select(t.resource.c.rate_per).where(*_resource_row(t, namespace, name))
+
+
 def capacity_of(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
     return select(t.resource.c.capacity).where(*_resource_row(t, namespace, name))
 

@@ -1173,7 +1173,11 @@ class SlotEngine:
     def prune_history(self, older_than: float, names: Optional[list[str]] = None,
                       max_batches: Optional[int] = None) -> int:
         """Delete ended grants made more than ``older_than`` seconds ago, in batches of
-        ``HISTORY_PRUNE_BATCH`` rows per transaction (each short; grants interleave)."""
+        ``HISTORY_PRUNE_BATCH`` rows per transaction (each short; grants interleave).
+
+        Never those inside a resource's rate window: its budget is counted from them, so a rate
+        period longer than ``older_than`` (up to 30 days against 7 of retention) keeps its grants
+        for the whole period."""
         if names is None:
             names = [row[0] for row in self.db.run(lambda c: c.execute(sql.resource_names(self.t, self.ns)).all())]
         total = 0
@@ -1181,7 +1185,8 @@ class SlotEngine:
             batches = 0
             while max_batches is None or batches < max_batches:
                 def fn(conn: Connection, name: str = name) -> int:
-                    before = read_now(conn) - older_than
+                    period = conn.scalar(sql.rate_period(self.t, self.ns, name))
+                    before = read_now(conn) - max(older_than, float(period or 0.0))
                     edge = conn.scalar(sql.prune_edge(self.t, self.ns, name, before, HISTORY_PRUNE_BATCH))
                     if edge is None:  # fewer than a batch left: the rest
                         return dialects.changed_rows(conn, sql.delete_ended(self.t, self.ns, name, before, False),
