@@ -34,6 +34,7 @@ from controltable import (
     NotInstalledError,
     PermissionDeniedError,
     PoolerError,
+    ReadOnlyDatabaseError,
     StatementTimeoutError,
     TooManyConnectionsError,
     UnexpectedDatabaseError,
@@ -90,7 +91,8 @@ def wrapped(orig: Exception, invalidated: bool = False) -> sa_exc.DBAPIError:
 PG_CASES = [
     ("40001", Kind.TRANSIENT), ("40P01", Kind.TRANSIENT), ("55P03", Kind.TRANSIENT),
     ("57P01", Kind.UNAVAILABLE), ("57P02", Kind.UNAVAILABLE), ("57P03", Kind.UNAVAILABLE),
-    ("53300", Kind.TOO_MANY_CONNECTIONS), ("08006", Kind.UNAVAILABLE), ("08001", Kind.UNAVAILABLE),
+    ("53300", Kind.TOO_MANY_CONNECTIONS), ("25006", Kind.READ_ONLY),
+    ("08006", Kind.UNAVAILABLE), ("08001", Kind.UNAVAILABLE),
     ("08P01", Kind.UNAVAILABLE), ("42P05", Kind.POOLER), ("26000", Kind.POOLER),
     ("28P01", Kind.AUTHENTICATION), ("28000", Kind.AUTHENTICATION), ("3D000", Kind.MISSING_DATABASE),
     ("42501", Kind.PERMISSION), ("42P01", Kind.NOT_INSTALLED), ("42703", Kind.NOT_INSTALLED),
@@ -140,6 +142,7 @@ MYSQL_CASES = [
     (1205, Kind.TRANSIENT), (1213, Kind.TRANSIENT),
     (2002, Kind.UNAVAILABLE), (2003, Kind.UNAVAILABLE), (2006, Kind.UNAVAILABLE), (2013, Kind.UNAVAILABLE),
     (2055, Kind.UNAVAILABLE), (1927, Kind.UNAVAILABLE), (1053, Kind.UNAVAILABLE),
+    (1290, Kind.READ_ONLY), (1792, Kind.READ_ONLY), (1836, Kind.READ_ONLY),
     (1040, Kind.TOO_MANY_CONNECTIONS), (1203, Kind.TOO_MANY_CONNECTIONS), (1226, Kind.TOO_MANY_CONNECTIONS),
     (1180, Kind.TRANSIENT), (1047, Kind.UNAVAILABLE), (1267, Kind.BAD_VALUE), (1271, Kind.BAD_VALUE),
     (1045, Kind.AUTHENTICATION), (1698, Kind.AUTHENTICATION), (1049, Kind.MISSING_DATABASE),
@@ -159,7 +162,8 @@ def test_mysql_codes(code: int, kind: Kind) -> None:
 
 MSSQL_CASES = [
     ("40001", 1205, Kind.TRANSIENT), ("HY000", 1222, Kind.TRANSIENT), ("08S01", 10054, Kind.UNAVAILABLE),
-    ("08001", 0, Kind.UNAVAILABLE), ("28000", 18456, Kind.AUTHENTICATION), ("42000", 4060, Kind.MISSING_DATABASE),
+    ("08001", 0, Kind.UNAVAILABLE), ("42000", 3906, Kind.READ_ONLY),
+    ("28000", 18456, Kind.AUTHENTICATION), ("42000", 4060, Kind.MISSING_DATABASE),
     ("42000", 229, Kind.PERMISSION), ("42000", 230, Kind.PERMISSION), ("42S02", 208, Kind.NOT_INSTALLED),
     ("42S22", 207, Kind.NOT_INSTALLED), ("HYT00", 0, Kind.TIMEOUT), ("23000", 2627, Kind.CONFLICT),
     ("22001", 8152, Kind.BAD_VALUE), ("42000", 102, Kind.OTHER),
@@ -174,6 +178,7 @@ def test_sql_server_codes(state: str, number: int, kind: Kind) -> None:
 ORACLE_CASES = [
     ("ORA-00060", Kind.TRANSIENT), ("ORA-08177", Kind.TRANSIENT), ("ORA-03113", Kind.UNAVAILABLE),
     ("ORA-03114", Kind.UNAVAILABLE), ("ORA-12541", Kind.UNAVAILABLE), ("DPY-4011", Kind.UNAVAILABLE),
+    ("ORA-16000", Kind.READ_ONLY),
     ("ORA-00018", Kind.TOO_MANY_CONNECTIONS), ("ORA-00020", Kind.TOO_MANY_CONNECTIONS),
     ("ORA-01017", Kind.AUTHENTICATION), ("ORA-12514", Kind.MISSING_DATABASE), ("ORA-01031", Kind.PERMISSION),
     ("ORA-00942", Kind.NOT_INSTALLED), ("ORA-00904", Kind.NOT_INSTALLED), ("DPY-4024", Kind.TIMEOUT),
@@ -226,6 +231,7 @@ def db(tmp_path: Path) -> Iterator[Database]:
     (psycopg_error("42P01"), NotInstalledError, "controltable init"),
     (psycopg_error("57P03"), DatabaseUnavailableError, "server is running"),
     (psycopg_error("53300"), TooManyConnectionsError, "connection limit"),
+    (psycopg_error("25006"), ReadOnlyDatabaseError, "target_session_attrs=read-write"),
     (psycopg_error("42P05"), PoolerError, "connection pooler in transaction mode"),
     (psycopg_error("26000"), PoolerError, "listen_url"),
     (psycopg_error("57014"), StatementTimeoutError, "statement_timeout"),
@@ -336,10 +342,17 @@ def test_postgres_connect_args_keep_the_urls_own_settings() -> None:
     args = ct_connect.connect_args(url, connect_timeout=0.5, statement_timeout=30)
     assert args["connect_timeout"] == 2  # libpq's minimum
     assert "keepalives_idle" not in args  # the URL says 99
-    assert args["options"] == "-c search_path=x -c statement_timeout=30000"
+    # No startup options of our own (a pooler refuses them): the URL's own pass through untouched.
+    assert "options" not in args
     assert args["keepalives"] == 1 and args["tcp_user_timeout"] > 0
+    assert "prepare_threshold" in args and args["prepare_threshold"] is None  # no server-side prepares
     none = ct_connect.connect_args(make_url("postgresql+psycopg://u@h/db"), connect_timeout=5, statement_timeout=None)
     assert "options" not in none
+    own = ct_connect.connect_args(make_url("postgresql+psycopg://u@h/db?prepare_threshold=5"), connect_timeout=5,
+                                  statement_timeout=30)
+    assert own["prepare_threshold"] == 5  # the URL's choice wins, as the number psycopg needs
+    assert "prepare_threshold" not in ct_connect.connect_args(
+        make_url("postgresql+psycopg2://u@h/db"), connect_timeout=5, statement_timeout=30)
 
 
 def test_connect_args_per_driver() -> None:
@@ -383,7 +396,11 @@ def test_isolation_is_set_once_per_connection(backend_url: str) -> None:
         assert (getattr(dialect, "_on_connect_isolation_level", None) or dialect.isolation_level) == "READ COMMITTED"
         if engine.dialect.name == "postgresql":
             assert ct.db.run(lambda c: c.exec_driver_sql("SHOW transaction_isolation").scalar()) == "read committed"
-            assert ct.db.run(lambda c: c.exec_driver_sql("SHOW statement_timeout").scalar()) == "2min"
+            # No session state (a pooler would hand it to someone else, or lose it): the statement
+            # timeout is kept by the client (test_connect_deadlines.py).
+            assert ct.db.run(lambda c: c.exec_driver_sql("SHOW statement_timeout").scalar()) == ct.db.run(
+                lambda c: c.exec_driver_sql("SELECT reset_val FROM pg_settings WHERE name = 'statement_timeout'")
+                .scalar())
             return
         assert ct.db.run(lambda c: c.exec_driver_sql("SELECT @@tx_isolation").scalar()) == "READ-COMMITTED"
         assert float(ct.db.run(lambda c: c.exec_driver_sql("SELECT @@max_statement_time").scalar())) == 120.0
@@ -755,3 +772,34 @@ def test_a_prepared_statement_clash_behind_pgbouncer_is_a_pooler_error(transacti
             ct.close()
         for engine in engines:
             engine.dispose()
+
+
+@pytest.mark.backends("postgres", "mysql")
+def test_a_server_that_takes_no_writes_is_reported_as_read_only(backend_url: str) -> None:
+    """A standby (here: a session the server makes read-only) is named as such, with the fix, and retried."""
+    from sqlalchemy.engine import make_url as _make_url
+
+    url = _make_url(backend_url)
+    with ControlTable(backend_url) as writable:
+        writable.install()
+    if url.get_backend_name() == "postgresql":
+        # The server refuses writes exactly as a hot standby does (SQLSTATE 25006).
+        ro = url.update_query_dict({"options": "-c default_transaction_read_only=on"})
+    else:
+        ro = url  # MariaDB: made read-only per transaction below (1792)
+    ct = ControlTable(ro.render_as_string(hide_password=False), namespace=f"ro{uuid.uuid4().hex[:8]}")
+    try:
+        if url.get_backend_name() != "postgresql":
+            from sqlalchemy import event as _event
+
+            @_event.listens_for(ct.engine, "begin")
+            def _read_only(conn: Any) -> None:
+                conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+        with pytest.raises(ReadOnlyDatabaseError) as caught:
+            ct.set_capacity("warehouse", 2)  # a write (the control tables exist: install() writes nothing)
+        text_ = str(caught.value)
+        assert "takes no writes" in text_ and "target_session_attrs=read-write" in text_
+        assert "report it" not in text_
+        assert is_retryable(caught.value)
+    finally:
+        ct.close()

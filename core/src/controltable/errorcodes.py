@@ -33,6 +33,10 @@ class Kind(enum.Enum):
     #: The server (or the role, or the user) is at its connection limit. Nothing ran; retried
     #: like UNAVAILABLE (other processes' connections come and go), with its own fix.
     TOO_MANY_CONNECTIONS = "too many connections"
+    #: The server takes no writes: a standby, a primary demoted by a failover, or a database set
+    #: read-only. Nothing was written; retried like UNAVAILABLE before COMMIT (with the pool's
+    #: connections dropped, a multi-host URL's next connection finds the new primary), with its own fix.
+    READ_ONLY = "read only"
     #: A connection pooler in transaction mode is in the way: it refused a startup parameter
     #: (PgBouncer's "unsupported startup parameter", 08P01 at connect), or a server-side prepared
     #: statement met another session's (42P05) or was gone (26000) because consecutive
@@ -68,6 +72,7 @@ _PG_EXACT = {
     "57P02": Kind.UNAVAILABLE,  # crash_shutdown
     "57P03": Kind.UNAVAILABLE,  # cannot_connect_now (starting up / shutting down)
     "57P05": Kind.UNAVAILABLE,  # idle_session_timeout
+    "25006": Kind.READ_ONLY,  # read_only_sql_transaction (a hot standby, default_transaction_read_only)
     "53300": Kind.TOO_MANY_CONNECTIONS,  # too_many_connections (server max_connections or the role's limit)
     # A prepared statement of "this session" already exists / is unknown: the pooler handed this
     # transaction another server connection than the one the statement was prepared on. No
@@ -120,6 +125,9 @@ _MYSQL = {
     1203: Kind.TOO_MANY_CONNECTIONS,  # ER_TOO_MANY_USER_CONNECTIONS (max_user_connections)
     1226: Kind.TOO_MANY_CONNECTIONS,  # ER_USER_LIMIT_REACHED (MAX_USER_CONNECTIONS of the account)
     1053: Kind.UNAVAILABLE,  # ER_SERVER_SHUTDOWN
+    1290: Kind.READ_ONLY,  # ER_OPTION_PREVENTS_STATEMENT (--read-only / super_read_only: a replica)
+    1792: Kind.READ_ONLY,  # ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION
+    1836: Kind.READ_ONLY,  # ER_READ_ONLY_MODE
     # Galera (MariaDB Galera Cluster, Percona XtraDB Cluster). Row locks are local to a node: the
     # loser of a write conflict between nodes learns it at COMMIT, as 1213 (ER_LOCK_DEADLOCK, a
     # certification failure: the write set was not applied anywhere, so the transaction is
@@ -177,6 +185,7 @@ _MSSQL_NUMBER = {
     10054: Kind.UNAVAILABLE,  # connection reset by peer
     10060: Kind.UNAVAILABLE,  # connection timed out
     10061: Kind.UNAVAILABLE,  # connection refused
+    3906: Kind.READ_ONLY,  # the database is read-only (an availability group's secondary)
     40613: Kind.UNAVAILABLE,  # (Azure) database not currently available
     40197: Kind.UNAVAILABLE,  # (Azure) service error processing the request
     40501: Kind.UNAVAILABLE,  # (Azure) service busy
@@ -230,6 +239,7 @@ _ORACLE = {
     "ORA-12520": Kind.UNAVAILABLE,  # listener could not find an available handler
     "ORA-12516": Kind.UNAVAILABLE,  # listener could not find an available handler
     "ORA-12519": Kind.UNAVAILABLE,  # no appropriate service handler found
+    "ORA-16000": Kind.READ_ONLY,  # database or pluggable database open for read-only access (a standby)
     "ORA-00020": Kind.TOO_MANY_CONNECTIONS,  # maximum number of processes exceeded
     "ORA-00018": Kind.TOO_MANY_CONNECTIONS,  # maximum number of sessions exceeded
     "DPY-4011": Kind.UNAVAILABLE,  # the database or network closed the connection

@@ -70,6 +70,15 @@ class TooManyConnectionsError(DatabaseUnavailableError):
     """
 
 
+class ReadOnlyDatabaseError(DatabaseUnavailableError):
+    """The server takes no writes: a standby, or a primary that a failover demoted.
+
+    Retried like an unreachable server while the caller's time allows (with several hosts in the
+    URL and ``target_session_attrs=read-write`` the next connection finds the new primary);
+    ``is_retryable`` says yes.
+    """
+
+
 class StatementTimeoutError(DatabaseUnavailableError):
     """A statement ran longer than the statement timeout and was cancelled (nothing was committed)."""
 
