@@ -38,6 +38,7 @@ from sqlalchemy import select
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "airflow"))
+sys.path.insert(0, str(ROOT / "tests"))  # live_airflow imports the shared test helpers (support.live)
 
 from live_airflow import LiveAirflow, live_intervals, state_mismatches  # noqa: E402
 
