@@ -377,7 +377,7 @@ SELECT events.event_id, events.payload, events.ct_state, events.ct_owner, events
 FROM events 
 WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= %s) ORDER BY events.event_id 
  LIMIT %s FOR UPDATE SKIP LOCKED;
-UPDATE events SET ct_state=%s, ct_owner=%s, ct_token=%s, ct_expires_at=%s, ct_attempts=(events.ct_attempts + %s) WHERE events.event_id IN (%s, %s, %s, %s, %s);
+UPDATE events SET ct_state=%s, ct_owner=%s, ct_token=%s, ct_expires_at=%s, ct_attempts=(events.ct_attempts + %s) WHERE events.event_id IN (%s, %s, %s, %s, %s, %s, %s, %s);
 
 -- ===== batch complete (fenced on the batch token) =====
 UPDATE events SET ct_state=%s, ct_expires_at=%s, ct_error=%s, ct_done_at=(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) WHERE events.ct_token = %s AND events.ct_state = 1;
@@ -392,11 +392,11 @@ SELECT events.event_id, events.payload, events.ct_state, events.ct_owner, events
 FROM events 
 WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= %s) ORDER BY events.event_id 
  LIMIT %s FOR UPDATE SKIP LOCKED;
-UPDATE events SET ct_state=%s, ct_owner=%s, ct_token=%s, ct_expires_at=%s, ct_attempts=(events.ct_attempts + %s) WHERE events.event_id IN (%s, %s, %s, %s, %s);
+UPDATE events SET ct_state=%s, ct_owner=%s, ct_token=%s, ct_expires_at=%s, ct_attempts=(events.ct_attempts + %s) WHERE events.event_id IN (%s, %s, %s, %s, %s, %s, %s, %s);
 SELECT events.event_id 
 FROM events 
-WHERE events.event_id IN (%s, %s, %s, %s, %s) AND events.ct_token = %s AND events.ct_state = 1 FOR UPDATE;
-UPDATE events SET ct_state=CASE WHEN (events.ct_attempts >= %s) THEN %s ELSE %s END, ct_owner=%s, ct_token=%s, ct_expires_at=%s, ct_available_at=CASE WHEN (events.ct_attempts >= %s) THEN NULL WHEN (events.ct_attempts <= %s) THEN (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) + %s WHEN (events.ct_attempts <= %s) THEN (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) + %s WHEN (events.ct_attempts <= %s) THEN (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) + %s WHEN (events.ct_attempts <= %s) THEN (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) + %s ELSE (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) + %s END, ct_error=%s WHERE events.event_id IN (%s, %s, %s, %s, %s) AND events.ct_token = %s AND events.ct_state = 1;
+WHERE events.event_id IN (%s, %s, %s, %s, %s, %s, %s, %s) AND events.ct_token = %s AND events.ct_state = 1 FOR UPDATE;
+UPDATE events SET ct_state=CASE WHEN (events.ct_attempts >= %s) THEN %s ELSE %s END, ct_owner=%s, ct_token=%s, ct_expires_at=%s, ct_available_at=CASE WHEN (events.ct_attempts >= %s) THEN NULL WHEN (events.ct_attempts <= %s) THEN (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) + %s WHEN (events.ct_attempts <= %s) THEN (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) + %s WHEN (events.ct_attempts <= %s) THEN (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) + %s WHEN (events.ct_attempts <= %s) THEN (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) + %s ELSE (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) + %s END, ct_error=%s WHERE events.event_id IN (%s, %s, %s, %s, %s, %s, %s, %s) AND events.ct_token = %s AND events.ct_state = 1;
 
 -- ===== batch renew and release =====
 SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;

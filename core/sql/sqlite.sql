@@ -390,8 +390,8 @@ WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_avail
  LIMIT ? OFFSET ?) RETURNING event_id, payload, ct_state, ct_owner, ct_token, ct_expires_at, ct_available_at, ct_attempts, ct_error, ct_done_at;
 SELECT events.event_id 
 FROM events 
-WHERE events.event_id IN (?, ?, ?, ?, ?) AND events.ct_token = ? AND events.ct_state = 1;
-UPDATE events SET ct_state=CASE WHEN (events.ct_attempts >= ?) THEN ? ELSE ? END, ct_owner=?, ct_token=?, ct_expires_at=?, ct_available_at=CASE WHEN (events.ct_attempts >= ?) THEN NULL WHEN (events.ct_attempts <= ?) THEN ((julianday('now') - 2440587.5) * 86400.0) + ? WHEN (events.ct_attempts <= ?) THEN ((julianday('now') - 2440587.5) * 86400.0) + ? WHEN (events.ct_attempts <= ?) THEN ((julianday('now') - 2440587.5) * 86400.0) + ? WHEN (events.ct_attempts <= ?) THEN ((julianday('now') - 2440587.5) * 86400.0) + ? ELSE ((julianday('now') - 2440587.5) * 86400.0) + ? END, ct_error=? WHERE events.event_id IN (?, ?, ?, ?, ?) AND events.ct_token = ? AND events.ct_state = 1;
+WHERE events.event_id IN (?, ?, ?, ?, ?, ?, ?, ?) AND events.ct_token = ? AND events.ct_state = 1;
+UPDATE events SET ct_state=CASE WHEN (events.ct_attempts >= ?) THEN ? ELSE ? END, ct_owner=?, ct_token=?, ct_expires_at=?, ct_available_at=CASE WHEN (events.ct_attempts >= ?) THEN NULL WHEN (events.ct_attempts <= ?) THEN ((julianday('now') - 2440587.5) * 86400.0) + ? WHEN (events.ct_attempts <= ?) THEN ((julianday('now') - 2440587.5) * 86400.0) + ? WHEN (events.ct_attempts <= ?) THEN ((julianday('now') - 2440587.5) * 86400.0) + ? WHEN (events.ct_attempts <= ?) THEN ((julianday('now') - 2440587.5) * 86400.0) + ? ELSE ((julianday('now') - 2440587.5) * 86400.0) + ? END, ct_error=? WHERE events.event_id IN (?, ?, ?, ?, ?, ?, ?, ?) AND events.ct_token = ? AND events.ct_state = 1;
 
 -- ===== batch renew and release =====
 SELECT events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 

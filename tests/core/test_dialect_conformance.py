@@ -134,7 +134,23 @@ def test_mssql_no_claim_or_completion_statement_touches_more_rows_than_the_cap()
             assert 0 < _rows_named(s) <= MSSQL_ROWS_PER_STATEMENT, s[:200]
     large_complete = statements("mssql", f"batch complete of {LARGE}", large=LARGE)
     sizes = {_rows_named(s) for s in large_complete if s.startswith("UPDATE")}  # (identical texts print once)
-    assert sizes and max(sizes) <= MSSQL_ROWS_PER_STATEMENT and LARGE % max(sizes) in sizes, sizes
+    # Chunks of 900 keys, the last padded to one of a few lengths (a plan per length, not per count).
+    from controltable.dialects import IN_LIST_SIZES
+
+    assert sizes and max(sizes) <= MSSQL_ROWS_PER_STATEMENT and sizes <= set(IN_LIST_SIZES), sizes
+
+
+@pytest.mark.parametrize("dialect", ["mssql", "oracle"])
+def test_key_lists_come_in_a_few_lengths(dialect: str) -> None:
+    from controltable.dialects import IN_LIST_SIZES, padded_keys
+
+    assert padded_keys([]) == [] and padded_keys([1, 2, 3]) == [1, 2, 3, 3]
+    assert [len(padded_keys(range(n))) for n in (1, 5, 513, 900)] == [1, 8, 900, 900]
+    lengths = set()
+    for s in statements(dialect, large=LARGE):
+        for group in re.findall(r"events\.event_id IN \((:[^)]*)\)", s):  # bound key lists, not subqueries
+            lengths.add(group.count(",") + 1)
+    assert lengths and lengths <= set(IN_LIST_SIZES), lengths
 
 
 def test_mssql_admin_updates_page_by_key_under_the_cap() -> None:

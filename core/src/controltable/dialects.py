@@ -6,7 +6,7 @@ passes them through the helpers here; nothing else in the package looks at the d
 
 from __future__ import annotations
 
-from typing import Any, Optional, TypeVar
+from typing import Any, Optional, Sequence, TypeVar
 
 from sqlalchemy import BigInteger, Float, String, Text, bindparam, event
 from sqlalchemy.dialects import mssql, oracle
@@ -388,6 +388,25 @@ def max_in_list(dialect_name: str) -> int:
     """The most keys to put in one ``IN (...)`` list: Oracle allows 1000 items and SQL Server
     2100 parameters per statement; the others take far more, and fewer statements is faster."""
     return 900 if dialect_name in ("oracle", "mssql", "sqlite") else 5000
+
+
+#: The lengths key lists are padded to (see :func:`padded_keys`); the last is the most keys one
+#: statement takes (``events.statements.CHUNK``).
+IN_LIST_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 900)
+
+
+def padded_keys(keys: Sequence[Any]) -> list[Any]:
+    """``keys`` padded to the next of :data:`IN_LIST_SIZES` by repeating the last key.
+
+    SQL Server and Oracle cache one plan per statement text, and an ``IN`` list of n bound
+    keys is its own text for every n: lists of 1 to 900 keys would fill the plan cache with up to
+    900 plans of each statement. Padded, a statement has at most 11 texts. A repeated key changes
+    nothing an ``IN`` selects, so every backend gets the same lists."""
+    out = list(keys)
+    if not out:
+        return out
+    size = next((n for n in IN_LIST_SIZES if n >= len(out)), len(out))
+    return out + [out[-1]] * (size - len(out))
 
 
 def supports_partial_index(dialect_name: str) -> bool:

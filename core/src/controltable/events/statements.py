@@ -209,8 +209,9 @@ def claim_returning(
 def update_keys(table: Table, key: str, keys: Sequence[Any], values: dict[str, Any],
                 *conditions: ColumnElement[Any]) -> Any:
     """``UPDATE <table> SET values WHERE key IN (keys) AND conditions``: a seek of the key's
-    index on SQL Server (:func:`dialects.seek_keyed`), the keys bound with the key column's type."""
-    stmt = update(table).where(table.c[key].in_(list(keys)), *conditions).values(values)
+    index on SQL Server (:func:`dialects.seek_keyed`), the keys bound with the key column's type
+    and padded to a few list lengths (:func:`dialects.padded_keys`)."""
+    stmt = update(table).where(table.c[key].in_(dialects.padded_keys(keys)), *conditions).values(values)
     return dialects.seek_keyed(stmt, table)
 
 
@@ -232,8 +233,8 @@ def with_token(table: Table, cols: ClaimColumns, token: int) -> Any:
 def rows_by_keys(table: Table, cols: ClaimColumns, key: str, keys: Sequence[Any]) -> Any:
     """The user columns and the claim history (attempts, expiry, token) of ``keys``."""
     user = [c for c in table.c if not cols.is_claim_column(c.name)]
-    return dialects.seek_keyed(select(*user, cols.of(table, "attempts"), cols.of(table, "expires_at"),
-                                      cols.of(table, "token")).where(table.c[key].in_(list(keys))), table)
+    stmt = select(*user, cols.of(table, "attempts"), cols.of(table, "expires_at"), cols.of(table, "token"))
+    return dialects.seek_keyed(stmt.where(table.c[key].in_(dialects.padded_keys(keys))), table)
 
 
 # -- finishing (all fenced on the batch token) ---------------------------------------------------
@@ -241,7 +242,7 @@ def keys_where(table: Table, key: str, keys: Sequence[Any], conditions: Sequence
                *, lock: bool = False) -> Any:
     """Which of ``keys`` meet ``conditions`` now: with row locks if ``lock``, else (SQL Server)
     looked up through the key's index, never by scanning past other workers' locked rows."""
-    stmt = select(table.c[key]).where(table.c[key].in_(list(keys)), *conditions)
+    stmt = select(table.c[key]).where(table.c[key].in_(dialects.padded_keys(keys)), *conditions)
     if lock:
         return dialects.lock_rows(stmt, table, seek=True)
     return dialects.seek_keyed(stmt, table)
