@@ -9,12 +9,24 @@ server pump looks for the ``COMMIT`` both drivers send (psycopg's ``conn.commit(
   server commits, the client never hears of it (the ambiguous case idempotency must handle).
 
 ``cut_all()`` drops every open connection at once (as a network blip or a proxy restart would).
+
+A silent network (``silence(mode)``, ``restore()``), for the timeout bounds:
+
+* ``blackhole``: the proxy keeps every connection open, reads (so the kernel ACKs) and discards
+  whatever arrives, in both directions, and accepts new connections that it never answers - a
+  hung pooler or a half-open proxy;
+* ``drop``: nothing is read or forwarded any more and new connections are not accepted (they sit
+  in the listen backlog): the path is gone, nothing is answered, nothing is closed.
+
+``silence_after_bytes`` (per connection, server to client) black-holes each new connection by
+itself once that many bytes of answers went through (a statement in the middle of a transaction).
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -30,12 +42,14 @@ class ProxyStats:
 
 
 class _Link:
-    def __init__(self, proxy: FaultProxy, client: socket.socket, server: socket.socket) -> None:
+    def __init__(self, proxy: FaultProxy, client: socket.socket, server: Optional[socket.socket]) -> None:
         self.proxy = proxy
         self.client = client
         self.server = server
         self.closed = False
         self.lock = threading.Lock()
+        self.answered = 0
+        self.silent = False
 
     def close(self) -> None:
         with self.lock:
@@ -43,6 +57,8 @@ class _Link:
                 return
             self.closed = True
         for s in (self.client, self.server):
+            if s is None:
+                continue
             try:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
@@ -50,12 +66,14 @@ class _Link:
             s.close()
         self.proxy._forget(self)
 
-    def pump(self, src: socket.socket, dst: socket.socket, inspect: bool) -> None:
+    def pump(self, src: socket.socket, dst: Optional[socket.socket], inspect: bool) -> None:
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
+                if dst is None or not self.proxy._pass(self, data, inspect):
+                    continue  # black hole: read (ACKed by the kernel) and thrown away
                 if inspect and b"COMMIT" in data:
                     cut = self.proxy._commit_seen()
                     if cut == "before":
@@ -88,8 +106,40 @@ class FaultProxy:
         self._listener.bind(("127.0.0.1", self.port))
         self._listener.listen(256)
         self._closed = False
+        #: "forward", "blackhole" or "drop" (see the module's docstring).
+        self.mode = "forward"
+        self._flowing = threading.Event()
+        self._flowing.set()
+        #: Black-hole each connection after this many bytes from the server (0: never).
+        self.silence_after_bytes = 0
         self._thread = threading.Thread(target=self._accept, name="fault-proxy", daemon=True)
         self._thread.start()
+
+    def silence(self, mode: str = "blackhole") -> None:
+        """Make the network silent: ``blackhole`` (ACKs, never answers) or ``drop`` (the path is gone)."""
+        assert mode in ("blackhole", "drop")
+        self.mode = mode
+        if mode == "drop":
+            self._flowing.clear()
+
+    def restore(self) -> None:
+        self.mode = "forward"
+        self._flowing.set()
+
+    def _pass(self, link: _Link, data: bytes, from_client: bool) -> bool:
+        """Whether ``data`` goes on; a dropped path holds it (and the pump) until ``restore()``."""
+        if self.mode == "drop":
+            while not self._flowing.wait(0.2):
+                if self._closed or link.closed:
+                    return False
+        if self.mode == "blackhole" or link.silent:
+            return False
+        if not from_client and self.silence_after_bytes:
+            link.answered += len(data)
+            if link.answered > self.silence_after_bytes:
+                link.silent = True
+                return False
+        return True
 
     def _accept(self) -> None:
         while not self._closed:
@@ -97,6 +147,15 @@ class FaultProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            while self.mode == "drop" and not self._closed:
+                time.sleep(0.1)  # accepted by the kernel, never by us: a SYN-ACK and then nothing
+            if self.mode == "blackhole":
+                link = _Link(self, client, None)
+                with self._lock:
+                    self._links.add(link)
+                    self.stats.connections += 1
+                threading.Thread(target=link.pump, args=(client, None, True), daemon=True).start()
+                continue
             try:
                 server = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=5)
                 server.settimeout(None)

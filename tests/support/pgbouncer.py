@@ -114,6 +114,10 @@ class PgBouncer:
             "logfile": str(self.dir / "pgbouncer.log"),
             "pidfile": str(self.dir / "pgbouncer.pid"),
             "admin_users": user,
+            # The one change from the package's defaults: idle server connections go back to the
+            # shared test server after 10 s (600 s by default), so the two poolers of a run do not
+            # sit on connections the other test sessions on the machine need.
+            "server_idle_timeout": "10",
         }
         settings.update(self.settings)
         ini = self.dir / "pgbouncer.ini"

@@ -4,19 +4,27 @@
 driver receives can be unit-tested without a server; ``on_connect`` applies the settings that
 drivers only take on an open connection. Both run once per new DBAPI connection, never per
 checkout: a pooled connection keeps its settings, so a transaction costs no extra round trips.
+:class:`StatementGuard` bounds each statement (and commit) on the client, from the statement
+timeout and the deadline of the caller's ``timeout=``: a silent network (a peer that ACKs and
+never answers, a dropped path) cannot hold a call past its deadline.
 
 What each backend gets (every key the URL's query string already sets is left alone, so a user
 can override any of them there):
 
 =============  ===========================================================================
 PostgreSQL     ``connect_timeout`` (libpq: whole seconds, at least 2; covers the login),
-(psycopg,      ``keepalives*``, ``tcp_user_timeout``, ``options=-c statement_timeout=<ms>``
-psycopg2)      (appended to the URL's own ``options``). Behind PgBouncer in transaction mode,
-               which refuses startup options, pass ``statement_timeout=None``.
+(psycopg,      ``keepalives*``, ``tcp_user_timeout``; psycopg 3: ``prepare_threshold=None``
+psycopg2)      (no server-side prepared statements). No startup ``options`` and no session
+               ``SET``: a connection pooler (PgBouncer in transaction or session mode) refuses
+               startup options, and hands the next transaction another server connection, where
+               prepared statements and session settings do not exist. The statement timeout is
+               kept by the client instead (:class:`StatementGuard`): a cancel request when a
+               statement overruns, then the socket closed if even that is not answered.
 MySQL/MariaDB  ``connect_timeout``; ``read_timeout``/``write_timeout`` = statement timeout +
 (PyMySQL,      a margin (the client gives up on a silent server); during the handshake the read
-mysqlclient)   timeout is the connect timeout. Server side, once per connection: MariaDB
-               ``max_statement_time``, MySQL ``max_execution_time`` (SELECTs only).
+mysqlclient)   timeout is the connect timeout; PyMySQL's are shortened per statement to the
+               caller's deadline (:class:`StatementGuard`). Server side, once per connection:
+               MariaDB ``max_statement_time``, MySQL ``max_execution_time`` (SELECTs only).
 SQL Server     ``timeout`` (login timeout); the connection's query ``timeout`` = statement
 (pyodbc)       timeout. TCP keepalive is the ODBC driver's (``KeepAlive``, 30 s by default).
 Oracle         ``tcp_connect_timeout``, ``expire_time`` (keepalive probes, minutes); the
@@ -27,8 +35,14 @@ SQLite         ``timeout`` and ``PRAGMA busy_timeout`` = statement timeout (or 6
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import math
+import os
+import socket
+import threading
+import time
 from typing import Any, Optional
 
 from . import defaults
@@ -36,6 +50,14 @@ from . import defaults
 log = logging.getLogger("controltable")
 
 READ_COMMITTED = "READ COMMITTED"
+
+#: psycopg 3 prepares a statement on the server after its 5th execution on a connection; behind a
+#: pooler in transaction mode the next transaction may run on another server connection, where
+#: the name is unknown or taken (``DuplicatePreparedStatement``). Off everywhere, until a pooler
+#: can be detected before the first statement: uncontended acquire+release on a direct connection
+#: measured 1.13-1.34x slower with them off (median of interleaved rounds, a loaded 2-core machine).
+#: A URL's ``?prepare_threshold=5`` turns them back on for a direct connection.
+PREPARED_STATEMENTS_OFF = True
 
 
 def _ms(seconds: float) -> int:
@@ -66,13 +88,14 @@ def connect_args(url: Any, *, connect_timeout: float, statement_timeout: Optiona
             keepalives_count=defaults.KEEPALIVE_COUNT,
             tcp_user_timeout=defaults.TCP_USER_TIMEOUT_MS,
         )
-        if statement_timeout:
-            setting = f"-c statement_timeout={_ms(statement_timeout)}"
-            own = url.query.get("options") if "options" in taken else None
-            if isinstance(own, (tuple, list)):
-                own = " ".join(own)
-            if own is None or "statement_timeout" not in str(own):
-                out["options"] = f"{own} {setting}" if own else setting
+        if driver == "psycopg":
+            own = url.query.get("prepare_threshold") if "prepare_threshold" in taken else None
+            if own is not None:
+                # The URL's choice, as the number psycopg needs (a query string holds text).
+                text = str(own[-1] if isinstance(own, (tuple, list)) else own).strip().lower()
+                out["prepare_threshold"] = None if text in ("", "none", "null", "off") else int(text)
+            elif PREPARED_STATEMENTS_OFF:
+                out["prepare_threshold"] = None
     elif backend == "mysql" and driver in ("pymysql", "mysqldb"):
         out["connect_timeout"] = connect_timeout if driver == "pymysql" else max(1, int(math.ceil(connect_timeout)))
         if driver == "pymysql":
@@ -91,8 +114,8 @@ def connect_args(url: Any, *, connect_timeout: float, statement_timeout: Optiona
             out["expire_time"] = max(1, int(math.ceil(defaults.KEEPALIVE_IDLE / 60)))
     elif backend == "sqlite":
         out["timeout"] = busy_timeout(statement_timeout)
-    # The URL's own settings win; ``options`` was merged with the URL's above.
-    return {k: v for k, v in out.items() if k not in taken or k == "options"}
+    # The URL's own settings win (prepare_threshold was read from the URL above).
+    return {k: v for k, v in out.items() if k not in taken or k == "prepare_threshold"}
 
 
 def on_connect(dialect: Any, dbapi_conn: Any, *, statement_timeout: Optional[float], url: Any) -> None:
@@ -100,13 +123,6 @@ def on_connect(dialect: Any, dbapi_conn: Any, *, statement_timeout: Optional[flo
     name = dialect.name
     driver = getattr(dialect, "driver", "")
     taken = _query_keys(url)
-    if name == "mysql" and driver == "pymysql":
-        client = statement_timeout + defaults.CLIENT_TIMEOUT_MARGIN if statement_timeout else None
-        # PyMySQL reads its read/write timeouts from these attributes on every socket operation.
-        if "read_timeout" not in taken and hasattr(dbapi_conn, "_read_timeout"):
-            dbapi_conn._read_timeout = client
-        if "write_timeout" not in taken and hasattr(dbapi_conn, "_write_timeout"):
-            dbapi_conn._write_timeout = client
     if name == "mysql" and statement_timeout:
         mariadb = "mariadb" in str(getattr(dbapi_conn, "get_server_info", lambda: "")()).lower()
         sql = (
@@ -121,6 +137,14 @@ def on_connect(dialect: Any, dbapi_conn: Any, *, statement_timeout: Optional[flo
             log.debug("controltable: %s failed: %s", sql, exc)
         finally:
             cur.close()
+    if name == "mysql" and driver == "pymysql":
+        # Raised only now: the SET above still ran under the (deadline-clamped) connect timeout.
+        client = statement_timeout + defaults.CLIENT_TIMEOUT_MARGIN if statement_timeout else None
+        # PyMySQL reads its read/write timeouts from these attributes on every socket operation.
+        if "read_timeout" not in taken and hasattr(dbapi_conn, "_read_timeout"):
+            dbapi_conn._read_timeout = client
+        if "write_timeout" not in taken and hasattr(dbapi_conn, "_write_timeout"):
+            dbapi_conn._write_timeout = client
     elif name == "mssql" and statement_timeout and hasattr(dbapi_conn, "timeout"):
         dbapi_conn.timeout = max(1, int(math.ceil(statement_timeout)))
     elif name == "oracle" and statement_timeout and hasattr(dbapi_conn, "call_timeout"):
@@ -131,7 +155,8 @@ def clamp_connect_timeout(url: Any, cparams: dict[str, Any], seconds: float) -> 
     """Shorten the connect timeout in ``cparams`` to ``seconds`` (a caller's deadline is nearer)."""
     backend, driver = url.get_backend_name(), url.get_driver_name()
     if backend == "postgresql" and "connect_timeout" in cparams:
-        cparams["connect_timeout"] = min(int(cparams["connect_timeout"]), max(2, int(math.ceil(seconds))))
+        # Rounded down (libpq takes whole seconds): a deadline is a promise, the floor is libpq's 2.
+        cparams["connect_timeout"] = min(int(cparams["connect_timeout"]), max(2, int(seconds)))
     elif backend == "mysql" and driver == "pymysql":
         for key in ("connect_timeout", "read_timeout", "write_timeout"):
             if cparams.get(key):
@@ -140,3 +165,210 @@ def clamp_connect_timeout(url: Any, cparams: dict[str, Any], seconds: float) -> 
         cparams["timeout"] = min(int(cparams["timeout"]), max(1, int(math.ceil(seconds))))
     elif backend == "oracle" and "tcp_connect_timeout" in cparams:
         cparams["tcp_connect_timeout"] = min(float(cparams["tcp_connect_timeout"]), max(seconds, 0.5))
+
+
+# -- client-side statement deadlines ---------------------------------------------------------------
+#: The shortest budget a statement gets (seconds), even past its caller's deadline.
+MIN_STATEMENT_BUDGET = 0.05
+
+
+class _Alarm:
+    """One guarded statement: cancel it when its budget is spent, close its socket if that goes unanswered."""
+
+    __slots__ = ("conn", "kind", "budget", "hurry", "started", "armed", "stage", "fired", "lock", "canceller")
+
+    def __init__(self, conn: Any, kind: str, budget: float, hurry: bool) -> None:
+        self.conn = conn
+        self.kind = kind
+        self.budget = budget
+        #: The caller's deadline set the budget: no time is left to wait for the cancel's answer.
+        self.hurry = hurry
+        self.started = time.monotonic()
+        self.armed = True
+        self.stage = 0
+        self.fired = ""  # "", "cancelled" (a cancel request was sent) or "closed" (the socket was shut)
+        self.lock = threading.Lock()
+        self.canceller: Optional[threading.Thread] = None
+
+    def ring(self) -> None:
+        with self.lock:
+            if not self.armed:
+                return
+            if self.stage == 0 and self.kind == "cancel":
+                # First the polite way: the server aborts the statement and says so (57014). The
+                # cancel request travels on a connection of its own, so it runs in a thread of its own.
+                self.stage = 1
+                self.fired = "cancelled"
+                self.canceller = threading.Thread(target=self._cancel, name="controltable-cancel", daemon=True)
+                self.canceller.start()
+                if not self.hurry:
+                    _WATCHDOG.schedule(time.monotonic() + defaults.CANCEL_GRACE, self)
+                    return
+            # The cancel went unanswered (or the driver has none): a silent network. Shutting the
+            # socket down wakes the driver's blocked read at once with "connection closed".
+            self.stage = 2
+            self.fired = "closed"
+            _shutdown(self.conn)
+
+    def _cancel(self) -> None:
+        try:
+            cancel_safe = getattr(self.conn, "cancel_safe", None)
+            if cancel_safe is not None:
+                cancel_safe(timeout=defaults.CANCEL_GRACE)
+            else:
+                self.conn.cancel()
+        except Exception as exc:  # the network is what failed: the socket close follows
+            log.debug("controltable: cancel request failed: %s", exc)
+
+    def finish(self) -> str:
+        """Disarm (the statement returned or failed); what the alarm did, if anything."""
+        with self.lock:
+            self.armed = False
+        canceller = self.canceller
+        if canceller is not None:
+            # A cancel that arrives after its statement ended must not hit the next one on this
+            # connection: wait until the server has taken it (the connection is discarded anyway).
+            canceller.join(defaults.CANCEL_GRACE)
+        return self.fired
+
+
+def _shutdown(conn: Any) -> None:
+    try:
+        fd = int(conn.fileno())
+        if fd < 0:
+            return
+        dup = socket.socket(fileno=os.dup(fd))
+    except Exception as exc:  # already closed
+        log.debug("controltable: no socket to close: %s", exc)
+        return
+    try:
+        dup.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        dup.close()
+
+
+class _Watchdog:
+    """One daemon thread per process that rings the alarms of statements that overran their budget.
+
+    Arming and disarming cost a lock and a heap push: no thread or timer per statement.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, _Alarm]] = []
+        self._seq = itertools.count()
+        self._thread: Optional[threading.Thread] = None
+
+    def schedule(self, when: float, alarm: _Alarm) -> None:
+        with self._cond:
+            heap = self._heap
+            while heap and not heap[0][2].armed:
+                heapq.heappop(heap)
+            if len(heap) > 4096:  # disarmed alarms behind a long one: drop them now and then
+                heap[:] = [entry for entry in heap if entry[2].armed]
+                heapq.heapify(heap)
+            heapq.heappush(heap, (when, next(self._seq), alarm))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="controltable-watchdog", daemon=True)
+                self._thread.start()
+            elif heap[0][2] is alarm:
+                self._cond.notify()
+
+    def _loop(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                if cond is not self._cond:
+                    return  # forked
+                due: list[_Alarm] = []
+                now = time.monotonic()
+                heap = self._heap
+                while heap and (heap[0][0] <= now or not heap[0][2].armed):
+                    alarm = heapq.heappop(heap)[2]
+                    if alarm.armed:
+                        due.append(alarm)
+                if not due:
+                    cond.wait(heap[0][0] - now if heap else 60.0)
+                    continue
+            for alarm in due:
+                try:
+                    alarm.ring()
+                except Exception:  # pragma: no cover - never let the watchdog die
+                    log.exception("controltable: statement watchdog")
+
+
+_WATCHDOG = _Watchdog()
+
+
+class StatementGuard:
+    """Bounds each statement and commit on the client, so no wait outlives its budget.
+
+    PostgreSQL (psycopg, psycopg2): when the budget is spent, a cancel request (the server aborts
+    the statement: a lock wait ends, its locks are freed); :data:`~controltable.defaults.CANCEL_GRACE`
+    later, if the statement still has not returned, the socket is shut down (a silent network
+    answers no cancel either). PyMySQL: the read and write timeouts of the socket are set to the
+    budget for the statement (PyMySQL closes the connection when one expires). Either way the
+    connection is discarded by the pool afterwards. Other drivers are not guarded (their own
+    timeouts apply, see the table above).
+    """
+
+    def __init__(self, kind: str, base_timeout: Optional[float]) -> None:
+        self.kind = kind  # "cancel" or "pymysql"
+        self.base_timeout = base_timeout
+
+    @classmethod
+    def for_dialect(cls, dialect: Any, statement_timeout: Optional[float], url: Any) -> Optional[StatementGuard]:
+        name, driver = dialect.name, getattr(dialect, "driver", "")
+        if name == "postgresql" and driver in ("psycopg", "psycopg2"):
+            return cls("cancel", None)
+        if name == "mysql" and driver == "pymysql":
+            taken = _query_keys(url)
+            if "read_timeout" in taken or "write_timeout" in taken:
+                return None  # the user's own socket timeouts stand
+            base = statement_timeout + defaults.CLIENT_TIMEOUT_MARGIN if statement_timeout else None
+            return cls("pymysql", base)
+        return None
+
+    def budget(self, statement_timeout: Optional[float], left: Optional[float]) -> Optional[float]:
+        """A statement's budget: the statement timeout, or less when the caller's deadline is
+        ``left`` seconds away (already including its grace); ``None``: unguarded. The caller's
+        deadline is the nearer one when the budget is below the statement timeout."""
+        if self.kind == "pymysql":
+            # The server's own max_statement_time comes first when it can (a clear error).
+            limit = statement_timeout + 2 * defaults.CANCEL_GRACE if statement_timeout else None
+        else:
+            limit = statement_timeout or None
+        if left is None:
+            return limit
+        return left if limit is None else min(limit, left)
+
+    def start(self, dbapi_conn: Any, budget: float, hurry: bool = False) -> _Alarm:
+        """Guard one statement for ``budget`` seconds; ``hurry``: the caller's deadline set it (the
+        socket is closed together with the cancel request, not after it)."""
+        budget = max(budget, MIN_STATEMENT_BUDGET)
+        alarm = _Alarm(dbapi_conn, self.kind, budget, hurry)
+        if self.kind == "pymysql":
+            # PyMySQL re-reads these before each socket read and write; a timeout closes the connection.
+            dbapi_conn._read_timeout = budget
+            dbapi_conn._write_timeout = budget
+        else:
+            _WATCHDOG.schedule(alarm.started + budget, alarm)
+        return alarm
+
+    def finish(self, alarm: _Alarm) -> str:
+        """End the statement's guard: "" (in time), "cancelled" or "closed" (the budget ran out)."""
+        fired = alarm.finish()
+        if self.kind == "pymysql":
+            conn = alarm.conn
+            if getattr(conn, "_sock", None) is None and time.monotonic() - alarm.started >= alarm.budget * 0.95:
+                fired = "closed"  # PyMySQL's socket timeout expired and it closed the connection
+            conn._read_timeout = self.base_timeout
+            conn._write_timeout = self.base_timeout
+        return fired

@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, StatementError
 
-from . import connect, dialects, errorcodes
+from . import connect, defaults, dialects, errorcodes
 from .clock import read_now
 from .defaults import CONNECT_TIMEOUT, DEFAULT_URL, RETRIES, STATEMENT_TIMEOUT  # noqa: F401 - re-exported
 from .errorcodes import Kind
@@ -37,6 +37,7 @@ from .errors import (
     NotInstalledError,
     PermissionDeniedError,
     PoolerError,
+    ReadOnlyDatabaseError,
     StatementTimeoutError,
     TooManyConnectionsError,
     UnexpectedDatabaseError,
@@ -137,7 +138,16 @@ def _server_engine(
         def clamp(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
             until = deadline()
             if until is not None:
-                connect.clamp_connect_timeout(url, cparams, max(until - time.monotonic(), 0.0))
+                left = until + defaults.DEADLINE_STATEMENT_GRACE - time.monotonic()
+                if left <= 0:
+                    # A new connection after the caller's time ran out (its grace included) could
+                    # only overrun the promise: the call ends now, as a silent network would end it.
+                    raise DatabaseUnavailableError(
+                        f"no connection to the database at {safe_url(url)} was opened: the call's timeout had "
+                        "run out (the connections it had stopped answering or were busy); check the path to "
+                        "the server, or retry with a longer timeout"
+                    )
+                connect.clamp_connect_timeout(url, cparams, left)
 
         event.listen(engine, "do_connect", clamp)
     return engine
@@ -186,8 +196,107 @@ class Database:
         )
         #: Set only by ``controltable sql``: build statements for this dialect while running on SQLite.
         self.target_dialect: Optional[str] = None
+        #: Client-side bounds on every statement and commit (engines created here only: an engine
+        #: passed in keeps the caller's settings).
+        self._guard: Optional[connect.StatementGuard] = None
+        if not isinstance(url_or_engine, Engine):
+            self._guard = connect.StatementGuard.for_dialect(
+                self.engine.dialect, self.statement_timeout, self.engine.url)
+            if self._guard is not None:
+                self._install_guard(self._guard)
         dbapi = getattr(self.engine.dialect, "loaded_dbapi", None) or getattr(self.engine.dialect, "dbapi", None)
         self._driver_error: Any = getattr(dbapi, "Error", None)
+
+    # -- client-side deadlines -----------------------------------------------------------------
+    @contextmanager
+    def deadline(self, until: Optional[float]) -> Iterator[None]:
+        """Bound every statement run in the block (this thread) by ``until`` (:func:`time.monotonic`).
+
+        A statement still running :data:`~controltable.defaults.DEADLINE_STATEMENT_GRACE` after it
+        is cancelled on the client (see :class:`controltable.connect.StatementGuard`), and no retry
+        starts after it. Nested deadlines keep the nearest.
+        """
+        previous = getattr(self._local, "deadline", None)
+        if until is not None:
+            self._local.deadline = until if previous is None else min(until, previous)
+        try:
+            yield
+        finally:
+            self._local.deadline = previous
+
+    def _budget(self) -> Optional[float]:
+        assert self._guard is not None
+        until = getattr(self._local, "deadline", None)
+        left = None if until is None else until + defaults.DEADLINE_STATEMENT_GRACE - time.monotonic()
+        return self._guard.budget(self.statement_timeout, left)
+
+    def _guard_start(self, guard: connect.StatementGuard, dbapi_conn: Any) -> Optional[connect._Alarm]:
+        budget = self._budget()
+        if budget is None:
+            return None
+        # Under a caller's deadline there is no time to wait for a cancel's answer.
+        hurry = getattr(self._local, "deadline", None) is not None
+        return guard.start(dbapi_conn, budget, hurry)
+
+    def _guard_finish(self, guard: connect.StatementGuard, alarm: Optional[connect._Alarm]) -> None:
+        if alarm is None:
+            return
+        fired = guard.finish(alarm)
+        if fired:
+            until = getattr(self._local, "deadline", None)
+            self._local.fired = (fired, alarm.budget, until is not None and time.monotonic() >= until)
+
+    def _install_guard(self, guard: connect.StatementGuard) -> None:
+        """Every statement, commit and rollback on this engine runs under a budget (see :meth:`deadline`)."""
+        engine, key = self.engine, "controltable_alarm"
+
+        def before(conn: Any, cursor: Any, statement: Any, parameters: Any, context: Any, many: Any) -> None:
+            conn.info[key] = self._guard_start(guard, conn.connection.dbapi_connection)
+
+        def after(conn: Any, cursor: Any, statement: Any, parameters: Any, context: Any, many: Any) -> None:
+            self._guard_finish(guard, conn.info.pop(key, None))
+
+        def failed(context: Any) -> None:
+            conn = context.connection
+            if conn is not None:
+                self._guard_finish(guard, conn.info.pop(key, None))
+
+        event.listen(engine, "before_cursor_execute", before)
+        event.listen(engine, "after_cursor_execute", after)
+        event.listen(engine, "handle_error", failed)
+        dialect = engine.dialect
+        initialize = dialect.initialize
+
+        def bounded_initialize(connection: Any) -> None:
+            # The dialect's first look at a new server (version, settings): raw statements, no events.
+            alarm = self._guard_start(guard, connection.connection.dbapi_connection)
+            try:
+                initialize(connection)
+            except Exception as exc:
+                self._guard_finish(guard, alarm)
+                fired = getattr(self._local, "fired", None)
+                if fired is not None:
+                    # SQLAlchemy passes whatever a half-read answer left behind (even a
+                    # NotImplementedError); the cause is known: no answer within the budget.
+                    self._local.fired = None
+                    raise self.overran(exc, *fired) from exc
+                raise
+            self._guard_finish(guard, alarm)
+
+        dialect.initialize = bounded_initialize  # type: ignore[method-assign]
+        for name in ("do_commit", "do_rollback"):
+            # COMMIT and ROLLBACK (also the pool's reset on return) are no cursor executions.
+            original = getattr(dialect, name)
+
+            def bounded(dbapi_conn: Any, original: Callable[[Any], None] = original) -> None:
+                raw = getattr(dbapi_conn, "dbapi_connection", None) or dbapi_conn
+                alarm = self._guard_start(guard, raw)
+                try:
+                    original(dbapi_conn)
+                finally:
+                    self._guard_finish(guard, alarm)
+
+            setattr(dialect, name, bounded)
 
     @property
     def dialect_name(self) -> str:
@@ -260,13 +369,8 @@ class Database:
 
         Every failure leaves as a :class:`~controltable.errors.ControlTableError`.
         """
-        previous = getattr(self._local, "deadline", None)
-        if deadline is not None:
-            self._local.deadline = deadline if previous is None else min(deadline, previous)
-        try:
-            return self._run(fn, idempotent, deadline)
-        finally:
-            self._local.deadline = previous
+        with self.deadline(deadline):
+            return self._run(fn, idempotent, getattr(self._local, "deadline", None))
 
     def _run(self, fn: Callable[[Connection], T], idempotent: bool, deadline: Optional[float]) -> T:
         delay = 0.05
@@ -275,6 +379,7 @@ class Database:
             committing = False
             connected = False
             started = time.monotonic()
+            self._local.fired = None
             try:
                 with self.engine.connect() as conn:
                     connected = True
@@ -295,7 +400,11 @@ class Database:
                     raise
                 kind = errorcodes.classify(exc, self.engine.dialect.name, connecting=not connected)
                 lost = bool(getattr(exc, "connection_invalidated", False)) or kind in (
-                    Kind.UNAVAILABLE, Kind.TOO_MANY_CONNECTIONS)
+                    Kind.UNAVAILABLE, Kind.TOO_MANY_CONNECTIONS, Kind.READ_ONLY)
+                if kind is Kind.READ_ONLY:
+                    # Pooled connections lead to a server that takes no writes (a standby, or a
+                    # demoted primary): new ones let a multi-host URL find the primary.
+                    self.engine.dispose()
                 retry = kind is Kind.TRANSIENT or (lost and (idempotent or not committing))
                 if kind is Kind.POOLER:
                     retry = False  # the next connection meets the same pooler: only a setting fixes it
@@ -306,6 +415,11 @@ class Database:
                     retry = False  # a server that does not answer: one connect timeout is the answer
                 if deadline is not None and now + delay * 0.5 >= deadline:
                     retry = False
+                fired = getattr(self._local, "fired", None)
+                if fired is not None:
+                    # Our own client-side bound stopped the attempt: its budget was all there was.
+                    self._local.fired = None
+                    raise self.overran(exc, *fired) from exc
                 if not retry or attempt >= self.retries:
                     raise self.translate(exc, retried=attempt, connecting=not connected) from exc
                 log.warning("controltable: retrying after %s (attempt %d)", self.short(exc), attempt + 1)
@@ -315,6 +429,24 @@ class Database:
                 time.sleep(pause)
                 delay = min(delay * 2, 2.0)
                 attempt += 1
+
+    def overran(self, exc: BaseException, how: str, budget: float, past_deadline: bool) -> ControlTableError:
+        """The error for a statement the client stopped (see :class:`controltable.connect.StatementGuard`)."""
+        url, short = self.safe_url, self.short(exc)
+        limit = "the call's timeout" if past_deadline or not self.statement_timeout or budget < (
+            self.statement_timeout * 0.99) else f"the statement timeout ({self.statement_timeout:g} s)"
+        if how == "cancelled" and errorcodes.classify(exc, self.engine.dialect.name) is Kind.TIMEOUT:
+            return StatementTimeoutError(
+                f"a statement at {url} was still running when {limit} ran out ({budget:.1f} s) and was "
+                f"cancelled: {short}; look for a long transaction holding locks on the control or event "
+                "tables, or raise the timeout (ControlTable(..., statement_timeout=...) / "
+                "`controltable --statement-timeout`)"
+            )
+        return DatabaseUnavailableError(
+            f"the database at {url} did not answer within {limit} ({budget:.1f} s), so the connection was "
+            f"closed: {short}; the network path or a pooler/proxy in between is silent (it accepts and "
+            "never answers, or packets are dropped). Check the path to the server; the call can be retried"
+        )
 
     def bad_settings(self, exc: BaseException) -> ConfigurationError:
         """The driver refused the connection settings before reaching the server."""
@@ -361,6 +493,15 @@ class Database:
                 "idle sessions, raise the limit (PostgreSQL max_connections or the role's CONNECTION LIMIT; "
                 "MySQL/MariaDB max_connections or max_user_connections), or put a connection pooler in front; "
                 "retrying later may succeed"
+            )
+        if kind is Kind.READ_ONLY:
+            return ReadOnlyDatabaseError(
+                f"the database at {url} takes no writes: {short}; it is a standby (or a primary that a "
+                "failover demoted). Point the URL at the primary: with several hosts in a PostgreSQL URL add "
+                "target_session_attrs=read-write so that the next connection finds the new primary; on "
+                "MySQL/MariaDB use the writer's address (read_only=OFF); "
+                "`controltable doctor` shows which server the URL reaches"
+                f"{f' (retried {retried} times)' if retried else ''}"
             )
         if kind is Kind.POOLER:
             return PoolerError(pooler_message(f"the connection was refused or lost its session state ({short})", url))
@@ -440,7 +581,10 @@ class Database:
             if isinstance(exc, (TypeError, ValueError)) and not isinstance(exc, UnicodeError):
                 raise self.bad_settings(exc) from exc
             raise self.translate(exc, default=Kind.UNAVAILABLE, connecting=True) from exc
+        alarm = None
         try:
+            if self._guard is not None:
+                alarm = self._guard_start(self._guard, raw.dbapi_connection)
             cursor = raw.cursor()
             cursor.execute("SELECT 1 FROM DUAL" if self.engine.dialect.name == "oracle" else "SELECT 1")
             cursor.fetchall()
@@ -449,4 +593,6 @@ class Database:
             raw.invalidate()
             raise self.translate(exc, default=Kind.UNAVAILABLE) from exc
         finally:
+            if self._guard is not None:
+                self._guard_finish(self._guard, alarm)
             raw.close()

@@ -125,6 +125,20 @@ LISTEN_URL_ENV = "CONTROLTABLE_LISTEN_URL"
 CLIENT_TIMEOUT_MARGIN = 10.0
 #: SQLite's busy timeout (seconds) when no statement timeout is set.
 SQLITE_BUSY_TIMEOUT = 60.0
+#: The promise of every call with a timeout (``acquire(timeout=)``, ``try_acquire``, ``claim(wait=)``,
+#: ``allocate(wait=)``): it returns, with its answer or an error, within its timeout plus this many
+#: seconds, whatever the network does (a peer that ACKs and never answers, a dropped path). The
+#: parts below add up to less: the last transaction's grace, a statement's grace, the cancel's.
+TIMEOUT_MARGIN = 5.0
+#: A statement still running when its caller's deadline passes gets this much longer (seconds)
+#: before the client cancels it: a withdrawal after a timeout must still reach the database.
+#: The worst case of ``acquire(timeout=t)`` on a silent network: t + the slot engine's 1 s
+#: ``DEADLINE_GRACE`` + this + ``WITHDRAW_GRACE`` + this = t + 4 s, within ``TIMEOUT_MARGIN``.
+DEADLINE_STATEMENT_GRACE = 0.5
+#: After the client cancels an overrunning statement (PostgreSQL: a cancel request), it waits this
+#: long (seconds) for the answer before it closes the socket itself (a silent network: the cancel
+#: is not answered either); the connection is discarded either way.
+CANCEL_GRACE = 1.0
 #: Retries of a transaction that failed in a way that is safe to repeat (see ``Database.run``).
 RETRIES = 5
 
