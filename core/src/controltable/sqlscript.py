@@ -196,9 +196,10 @@ def captured_statements(
                 lambda: ct.reap())
         def expiry() -> None:
             ct.set_capacity("lapse", 1)
-            ct.acquire("lapse", holder="x", lease=0.5)
-            ct.try_acquire("lapse", holder="y", lease=60, waiter_ttl=0.5)
-            time.sleep(0.6)
+            # Lengths with room for a loaded machine: x must still hold when y queues behind it.
+            ct.acquire("lapse", holder="x", lease=1.0)
+            ct.try_acquire("lapse", holder="y", lease=60, waiter_ttl=1.0)
+            time.sleep(1.1)
             ct.try_acquire("lapse", holder="x", lease=60)  # its own request ran out: it goes, x queues again
             ct.try_acquire("lapse", holder="z", lease=60, waiter_ttl=0.5)
             time.sleep(0.6)
