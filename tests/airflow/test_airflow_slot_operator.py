@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import threading
 from typing import Any
@@ -262,3 +263,53 @@ def test_use_priority_weight_queues_by_the_tasks_weight(conn_id: str, ct: Any) -
     # Off by default: plain FIFO whatever the weight.
     plain = operator(conn_id, lambda lease=None: lease.token, priority_weight=7)
     assert plain._slot_priority() == 0
+
+
+@pytest.mark.backends("mysql")
+def test_on_kill_cancels_a_mysql_statement_through_the_server(conn_id: str, ct: Any, backend_url: str) -> None:
+    """PyMySQL does not cancel on an interrupt: the kill has the server stop the statement (KILL QUERY)
+    before it raises, so the write never happens, and the slot is released after that."""
+    import time
+
+    from sqlalchemy import create_engine, text
+
+    from airflow_controltable.operators.slots import ControlTableTaskKilled
+
+    ct.set_capacity("warehouse", 1)
+    marker = f"ct_kill_{threading.get_ident()}_{time.monotonic_ns()}"
+    engine = create_engine(backend_url)
+    with engine.begin() as conn:
+        conn.execute(text(f"create table {marker} (token int)"))
+    seen: list[Any] = []
+
+    def work(lease: Any = None) -> None:
+        # A signal to the process, as Airflow's supervisor sends it (the main thread is interrupted).
+        threading.Timer(0.5, os.kill, args=(os.getpid(), signal.SIGTERM)).start()
+        try:
+            with engine.begin() as conn:  # one statement: sleep, then write
+                conn.execute(text(f"insert into {marker} select :t from (select sleep(20)) s"), {"t": lease.token})
+        finally:
+            seen.append(holders(ct))
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: op.on_kill())
+    try:
+        op = operator(conn_id, work)
+        started = time.monotonic()
+        with pytest.raises(ControlTableTaskKilled):
+            op.execute(ctx())
+        stopped = time.monotonic() - started
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    try:
+        assert stopped < 10, stopped
+        assert seen == [[HOLDER]] and holders(ct) == []
+        time.sleep(1)
+        with engine.connect() as conn:
+            running = conn.execute(text("select count(*) from information_schema.processlist where info like :q"),
+                                   {"q": f"insert into {marker}%"}).scalar()
+            assert running == 0  # stopped in the server, not left running after the client gave up
+            assert conn.execute(text(f"select count(*) from {marker}")).scalar() == 0
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"drop table {marker}"))
+        engine.dispose()

@@ -37,6 +37,7 @@ from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_d
 from airflow_controltable.defaults import DEFAULT_MODE, DEFAULT_RENEWED_LEASE
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
 from airflow_controltable.operators.slots import ControlTableTaskKilled, SlotPythonOperator
+from airflow_controltable.statements import tracked_statements
 from airflow_controltable.utils import (
     airflow_errors,
     slot_priority,
@@ -111,6 +112,7 @@ def slot_held(
     previous_on_kill = task.on_kill
     in_main_thread = threading.current_thread() is threading.main_thread()
     working = [True]
+    statements: list[Any] = []
 
     def on_kill() -> None:
         # Runs in the SIGTERM handler, in the main thread. A block running there is stopped by
@@ -123,6 +125,8 @@ def slot_held(
             return
         if in_main_thread and threading.current_thread() is threading.main_thread():
             working[0] = False
+            for tracker in statements:
+                tracker.cancel()  # MySQL: KILL QUERY (psycopg cancels on the raise below)
             raise ControlTableTaskKilled(
                 f"the task is being killed: stopped the work under the slot of {resource!r}; "
                 "the slot is released now that the work has stopped")
@@ -134,7 +138,8 @@ def slot_held(
     try:
         # Lease.__exit__ stops the renewal and releases; if the block failed, a lost lease only
         # logs and the block's own error propagates; if it succeeded, a lease lost meanwhile raises.
-        with held:
+        with held, tracked_statements() as tracker:
+            statements.append(tracker)
             try:
                 yield held
             finally:

@@ -48,6 +48,7 @@ from airflow_controltable.defaults import (
 from airflow_controltable.exceptions import ControlTableAcquireTimeout, ControlTableLeaseLost
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
 from airflow_controltable.operators.base import ControlTableBaseOperator
+from airflow_controltable.statements import RunningStatements, tracked_statements
 from airflow_controltable.utils import (
     airflow_errors,
     check_wait_args,
@@ -149,6 +150,7 @@ class HoldSlotMixin(BaseOperator):
         self.control_schema = control_schema
         self.slot_lease = None
         self._working = False
+        self._statements: Optional[RunningStatements] = None
 
     # -- helpers ------------------------------------------------------------------------------------
     def _slot_table(self) -> Any:
@@ -255,13 +257,15 @@ class HoldSlotMixin(BaseOperator):
         self.slot_lease = lease
         self._working = True
         try:
-            result = self._slot_work(context)
+            with tracked_statements() as self._statements:
+                result = self._slot_work(context)
         except BaseException:
             self._working = False
             self._release(lease, failed=True)
             raise
         finally:
             self._working = False
+            self._statements = None
         self._release(lease, failed=False)
         return result
 
@@ -304,6 +308,8 @@ class HoldSlotMixin(BaseOperator):
         finally:
             if self._working and threading.current_thread() is threading.main_thread():
                 self._working = False
+                if self._statements is not None:
+                    self._statements.cancel()  # MySQL: KILL QUERY (psycopg cancels on the raise below)
                 raise ControlTableTaskKilled(
                     f"the task is being killed: stopped the work under the slot of {self.resource!r}; "
                     "the slot is released now that the work has stopped"

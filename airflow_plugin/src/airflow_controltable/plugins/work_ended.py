@@ -65,6 +65,7 @@ def stop_work_on_kill(task_instance: Any) -> bool:
     finalizer and records the end of its work, and the teardown releases.
     """
     from airflow_controltable.operators.slots import ControlTableTaskKilled, HoldSlotMixin
+    from airflow_controltable.statements import tracked_statements
 
     if not type(task_instance).__module__.startswith("airflow.sdk"):
         return False
@@ -73,6 +74,8 @@ def stop_work_on_kill(task_instance: Any) -> bool:
         return False  # a slot operator stops its own work on kill
     original = task.on_kill
     working = [True]
+    tracking = tracked_statements()  # MySQL statements of the work, cancelled on kill (see statements)
+    tracker = tracking.__enter__()
 
     def on_kill() -> None:
         try:
@@ -80,19 +83,24 @@ def stop_work_on_kill(task_instance: Any) -> bool:
         finally:
             if working[0] and threading.current_thread() is threading.main_thread():
                 working[0] = False
+                tracker.cancel()
                 raise ControlTableTaskKilled(
                     f"the task is being killed: stopped its work so that the slot its run holds is released "
                     f"only after it ({task.task_id})")
 
     task.on_kill = on_kill
-    task._controltable_working = working  # the end hooks below turn the raise off
+    task._controltable_working = (working, tracking)  # the end hooks below turn the raise off
     return True
 
 
 def _work_over(task_instance: Any) -> None:
-    working = getattr(getattr(task_instance, "task", None), "_controltable_working", None)
-    if working is not None:
+    task = getattr(task_instance, "task", None)
+    state = getattr(task, "_controltable_working", None)
+    if state is not None:
+        working, tracking = state
         working[0] = False
+        task._controltable_working = None
+        tracking.__exit__(None, None, None)  # once: the attribute is cleared
 
 
 @hookimpl
