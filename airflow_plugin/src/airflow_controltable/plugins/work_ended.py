@@ -94,9 +94,9 @@ def stop_work_on_kill(task_instance: Any) -> bool:
 
 
 def _work_over(task_instance: Any) -> None:
-    task = getattr(task_instance, "task", None)
+    task: Any = getattr(task_instance, "task", None)
     state = getattr(task, "_controltable_working", None)
-    if state is not None:
+    if task is not None and state is not None:
         working, tracking = state
         working[0] = False
         task._controltable_working = None
