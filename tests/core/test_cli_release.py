@@ -25,6 +25,8 @@ READ_ONLY_COMMANDS = [
     ["status"],
     ["status", "--json"],
     ["stats"],
+    ["history"],
+    ["doctor"],
     ["capacity", "list"],
     ["events", "stats", "rainfall_events", "--key", "event_id"],
     ["worklist", "status", "weekly"],
