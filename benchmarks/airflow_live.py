@@ -40,21 +40,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "airflow"))
 sys.path.insert(0, str(ROOT / "tests"))  # live_airflow imports the shared test helpers (support.live)
 
-from live_airflow import LiveAirflow, live_intervals, state_mismatches  # noqa: E402
+from live_airflow import SCHEDULER_DEFAULTS, LiveAirflow, live_intervals, state_mismatches  # noqa: E402
 
 from controltable import ControlTable  # noqa: E402
 
 DAGS = ROOT / "tests" / "airflow" / "dags" / "ct_live_dags.py"
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 CAPACITY = 2
-#: Airflow's defaults of what the live tests' harness speeds up (scheduler and triggerer loops): the
-#: benchmark compares with a pool as a user's deployment runs it, heartbeat waits included.
-SCHEDULER_DEFAULTS = {
-    "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "5",
-    "AIRFLOW__SCHEDULER__JOB_HEARTBEAT_SEC": "5",
-    "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "1",
-    "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "5",
-}
 
 
 def _p50(values: list[float]) -> float:

@@ -58,6 +58,16 @@ def state_mismatches(scheduler_log: str) -> list[str]:
             if "but the task instance's state attribute is" in line or "state mismatch" in line]
 
 
+#: Airflow's own defaults of what the harness speeds up (scheduler and triggerer loops), for a
+#: deployment that must run as a user's does (the heartbeat waits a trigger may do included).
+SCHEDULER_DEFAULTS = {
+    "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "5",
+    "AIRFLOW__SCHEDULER__JOB_HEARTBEAT_SEC": "5",
+    "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "1",
+    "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "5",
+}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
