@@ -165,6 +165,9 @@ class PgBouncer:
                 proc.wait(timeout=10)
         if proc is not None and proc.stderr is not None:
             proc.stderr.close()
+        keep = os.environ.get("CONTROLTABLE_PGBOUNCER_LOG_DIR")
+        if keep and (self.dir / "pgbouncer.log").exists():  # for a post-mortem
+            shutil.copy(self.dir / "pgbouncer.log", Path(keep) / f"pgbouncer-{self.mode}-{self.port}.log")
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> PgBouncer:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable, Optional
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection, make_url
 
+from .connect import connect_args
 from .defaults import PUSH_PROBE_TIMEOUT
 from .errors import ConfigurationError, safe_url
 
@@ -237,6 +238,9 @@ class Wakeups:
         dialect = self.db.engine.dialect
         url = make_url(self.listen_url) if self.listen_url else self.db.engine.url
         cargs, cparams = dialect.create_connect_args(url)
+        # The pool's connect timeout and keepalives (a silent network ends this connection too);
+        # no statement timeout: LISTEN waits by design. What the URL's query sets wins.
+        cparams.update(connect_args(url, connect_timeout=self.db.connect_timeout, statement_timeout=None))
         raw = dialect.connect(*cargs, **cparams)
         raw.autocommit = True
         quoted = dialect.identifier_preparer.quote_identifier(self.channel)
