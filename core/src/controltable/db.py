@@ -163,6 +163,15 @@ def _sqlite_engine(url: Any, statement_timeout: Optional[float] = STATEMENT_TIME
     return create_engine(url, connect_args=args)
 
 
+def _driver_connection(pooled: Any) -> Any:
+    """The driver's own connection behind a pool proxy (SQLAlchemy 2: ``dbapi_connection``; 1.4: ``connection``)."""
+    for name in ("dbapi_connection", "connection"):
+        inner = getattr(pooled, name, None)
+        if inner is not None and not isinstance(inner, Connection):
+            return inner
+    return pooled
+
+
 class Database:
     """An engine plus the retry policy every operation shares.
 
@@ -251,7 +260,7 @@ class Database:
         engine, key = self.engine, "controltable_alarm"
 
         def before(conn: Any, cursor: Any, statement: Any, parameters: Any, context: Any, many: Any) -> None:
-            conn.info[key] = self._guard_start(guard, conn.connection.dbapi_connection)
+            conn.info[key] = self._guard_start(guard, _driver_connection(conn.connection))
 
         def after(conn: Any, cursor: Any, statement: Any, parameters: Any, context: Any, many: Any) -> None:
             self._guard_finish(guard, conn.info.pop(key, None))
@@ -269,7 +278,7 @@ class Database:
 
         def bounded_initialize(connection: Any) -> None:
             # The dialect's first look at a new server (version, settings): raw statements, no events.
-            alarm = self._guard_start(guard, connection.connection.dbapi_connection)
+            alarm = self._guard_start(guard, _driver_connection(connection.connection))
             try:
                 initialize(connection)
             except Exception as exc:
@@ -289,8 +298,7 @@ class Database:
             original = getattr(dialect, name)
 
             def bounded(dbapi_conn: Any, original: Callable[[Any], None] = original) -> None:
-                raw = getattr(dbapi_conn, "dbapi_connection", None) or dbapi_conn
-                alarm = self._guard_start(guard, raw)
+                alarm = self._guard_start(guard, _driver_connection(dbapi_conn))
                 try:
                     original(dbapi_conn)
                 finally:
@@ -584,7 +592,7 @@ class Database:
         alarm = None
         try:
             if self._guard is not None:
-                alarm = self._guard_start(self._guard, raw.dbapi_connection)
+                alarm = self._guard_start(self._guard, _driver_connection(raw))
             cursor = raw.cursor()
             cursor.execute("SELECT 1 FROM DUAL" if self.engine.dialect.name == "oracle" else "SELECT 1")
             cursor.fetchall()
