@@ -20,18 +20,12 @@ $(VENV)/.core-installed: core/pyproject.toml
 	$(BIN)/pip install --quiet -e 'core[postgres,mysql]'
 	touch $@
 
-# The status page's browser tests drive Debian's chromium (never a downloaded browser) through Playwright;
-# the operations kit's tests run Debian's promtool (package prometheus) over the alerting rules and /metrics;
-# the pooler tests (tests/pooler, doctor, listen_url) start Debian's pgbouncer in front of the test database.
+# Debian packages the tests drive as real programs (chromium, promtool, pgbouncer, galera-4, rsync):
+# scripts/system-packages installs the missing ones.
 # The egg-info an editable install leaves in airflow_plugin/src would make Airflow see the provider's
 # plugin entry point twice (once per sys.path entry) and report a duplicate plugin.
 $(VENV)/.all-installed: $(VENV)/.core-installed pyproject.toml airflow_plugin/pyproject.toml dagster_plugin/pyproject.toml
-	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
-		|| echo "warning: could not install chromium (apt-get); the browser tests need /usr/bin/chromium"
-	command -v promtool >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; } \
-		|| echo "warning: could not install prometheus (apt-get); tests/ops needs /usr/bin/promtool"
-	test -x /usr/sbin/pgbouncer || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer; } \
-		|| echo "warning: could not install pgbouncer (apt-get); the pooler and doctor tests need /usr/sbin/pgbouncer"
+	scripts/system-packages
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/pip install --quiet -e 'core[postgres,mysql,web]' -e 'airflow_plugin[web]' \
 		-e dagster_plugin --group dev
 	rm -rf airflow_plugin/src/*.egg-info
