@@ -91,10 +91,10 @@ SELECT ct_resource.name
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (%(namespace)s::VARCHAR, %(name)s::VARCHAR, %(capacity)s::INTEGER, %(last_token)s::BIGINT, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION), %(last_ticket)s::BIGINT);
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
+SELECT locked.name, locked.capacity, locked.last_token, locked.last_ticket, locked.rate_count, locked.rate_per, locked.aging, locked.epoch, CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) AS now 
+FROM (SELECT ct_resource.name AS name, ct_resource.capacity AS capacity, ct_resource.last_token AS last_token, ct_resource.last_ticket AS last_ticket, ct_resource.rate_count AS rate_count, ct_resource.rate_per AS rate_per, ct_resource.aging AS aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
-WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
-SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
+WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE) AS locked;
 UPDATE ct_resource SET capacity=%(capacity)s::INTEGER WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
@@ -105,10 +105,10 @@ WHERE ct_request.namespace = %(namespace_2)s::VARCHAR AND ct_request.resource = 
  LIMIT %(param_3)s::INTEGER) AS anon_1;
 
 -- ===== acquire: lock the resource rows, enqueue under the next ticket, grant pass over holders and head =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
+SELECT locked.name, locked.capacity, locked.last_token, locked.last_ticket, locked.rate_count, locked.rate_per, locked.aging, locked.epoch, CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) AS now 
+FROM (SELECT ct_resource.name AS name, ct_resource.capacity AS capacity, ct_resource.last_token AS last_token, ct_resource.last_ticket AS last_ticket, ct_resource.rate_count AS rate_count, ct_resource.rate_per AS rate_per, ct_resource.aging AS aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
-WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
-SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
+WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE) AS locked;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource IN (%(resource_1_1)s::VARCHAR) AND ct_request.holder = %(holder_1)s::VARCHAR;
@@ -137,10 +137,10 @@ FROM ct_request AS hq
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = %(mode_1)s::VARCHAR) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
 FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
 WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource IN (%(resource_1_1)s::VARCHAR) AND ct_request.holder = %(holder_1)s::VARCHAR;
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
+SELECT locked.name, locked.capacity, locked.last_token, locked.last_ticket, locked.rate_count, locked.rate_per, locked.aging, locked.epoch, CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) AS now 
+FROM (SELECT ct_resource.name AS name, ct_resource.capacity AS capacity, ct_resource.last_token AS last_token, ct_resource.last_ticket AS last_ticket, ct_resource.rate_count AS rate_count, ct_resource.rate_per AS rate_per, ct_resource.aging AS aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
-WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
-SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
+WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE) AS locked;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource IN (%(resource_1_1)s::VARCHAR) AND ct_request.holder = %(holder_1)s::VARCHAR;
@@ -163,10 +163,10 @@ SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db
 UPDATE ct_request SET lease_seconds=%(lease_seconds)s, expires_at=%(expires_at)s WHERE ct_request.request_key = %(request_key_1)s::VARCHAR AND ct_request.state = 'granted' AND ct_request.expires_at >= %(expires_at_1)s;
 
 -- ===== release a lease: lock the resource row, delete the entry, grant pass for the next in line =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
+SELECT locked.name, locked.capacity, locked.last_token, locked.last_ticket, locked.rate_count, locked.rate_per, locked.aging, locked.epoch, CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) AS now 
+FROM (SELECT ct_resource.name AS name, ct_resource.capacity AS capacity, ct_resource.last_token AS last_token, ct_resource.last_ticket AS last_ticket, ct_resource.rate_count AS rate_count, ct_resource.rate_per AS rate_per, ct_resource.aging AS aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
-WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
-SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
+WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE) AS locked;
 SELECT ct_request.id, ct_request.resource, ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
 WHERE ct_request.request_key = %(request_key_1)s::VARCHAR;
@@ -202,10 +202,10 @@ SELECT ct_resource.name
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (%(namespace)s::VARCHAR, %(name)s::VARCHAR, %(capacity)s::INTEGER, %(last_token)s::BIGINT, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION), %(last_ticket)s::BIGINT);
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
+SELECT locked.name, locked.capacity, locked.last_token, locked.last_ticket, locked.rate_count, locked.rate_per, locked.aging, locked.epoch, CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) AS now 
+FROM (SELECT ct_resource.name AS name, ct_resource.capacity AS capacity, ct_resource.last_token AS last_token, ct_resource.last_ticket AS last_ticket, ct_resource.rate_count AS rate_count, ct_resource.rate_per AS rate_per, ct_resource.aging AS aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
-WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
-SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
+WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE) AS locked;
 UPDATE ct_resource SET capacity=%(capacity)s::INTEGER WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
@@ -251,10 +251,10 @@ SELECT ct_resource.name
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (%(namespace)s::VARCHAR, %(name)s::VARCHAR, %(capacity)s::INTEGER, %(last_token)s::BIGINT, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION), %(last_ticket)s::BIGINT);
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
+SELECT locked.name, locked.capacity, locked.last_token, locked.last_ticket, locked.rate_count, locked.rate_per, locked.aging, locked.epoch, CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) AS now 
+FROM (SELECT ct_resource.name AS name, ct_resource.capacity AS capacity, ct_resource.last_token AS last_token, ct_resource.last_ticket AS last_ticket, ct_resource.rate_count AS rate_count, ct_resource.rate_per AS rate_per, ct_resource.aging AS aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
-WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
-SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
+WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE) AS locked;
 UPDATE ct_request SET queue_key=(ct_request.enqueued_at - ct_request.priority * %(priority_1)s) WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource = %(resource_1)s::VARCHAR AND ct_request.state = 'waiting';
 UPDATE ct_resource SET capacity=%(capacity)s::INTEGER, rate_count=%(rate_count)s::INTEGER, rate_per=%(rate_per)s, aging=%(aging)s WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
@@ -269,10 +269,10 @@ FROM ct_grant_history
 WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.resource = %(resource_1)s::VARCHAR AND ct_grant_history.granted_at > %(granted_at_1)s;
 
 -- ===== rate-limited grants: the window's budget from the grant history; the head times the next opening =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
+SELECT locked.name, locked.capacity, locked.last_token, locked.last_ticket, locked.rate_count, locked.rate_per, locked.aging, locked.epoch, CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) AS now 
+FROM (SELECT ct_resource.name AS name, ct_resource.capacity AS capacity, ct_resource.last_token AS last_token, ct_resource.last_ticket AS last_ticket, ct_resource.rate_count AS rate_count, ct_resource.rate_per AS rate_per, ct_resource.aging AS aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
-WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
-SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
+WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE) AS locked;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource IN (%(resource_1_1)s::VARCHAR) AND ct_request.holder = %(holder_1)s::VARCHAR;

@@ -89,10 +89,9 @@ SELECT ct_resource.name
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (?, ?, ?, ?, ((julianday('now') - 2440587.5) * 86400.0), ?);
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch, ((julianday('now') - 2440587.5) * 86400.0) AS now 
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
-SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
 UPDATE ct_resource SET capacity=? WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
@@ -103,10 +102,9 @@ WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state 
  LIMIT ? OFFSET ?) AS anon_1;
 
 -- ===== acquire: lock the resource rows, enqueue under the next ticket, grant pass over holders and head =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch, ((julianday('now') - 2440587.5) * 86400.0) AS now 
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
-SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = ? AND ct_request.resource IN (?) AND ct_request.holder = ?;
@@ -135,10 +133,9 @@ FROM ct_request AS hq
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = ?) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
 FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
 WHERE ct_request.namespace = ? AND ct_request.resource IN (?) AND ct_request.holder = ?;
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch, ((julianday('now') - 2440587.5) * 86400.0) AS now 
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
-SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = ? AND ct_request.resource IN (?) AND ct_request.holder = ?;
@@ -161,10 +158,9 @@ SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
 UPDATE ct_request SET lease_seconds=?, expires_at=? WHERE ct_request.request_key = ? AND ct_request.state = 'granted' AND ct_request.expires_at >= ?;
 
 -- ===== release a lease: lock the resource row, delete the entry, grant pass for the next in line =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch, ((julianday('now') - 2440587.5) * 86400.0) AS now 
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
-SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
 SELECT ct_request.id, ct_request.resource, ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
 WHERE ct_request.request_key = ?;
@@ -200,10 +196,9 @@ SELECT ct_resource.name
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (?, ?, ?, ?, ((julianday('now') - 2440587.5) * 86400.0), ?);
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch, ((julianday('now') - 2440587.5) * 86400.0) AS now 
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
-SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
 UPDATE ct_resource SET capacity=? WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
@@ -249,10 +244,9 @@ SELECT ct_resource.name
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (?, ?, ?, ?, ((julianday('now') - 2440587.5) * 86400.0), ?);
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch, ((julianday('now') - 2440587.5) * 86400.0) AS now 
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
-SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
 UPDATE ct_request SET queue_key=(ct_request.enqueued_at - ct_request.priority * ?) WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting';
 UPDATE ct_resource SET capacity=?, rate_count=?, rate_per=?, aging=? WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
@@ -267,10 +261,9 @@ FROM ct_grant_history
 WHERE ct_grant_history.namespace = ? AND ct_grant_history.resource = ? AND ct_grant_history.granted_at > ?;
 
 -- ===== rate-limited grants: the window's budget from the grant history; the head times the next opening =====
-SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch, ((julianday('now') - 2440587.5) * 86400.0) AS now 
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
-SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = ? AND ct_request.resource IN (?) AND ct_request.holder = ?;

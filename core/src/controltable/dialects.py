@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence, TypeVar
 
-from sqlalchemy import BigInteger, Float, String, Text, bindparam, event
+from sqlalchemy import BigInteger, Float, String, Text, bindparam, event, select
 from sqlalchemy.dialects import mssql, oracle
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.compiler import compiles
@@ -79,6 +79,52 @@ def _db_now_oracle(element: Any, compiler: Any, **kw: Any) -> str:
         f"(EXTRACT(DAY FROM {d}) * 86400 + EXTRACT(HOUR FROM {d}) * 3600"
         f" + EXTRACT(MINUTE FROM {d}) * 60 + EXTRACT(SECOND FROM {d}))"
     )
+
+
+class lock_time(FunctionElement):  # type: ignore[type-arg]
+    """The database clock as UTC epoch seconds, read when the expression is evaluated, not when the
+    statement started (see :func:`with_lock_clock`; elsewhere :class:`db_now` is the clock)."""
+
+    type = Float()
+    inherit_cache = True
+    name = "lock_time"
+
+
+@compiles(lock_time)
+def _lock_time_default(element: Any, compiler: Any, **kw: Any) -> str:
+    return _db_now_default(element, compiler, **kw)
+
+
+@compiles(lock_time, "postgresql")
+def _lock_time_pg(element: Any, compiler: Any, **kw: Any) -> str:
+    # clock_timestamp(): the time of the evaluation itself (statement_timestamp() is the start).
+    return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+
+
+@compiles(lock_time, "sqlite")
+def _lock_time_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
+    return _db_now_sqlite(element, compiler, **kw)
+
+
+def with_lock_clock(stmt: Select, dialect_name: str) -> Optional[Select]:  # type: ignore[type-arg]
+    """``stmt`` (a locking select, see :func:`lock_rows`) reading the database time as column
+    ``now`` once its locks are held, or None where one statement cannot (the time is then read by
+    a statement of its own after the locks: a clock taken when the locking statement starts would
+    come from before its lock wait).
+
+    PostgreSQL: the locking select becomes a subquery (never pulled up: it has ``FOR UPDATE``)
+    and ``clock_timestamp()`` is in the outer select list, which is evaluated for each row the
+    subquery's LockRows node returns, i.e. after that row's lock is granted (a select list beside
+    ``FOR UPDATE`` is evaluated below the lock, before a wait). SQLite: the transaction took the
+    database's write lock at ``BEGIN IMMEDIATE``, before any statement. MySQL/MariaDB, SQL Server
+    and Oracle: every clock is the statement's start (``UTC_TIMESTAMP``, ``SYSUTCDATETIME``,
+    ``SYSTIMESTAMP``), so they keep the separate read."""
+    if dialect_name == "postgresql":
+        locked = stmt.subquery("locked")
+        return select(*locked.c, lock_time().label("now"))
+    if dialect_name == "sqlite":
+        return stmt.add_columns(lock_time().label("now"))
+    return None
 
 
 class token_epoch(FunctionElement):  # type: ignore[type-arg]
@@ -282,6 +328,19 @@ def changed_rows(conn: Any, stmt: Any, id_column: Any, dialect_name: str) -> int
         if getattr(running, kind, None) or getattr(running, "full_returning", False):
             return len(conn.execute(stmt.returning(id_column)).all())
     return int(conn.execute(stmt).rowcount)
+
+
+def writes_in_one_statement(conn: Any, dialect_name: str) -> bool:
+    """Whether several writes of one transaction can be sent as one statement of data-modifying
+    common table expressions (``WITH w0 AS (UPDATE ...), w1 AS (INSERT ...) SELECT ...``): one
+    round trip instead of one per write.
+
+    PostgreSQL only, as the target and the running dialect (the scripted session of
+    ``controltable sql`` runs on SQLite, which has no data-modifying CTEs). Every sub-statement
+    sees the same snapshot, so only independent writes are combined (different rows; none reads
+    what another writes), which the callers guarantee; MySQL/MariaDB, SQLite, SQL Server and
+    Oracle send them one by one."""
+    return dialect_name == "postgresql" and getattr(getattr(conn, "dialect", None), "name", None) == "postgresql"
 
 
 def state_literal(value: Any, type_: Any = None) -> ColumnElement[Any]:

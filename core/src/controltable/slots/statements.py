@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from sqlalchemy import and_, delete, func, insert, or_, select, union_all, update
+from sqlalchemy import and_, case, delete, func, insert, literal_column, or_, select, union_all, update
 from sqlalchemy.sql import Delete, Insert, Select, Update
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -44,19 +44,25 @@ def _resource_row(t: ControlSchema, namespace: str, name: str) -> list[ColumnEle
     return [r.c.namespace == namespace, r.c.name == name]
 
 
-def lock_resource(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
+def lock_resource(t: ControlSchema, namespace: str, name: str,
+                  clock_for: Optional[str] = None) -> Select:  # type: ignore[type-arg]
     """Lock one resource row and read its counters and policy.
 
-    The database time is read by a statement of its own once every lock is held (see
-    ``SlotEngine._lock``): a clock in this statement is taken when it starts, before a lock wait.
+    With ``clock_for`` (the dialect name; for the last lock a transaction takes) the statement also
+    reads the database time as ``now`` after the lock is held, where the dialect can
+    (:func:`controltable.dialects.with_lock_clock`); elsewhere the time is read by a statement of
+    its own once every lock is held (see ``SlotEngine._lock``): a clock taken when this statement
+    starts would come from before a lock wait.
     """
     r = t.resource
-    return dialects.lock_rows(
+    stmt = dialects.lock_rows(
         select(r.c.name, r.c.capacity, r.c.last_token, r.c.last_ticket, r.c.rate_count, r.c.rate_per, r.c.aging,
                dialects.token_epoch().label("epoch"))  # the fencing tokens' epoch, read where they advance
         .where(*_resource_row(t, namespace, name)),
         r,
     )
+    clocked = None if clock_for is None else dialects.with_lock_clock(stmt, clock_for)
+    return stmt if clocked is None else clocked
 
 
 def lock_resource_name(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
@@ -371,6 +377,62 @@ def extend_lease(t: ControlSchema, key: str, now: float, lease: float) -> Fenced
 def refresh_waiter(t: ControlSchema, key: str, now: float, ttl: float) -> Fenced:
     """A waiter shows it is alive: its entry's expiry moves on, unless it already ran out."""
     return _fenced_extend(t, key, WAITING, now, now + ttl, {"expires_at": now + ttl})
+
+
+def all_at_once(writes: Sequence[Union[Insert, Update, Delete]]) -> Select:  # type: ignore[type-arg]
+    """Independent writes (different rows, none reading what another writes) as one statement of
+    data-modifying CTEs, for dialects where
+    :func:`controltable.dialects.writes_in_one_statement` holds; each runs exactly as it would alone."""
+    combined: Select = select(literal_column("1"))  # type: ignore[type-arg]
+    for i, write in enumerate(writes):
+        combined = combined.add_cte(write.cte(f"w{i}"))  # one per call: SQLAlchemy 1.4 takes one
+    return combined
+
+
+def run_grant_writes(conn: Any, grants: Sequence[tuple[Update, Insert]], counters: Sequence[Update],
+                     dialect_name: str) -> None:
+    """Send a grant pass's writes: each grant's :func:`grant_waiter` and :func:`record_grant`, then
+    the resources' :func:`write_counters`.
+
+    Where the dialect allows (:func:`controltable.dialects.writes_in_one_statement`), each grant and
+    its history row go as one statement, the last one with the counters when one resource's
+    changed (an uncontended acquire: one statement for all three): a fixed set of statement shapes
+    (2 or 3 writes), whatever the number of grants. Elsewhere one statement per write, in order."""
+    if not dialects.writes_in_one_statement(conn, dialect_name):
+        for grant, record in grants:
+            conn.execute(grant)
+            conn.execute(record)
+        for write in counters:
+            conn.execute(write)
+        return
+    rest = list(counters)
+    for i, (grant, record) in enumerate(grants):
+        if i == len(grants) - 1 and len(rest) == 1:
+            conn.execute(all_at_once([grant, record, rest.pop()]))
+        else:
+            conn.execute(all_at_once([grant, record]))
+    for write in rest:
+        conn.execute(write)
+
+
+def remove_request(t: ControlSchema, namespace: str, key: str, now: float) -> Select:  # type: ignore[type-arg]
+    """Delete a request's rows and close the history rows of its grants in one statement (for
+    dialects where :func:`controltable.dialects.writes_in_one_statement` holds), returning the
+    deleted rows as :func:`request_rows` reads them.
+
+    Same outcome as :func:`request_rows`, :func:`delete_requests` and one :func:`end_grant` per
+    granted row: released while the lease was live at ``now``, expired otherwise."""
+    q, h = t.request, t.history
+    gone = delete(q).where(_keyed(t, key)).returning(
+        q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at).cte("gone")
+    ended = (
+        update(h)
+        .where(h.c.namespace == namespace, h.c.resource == gone.c.resource, h.c.token == gone.c.token,
+               gone.c.state == GRANTED, h.c.outcome == HELD)
+        .values(outcome=case((gone.c.expires_at >= now, RELEASED), else_=EXPIRED), ended_at=now)
+        .cte("ended")
+    )
+    return select(gone.c.id, gone.c.resource, gone.c.state, gone.c.token, gone.c.expires_at).add_cte(ended)
 
 
 def delete_expired_row(t: ControlSchema, row_id: int, now: float) -> Delete:

@@ -248,20 +248,32 @@ class SlotEngine:
         """Lock the resource rows in name order (so multi-resource requests cannot deadlock), then
         read the database time.
 
-        The time is read after the last lock is held, by a statement of its own: every backend's
-        clock is taken when a statement starts, so a clock read with a lock would come from before
-        the lock wait, and a request that waited behind a grant would be stamped as enqueued before
-        that grant (its queue key too early, and the history showing it passed over).
+        The time is read after the last lock is held: by the last lock statement itself where the
+        dialect evaluates a clock after the lock (:func:`controltable.dialects.with_lock_clock`),
+        otherwise by a statement of its own. A clock taken when the locking statement starts would
+        come from before the lock wait, and a request that waited behind a grant would be stamped
+        as enqueued before that grant (its queue key too early, and the history showing it passed
+        over).
         """
-        rows = self._lock_rows(conn, names, {})
-        return rows, (read_now(conn) if rows else 0.0)
+        clocked: list[float] = []
+        rows = self._lock_rows(conn, names, {}, clocked)
+        if not rows:
+            return rows, 0.0
+        return rows, (clocked[0] if clocked else read_now(conn))
 
-    def _lock_rows(self, conn: Connection, names: set[str], rows: dict[str, Any]) -> dict[str, Any]:
-        """Lock, in name order, the rows of ``names`` not in ``rows`` yet, adding them to ``rows``."""
-        for name in sorted(names):
-            if name in rows:
-                continue
-            row = conn.execute(sql.lock_resource(self.t, self.ns, name)).first()
+    def _lock_rows(self, conn: Connection, names: set[str], rows: dict[str, Any],
+                   clocked: Optional[list[float]] = None) -> dict[str, Any]:
+        """Lock, in name order, the rows of ``names`` not in ``rows`` yet, adding them to ``rows``.
+
+        With ``clocked``, the last lock statement also reads the database time after its lock is
+        held where the dialect allows (appended to ``clocked``; one round trip fewer)."""
+        todo = [name for name in sorted(names) if name not in rows]
+        for name in todo:
+            last = clocked is not None and name == todo[-1]
+            row = conn.execute(sql.lock_resource(self.t, self.ns, name,
+                                                 self.db.dialect_name if last else None)).first()
+            if last and row is not None and clocked is not None and "now" in row._mapping:
+                clocked.append(float(row.now))
             if row is None:
                 raise UnknownResourceError(
                     f"resource {name!r} does not exist in namespace {self.ns!r}; create it with "
@@ -372,6 +384,10 @@ class SlotEngine:
                 raise _NeedLocks(decision.need)
             notify: list[str] = []
             others = False
+            # The grants, their history rows and the counters: independent writes (different rows),
+            # sent as few statements as the dialect allows (sql.run_grant_writes).
+            writes: list[Any] = []
+            counters: list[Any] = []
             for key in decision.grant:
                 mine = own is not None and key == own[0]
                 for row in rows_by_key[key]:
@@ -387,18 +403,19 @@ class SlotEngine:
                         # its entry before that, a dead one (that stopped refreshing) lapses sooner.
                         grant = sql.grant_waiter(self.t, row.id, token, now,
                                                  now + min(pickup, max(float(row.expires_at) - now, MIN_PICKUP)))
-                    conn.execute(grant)
                     # In the grant's transaction: the rate window counts these rows.
-                    conn.execute(sql.record_grant(self.t, self.ns, row.resource, token, row, int(row.priority), now))
+                    writes.append((grant, sql.record_grant(self.t, self.ns, row.resource, token, row,
+                                                           int(row.priority), now)))
                 if not mine:
                     others = True
                     first = min(row.resource for row in rows_by_key[key])
                     notify.append(holder_key(first, next(x.holder for x in rows_by_key[key] if x.resource == first)))
             for name in sorted(res):
                 if res[name].dirty:
-                    conn.execute(sql.write_counters(self.t, self.ns, name, res[name].last_token,
-                                                    res[name].last_ticket))
+                    counters.append(sql.write_counters(self.t, self.ns, name, res[name].last_token,
+                                                       res[name].last_ticket))
                     res[name].dirty = False
+            sql.run_grant_writes(conn, writes, counters, self.db.dialect_name)
             for name, key in decision.heads.items():
                 rate_spent = queues[name].budget == 0
                 # A new head times the holders' leases; a head stopped by a spent rate budget times
@@ -957,11 +974,15 @@ class SlotEngine:
 
         def action(conn: Connection, res: dict[str, Any], now: float) -> tuple[int, int, float]:
             nonlocal completed
-            rows = conn.execute(sql.request_rows(self.t, lease.request_key)).all()
+            if dialects.writes_in_one_statement(conn, self.db.dialect_name):
+                # The rows, their removal and their history closed, in one statement.
+                rows = conn.execute(sql.remove_request(self.t, self.ns, lease.request_key, now)).all()
+            else:
+                rows = conn.execute(sql.request_rows(self.t, lease.request_key)).all()
+                if rows:
+                    conn.execute(sql.delete_requests(self.t, lease.request_key))
+                    self._end_grants(conn, list(rows), now)
             live = sum(1 for row in rows if row.state == GRANTED and float(row.expires_at) >= now)
-            if rows:
-                conn.execute(sql.delete_requests(self.t, lease.request_key))
-                self._end_grants(conn, list(rows), now)
             completed += 1
             return live, len(rows), now
 
