@@ -84,6 +84,7 @@ def test_completion_is_fenced_when_the_claim_expired_and_was_taken_over(
     thief: dict[str, Any] = {}
 
     def slow(context: Any, batch: Any) -> None:
+        batch.stop_renewing()  # the op renews the claim: stop, as a renewer that cannot get through would
         time.sleep(1.2)  # the 0.5 s claim runs out...
         thief["batch"] = ct.events(table, key="id").claim(10, owner="other-worker")  # ...and is taken over
 

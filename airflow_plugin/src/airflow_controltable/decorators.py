@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional, TypeVar, cast
 
 from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_decorator_factory
 
-from airflow_controltable.defaults import DEFAULT_MODE, DEFAULT_RENEWED_LEASE
+from airflow_controltable.defaults import DEFAULT_MODE, DEFAULT_RENEWED_LEASE, INTERRUPT_ON_LEASE_LOSS
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
 from airflow_controltable.operators.slots import ControlTableTaskKilled, SlotPythonOperator
 from airflow_controltable.statements import tracked_statements
@@ -73,6 +73,7 @@ def slot_held(
     control_schema: Optional[str] = None,
     use_priority_weight: bool = False,
     timeout: Optional[float] = None,
+    interrupt_on_lease_loss: bool = INTERRUPT_ON_LEASE_LOSS,
 ) -> Iterator[Lease]:
     """Acquire ``resource`` inside a running task, renew it while the block runs, release on exit or kill.
 
@@ -85,8 +86,12 @@ def slot_held(
     :param lease: seconds; renewed every third of it in the background.
     :param use_priority_weight: queue by the task's ``priority_weight`` (higher first).
     :param timeout: deprecated name of ``wait_timeout``.
+    :param interrupt_on_lease_loss: a lease found lost or expired by the renewal interrupts the
+        block (``LeaseLostInterrupt``, then ``ControlTableLeaseLost``), as the slot operator's
+        argument of the same name; ``False`` lets the block run on.
     :raises ControlTableLeaseLost: if the lease was lost while the block ran (renewal failed
-        longer than the lease): the work may have overlapped with the next holder.
+        longer than the lease, or released from outside): the block was interrupted, or with
+        ``interrupt_on_lease_loss=False`` may have overlapped with the next holder.
     """
     from airflow.sdk import get_current_context
 
@@ -107,6 +112,7 @@ def slot_held(
                              attempt=try_number(context),
                              priority=slot_priority(task, use_priority_weight))
     log.info("controltable: acquired %r, fencing token %d", resource, held.token)
+    held.interrupt = bool(interrupt_on_lease_loss)  # `with held:` below arms the interrupt (core)
     start_renewing(held)
 
     previous_on_kill = task.on_kill

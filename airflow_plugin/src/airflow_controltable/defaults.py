@@ -7,7 +7,7 @@ renewed slot, the slot mode, the name length) is imported from the core, never r
 
 from __future__ import annotations
 
-from controltable.defaults import DEFAULT_LEASE, DEFAULT_MODE, NAME_LENGTH
+from controltable.defaults import DEFAULT_LEASE, DEFAULT_MODE, INTERRUPT_ON_LEASE_LOSS, NAME_LENGTH
 
 __all__ = [
     "DEFAULT_DEFERRED_PICKUP",
@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_SLOT_POKE_INTERVAL",
     "DEFAULT_TRIGGER_POLL_INTERVAL",
     "DEFER_TIMEOUT_MARGIN",
+    "INTERRUPT_ON_LEASE_LOSS",
     "MAX_ID",
     "SCHEDULER_CATCH_UP_LIMIT",
     "SCHEDULER_HEARTBEAT_POLL",

@@ -12,6 +12,8 @@ from controltable.defaults import (  # noqa: F401 - re-exported: the core's defa
     DEFAULT_LEASE,
     DEFAULT_MODE,
     DEFAULT_WAITER_TTL,
+    INTERRUPT_ON_LEASE_LOSS,
+    MIN_PICKUP,
     NAME_LENGTH,
 )
 
@@ -33,6 +35,10 @@ HEAD_RETRY_MAX = 5.0
 #: How often the between-retries watcher looks for an interrupt, and how often it reads the run status.
 WATCH_TICK = 0.1
 WATCH_STATUS_EVERY = 2.0
+#: Seconds a new try waits for the between-retries watcher to acknowledge its pause before it stops
+#: the watcher instead, and seconds it waits for a stopped watcher to exit.
+WATCHER_PAUSE_TIMEOUT = 2.0
+WATCHER_STOP_TIMEOUT = 5.0
 #: After a termination signal, how many more times (every WATCH_TICK) the run status is read
 #: while it does not yet say CANCELING.
 WATCH_INTERRUPT_RETRIES = 3

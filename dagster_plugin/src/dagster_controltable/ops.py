@@ -22,7 +22,7 @@ from dagster import (
     op,
 )
 
-from controltable import ControlTableError
+from controltable import ControlTableError, LeaseLost
 from controltable.compat import renamed
 
 from . import defaults
@@ -55,6 +55,7 @@ def build_batch_op(
     tags: Optional[dict[str, Any]] = None,
     owner: Optional[str] = None,
     schema: Optional[str] = None,
+    interrupt: Optional[bool] = None,
     **event_options: Any,
 ) -> OpDefinition:
     """An op that claims batches of ``table``, calls ``process(context, batch)`` and completes them.
@@ -71,6 +72,11 @@ def build_batch_op(
     input of type ``Nothing`` for ordering it after another op. ``table_schema`` is the event
     table's schema (``schema=``: its deprecated old name). ``owner`` (default: the step's holder
     id, ``dagster:<run id>:<step key>``) is recorded on the claimed rows.
+
+    Each batch's lease is renewed in the background while ``process`` runs; if it is found lost
+    or expired, ``process`` is interrupted (:class:`~controltable.LeaseLostInterrupt`) and the op
+    fails naming the lease loss. ``interrupt=False`` (default: the resource's
+    ``interrupt_on_lease_loss``) lets it run on.
     """
     table_schema = renamed("build_batch_op", "schema", schema, "table_schema", table_schema)
     op_name = name or f"process_{table}"
@@ -90,13 +96,15 @@ def build_batch_op(
         batches = 0
         while max_batches is None or batches < max_batches:
             with resource.claim_batch(table, key=key, size=size, order_by=order_by, table_schema=table_schema,
-                                      owner=owner, lease=lease, **event_options) as batch:
+                                      owner=owner, lease=lease, interrupt=interrupt, **event_options) as batch:
                 if batch is None:
                     break
                 try:
                     process(context, batch)
                 except (Failure, RetryRequested):
                     raise
+                except LeaseLost as exc:  # interrupted (or fenced out): the claim is gone, not given back
+                    raise resource.failure(exc, f"processing batch {batch.token} of {table!r}") from exc
                 except Exception as exc:
                     raise Failure(
                         description=(f"processing batch {batch.token} of {table!r} ({len(batch)} events) failed: "
@@ -141,6 +149,7 @@ def build_worklist_op(
     tags: Optional[dict[str, Any]] = None,
     owner: Optional[str] = None,
     poll: Optional[float] = None,
+    interrupt: Optional[bool] = None,
 ) -> OpDefinition:
     """An op that allocates items of ``worklist`` in order until none are left.
 
@@ -153,6 +162,12 @@ def build_worklist_op(
     ``poll_interval`` (default: the core's) is how often it looks while it waits without a wake-up
     (``poll=``: its deprecated old name). ``owner`` (default: the step's holder id,
     ``dagster:<run id>:<step key>``) is who the items are allocated to.
+
+    Each item's lease is renewed in the background while ``process`` runs (``item.renewing()``);
+    if it is found lost or expired, ``process`` is interrupted
+    (:class:`~controltable.LeaseLostInterrupt`) and the op fails naming the lease loss, leaving
+    the item to whoever holds it now. ``interrupt=False`` (default: the resource's
+    ``interrupt_on_lease_loss``) lets it run on; the fenced completion then fails.
     """
     poll_interval = renamed("build_worklist_op", "poll", poll, "poll_interval", poll_interval)
     op_name = name or f"work_{worklist}"
@@ -168,15 +183,23 @@ def build_worklist_op(
     def _worklist_op(context: OpExecutionContext):  # type: ignore[no-untyped-def]
         resource: ControlTableResource = getattr(context.resources, resource_key)
         wl = resource.worklist(worklist)
-        who = owner or current_step().holder
+        step = current_step()
+        who = owner or step.holder
+        interrupting = resource.interrupt_on_lease_loss if interrupt is None else bool(interrupt)
         # The core's own default interval unless one was given.
         waiting = {} if poll_interval is None else {"poll_interval": poll_interval}
         done: list[dict[str, Any]] = []
         try:
             for item in wl.items(who, lease=lease, timeout=timeout, **waiting):
                 try:
-                    process(context, item)
+                    with item.renewing(stop_when_orphaned=step.own_process, interrupt=interrupting):
+                        process(context, item)
                 except Exception as exc:
+                    if item.lost is not None:  # found lost or expired: the item may be another worker's now
+                        if isinstance(exc, LeaseLost):
+                            raise resource.failure(
+                                exc, f"working on item {item.id} (order {item.order}) of {worklist!r}") from exc
+                        raise
                     if isinstance(exc, RetryRequested):
                         item.release()
                         raise

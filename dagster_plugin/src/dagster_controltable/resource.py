@@ -42,6 +42,7 @@ from controltable import (
     DatabaseUnavailableError,
     Lease,
     LeaseLost,
+    LeaseLostInterrupt,
     NotInstalledError,
     PermissionDeniedError,
     ResourceStatus,
@@ -54,7 +55,7 @@ from controltable.errors import is_retryable, safe_url
 from controltable.holders import holder_id
 
 from . import defaults, retry_watch
-from .defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_WAITER_TTL
+from .defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_WAITER_TTL, INTERRUPT_ON_LEASE_LOSS
 
 try:  # only for type hints: these classes are reached through ControlTable.events()/worklist()
     from controltable.events import Batch, EventTable
@@ -217,6 +218,11 @@ def as_failure(exc: BaseException, action: str, *, url: str = "", namespace: str
     elif isinstance(exc, AcquireTimeout):
         fix = "raise the timeout or the capacity, or see `controltable status` for who holds the slot"
         kind = "slot not granted in time"
+    elif isinstance(exc, LeaseLostInterrupt):
+        fix = ("the slot, batch or work item was lost or expired while the step worked, so its work was stopped "
+               "before it could overlap the next holder; the step may be retried (with a new fencing token). Ask "
+               "for a longer lease if renewals are slow, or set interrupt_on_lease_loss=False to let work run on")
+        kind = "lease lost, work interrupted"
     elif isinstance(exc, LeaseLost):
         fix = ("the lease expired before it was renewed or completed; ask for a longer lease, and make the "
                "protected system reject stale fencing tokens")
@@ -279,6 +285,10 @@ class ControlTableResource(ConfigurableResource):
         default=None, description="PostgreSQL behind a connection pooler in transaction mode (PgBouncer, RDS "
                                   "Proxy): a direct URL of the server for push wake-ups only; work still uses url. "
                                   "Default: CONTROLTABLE_LISTEN_URL.")
+    interrupt_on_lease_loss: bool = Field(
+        default=INTERRUPT_ON_LEASE_LOSS, description="Stop a step's work (LeaseLostInterrupt, failing the step) when "
+        "the lease it holds (slot, event batch, work item) is found lost or expired, instead of letting it overlap "
+        "the next holder. False lets the work run on; it then fails at the release or completion.")
 
     _ct: Optional[ControlTable] = PrivateAttr(default=None)
     _setup_error: Optional[BaseException] = PrivateAttr(default=None)
@@ -552,6 +562,7 @@ class ControlTableResource(ConfigurableResource):
         max_retries: int = DEFAULT_MAX_RETRIES,
         priority: int = 0,
         priority_from_tag: bool = False,
+        interrupt: Optional[bool] = None,
     ) -> Iterator[Lease]:
         """Hold slots of ``resource`` for the ``with`` block, renewing the lease in the background.
 
@@ -577,6 +588,13 @@ class ControlTableResource(ConfigurableResource):
         ``priority`` orders the queue (higher first, equal ones FIFO); ``priority_from_tag=True``
         takes it from the ``dagster/priority`` tags instead (the run's plus the op's, as Dagster's
         own pools weigh them).
+
+        When the background renewal finds the lease lost or expired (released from outside, reaped,
+        renewals failing for a whole lease), the block is interrupted with
+        :class:`~controltable.LeaseLostInterrupt` and the step fails naming the lease loss, so the
+        work stops instead of overlapping the next holder (see docs/faults.md, "Lease loss
+        interrupts the work"). ``interrupt=False`` (default: the resource's
+        ``interrupt_on_lease_loss``) lets it run on; the step then fails at the release.
         """
         if wait not in WAIT_MODES:
             raise Failure(description=f"slot(wait={wait!r}) must be one of {', '.join(WAIT_MODES)}")
@@ -615,7 +633,14 @@ class ControlTableResource(ConfigurableResource):
         # killed, nobody will finish the run, so renewal stops and the lease runs out.
         granted.start_renewing(stop_when_orphaned=step.own_process)
         try:
-            yield granted
+            with granted.interrupting(self._interrupt(interrupt)):
+                yield granted
+        except LeaseLostInterrupt as exc:  # the lease went away under the work: stopped, now report it
+            try:
+                granted.__exit__(*_exc_info())  # stops renewing and releases what may still be ours
+            except Exception as rel_exc:
+                log.warning("controltable: could not release %s after the lease was lost: %s", names, rel_exc)
+            raise self._fail(exc, f"holding {names}") from exc
         except BaseException:
             try:
                 granted.__exit__(*_exc_info())  # releases; a lost lease is only logged, the block's error wins
@@ -631,6 +656,10 @@ class ControlTableResource(ConfigurableResource):
         except ControlTableError as exc:
             raise self._fail(exc, f"releasing {names}") from exc
         step.log.info(f"controltable: released {names}")
+
+    def _interrupt(self, interrupt: Optional[bool]) -> bool:
+        """Whether a lease loss interrupts the work: the call's ``interrupt``, else the resource's setting."""
+        return self.interrupt_on_lease_loss if interrupt is None else bool(interrupt)
 
     def _block(
         self, ct: ControlTable, resource: Union[str, Mapping[str, int]], who: Optional[str], step: StepIdentity,
@@ -682,7 +711,8 @@ class ControlTableResource(ConfigurableResource):
             retry_watch.pause_watcher(who)
         before = self._wait_infos(ct, resource, who)
         at_head = all(i.position <= 1 for i in before) if before else self._nobody_waiting(ct, resource)
-        pickup = retry_interval if at_head else None
+        # (never shorter than the core's shortest pickup: a very short retry interval still works)
+        pickup = max(retry_interval, defaults.MIN_PICKUP) if at_head else None
         self._track(resource, who)
         granted = self._call(f"acquiring {names}", lambda: ct.try_acquire(
             resource, holder=who, slots=slots, mode=mode, lease=lease, waiter_ttl=ttl, attempt=step.attempt,
@@ -900,6 +930,7 @@ class ControlTableResource(ConfigurableResource):
         owner: Optional[str] = None,
         lease: Optional[float] = None,
         schema: Optional[str] = None,
+        interrupt: Optional[bool] = None,
         **options: Any,
     ) -> Iterator[Optional[Batch]]:
         """Claim one batch for the ``with`` block and finish it: complete on success, fail on error.
@@ -910,6 +941,12 @@ class ControlTableResource(ConfigurableResource):
         table's back-off (counting an attempt); a cancelled run gives them back untouched.
         If the block already finished the batch (e.g. with ``batch.transaction()``), that stands.
         ``table_schema`` is the event table's schema (``schema=``: its deprecated old name).
+
+        The batch's lease is renewed in the background while the block runs (``batch.renewing()``);
+        if it is found lost or expired, the block is interrupted with
+        :class:`~controltable.LeaseLostInterrupt` and the step fails naming the lease loss, without
+        touching the rows another worker may hold now. ``interrupt=False`` (default: the
+        resource's ``interrupt_on_lease_loss``) lets the block run on; the fenced completion then fails.
         """
         schema = renamed("ControlTableResource.claim_batch", "schema", schema, "table_schema", table_schema)
         events = self.events(table, key=key, order_by=order_by, table_schema=schema, **options)
@@ -921,12 +958,17 @@ class ControlTableResource(ConfigurableResource):
         step = current_step()
         step.log.info(f"controltable: claimed {len(batch)} event(s) of {table!r} under token {batch.token}")
         try:
-            yield batch
+            with batch.renewing(stop_when_orphaned=step.own_process, interrupt=self._interrupt(interrupt)):
+                yield batch
         except RetryRequested:
             if not batch.finished:  # a retry is not a failed attempt: give the rows back untouched
                 self._call(f"releasing batch {batch.token}", batch.release)
             raise
         except Exception as exc:
+            if batch.lost is not None:  # the renewer found the claim lost or expired: the rows may be
+                if isinstance(exc, LeaseLost):  # another worker's now, so they are left alone
+                    raise self._fail(exc, f"processing batch {batch.token} of {table!r}") from exc
+                raise
             if not batch.finished:
                 try:
                     batch.fail(f"{type(exc).__name__}: {exc}")

@@ -99,7 +99,7 @@ def ack_file(holder: str) -> Path:
     return state_file(holder).with_suffix(".ack")
 
 
-def pause_watcher(holder: str, timeout: float = 2.0) -> None:
+def pause_watcher(holder: str, timeout: float = defaults.WATCHER_PAUSE_TIMEOUT) -> None:
     """A try of ``holder`` starts: make its watcher stand down, and wait until it has (bounded).
 
     A watcher that does not acknowledge within ``timeout`` is stopped instead; either way it acts no
@@ -125,7 +125,7 @@ def pause_watcher(holder: str, timeout: float = 2.0) -> None:
         stop_watcher(holder)
 
 
-def stop_watcher(holder: str, timeout: float = 5.0) -> None:
+def stop_watcher(holder: str, timeout: float = defaults.WATCHER_STOP_TIMEOUT) -> None:
     """Stop ``holder``'s watcher, if one runs, and wait (bounded) until it has exited."""
     path = state_file(holder)
     state = _read(path)

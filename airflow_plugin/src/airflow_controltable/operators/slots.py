@@ -41,6 +41,7 @@ from airflow_controltable.defaults import (
     DEFAULT_MODE,
     DEFAULT_TRIGGER_POLL_INTERVAL,
     DEFER_TIMEOUT_MARGIN,
+    INTERRUPT_ON_LEASE_LOSS,
     TEARDOWN_CHECK_INTERVAL,
     TEARDOWN_KILL_MARGIN,
     WORKER_MIN_HEARTBEAT_INTERVAL,
@@ -60,7 +61,7 @@ from airflow_controltable.utils import (
     trigger_failure,
     try_number,
 )
-from controltable import ControlTableError
+from controltable import ControlTableError, LeaseLostInterrupt
 from controltable import defaults as core_defaults
 
 __all__ = [
@@ -108,6 +109,11 @@ class HoldSlotMixin(BaseOperator):
     :param conn_id: a ``controltable`` or SQL connection; ``namespace`` / ``control_schema`` override it.
     :param use_priority_weight: queue by the task's ``priority_weight`` (higher first; equal ones in
         arrival order), as the core's ``priority``; off by default (plain FIFO).
+    :param interrupt_on_lease_loss: when the renewal finds the lease lost or expired (released from
+        outside, reaped, renewals failing for a whole lease), stop the work by raising
+        ``LeaseLostInterrupt`` in it, so it does not overlap the next holder; the task then fails
+        with ``ControlTableLeaseLost`` (retryable). ``False`` lets the work run on; the task then
+        fails at the release. See docs/faults.md, "Lease loss interrupts the work".
     """
 
     slot_template_fields: Sequence[str] = ("resource", "holder")
@@ -132,10 +138,12 @@ class HoldSlotMixin(BaseOperator):
         namespace: Optional[str] = None,
         control_schema: Optional[str] = None,
         use_priority_weight: bool = False,
+        interrupt_on_lease_loss: bool = INTERRUPT_ON_LEASE_LOSS,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.use_priority_weight = use_priority_weight
+        self.interrupt_on_lease_loss = interrupt_on_lease_loss
         self.resource = resource
         self.slots = slots
         self.slot_mode = slot_mode
@@ -257,8 +265,18 @@ class HoldSlotMixin(BaseOperator):
         self.slot_lease = lease
         self._working = True
         try:
-            with tracked_statements() as self._statements:
+            # A lease found lost or expired by the renewer raises LeaseLostInterrupt in the work
+            # (disarmed on the way out of the inner block, before the statements are untracked).
+            with tracked_statements() as self._statements, lease.interrupting(bool(self.interrupt_on_lease_loss)):
                 result = self._slot_work(context)
+        except LeaseLostInterrupt as exc:
+            self._working = False
+            self._release(lease, failed=True)
+            raise ControlTableLeaseLost(
+                f"the slot of {lease.resource!r} (token {lease.token}) was lost while the work ran, so the work was "
+                f"interrupted before it could overlap the next holder ({exc}). A retry re-acquires with a new "
+                "token; raise `lease` if renewals are slow, or pass interrupt_on_lease_loss=False to let work run on"
+            ) from exc
         except BaseException:
             self._working = False
             self._release(lease, failed=True)
