@@ -159,3 +159,67 @@ def test_dagster_resource_listen_url_field(pgbouncer_url: Any, backend_url: str,
         assert ct.push_status().active, ct.push_status()
     finally:
         ct.close()
+
+
+@pytest.mark.parametrize(("url", "ports"), [
+    ("postgresql+psycopg://u@db:6432/x", {6432}),
+    ("postgresql+psycopg://u@db/x", {5432}),
+    ("postgresql+psycopg://u@/x?host=/var/run/postgresql", set()),
+    ("postgresql+psycopg://u@/x?host=a:5433&host=b:5434&target_session_attrs=read-write", {5433, 5434}),
+    ("postgresql+psycopg://u@/x?host=a&host=b:5434", {5432, 5434}),
+])
+def test_the_ports_a_url_connects_to(url: str, ports: set[int]) -> None:
+    from sqlalchemy.engine import make_url
+
+    from controltable.wakeups import url_ports
+
+    assert url_ports(make_url(url)) == ports
+
+
+@pytest.mark.parametrize(("url", "server_port", "proxy"), [
+    ("postgresql+psycopg://u@db:5432/x", 5432, False),  # direct TCP
+    ("postgresql+psycopg://u@/x?host=/run/postgresql", None, False),  # direct Unix socket
+    ("postgresql+psycopg://u@db:6432/x", 5432, True),  # PgBouncer on its own port
+    ("postgresql+psycopg://u@/x?host=/run/pgbouncer", 5432, True),  # a pooler's socket, TCP to the server
+    ("postgresql+psycopg://u@/x?host=a:5432&host=b:5433", 5433, False),  # a multi-host URL's second host
+])
+def test_a_pooler_is_seen_by_the_servers_port(url: str, server_port: Any, proxy: bool) -> None:
+    from sqlalchemy.engine import make_url
+
+    from controltable.wakeups import behind_proxy
+
+    assert behind_proxy(make_url(url), server_port) is proxy
+
+
+@pytest.mark.backends("postgres")
+def test_no_listen_through_a_transaction_pooler_so_it_keeps_taking_logins(
+    pgbouncer_url: Any, backend_url: str, namespace: str, caplog: Any,  # noqa: F811
+) -> None:
+    """LISTEN through PgBouncer in transaction mode left subscribed server connections behind, and
+    notifications arriving on them stopped PgBouncer completing new logins: the listener never LISTENs there."""
+    import psycopg
+
+    pooled = pgbouncer_url("transaction")
+    tables = []
+    for _ in range(5):  # five processes' worth of listeners through the pooler, then pushes
+        ct = ControlTable(pooled, namespace=namespace)
+        ct.install()
+        assert ct.push_status().state == "inactive"
+        tables.append(ct)
+    details = [ct.push_status().detail for ct in tables]
+    channel = tables[0]._wakeups.channel
+    direct = psycopg.connect(backend_url.replace("postgresql+psycopg", "postgresql"), autocommit=True)
+    try:
+        for i in range(300):
+            direct.execute("SELECT pg_notify(%s, %s)", (channel, f"{namespace}\x1fx{i}"))
+    finally:
+        direct.close()
+    for ct in tables:
+        ct.close()
+    fresh = ControlTable(pooled, namespace=namespace, connect_timeout=5)
+    try:
+        fresh.set_capacity("after", 1)  # a new login through the pooler still works
+        assert [s.capacity for s in fresh.status(["after"])] == [1]
+    finally:
+        fresh.close()
+    assert all("does not lead straight to the server" in d for d in details), details

@@ -75,6 +75,8 @@ class Wakeups:
         self.probe_timeout = probe_timeout
         self._probe_failed = False
         self._warned = False
+        #: The server's port when the work URL leads to another (a pooler in the way): no LISTEN there.
+        self._in_the_way: Optional[int] = None
         self._round_trip: Optional[float] = None
         #: Set when the listener's first start-up ended either way (probe passed, failed, or no connection).
         self._settled = threading.Event()
@@ -132,7 +134,7 @@ class Wakeups:
         active = self.active
         if self._probe_failed:
             return PushStatus(False, "inactive", _probe_failed_text(self.listen_url is not None, target,
-                                                                    self.probe_timeout), where)
+                                                                    self.probe_timeout, self._in_the_way), where)
         if active:
             return PushStatus(True, "active", f"the listener's self-probe came back through {target}", where,
                               None if self._round_trip is None else self._round_trip * 1000.0)
@@ -243,6 +245,11 @@ class Wakeups:
         cparams.update(connect_args(url, connect_timeout=self.db.connect_timeout, statement_timeout=None))
         raw = dialect.connect(*cargs, **cparams)
         raw.autocommit = True
+        if not self.listen_url:
+            server_port = raw.execute("SELECT inet_server_port()").fetchone()[0]
+            if behind_proxy(url, None if server_port is None else int(server_port)):
+                raw.close()
+                raise _PoolerInTheWay(int(server_port))
         quoted = dialect.identifier_preparer.quote_identifier(self.channel)
         raw.execute(f"LISTEN {quoted}")  # the channel is a validated identifier, quoted by the dialect
         return raw
@@ -253,8 +260,21 @@ class Wakeups:
         while not self._stop.is_set():
             raw = None
             try:
-                raw = self._connect()
+                try:
+                    raw = self._connect()
+                except _PoolerInTheWay as pooler:
+                    # Never LISTEN through a pooler: in transaction mode the subscribed server
+                    # connection goes back to the pool, and notifications arriving on it while it
+                    # is not linked to a client break the pooler's logins (PgBouncer 1.18: "got
+                    # packet 'A' from server when not linked"). listen_url is the way to push.
+                    self._in_the_way = pooler.server_port
+                    self._give_up()
+                    return
                 if not self._self_probe(raw):
+                    try:  # leave no subscription behind on a server connection a pooler may hand on
+                        raw.execute("UNLISTEN *")
+                    except Exception:  # the connection is being dropped anyway
+                        pass
                     if connects == 0:  # never proven: a pooler swallows pushes; stop for good
                         self._give_up()
                         return
@@ -319,13 +339,58 @@ class Wakeups:
         if not self._warned:  # before the state changes: whoever sees "inactive" can find the warning
             self._warned = True
             log.warning("controltable: %s", _probe_failed_text(self.listen_url is not None, self._target_text(),
-                                                             self.probe_timeout))
+                                                             self.probe_timeout, self._in_the_way))
         self._probe_failed = True
         self._settled.set()
 
 
-def _probe_failed_text(with_listen_url: bool, target: str, timeout: float) -> str:
+class _PoolerInTheWay(Exception):
+    """The work URL does not lead straight to the server (its port differs from the server's)."""
+
+    def __init__(self, server_port: int) -> None:
+        super().__init__(server_port)
+        self.server_port = server_port
+
+
+def url_ports(url: Any) -> set[int]:
+    """The TCP ports a PostgreSQL URL connects to: its port, and the ``host=h:p`` entries of a
+    multi-host URL (libpq's default 5432 where none is given); empty for a Unix socket."""
+    ports: set[int] = set()
+    hosts = url.query.get("host")
+    for entry in [hosts] if isinstance(hosts, str) else list(hosts or ()):
+        entry = str(entry)
+        if not entry or entry.startswith("/"):
+            continue  # a socket directory
+        host, sep, port = entry.rpartition(":")
+        ports.add(int(port) if sep and host and port.isdigit() else int(url.port or 5432))
+    if url.host:
+        ports.add(int(url.port or 5432))
+    return ports
+
+
+def behind_proxy(url: Any, server_port: Optional[int]) -> bool:
+    """Whether something stands between the URL and the server: the server says it listens on a TCP port
+    the URL does not name (a pooler such as PgBouncer on its own port, or a port-mapping proxy).
+
+    A direct TCP connection reports the URL's own port; a direct Unix-socket connection reports none.
+    A proxy that keeps the server's port is not seen here: the self-probe is the check for it. (A
+    proxy that maps ports but keeps sessions, where LISTEN would work, loses push until listen_url
+    is set to the same URL: the safe side, since LISTEN through a transaction pooler breaks it.)
+    """
+    if server_port is None:
+        return False
+    ports = url_ports(url)
+    return server_port not in ports if ports else True
+
+
+def _probe_failed_text(with_listen_url: bool, target: str, timeout: float, in_the_way: Optional[int] = None) -> str:
     """The one warning (and the status text) when the listener's self-probe did not come back."""
+    if in_the_way is not None:
+        return (f"push wake-ups are inactive: {target} does not lead straight to the server (the server listens on "
+                f"port {in_the_way}), so a connection pooler or proxy is in the way, and LISTEN through a pooler "
+                "in transaction mode receives nothing and can break the pooler. Set listen_url "
+                "(ControlTable(url, listen_url=...), CONTROLTABLE_LISTEN_URL, --listen-url) to a direct URL of the "
+                "server for the listener; waiters poll meanwhile.")
     if with_listen_url:
         return (f"push wake-ups are inactive: a notification sent through the work URL did not reach the listener "
                 f"on {target} within {timeout:g} s; listen_url must be a direct connection to the same "
