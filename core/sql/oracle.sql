@@ -93,21 +93,21 @@ WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UP
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (:namespace, :name, :capacity, :last_token, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))), :last_ticket);
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
-WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
+WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name FOR UPDATE;
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
 UPDATE ct_resource SET capacity=:capacity WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
 FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
+WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 3 ROWS ONLY) anon_1;
 
 -- ===== acquire: lock the resource rows, enqueue under the next ticket, grant pass over holders and head =====
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
-WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
+WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name FOR UPDATE;
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
@@ -115,10 +115,10 @@ WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resourc
 INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (:namespace, :"resource", :holder, :request_key, :slots, :"mode", :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds, :priority, :queue_key) RETURNING ct_request.id INTO :ret_0;
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
 FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
+WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 3 ROWS ONLY) anon_1;
 UPDATE ct_request SET state=:state, token=:token, lease_seconds=:lease_seconds, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
 INSERT INTO ct_grant_history (namespace, "resource", token, holder, "mode", slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:namespace, :"resource", :token, :holder, :"mode", :slots, :priority, :enqueued_at, :granted_at, :ended_at, :outcome);
@@ -139,7 +139,7 @@ FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace
 WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.holder = :holder_1;
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
-WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
+WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name FOR UPDATE;
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
@@ -147,10 +147,10 @@ WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resourc
 INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (:namespace, :"resource", :holder, :request_key, :slots, :"mode", :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds, :priority, :queue_key) RETURNING ct_request.id INTO :ret_0;
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
 FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
+WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 3 ROWS ONLY) anon_1;
 UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 SELECT ct_request.ticket 
@@ -165,7 +165,7 @@ UPDATE ct_request SET lease_seconds=:lease_seconds, expires_at=:expires_at WHERE
 -- ===== release a lease: lock the resource row, delete the entry, grant pass for the next in line =====
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
-WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
+WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name FOR UPDATE;
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
 SELECT ct_request.id, ct_request."resource", ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
@@ -174,10 +174,10 @@ DELETE FROM ct_request WHERE ct_request.request_key = :request_key_1;
 UPDATE ct_grant_history SET ended_at=:ended_at, outcome=:outcome WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.token = :token_1 AND ct_grant_history.outcome = 'held';
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
 FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
+WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 3 ROWS ONLY) anon_1;
 UPDATE ct_request SET state=:state, token=:token, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
 INSERT INTO ct_grant_history (namespace, "resource", token, holder, "mode", slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:namespace, :"resource", :token, :holder, :"mode", :slots, :priority, :enqueued_at, :granted_at, :ended_at, :outcome);
@@ -204,15 +204,15 @@ WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UP
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (:namespace, :name, :capacity, :last_token, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))), :last_ticket);
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
-WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
+WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name FOR UPDATE;
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
 UPDATE ct_resource SET capacity=:capacity WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
 FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
+WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 3 ROWS ONLY) anon_1;
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
@@ -253,16 +253,16 @@ WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UP
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (:namespace, :name, :capacity, :last_token, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))), :last_ticket);
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
-WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
+WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name FOR UPDATE;
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
 UPDATE ct_request SET queue_key=(ct_request.enqueued_at - ct_request.priority * :priority_1) WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" = :resource_1 AND ct_request.state = 'waiting';
 UPDATE ct_resource SET capacity=:capacity, rate_count=:rate_count, rate_per=:rate_per, aging=:aging WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
 FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
+WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 3 ROWS ONLY) anon_1;
 SELECT count(*) AS count_1 
 FROM ct_grant_history 
@@ -271,7 +271,7 @@ WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" 
 -- ===== rate-limited grants: the window's budget from the grant history; the head times the next opening =====
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
-WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
+WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name FOR UPDATE;
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
@@ -279,10 +279,10 @@ WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resourc
 INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (:namespace, :"resource", :holder, :request_key, :slots, :"mode", :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds, :priority, :queue_key) RETURNING ct_request.id INTO :ret_0;
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
 FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request."mode" AS "mode", ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_2 AND ct_request."resource" = :resource_2 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
+WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 3 ROWS ONLY) anon_1;
 SELECT count(*) AS count_1 
 FROM ct_grant_history 

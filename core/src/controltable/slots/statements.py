@@ -14,9 +14,10 @@ misreport ``rowcount`` are answered by the count).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from sqlalchemy import and_, case, delete, func, insert, literal_column, or_, select, union_all, update
+from sqlalchemy import and_, bindparam, case, delete, func, insert, literal_column, or_, select, union_all, update
 from sqlalchemy.sql import Delete, Insert, Select, Update
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -34,6 +35,16 @@ SUPERSEDED = "superseded"
 
 #: A fenced change: the UPDATE and the count that confirms it (see the module's docstring).
 Fenced = tuple[Update, Select]  # type: ignore[type-arg]
+#: A statement built once with named binds, and the values of this call: ``conn.execute(*bound)``.
+#: For the statements of every grant: building a SQLAlchemy construct costs as much as its round
+#: trip, and the compiled cache only saves the compile.
+Bound = tuple[Any, dict[str, Any]]
+
+
+def _bind(name: str, placeholder: Any = None, **kw: Any) -> Any:
+    """A named bind of a :data:`Bound` statement. Its placeholder is never sent (every execution
+    passes the values): it lets ``controltable sql`` print the statement without them."""
+    return bindparam(name, placeholder, **kw)
 #: One request key, or several (a single key compares with ``=``, several with ``IN``).
 Keys = Union[str, Sequence[str]]
 
@@ -45,7 +56,7 @@ def _resource_row(t: ControlSchema, namespace: str, name: str) -> list[ColumnEle
 
 
 def lock_resource(t: ControlSchema, namespace: str, name: str,
-                  clock_for: Optional[str] = None) -> Select:  # type: ignore[type-arg]
+                  clock_for: Optional[str] = None) -> Bound:
     """Lock one resource row and read its counters and policy.
 
     With ``clock_for`` (the dialect name; for the last lock a transaction takes) the statement also
@@ -53,12 +64,20 @@ def lock_resource(t: ControlSchema, namespace: str, name: str,
     (:func:`controltable.dialects.with_lock_clock`); elsewhere the time is read by a statement of
     its own once every lock is held (see ``SlotEngine._lock``): a clock taken when this statement
     starts would come from before a lock wait.
+
+    On the path of every grant: built once per (tables, dialect) with named binds and returned
+    with its values (see :data:`Bound`).
     """
+    return _lock_resource(t, clock_for), {"ct_namespace": namespace, "ct_name": name}
+
+
+@functools.lru_cache(maxsize=64)
+def _lock_resource(t: ControlSchema, clock_for: Optional[str]) -> Select:  # type: ignore[type-arg]
     r = t.resource
     stmt = dialects.lock_rows(
         select(r.c.name, r.c.capacity, r.c.last_token, r.c.last_ticket, r.c.rate_count, r.c.rate_per, r.c.aging,
                dialects.token_epoch().label("epoch"))  # the fencing tokens' epoch, read where they advance
-        .where(*_resource_row(t, namespace, name)),
+        .where(r.c.namespace == _bind("ct_namespace"), r.c.name == _bind("ct_name")),
         r,
     )
     clocked = None if clock_for is None else dialects.with_lock_clock(stmt, clock_for)
@@ -138,21 +157,33 @@ def request_columns(t: ControlSchema) -> list[Any]:
             q.c.priority, q.c.enqueued_at, q.c.queue_key]
 
 
-def snapshot(t: ControlSchema, namespace: str, heads: Mapping[str, int]) -> Any:
+def snapshot(t: ControlSchema, namespace: str, heads: Mapping[str, int]) -> Bound:
     """The holders of the resources in ``heads`` and the first ``heads[name]`` waiters of each
-    queue in queue order, in one statement: the work does not depend on how many wait behind."""
+    queue in queue order, in one statement: the work does not depend on how many wait behind.
+
+    On the path of every grant: built once per (tables, head sizes) with named binds for the
+    namespace and names and returned with their values (see :data:`Bound`)."""
+    names = sorted(heads)
+    params: dict[str, Any] = {"ct_namespace": namespace, "ct_names": names}
+    params.update({f"ct_name_{i}": name for i, name in enumerate(names)})
+    return _snapshot(t, tuple(heads[name] for name in names)), params
+
+
+@functools.lru_cache(maxsize=256)
+def _snapshot(t: ControlSchema, limits: tuple[int, ...]) -> Any:
     q = t.request
     cols = request_columns(t)
-    names = sorted(heads)
     parts: list[Any] = [
-        select(*cols).where(q.c.namespace == namespace, q.c.resource.in_(names), q.c.state == GRANTED)
+        select(*cols).where(q.c.namespace == _bind("ct_namespace"),
+                            q.c.resource.in_(_bind("ct_names", [""], expanding=True)), q.c.state == GRANTED)
     ]
-    for name in names:
+    for i, limit in enumerate(limits):
         head = (
             select(*cols)
-            .where(q.c.namespace == namespace, q.c.resource == name, q.c.state == WAITING)
+            .where(q.c.namespace == _bind("ct_namespace"), q.c.resource == _bind(f"ct_name_{i}"),
+                   q.c.state == WAITING)
             .order_by(q.c.queue_key, q.c.ticket)
-            .limit(heads[name])
+            .limit(limit)
             .subquery()
         )
         parts.append(select(*head.c))
@@ -415,20 +446,27 @@ def run_grant_writes(conn: Any, grants: Sequence[tuple[Update, Insert]], counter
         conn.execute(write)
 
 
-def remove_request(t: ControlSchema, namespace: str, key: str, now: float) -> Select:  # type: ignore[type-arg]
+def remove_request(t: ControlSchema, namespace: str, key: str, now: float) -> Bound:
     """Delete a request's rows and close the history rows of its grants in one statement (for
     dialects where :func:`controltable.dialects.writes_in_one_statement` holds), returning the
     deleted rows as :func:`request_rows` reads them.
 
     Same outcome as :func:`request_rows`, :func:`delete_requests` and one :func:`end_grant` per
-    granted row: released while the lease was live at ``now``, expired otherwise."""
+    granted row: released while the lease was live at ``now``, expired otherwise. Built once per
+    tables (see :data:`Bound`)."""
+    return _remove_request(t), {"ct_namespace": namespace, "ct_key": key, "ct_now": now}
+
+
+@functools.lru_cache(maxsize=64)
+def _remove_request(t: ControlSchema) -> Select:  # type: ignore[type-arg]
     q, h = t.request, t.history
-    gone = delete(q).where(_keyed(t, key)).returning(
+    now = _bind("ct_now", type_=h.c.ended_at.type)
+    gone = delete(q).where(q.c.request_key == _bind("ct_key")).returning(
         q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at).cte("gone")
     ended = (
         update(h)
-        .where(h.c.namespace == namespace, h.c.resource == gone.c.resource, h.c.token == gone.c.token,
-               gone.c.state == GRANTED, h.c.outcome == HELD)
+        .where(h.c.namespace == _bind("ct_namespace"), h.c.resource == gone.c.resource,
+               h.c.token == gone.c.token, gone.c.state == GRANTED, h.c.outcome == HELD)
         .values(outcome=case((gone.c.expires_at >= now, RELEASED), else_=EXPIRED), ended_at=now)
         .cte("ended")
     )

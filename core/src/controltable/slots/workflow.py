@@ -270,8 +270,8 @@ class SlotEngine:
         todo = [name for name in sorted(names) if name not in rows]
         for name in todo:
             last = clocked is not None and name == todo[-1]
-            row = conn.execute(sql.lock_resource(self.t, self.ns, name,
-                                                 self.db.dialect_name if last else None)).first()
+            row = conn.execute(*sql.lock_resource(self.t, self.ns, name,
+                                                  self.db.dialect_name if last else None)).first()
             if last and row is not None and clocked is not None and "now" in row._mapping:
                 clocked.append(float(row.now))
             if row is None:
@@ -293,7 +293,7 @@ class SlotEngine:
         the new head and the one behind it are told to look).
         """
         heads = {name: self._head_size(res[name]) for name in res}
-        return list(conn.execute(sql.snapshot(self.t, self.ns, heads)).all())
+        return list(conn.execute(*sql.snapshot(self.t, self.ns, heads)).all())
 
     def _budget(self, conn: Connection, res: _Res, now: float) -> Optional[int]:
         """Grants the resource's rate window still allows at ``now`` (None: no rate limit)."""
@@ -976,7 +976,7 @@ class SlotEngine:
             nonlocal completed
             if dialects.writes_in_one_statement(conn, self.db.dialect_name):
                 # The rows, their removal and their history closed, in one statement.
-                rows = conn.execute(sql.remove_request(self.t, self.ns, lease.request_key, now)).all()
+                rows = conn.execute(*sql.remove_request(self.t, self.ns, lease.request_key, now)).all()
             else:
                 rows = conn.execute(sql.request_rows(self.t, lease.request_key)).all()
                 if rows:
