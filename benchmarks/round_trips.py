@@ -1,0 +1,76 @@
+"""Round trips per uncontended grant (issue 26): statements per acquire and per release, and the
+acquire+release p50 against two durable 1-row commits sampled in the same loop.
+
+Run from a checkout (``python -m benchmarks.round_trips URL [samples]``); the "before" figure of a
+change comes from the same script run with ``PYTHONPATH`` pointing at an older checkout's
+``core/src`` (a ``git worktree``), alternated with the current code. Statements are counted by a
+``before_cursor_execute`` listener on the engine (COMMIT is not a cursor statement: it is counted
+apart, one per transaction).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from sqlalchemy import event
+
+import controltable
+from controltable import ControlTable
+
+from .common import percentile, raw_connection
+
+
+def run(url: str, samples: int = 300) -> dict[str, Any]:
+    backend = url.split(":", 1)[0].split("+", 1)[0]
+    ct = ControlTable(url, namespace="bench_rt")
+    ct.install()
+    ct.set_capacity("rt", 1)
+    sent: list[str] = []
+    event.listen(ct.db.engine, "before_cursor_execute",
+                 lambda conn, cur, stmt, params, ctx, many: sent.append(stmt))
+    wconn = raw_connection(url)
+    wcur = wconn.cursor()
+    wcur.execute("DROP TABLE IF EXISTS bench_rt_floor")
+    wcur.execute("CREATE TABLE bench_rt_floor (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)")
+    wcur.execute("INSERT INTO bench_rt_floor VALUES (1, 0)")
+    if backend == "sqlite":
+        wconn.commit()
+
+    def two_commits() -> None:  # the floor: two durable 1-row commits (autocommit)
+        for _ in range(2):
+            wcur.execute("UPDATE bench_rt_floor SET v = v + 1 WHERE id = 1")
+            if backend == "sqlite":
+                wconn.commit()
+
+    ours, floor = [], []
+    per_acquire = per_release = 0
+    for i in range(50 + samples):
+        t0 = time.perf_counter()
+        two_commits()
+        t1 = time.perf_counter()
+        sent.clear()
+        lease = ct.acquire("rt", timeout=0)
+        n_acq = len(sent)
+        lease.release()
+        t2 = time.perf_counter()
+        n_rel = len(sent) - n_acq
+        if i >= 50:
+            floor.append(t1 - t0)
+            ours.append(t2 - t1)
+            per_acquire, per_release = max(per_acquire, n_acq), max(per_release, n_rel)
+    wcur.execute("DROP TABLE bench_rt_floor")
+    if backend == "sqlite":
+        wconn.commit()
+    wconn.close()
+    ct.close()
+    p50, f50 = percentile(ours, 50) * 1e3, percentile(floor, 50) * 1e3
+    return {"code": controltable.__file__, "backend": backend, "p50_ms": round(p50, 3),
+            "two_commits_p50_ms": round(f50, 3), "ratio": round(p50 / f50, 2),
+            "statements_per_acquire": per_acquire, "statements_per_release": per_release}
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 300)))
