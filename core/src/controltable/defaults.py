@@ -135,6 +135,14 @@ TIMEOUT_MARGIN = 5.0
 #: The worst case of ``acquire(timeout=t)`` on a silent network: t + the slot engine's 1 s
 #: ``DEADLINE_GRACE`` + this + ``WITHDRAW_GRACE`` + this = t + 4 s, within ``TIMEOUT_MARGIN``.
 DEADLINE_STATEMENT_GRACE = 0.5
+#: A lease holder's renew/check runs under a deadline of the lease's expiry (on this machine's
+#: monotonic clock, counted from when the grant or last renewal was sent) plus this many seconds;
+#: a call that could not reach the database by then raises ``LeaseLost``. With the statement grace
+#: and the cancel that is well within ``TIMEOUT_MARGIN`` after the expiry.
+LEASE_CALL_GRACE = 1.0
+#: ``WorkList.items(timeout=)``: a statement run after the timeout (the consumer held the generator
+#: past it) still gets this many seconds from when the generator resumed, then the statement grace.
+RESUME_CALL_GRACE = 1.0
 #: After the client cancels an overrunning statement (PostgreSQL: a cancel request), it waits this
 #: long (seconds) for the answer before it closes the socket itself (a silent network: the cancel
 #: is not answered either); the connection is discarded either way.

@@ -6,6 +6,7 @@ through the small :class:`BatchEngine` interface, so this module imports nothing
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -15,6 +16,8 @@ from sqlalchemy.engine import Connection
 
 from ..clock import utc
 from ..db import Database
+from ..errors import LeaseLost
+from ..leaseclock import bounded_release, local_expiry, within_lease
 from ..renewal import BackgroundRenewal
 from ..validation import check_batch_size, check_seconds
 from .statements import Where
@@ -89,10 +92,16 @@ class Batch(BackgroundRenewal):
     #: The batch's lease length (seconds): renewals without an argument, the renewal interval
     #: and the batch ``complete_and_claim`` hands on all keep it.
     lease_seconds: float = 0.0
+    #: When the claim runs out at the latest on this machine's monotonic clock (see
+    #: :mod:`controltable.leaseclock`): its length after this object was made (after the claim:
+    #: a rebuilt batch counts a whole lease from its rebuilding), then after each renewal's send.
+    _local_expires: float = field(default=0.0, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.lease_seconds <= 0:
             self.lease_seconds = max(self._expires_at - self.claimed_at, 0.0) or self.events.lease
+        if not self._local_expires:
+            self._local_expires = local_expiry(time.monotonic(), self.lease_seconds)
 
     @property
     def finished(self) -> bool:
@@ -111,9 +120,17 @@ class Batch(BackgroundRenewal):
         return [k for k in self.keys if k not in self._settled]
 
     def check(self) -> None:
-        """Raise :class:`LeaseLost` if background renewal found the batch taken over."""
+        """Raise :class:`LeaseLost` if background renewal found the batch taken over, or once its
+        lease has run out unrenewed (on this machine's clock, see :mod:`controltable.leaseclock`):
+        its rows may be claimed by another worker from then on."""
         if self.lost is not None:
             raise self.lost
+        if time.monotonic() >= self._local_expires and not self.finished:
+            raise LeaseLost(
+                f"the claim of batch {self.token} on {self.events.qualified_name!r} expired without a renewal "
+                "reaching the database, so its rows must be presumed claimed by another worker; renew more "
+                "often than the lease (start_renewing()/renewing()) or check the path to the database",
+                keys=self._unsettled())
 
     @property
     def keys(self) -> list[Any]:
@@ -215,7 +232,8 @@ class Batch(BackgroundRenewal):
     def release(self) -> int:
         """Give the rows back untouched (the attempt is not counted). Lost rows are ignored."""
         self.stop_renewing()
-        n = self.events._release(self.token, self.keys)
+        with bounded_release(self.events.db):
+            n = self.events._release(self.token, self.keys)
         self._settle(None)
         return n
 
@@ -226,6 +244,10 @@ class Batch(BackgroundRenewal):
         """
         seconds = check_seconds("lease", lease) if lease is not None else self.lease_seconds
         assert seconds is not None
-        self._expires_at = self.events._renew(self.token, self.keys, seconds)
+        sent = time.monotonic()
+        what = f"batch {self.token} on {self.events.qualified_name!r}"
+        with within_lease(self.events.db, self._local_expires, what):
+            self._expires_at = self.events._renew(self.token, self.keys, seconds)
+        self._local_expires = local_expiry(sent, seconds)
         self.lease_seconds = seconds
         return self

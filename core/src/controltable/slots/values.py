@@ -9,12 +9,15 @@ frozen dataclasses; ``parse_rate`` and ``parse_duration`` read them from the com
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Optional, Protocol, Union
 
 from ..clock import utc
-from ..errors import ConfigurationError, LeaseLost
+from ..db import Database
+from ..errors import ConfigurationError, DatabaseUnavailableError, LeaseLost
+from ..leaseclock import bounded_release, local_expiry, within_lease
 from ..renewal import BackgroundRenewal
 from ..validation import check_positive_int, check_seconds
 
@@ -23,6 +26,8 @@ log = logging.getLogger("controltable")
 
 class LeaseEngine(Protocol):
     """What a :class:`Lease` needs of the engine that granted it (the slot engine)."""
+
+    db: Database
 
     def renew(self, lease: Lease, seconds: float) -> float: ...
 
@@ -54,6 +59,7 @@ class Lease(BackgroundRenewal):
         granted_at: Optional[float],
         ticket: int = 0,
         attempt: Optional[int] = None,
+        sent: Optional[float] = None,
     ) -> None:
         #: The engine that granted it: renewal and release go through it (never the ControlTable).
         self.engine = engine
@@ -72,6 +78,10 @@ class Lease(BackgroundRenewal):
         self.released = False
         self.lost: Optional[LeaseLost] = None
         self._armed_here = False
+        #: When the lease runs out at the latest on this machine's monotonic clock: its length
+        #: after the grant was sent (``sent``; by default when this object was made, which is
+        #: after the grant: a grant's reply delay is not counted), then after each renewal's send.
+        self._local_expires = local_expiry(time.monotonic() if sent is None else sent, lease_seconds)
 
     # -- facts -----------------------------------------------------------------------------
     @property
@@ -108,13 +118,19 @@ class Lease(BackgroundRenewal):
     def renew(self, lease: Optional[float] = None) -> Lease:
         """Extend the lease to ``lease`` seconds (default: the original length) from now.
 
-        Raises :class:`LeaseLost` if the lease already expired and was reaped or taken over.
+        Raises :class:`LeaseLost` if the lease already expired and was reaped or taken over, or
+        if the database could not be reached before it would have expired (see
+        :mod:`controltable.leaseclock`); :class:`~controltable.errors.DatabaseUnavailableError`
+        before that (the lease may outlive the outage: retry).
         """
         seconds = check_seconds("lease", lease) if lease is not None else self.lease_seconds
         assert seconds is not None
         if self.released:
             raise LeaseLost(f"lease of {self.holder!r} on {self._names()} was already released")
-        self._expires_at = self.engine.renew(self, seconds)
+        sent = time.monotonic()
+        with within_lease(self.engine.db, self._local_expires, self._what()):
+            self._expires_at = self.engine.renew(self, seconds)
+        self._local_expires = local_expiry(sent, seconds)
         self.lease_seconds = seconds
         return self
 
@@ -124,18 +140,29 @@ class Lease(BackgroundRenewal):
         if self.released:
             return
         self.released = True
-        self.engine.release(self)
+        with bounded_release(self.engine.db):
+            self.engine.release(self)
 
     def is_held(self) -> bool:
         """Ask the database whether this lease still holds all its slots."""
-        return not self.released and self.engine.is_held(self)
+        if self.released:
+            return False
+        with within_lease(self.engine.db, self._local_expires, self._what()):
+            return self.engine.is_held(self)
 
     def check(self) -> None:
-        """Raise :class:`LeaseLost` if the lease is no longer held (e.g. before a critical write)."""
+        """Raise :class:`LeaseLost` if the lease is no longer held (e.g. before a critical write).
+
+        Also when the database could not be reached before the lease would have expired: the
+        answer comes by the lease's expiry plus :data:`~controltable.defaults.TIMEOUT_MARGIN`.
+        """
         if self.lost is not None:
             raise self.lost
         if not self.is_held():
             raise LeaseLost(f"lease of {self.holder!r} on {self._names()} is no longer held")
+
+    def _what(self) -> str:
+        return f"lease of {self.holder!r} on {self._names()}"
 
     def _names(self) -> str:
         return ", ".join(repr(n) for n in self.resources)
@@ -162,6 +189,12 @@ class Lease(BackgroundRenewal):
             if exc_type is None:
                 raise
             log.warning("controltable: lease of %r was lost before release", self.holder)
+        except DatabaseUnavailableError as exc:
+            # A lease already lost (e.g. the database went silent past its expiry) is the news:
+            # the rows expire by themselves; the block's own exception is not masked either.
+            if exc_type is None and self.lost is None:
+                raise
+            log.warning("controltable: lease of %r could not be released: %s", self.holder, exc)
         if exc_type is None and self.lost is not None:
             raise self.lost
 

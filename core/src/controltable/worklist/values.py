@@ -6,14 +6,17 @@ through the small :class:`ItemEngine` interface, so this module imports nothing 
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Optional, Protocol
 
 from ..clock import utc
+from ..db import Database
 from ..defaults import DEFAULT_ITEM_LEASE
-from ..errors import ControlTableError
+from ..errors import ControlTableError, LeaseLost
+from ..leaseclock import bounded_release, local_expiry, within_lease
 from ..renewal import BackgroundRenewal
 from ..validation import check_seconds, fail_reason
 from .statements import DONE, ERROR, NEW
@@ -27,6 +30,7 @@ class ItemEngine(Protocol):
     """What an :class:`Item` needs of the engine that allocated it (a :class:`~controltable.WorkList`)."""
 
     name: str
+    db: Database
 
     def _finish(self, item: Item, state: str, error: Optional[str]) -> None: ...
 
@@ -47,6 +51,14 @@ class Item(BackgroundRenewal):
     attempts: int
     _expires_at: float
     lease_seconds: float = DEFAULT_ITEM_LEASE
+    #: When the lease runs out at the latest on this machine's monotonic clock (see
+    #: :mod:`controltable.leaseclock`): its length after this object was made (after the
+    #: allocation), then after each renewal's send.
+    _local_expires: float = field(default=0.0, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self._local_expires:
+            self._local_expires = local_expiry(time.monotonic(), self.lease_seconds)
 
     @property
     def expires_at(self) -> datetime:
@@ -75,7 +87,8 @@ class Item(BackgroundRenewal):
     def release(self) -> None:
         """Give the item back untouched, for another worker (as ``Batch.release`` and ``Lease.release`` do)."""
         self.stop_renewing()
-        self.worklist._finish(self, NEW, None)
+        with bounded_release(self.worklist.db):
+            self.worklist._finish(self, NEW, None)
 
     def free(self) -> None:
         """Deprecated alias of :meth:`release`."""
@@ -86,10 +99,30 @@ class Item(BackgroundRenewal):
         return self.lease_seconds / 3.0
 
     def renew(self, lease: Optional[float] = None) -> Item:
+        """Extend the lease to ``lease`` seconds (default: the item's lease length) from now.
+
+        :class:`LeaseLost` if the item was re-allocated, or if the database could not be reached
+        before the lease would have expired (see :mod:`controltable.leaseclock`); before that a
+        failure is a :class:`~controltable.errors.DatabaseUnavailableError` (retry).
+        """
         seconds = check_seconds("lease", lease) if lease is not None else self.lease_seconds
         assert seconds is not None
-        self._expires_at = self.worklist._renew(self, seconds)
+        sent = time.monotonic()
+        with within_lease(self.worklist.db, self._local_expires, f"work item {self.id} of {self.worklist.name!r}"):
+            self._expires_at = self.worklist._renew(self, seconds)
+        self._local_expires = local_expiry(sent, seconds)
         return self
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` if background renewal found the item lost, or once its lease
+        has run out unrenewed (on this machine's clock): it may be allocated to another worker."""
+        if self.lost is not None:
+            raise self.lost
+        if time.monotonic() >= self._local_expires:
+            raise LeaseLost(
+                f"the lease of work item {self.id} of {self.worklist.name!r} expired without a renewal "
+                "reaching the database, so it must be presumed allocated to another worker; renew more "
+                "often than the lease (start_renewing()/renewing()) or check the path to the database")
 
 
 @dataclass

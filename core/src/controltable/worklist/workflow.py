@@ -26,7 +26,7 @@ from .. import dialects
 from ..clock import read_now
 from ..compat import deprecated
 from ..db import Database
-from ..defaults import DEFAULT_ITEM_LEASE
+from ..defaults import DEFAULT_ITEM_LEASE, RESUME_CALL_GRACE
 from ..errors import ConfigurationError, ControlTableError, LeaseLost
 from ..holders import process_holder_id
 from ..runtime import Runtime, runtime_of
@@ -206,6 +206,12 @@ class WorkList:
         Between attempts it waits up to ``poll_interval`` seconds (less when woken: finished or
         new items push on PostgreSQL); ``poll`` is the deprecated older name. Raises
         :class:`WorkListBlocked` when only errored items stand in the way.
+
+        With a ``timeout`` every statement runs under a client-side deadline (see
+        :meth:`~controltable.db.Database.deadline`): the timeout, or shortly after the generator
+        resumed when the consumer held it past the timeout. So the generator ends (or raises
+        :class:`~controltable.errors.DatabaseUnavailableError` on a silent network) within its
+        timeout plus :data:`~controltable.defaults.TIMEOUT_MARGIN`, whatever the network does.
         """
         if poll is not None:
             deprecated("WorkList.items(poll=...)", "poll_interval=")
@@ -215,12 +221,16 @@ class WorkList:
         deadline = None if wait is None else time.monotonic() + wait
         keys = [self.wakeup_key]
         while True:
-            since = self.runtime.mark(keys)
-            item = self.allocate(owner, lease)
+            # Never across the ``yield``: the deadline is this thread's, and the consumer's own.
+            bound = None if deadline is None else max(deadline, time.monotonic() + RESUME_CALL_GRACE)
+            with self.db.deadline(bound):
+                since = self.runtime.mark(keys)
+                item = self.allocate(owner, lease)
+                st = None if item is not None else self.status()
             if item is not None:
                 yield item
                 continue
-            st = self.status()
+            assert st is not None
             if st.finished:
                 return
             if st.blocked_by_errors:
@@ -230,7 +240,8 @@ class WorkList:
                 )
             if deadline is not None and time.monotonic() >= deadline:
                 return
-            self.runtime.wait(keys, interval, since)
+            pause = interval if deadline is None else min(interval, max(deadline - time.monotonic(), 0.0))
+            self.runtime.wait(keys, pause, since)
 
     def _finish(self, item: Item, state: str, error: Optional[str]) -> None:
         t = self.t
