@@ -343,6 +343,16 @@ def writes_in_one_statement(conn: Any, dialect_name: str) -> bool:
     return dialect_name == "postgresql" and getattr(getattr(conn, "dialect", None), "name", None) == "postgresql"
 
 
+def deletes_returning(conn: Any, dialect_name: str) -> bool:
+    """Whether a ``DELETE`` of control-table rows can return them (``DELETE ... RETURNING``), saving
+    the read before it: SQLite 3.35+ and MariaDB 10.5+ (PostgreSQL combines more, see
+    :func:`writes_in_one_statement`), as the target and the running dialect, where SQLAlchemy
+    supports it (not on 1.4). Not MySQL (no ``RETURNING``); SQL Server and Oracle keep the read."""
+    running = getattr(conn, "dialect", None)
+    return (dialect_name in ("sqlite", "mysql") and getattr(running, "name", None) == dialect_name
+            and bool(getattr(running, "delete_returning", False)))
+
+
 def state_literal(value: Any, type_: Any = None) -> ColumnElement[Any]:
     """A state constant rendered into the SQL text (``ct_state = 0``), never a bound parameter.
 

@@ -217,6 +217,13 @@ def request_rows(t: ControlSchema, keys: Keys) -> Select:  # type: ignore[type-a
     return select(q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at).where(_keyed(t, keys))
 
 
+def delete_request_rows(t: ControlSchema, keys: Keys) -> Any:  # a Delete with RETURNING
+    """Remove whole requests and return their rows as :func:`request_rows` reads them (for dialects
+    where :func:`controltable.dialects.deletes_returning` holds: the read and the delete in one)."""
+    q = t.request
+    return delete(q).where(_keyed(t, keys)).returning(q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at)
+
+
 def request_spans(t: ControlSchema, keys: Sequence[str]) -> Select:  # type: ignore[type-arg]
     """(request key, resource) of every row of the requests ``keys``: which resources each spans."""
     q = t.request

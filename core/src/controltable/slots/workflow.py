@@ -977,6 +977,9 @@ class SlotEngine:
             if dialects.writes_in_one_statement(conn, self.db.dialect_name):
                 # The rows, their removal and their history closed, in one statement.
                 rows = conn.execute(*sql.remove_request(self.t, self.ns, lease.request_key, now)).all()
+            elif dialects.deletes_returning(conn, self.db.dialect_name):
+                rows = conn.execute(sql.delete_request_rows(self.t, lease.request_key)).all()
+                self._end_grants(conn, list(rows), now)
             else:
                 rows = conn.execute(sql.request_rows(self.t, lease.request_key)).all()
                 if rows:
