@@ -12,48 +12,22 @@ to a dead entry (the grant history is the witness).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import pytest
 
 from controltable import ControlTable, ControlTableError
 
-from .servers import ThrowawayMariaDB, ThrowawayPostgres, ThrowawayServer, mariadb_bin, postgres_bin
+from .servers import ThrowawayServer
 
 pytestmark = [pytest.mark.faults]
 
 TTL = 60.0
 #: How long the live waiter may wait after the release (the issue's promise).
 HANDOFF = 2.0
-
-
-def _available(kind: str) -> Optional[str]:
-    if kind == "postgres" and postgres_bin() is None:
-        return "PostgreSQL server binaries (initdb, pg_ctl) are not installed"
-    if kind == "mariadb" and mariadb_bin() is None:
-        return "mariadbd / mariadb-install-db are not installed"
-    return None
-
-
-@pytest.fixture(scope="module", params=["postgres", "mariadb"])
-def server(request: pytest.FixtureRequest) -> Iterator[ThrowawayServer]:
-    kind = str(request.param)
-    missing = _available(kind)
-    if missing:
-        required = {b.strip() for b in os.environ.get("CONTROLTABLE_TEST_REQUIRE", "").split(",")}
-        if {"postgres": "postgres", "mariadb": "mysql"}[kind] in required:
-            pytest.fail(f"{missing}, and CONTROLTABLE_TEST_REQUIRE requires the fault suite on {kind}")
-        pytest.skip(missing)
-    srv: ThrowawayServer = ThrowawayPostgres() if kind == "postgres" else ThrowawayMariaDB()
-    try:
-        srv.start()
-        yield srv
-    finally:
-        srv.close()
 
 
 class Waiter(threading.Thread):

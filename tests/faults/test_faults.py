@@ -26,7 +26,7 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert
@@ -34,7 +34,7 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, insert
 from controltable import ControlTable, checks
 
 from .proxy import FaultProxy
-from .servers import ThrowawayMariaDB, ThrowawayPostgres, ThrowawayServer, mariadb_bin, postgres_bin
+from .servers import ThrowawayServer
 
 pytestmark = [pytest.mark.faults]
 
@@ -45,32 +45,6 @@ SLOT_WORKERS = 4
 #: Every n-th COMMIT through the proxy is cut.
 CUT_EVERY = {"drain": 37, "slots": 23}
 REPORT = os.environ.get("CONTROLTABLE_FAULTS_REPORT")
-
-
-def _available(kind: str) -> Optional[str]:
-    if kind == "postgres" and postgres_bin() is None:
-        return "PostgreSQL server binaries (initdb, pg_ctl) are not installed"
-    if kind == "mariadb" and mariadb_bin() is None:
-        return "mariadbd / mariadb-install-db are not installed"
-    return None
-
-
-@pytest.fixture(scope="module", params=["postgres", "mariadb"])
-def server(request: pytest.FixtureRequest) -> Iterator[ThrowawayServer]:
-    kind = str(request.param)
-    missing = _available(kind)
-    if missing:
-        # CI requires the servers (CONTROLTABLE_TEST_REQUIRE), so it requires their binaries too.
-        required = {b.strip() for b in os.environ.get("CONTROLTABLE_TEST_REQUIRE", "").split(",")}
-        if {"postgres": "postgres", "mariadb": "mysql"}[kind] in required:
-            pytest.fail(f"{missing}, and CONTROLTABLE_TEST_REQUIRE requires the fault suite on {kind}")
-        pytest.skip(missing)
-    srv: ThrowawayServer = ThrowawayPostgres() if kind == "postgres" else ThrowawayMariaDB()
-    try:
-        srv.start()
-        yield srv
-    finally:
-        srv.close()
 
 
 @pytest.fixture
