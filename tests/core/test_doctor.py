@@ -191,7 +191,13 @@ def test_doctor_through_pgbouncer_with_listen_url_reports_push_active(bounced: A
 def test_doctor_through_pgbouncer_in_session_mode_sees_a_proxy_that_keeps_sessions(bounced: Any) -> None:
     findings = by_check(bounced("session", listen=False).doctor())
     assert "session mode" in findings["pooler"].message and findings["pooler"].level == "info"
-    assert findings["push"].level == "ok"
+    # The listener does not LISTEN through a pooler it cannot tell from a transaction pooler: push
+    # needs listen_url here too, and both findings say so.
+    assert findings["push"].level == "warning" and "listen_url" in findings["push"].fix
+    assert "listen_url" in findings["pooler"].fix
+    with_listener = by_check(bounced("session", listen=True).doctor())
+    assert with_listener["push"].level == "ok"
+    assert "push wake-ups go through listen_url" in with_listener["pooler"].message
 
 
 # -- the decisions on fake rows --------------------------------------------------------------------------------

@@ -159,10 +159,15 @@ def pooler_finding(probe: PoolerProbe, push_active: bool, listen_url: bool) -> F
                        "set listen_url (ControlTable(url, listen_url=...), CONTROLTABLE_LISTEN_URL or --listen-url) "
                        "to a direct URL of the PostgreSQL server, for push wake-ups")
     if probe.server_port is not None and probe.url_port is not None and probe.server_port != probe.url_port:
-        return Finding("pooler", "info",
-                       f"a proxy or a pooler in session mode: the URL's port is {probe.url_port}, the server's "
-                       f"{probe.server_port}; each client keeps its server connection, so sessions behave as direct",
-                       NOTHING)
+        message = (f"a proxy or a pooler in session mode: the URL's port is {probe.url_port}, the server's "
+                   f"{probe.server_port}; each client keeps its server connection, so sessions behave as direct")
+        if push_active:
+            return Finding("pooler", "info", message + "; push wake-ups go through listen_url", NOTHING)
+        # The listener cannot tell this from a transaction pooler before it LISTENs, and LISTEN through
+        # one breaks it: it stays off this path, so pushes need listen_url here too.
+        return Finding("pooler", "info", message + "; the listener does not LISTEN through it",
+                       "set listen_url (ControlTable(url, listen_url=...), CONTROLTABLE_LISTEN_URL or --listen-url) "
+                       "to a direct URL of the PostgreSQL server, for push wake-ups")
     return Finding("pooler", "ok", "no connection pooler in transaction mode between this client and the server",
                    NOTHING)
 
