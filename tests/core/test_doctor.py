@@ -276,8 +276,11 @@ def test_statistics_version_skew_and_exit_decisions() -> None:
     assert doc.exit_code([*findings, Finding("c", "error", "m", "f"), Finding("d", "warning", "m", "f")]) == 2
 
 
-def test_cli_doctor_on_an_unreachable_database_exits_4_at_once() -> None:
-    result = CliRunner().invoke(cli, ["--url", "postgresql+psycopg://nobody@127.0.0.1:1/none",
+@pytest.mark.parametrize("driver", ["postgresql+psycopg", "mysql+pymysql"])
+def test_cli_doctor_on_an_unreachable_database_exits_4_at_once(driver: str) -> None:
+    # The SQLAlchemy 1.4 environment has PyMySQL only.
+    pytest.importorskip("psycopg" if driver.endswith("psycopg") else "pymysql")
+    result = CliRunner().invoke(cli, ["--url", f"{driver}://nobody@127.0.0.1:1/none",
                                       "--connect-timeout", "2", "doctor"])
     assert result.exit_code == 4, result.output
     assert "cannot reach the database" in result.output and result.output.count("cannot reach") == 1
