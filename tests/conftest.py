@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 import pytest
 from support import backends_seen
+from support.required import required_names
 
 BACKENDS = ("sqlite", "postgres", "mysql")
 _ENV = {"postgres": "CONTROLTABLE_TEST_POSTGRES_URL", "mysql": "CONTROLTABLE_TEST_MYSQL_URL"}
@@ -26,7 +27,7 @@ _UNREACHABLE: dict[str, str] = {}
 
 
 def required_backends() -> set[str]:
-    return {b.strip() for b in os.environ.get("CONTROLTABLE_TEST_REQUIRE", "").split(",") if b.strip()}
+    return required_names()
 
 
 def server_url(backend: str) -> str | None:

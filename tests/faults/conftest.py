@@ -8,10 +8,10 @@ skips elsewhere.
 
 from __future__ import annotations
 
-import os
 from typing import Iterator, Optional
 
 import pytest
+from support.required import fail_or_skip
 
 from .servers import ThrowawayMariaDB, ThrowawayPostgres, ThrowawayServer, mariadb_bin, postgres_bin
 
@@ -33,10 +33,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[ThrowawayServer]:
     kind = str(request.param)
     missing = _available(kind)
     if missing:
-        required = {b.strip() for b in os.environ.get("CONTROLTABLE_TEST_REQUIRE", "").split(",")}
-        if {"postgres": "postgres", "mariadb": "mysql"}[kind] in required:
-            pytest.fail(f"{missing}, and CONTROLTABLE_TEST_REQUIRE requires the fault suite on {kind}")
-        pytest.skip(missing)
+        fail_or_skip(missing, {"postgres": "postgres", "mariadb": "mysql"}[kind])
     srv: ThrowawayServer = ThrowawayPostgres() if kind == "postgres" else ThrowawayMariaDB()
     try:
         srv.start()

@@ -61,6 +61,15 @@ class ReplicatedPostgres:
             if synchronous:
                 # remote_flush (synchronous_commit = on): a commit returns once the standby has the WAL.
                 conf.write("synchronous_standby_names = '*'\nsynchronous_commit = on\n")
+        self.standby: Optional[_Standby] = None
+        try:
+            self._start()
+        except BaseException:  # a half-started pair: stop what runs, by PID
+            self.close()
+            raise
+        self.killed_at: Optional[float] = None
+
+    def _start(self) -> None:
         self.primary.start()
         self.standby = _Standby(self.primary)
         self.standby._run(str(self.primary.bin / "pg_basebackup"), "-D", str(self.standby.data), "-R",
@@ -73,7 +82,6 @@ class ReplicatedPostgres:
                        # standby of its own, and waiting for one would hang every commit.
                        "synchronous_standby_names = ''\n")
         self.standby.start()
-        self.killed_at: Optional[float] = None
 
     def url(self, database: str = "postgres") -> str:
         """The libpq multi-host URL an application uses: whichever server accepts writes."""
@@ -117,5 +125,6 @@ class ReplicatedPostgres:
         return time.time()
 
     def close(self) -> None:
-        self.standby.close()  # its directory is inside the primary's
+        if self.standby is not None:
+            self.standby.close()  # its directory is inside the primary's
         self.primary.close()

@@ -36,6 +36,7 @@ from typing import Any, Iterator
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select
 from sqlalchemy.dialects import mysql, postgresql, sqlite
+from support.required import fail_or_skip
 
 from controltable import ControlTable, LeaseLost, checks
 from controltable.defaults import TOKEN_EPOCH_BITS
@@ -73,10 +74,7 @@ def test_next_token_jumps_above_every_earlier_epoch() -> None:
 def pair(request: pytest.FixtureRequest) -> Iterator[ReplicatedPostgres]:
     if postgres_bin() is None or not (postgres_bin() / "pg_basebackup").exists():  # type: ignore[operator]
         missing = "PostgreSQL server binaries (initdb, pg_basebackup, pg_ctl) are not installed"
-        required = {b.strip() for b in os.environ.get("CONTROLTABLE_TEST_REQUIRE", "").split(",")}
-        if "failover" in required or "postgres" in required:
-            pytest.fail(f"{missing}, and CONTROLTABLE_TEST_REQUIRE requires the failover tests")
-        pytest.skip(missing)
+        fail_or_skip(missing, "failover", "postgres")
     p = ReplicatedPostgres(synchronous=request.param == "sync")
     try:
         p.wait_streaming()

@@ -29,6 +29,7 @@ from typing import Iterator
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert
+from support.required import fail_or_skip
 
 from controltable import ControlTable, checks
 
@@ -48,10 +49,7 @@ THROUGHPUT_EVENTS = 3000
 def cluster() -> Iterator[GaleraCluster]:
     missing = galera_missing()
     if missing:
-        required = {b.strip() for b in os.environ.get("CONTROLTABLE_TEST_REQUIRE", "").split(",")}
-        if "galera" in required:
-            pytest.fail(f"{missing}, and CONTROLTABLE_TEST_REQUIRE requires the Galera tests")
-        pytest.skip(missing)
+        fail_or_skip(missing, "galera")
     c = GaleraCluster()
     try:
         c.start()

@@ -34,6 +34,8 @@ from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
+from support.required import required_names
+
 BINARY = "/usr/sbin/pgbouncer"
 MODES = ("transaction", "session")
 
@@ -47,8 +49,7 @@ def binary() -> Optional[str]:
 
 def required() -> bool:
     """Whether CI asked for pgbouncer (``CONTROLTABLE_TEST_REQUIRE`` contains ``pgbouncer``)."""
-    names = {n.strip() for n in os.environ.get("CONTROLTABLE_TEST_REQUIRE", "").split(",")}
-    return "pgbouncer" in names
+    return "pgbouncer" in required_names()
 
 
 def _free_port() -> int:
