@@ -301,7 +301,7 @@ WHERE ct_request.namespace = :namespace_1 AND ct_request.resource IN (:resource_
 SELECT TOP 1 ct_request.ticket 
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 AND ct_request.resource = :resource_1 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket;
-UPDATE ct_request SET expires_at=:expires_at WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'waiting' AND ct_request.expires_at >= :expires_at_1;
+UPDATE ct_request SET expires_at=:expires_at, pickup_seconds=:pickup_seconds WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'waiting' AND ct_request.expires_at >= :expires_at_1;
 SELECT count(*) AS count_1 
 FROM ct_request 
 WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'waiting' AND ct_request.expires_at = :expires_at_1;

@@ -105,6 +105,7 @@ UPDATE ct_request SET expires_at=?, attempt=?, pickup_seconds=? WHERE ct_request
 UPDATE ct_request SET queue_key=(ct_request.priority * ?) WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting';
 UPDATE ct_request SET ticket=ct_request.id WHERE ct_request.ticket = ?;
 UPDATE ct_request SET token=?, lease_seconds=?, expires_at=?, attempt=? WHERE ct_request.id = ?;
+UPDATE ct_request SET pickup_seconds=? WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting' AND (ct_request.pickup_seconds IS NULL OR ct_request.pickup_seconds > ?);
 UPDATE ct_resource SET capacity=?, aging=? WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 UPDATE ct_resource SET capacity=?, rate_count=?, rate_per=? WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 UPDATE ct_resource SET last_ticket=(SELECT coalesce(max(ct_request.ticket), ?) AS coalesce_1 FROM ct_request WHERE ct_request.namespace = ct_resource.namespace AND ct_request.resource = ct_resource.name);

@@ -311,7 +311,7 @@ SELECT ct_request.ticket
 FROM ct_request 
 WHERE ct_request.namespace = %s AND ct_request.resource = %s AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket 
  LIMIT %s;
-UPDATE ct_request SET expires_at=%s WHERE ct_request.request_key = %s AND ct_request.state = 'waiting' AND ct_request.expires_at >= %s;
+UPDATE ct_request SET expires_at=%s, pickup_seconds=%s WHERE ct_request.request_key = %s AND ct_request.state = 'waiting' AND ct_request.expires_at >= %s;
 SELECT ct_grant_history.granted_at 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = %s AND ct_grant_history.resource = %s AND ct_grant_history.granted_at > %s ORDER BY ct_grant_history.granted_at;

@@ -311,7 +311,7 @@ SELECT ct_request.ticket
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" = :resource_1 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 1 ROWS ONLY;
-UPDATE ct_request SET expires_at=:expires_at WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'waiting' AND ct_request.expires_at >= :expires_at_1;
+UPDATE ct_request SET expires_at=:expires_at, pickup_seconds=:pickup_seconds WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'waiting' AND ct_request.expires_at >= :expires_at_1;
 SELECT ct_grant_history.granted_at 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.granted_at > :granted_at_1 ORDER BY ct_grant_history.granted_at;

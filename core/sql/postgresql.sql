@@ -311,7 +311,7 @@ SELECT ct_request.ticket
 FROM ct_request 
 WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource = %(resource_1)s::VARCHAR AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket 
  LIMIT %(param_2)s::INTEGER;
-UPDATE ct_request SET expires_at=%(expires_at)s WHERE ct_request.request_key = %(request_key_1)s::VARCHAR AND ct_request.state = 'waiting' AND ct_request.expires_at >= %(expires_at_1)s;
+UPDATE ct_request SET expires_at=%(expires_at)s, pickup_seconds=%(pickup_seconds)s WHERE ct_request.request_key = %(request_key_1)s::VARCHAR AND ct_request.state = 'waiting' AND ct_request.expires_at >= %(expires_at_1)s;
 SELECT ct_grant_history.granted_at 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.resource = %(resource_1)s::VARCHAR AND ct_grant_history.granted_at > %(granted_at_1)s ORDER BY ct_grant_history.granted_at;

@@ -28,6 +28,7 @@ DELETE FROM ct_work_item WHERE ct_work_item.namespace = ? AND ct_work_item.workl
 DELETE FROM ct_worklist WHERE ct_worklist.namespace = ? AND ct_worklist.name = ?;
 DROP INDEX ct_request_queue_ix;
 DROP INDEX ct_request_state_ix;
+INSERT INTO ct_meta (key, value) VALUES (?*);
 RELEASE SAVEPOINT sa_savepoint_1;
 ROLLBACK TO SAVEPOINT sa_savepoint_1;
 SAVEPOINT sa_savepoint_1;
@@ -85,6 +86,7 @@ SELECT pg_notify(?*) AS pg_notify_1, pg_notify(?*) AS pg_notify_4, pg_notify(?*)
 SELECT pg_notify(?*) AS pg_notify_1, pg_notify(?*) AS pg_notify_4, pg_notify(?*) AS pg_notify_7, pg_notify(?*) AS pg_notify_10;
 UPDATE ct_meta SET value=? WHERE ct_meta.key = ?;
 UPDATE ct_request SET expires_at=?, attempt=?, pickup_seconds=? WHERE ct_request.request_key = ? AND ct_request.state = 'waiting';
+UPDATE ct_request SET pickup_seconds=? WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting' AND (ct_request.pickup_seconds IS NULL OR ct_request.pickup_seconds > ?);
 UPDATE ct_request SET queue_key=(ct_request.priority * ?) WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting';
 UPDATE ct_request SET ticket=ct_request.id WHERE ct_request.ticket = ?;
 UPDATE ct_request SET token=?, lease_seconds=?, expires_at=?, attempt=? WHERE ct_request.id = ?;

@@ -296,7 +296,7 @@ SELECT ct_request.ticket
 FROM ct_request 
 WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  LIMIT ? OFFSET ?;
-UPDATE ct_request SET expires_at=? WHERE ct_request.request_key = ? AND ct_request.state = 'waiting' AND ct_request.expires_at >= ?;
+UPDATE ct_request SET expires_at=?, pickup_seconds=? WHERE ct_request.request_key = ? AND ct_request.state = 'waiting' AND ct_request.expires_at >= ?;
 SELECT ct_grant_history.granted_at 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = ? AND ct_grant_history.resource = ? AND ct_grant_history.granted_at > ? ORDER BY ct_grant_history.granted_at;

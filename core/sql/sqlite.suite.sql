@@ -80,6 +80,7 @@ SELECT events.col, events.ct_state, events.ct_owner, events.ct_token, events.ct_
 SELECT events.ct_expires_at FROM events WHERE events.col = ?;
 UPDATE ct_meta SET value=? WHERE ct_meta."key" = ?;
 UPDATE ct_request SET expires_at=?, attempt=?, pickup_seconds=? WHERE ct_request.request_key = ? AND ct_request.state = 'waiting';
+UPDATE ct_request SET pickup_seconds=? WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting' AND (ct_request.pickup_seconds IS NULL OR ct_request.pickup_seconds > ?);
 UPDATE ct_request SET queue_key=(ct_request.priority * ?) WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting';
 UPDATE ct_request SET ticket=ct_request.id WHERE ct_request.ticket = ?;
 UPDATE ct_request SET token=?, lease_seconds=?, expires_at=?, attempt=? WHERE ct_request.id = ?;

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from controltable import AcquireTimeout, ConfigurationError, ControlTable, LeaseLost
+from controltable.defaults import DEFAULT_PICKUP, FAILOVER_PICKUP, TOKEN_EPOCH_BITS
 
 
 def test_install_is_idempotent_and_records_version(ct: ControlTable) -> None:
@@ -346,3 +349,56 @@ def test_engine_works_with_dml_rights_only(backend_url: str, namespace: str) -> 
     item.complete()
     with pytest.raises(Exception):  # noqa: B017 - no DDL rights: this role cannot create tables
         ControlTable(app_url.render_as_string(hide_password=False), prefix="dmlnew_").install()
+
+
+def test_first_grant_pass_after_a_promotion_shortens_the_pickup_of_inherited_entries(
+        ct: ControlTable, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a failover the promoted server's queue may hold entries whose callers moved on (their
+    grant, release or withdrawal was lost with the old primary). Until the first token of the new
+    epoch is issued, a grant pass gives every waiting entry the short ``FAILOVER_PICKUP``, so each
+    dead one delays its queue by that, not by its own pickup (8 s by default). The epoch is what
+    ``dialects.token_epoch`` reads with the row lock (PostgreSQL's timeline); here it is set to 2
+    on the locked rows, as a promotion would."""
+    engine = ct._slots
+    request = engine.t.request
+    ct.set_capacity("same", 1)
+    ct.set_capacity("promoted", 1)
+
+    def entries(resource: str) -> dict[str, Any]:
+        with ct.engine.connect() as conn:
+            return {row.holder: row for row in conn.execute(
+                select(request).where(request.c.namespace == ct.namespace, request.c.resource == resource))}
+
+    def pickup_of_grant(row: Any) -> float:
+        return float(row.expires_at) - float(row.granted_at)
+
+    # Epoch 1 (no failover): the grant made on a waiter's behalf keeps the pickup it asked for.
+    held = ct.acquire("same", holder="h", lease=60, timeout=0)
+    assert ct.try_acquire("same", holder="w", waiter_ttl=30) is None
+    held.release()
+    assert entries("same")["w"].state == "granted"
+    assert pickup_of_grant(entries("same")["w"]) == pytest.approx(DEFAULT_PICKUP, abs=0.01)
+
+    held = ct.acquire("promoted", holder="h", lease=60, timeout=0)
+    for dead in ("dead1", "dead2"):
+        assert ct.try_acquire("promoted", holder=dead, waiter_ttl=30) is None
+    last_token = held.token
+    lock_rows = engine._lock_rows
+
+    def on_epoch_2(*args: Any, **kwargs: Any) -> Any:
+        rows = lock_rows(*args, **kwargs)
+        for res in rows.values():
+            res.epoch = 2
+        return rows
+
+    monkeypatch.setattr(engine, "_lock_rows", on_epoch_2)
+    held.release()
+    after = entries("promoted")
+    assert after["dead1"].state == "granted" and int(after["dead1"].token) == 2**TOKEN_EPOCH_BITS + 1 > last_token
+    assert pickup_of_grant(after["dead1"]) == pytest.approx(FAILOVER_PICKUP, abs=0.01)
+    assert after["dead2"].state == "waiting" and float(after["dead2"].pickup_seconds) == FAILOVER_PICKUP
+    # A live waiter re-entering restores its own pickup; the epoch has begun, so it stays.
+    assert ct.try_acquire("promoted", holder="dead2", waiter_ttl=30, pickup=5) is None
+    assert float(entries("promoted")["dead2"].pickup_seconds) == 5
+    assert ct.try_acquire("promoted", holder="late", waiter_ttl=30) is None
+    assert float(entries("promoted")["late"].pickup_seconds) == DEFAULT_PICKUP

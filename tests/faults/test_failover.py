@@ -40,7 +40,7 @@ from support.required import fail_or_skip
 
 from controltable import ControlTable, LeaseLost, checks
 from controltable.defaults import TOKEN_EPOCH_BITS
-from controltable.dialects import next_token, token_epoch
+from controltable.dialects import epoch_begins, next_token, token_epoch
 
 from .replication import ReplicatedPostgres
 from .servers import postgres_bin
@@ -64,6 +64,10 @@ def test_next_token_jumps_above_every_earlier_epoch() -> None:
     assert next_token(2 * span, 3) == 2 * span + 1 > span + (span - 1)
     assert next_token(5, 9) == 8 * span + 1 < 2**53
     assert next_token(3, 0) == 4, "no epoch (0 or 1) leaves the counter alone"
+    # Until the first token of a later epoch, the grant pass treats the queue as inherited.
+    assert not epoch_begins(5, 1) and not epoch_begins(0, 0)
+    assert epoch_begins(11, 2) and epoch_begins(span - 1, 2) and not epoch_begins(span + 1, 2)
+    assert epoch_begins(span + 1, 3) and not epoch_begins(next_token(span + 1, 3), 3)
     pg = str(select(token_epoch()).compile(dialect=postgresql.dialect()))
     assert "pg_walfile_name(pg_current_wal_lsn())" in pg and "SUBSTR" in pg
     for dialect in (mysql.dialect(), sqlite.dialect()):
@@ -133,6 +137,7 @@ def test_failover_keeps_tokens_increasing_and_completions_once(pair: ReplicatedP
         return sum(len(r["c"]) for r in _read(drain_logs) if "c" in r)
 
     promote_s = 0.0
+    inherited: dict[str, tuple[int, int]] = {}
     try:
         # The drain starts once the slot fleet runs, so that it is still busy when the primary dies.
         _wait_for("grants on the primary", lambda: len(grants()) >= 30, 60)
@@ -155,6 +160,11 @@ def test_failover_keeps_tokens_increasing_and_completions_once(pair: ReplicatedP
             pair.standby.start()
         promoted_at = pair.promote()
         promote_s = promoted_at - t0
+        # What the promoted server's queues hold as it starts (the workers race this read): with
+        # the standby behind, entries of callers that moved on, each delaying its queue by
+        # FAILOVER_PICKUP, not by its own pickup (SlotEngine._after_promotion).
+        inherited = {s.name: (len(s.holders), len(s.waiters))
+                     for s in _retry(lambda: control.status(list(CAPACITIES)))}
         _wait_for("a grant on the promoted standby", lambda: any(r["t"] > promoted_at for r in grants()), 60)
         item_after = _retry(lambda: wl.allocate(owner="after", lease=300))
         # A holder of an allocation the failover lost learns it at its next renewal.
@@ -208,6 +218,7 @@ def test_failover_keeps_tokens_increasing_and_completions_once(pair: ReplicatedP
     _report(
         f"failover {mode}: kill -> first grant on the promoted standby {recovery:.2f} s "
         f"(promotion{' with the standby restart' if not pair.synchronous else ''} {promote_s:.2f} s), "
+        f"queues at the promotion (holders, waiters) {inherited}, "
         f"grants {len(got)}, lost grants {lost_grants}, token order problems {order_problems}, "
         f"work-list allocations before the kill {renewals} at their renewal after it, "
         f"violations {len(violations)}, completed twice {len(twice)} (of {len(completions)} completions), "

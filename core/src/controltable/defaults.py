@@ -27,6 +27,11 @@ DEFAULT_WAITER_TTL = 60.0
 #: How long a grant made on a waiter's behalf (by whoever freed the capacity) waits to be picked
 #: up before it lapses and passes to the next in line: a dead waiter delays its queue by this much.
 DEFAULT_PICKUP = 8.0
+#: The pickup deadline of every queue entry a promoted server inherited (set by the first grant
+#: pass after a failover): entries of callers that moved on while the standby lagged (their grant,
+#: release or withdrawal was lost with the old primary) lapse within this instead of
+#: ``DEFAULT_PICKUP`` each; live waiters look sooner, or re-enter and restore their own.
+FAILOVER_PICKUP = 1.0
 #: A slot request's priority when none is given (higher is granted first; any 32-bit value).
 DEFAULT_SLOT_PRIORITY = 0
 #: How long the grant history keeps ended grants (seconds): 7 days. ``prune_history()`` and the

@@ -172,6 +172,16 @@ def next_token(last: int, epoch: int) -> int:
     return max(int(last) + 1, ((max(int(epoch), 1) - 1) << TOKEN_EPOCH_BITS) + 1)
 
 
+def epoch_begins(last: int, epoch: int) -> bool:
+    """True while a resource whose counter stands at ``last`` has issued no token of ``epoch``.
+
+    On a later epoch that is the state right after a promotion, until the first grant on the
+    promoted server: what its queue holds was inherited from the old primary, and some entries
+    may belong to callers that moved on (see ``SlotEngine._grant_pass``). Never true on epoch 1.
+    """
+    return int(epoch) > 1 and int(last) < ((int(epoch) - 1) << TOKEN_EPOCH_BITS)
+
+
 def lock_rows(stmt: S, table: Table, *, skip_locked: bool = False, seek: bool = False) -> S:
     """Make ``stmt`` take row locks on ``table``'s rows that it returns.
 

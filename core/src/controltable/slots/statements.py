@@ -386,6 +386,18 @@ def requeue_waiter(t: ControlSchema, key: str, expires_at: float, attempt: Optio
             .values(expires_at=expires_at, attempt=attempt, pickup_seconds=pickup))
 
 
+def shorten_pickups(t: ControlSchema, namespace: str, name: str, pickup: float, keep: Optional[str]) -> Update:
+    """Every waiting entry of ``name`` but ``keep`` (the caller's) gets at most ``pickup`` seconds to
+    pick up a grant made on its behalf: the first grant pass after a promotion (dead entries inherited
+    from the old primary then delay the queue by ``pickup`` each, not by the pickup they asked for)."""
+    q = t.request
+    where = [q.c.namespace == namespace, q.c.resource == name, q.c.state == WAITING,
+             or_(q.c.pickup_seconds.is_(None), q.c.pickup_seconds > pickup)]
+    if keep is not None:
+        where.append(q.c.request_key != keep)
+    return update(q).where(*where).values(pickup_seconds=pickup)
+
+
 def reorder_queue(t: ControlSchema, namespace: str, name: str, aging: Optional[float]) -> Update:
     """Rewrite the queue order of ``name``'s waiters for a new aging rate (see :func:`.grants.queue_key`)."""
     q = t.request
@@ -412,9 +424,11 @@ def extend_lease(t: ControlSchema, key: str, now: float, lease: float) -> Fenced
     return _fenced_extend(t, key, GRANTED, now, now + lease, {"expires_at": now + lease, "lease_seconds": lease})
 
 
-def refresh_waiter(t: ControlSchema, key: str, now: float, ttl: float) -> Fenced:
-    """A waiter shows it is alive: its entry's expiry moves on, unless it already ran out."""
-    return _fenced_extend(t, key, WAITING, now, now + ttl, {"expires_at": now + ttl})
+def refresh_waiter(t: ControlSchema, key: str, now: float, ttl: float, pickup: float) -> Fenced:
+    """A waiter shows it is alive: its entry's expiry moves on, unless it already ran out, and its
+    pickup deadline is its own again (a grant pass after a promotion shortens it, see
+    :func:`shorten_pickups`)."""
+    return _fenced_extend(t, key, WAITING, now, now + ttl, {"expires_at": now + ttl, "pickup_seconds": pickup})
 
 
 def all_at_once(writes: Sequence[Union[Insert, Update, Delete]]) -> Select:  # type: ignore[type-arg]

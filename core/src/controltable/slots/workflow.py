@@ -20,6 +20,7 @@ from .. import dialects, errorcodes
 from ..clock import read_now, utc
 from ..defaults import (
     DEFAULT_PICKUP,
+    FAILOVER_PICKUP,
     HISTORY_PRUNE_BATCH,
     HISTORY_PRUNE_INTERVAL,
     HISTORY_RETENTION,
@@ -115,6 +116,8 @@ class _Res:
     aging: Optional[float] = None
     #: The server's failover epoch, read with the row lock (``dialects.token_epoch``).
     epoch: int = 1
+    #: This transaction shortened the pickup of the queue the promoted server inherited.
+    rejoined: bool = False
 
     def next_token(self) -> int:
         """Advance the fencing counter: above the last token and every token of an earlier epoch."""
@@ -332,6 +335,7 @@ class SlotEngine:
         """
         reaped = 0
         for _ in range(100):  # each round grants at least one waiter or ends
+            self._after_promotion(conn, res, own[0] if own is not None else None)
             rows = self._snapshot(conn, res)
             queues = {name: grants.Queue(name, res[name].capacity, aging=res[name].aging,
                                          budget=self._budget(conn, res[name], now)) for name in res}
@@ -439,6 +443,23 @@ class SlotEngine:
             if not decision.more or not decision.grant:
                 return reaped
         return reaped  # pragma: no cover - a hundred rounds of grants in one pass
+
+    def _after_promotion(self, conn: Connection, res: dict[str, Any], own_key: Optional[str]) -> None:
+        """Before the first grant on a promoted server, shorten the pickup of every waiting entry.
+
+        With asynchronous replication the promoted server's queue is the old primary's as the
+        standby last saw it: entries of callers that were granted, released or withdrew since
+        (commits lost with the old primary) now wait for nobody, and each one granted on its
+        behalf would hold its queue for its pickup deadline (8 s by default) before passing on.
+        So until a token of the new epoch is issued (:func:`controltable.dialects.epoch_begins`),
+        every waiting entry but the caller's gets ``FAILOVER_PICKUP``: a dead entry lapses within
+        it, a live waiter looks sooner or re-enters and restores its own pickup.
+        """
+        for name in sorted(res):
+            r = res[name]
+            if not r.rejoined and dialects.epoch_begins(r.last_token, r.epoch):
+                conn.execute(sql.shorten_pickups(self.t, self.ns, name, FAILOVER_PICKUP, own_key))
+                r.rejoined = True
 
     # -- capacity ----------------------------------------------------------------------------
     def set_capacity(self, name: str, capacity: int, policy: Optional[dict[str, Any]] = None) -> None:
@@ -870,7 +891,7 @@ class SlotEngine:
                                              float(min(row.granted_at for row in rows)), {}, ticket, recorded),
                          recorded_attempt=recorded)
         if refresh:
-            updated = dialects.confirmed_count(conn, *sql.refresh_waiter(self.t, key, now, req.ttl),
+            updated = dialects.confirmed_count(conn, *sql.refresh_waiter(self.t, key, now, req.ttl, req.pickup),
                                                self.db.dialect_name)
             if updated != len(rows):
                 return _Peek("lapsed", recorded_attempt=recorded)
