@@ -11,6 +11,7 @@ from .errors import (
     DatabaseBusyError,
     DatabaseMissingError,
     DatabaseUnavailableError,
+    ErrorOutcome,
     LeaseLost,
     LeaseLostInterrupt,
     NotInstalledError,
@@ -21,6 +22,8 @@ from .errors import (
     TooManyConnectionsError,
     UnexpectedDatabaseError,
     UnknownResourceError,
+    error_outcome,
+    is_retryable,
 )
 from .events import Batch, EventStats, EventTable, TableBusyError
 from .slots import Entry, GrantRecord, Lease, Rate, ResourceStats, ResourceStatus, WaitInfo
@@ -41,6 +44,9 @@ __all__ = [
     "StatementTimeoutError",
     "TooManyConnectionsError",
     "UnexpectedDatabaseError",
+    "ErrorOutcome",
+    "error_outcome",
+    "is_retryable",
     "Batch",
     "EventStats",
     "EventTable",

@@ -35,7 +35,15 @@ from . import defaults
 from .control import ControlTable
 from .db import DEFAULT_URL
 from .defaults import DEFAULT_MODE, DEFAULT_SLOT_PRIORITY
-from .errors import (
+from .errors import (  # noqa: F401 - the EXIT_* statuses are this module's public names too
+    EXIT_DATABASE,
+    EXIT_EMPTY,
+    EXIT_ERROR,
+    EXIT_LOST,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+    EXIT_VIOLATION,
     AcquireTimeout,
     ConfigurationError,
     ControlTableError,
@@ -45,10 +53,9 @@ from .errors import (
     PermissionDeniedError,
     PoolerError,
     UnknownResourceError,
+    error_outcome,
     redact,
 )
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_TIMEOUT, EXIT_DATABASE, EXIT_EMPTY, EXIT_LOST, EXIT_VIOLATION = range(8)
 
 # Markup off: names, holders and database messages are printed as given, never parsed as rich
 # markup (a resource called "[/]" must not crash the output). Styled text opts in per call.
@@ -90,16 +97,8 @@ def fail(message: str, code: int) -> NoReturn:
 
 
 def _exit_code(exc: BaseException) -> int:
-    if isinstance(exc, AcquireTimeout):
-        return EXIT_TIMEOUT
-    # A pooler in the way is a ConfigurationError of the database setup, not of the command line.
-    if isinstance(exc, (DatabaseUnavailableError, NotInstalledError, PermissionDeniedError, PoolerError)):
-        return EXIT_DATABASE
-    if isinstance(exc, LeaseLost):
-        return EXIT_LOST
-    if isinstance(exc, (ConfigurationError, UnknownResourceError)):
-        return EXIT_USAGE
-    return EXIT_ERROR
+    """The exit status of a failed command: the error table's (:func:`controltable.errors.error_outcome`)."""
+    return error_outcome(exc).exit_code
 
 
 def _url_password(url: str) -> Optional[str]:

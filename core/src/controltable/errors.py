@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 
 class ControlTableError(Exception):
@@ -177,16 +178,118 @@ def safe_url(url: Any) -> str:
     return redact(url)
 
 
-def is_retryable(exc: BaseException) -> bool:
-    """Whether running the same work again later may succeed: the one retry policy of every surface.
+# -- the one error table -------------------------------------------------------------------------
+#: The CLI's exit statuses (``controltable ...; echo $?``); :attr:`ErrorOutcome.exit_code` is one of them.
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_TIMEOUT, EXIT_DATABASE, EXIT_EMPTY, EXIT_LOST, EXIT_VIOLATION = range(8)
 
-    The Airflow provider (task retries) and the Dagster integration (``Failure(allow_retries=...)``)
-    both ask this, so a task and an op facing the same error behave the same. Retryable: the
-    database unreachable, busy or slow (it may come back), a slot not granted in time (the holders
-    move on), a lost lease (a new attempt gets a new fencing token), a unique-key clash with a
-    concurrent change. Not retryable: a refused login, a missing database, missing privileges or
-    tables, an unknown resource and bad arguments, which only a person can fix.
+#: The families of :attr:`ErrorOutcome.family`: what an orchestrator makes of an error.
+FAMILIES = ("lease_lost", "timeout", "unavailable", "conflict", "connection", "configuration", "failure")
+
+
+@dataclass(frozen=True)
+class ErrorOutcome:
+    """What an error means for whoever called controltable, on every surface alike.
+
+    The CLI exits with :attr:`exit_code`, the Airflow provider picks its exception by
+    :attr:`family` and retries the task when :attr:`retryable`, the Dagster integration sets
+    ``Failure(allow_retries=retryable)`` and writes :attr:`kind` and :attr:`fix` into its
+    description. One table (:data:`ERROR_TABLE`), so a task, an op and a shell script facing the
+    same error behave the same.
     """
-    if isinstance(exc, (AuthenticationError, DatabaseMissingError)):
-        return False
-    return isinstance(exc, (DatabaseUnavailableError, AcquireTimeout, LeaseLost, ConflictError))
+
+    #: A few words naming the problem ("slot not granted in time").
+    kind: str
+    #: One of :data:`FAMILIES`.
+    family: str
+    #: Running the same work again later may succeed.
+    retryable: bool
+    #: The CLI's exit status.
+    exit_code: int
+    #: What to do, in one line; the error's own message names the specifics.
+    fix: str
+
+
+def _event_table(exc: BaseException) -> bool:
+    return "event table" in str(exc)
+
+
+#: (error class, extra test or None, outcome), most specific first; :func:`error_outcome` takes the
+#: first row that matches. Retryable: the database unreachable, busy or slow (it may come back), a
+#: slot not granted in time (the holders move on), a lost lease (a new attempt gets a new fencing
+#: token), a unique-key clash with a concurrent change. Not retryable: a refused login, a missing
+#: database, missing privileges or tables, an unknown resource and bad arguments, which only a
+#: person can fix.
+ERROR_TABLE: tuple[tuple[type[BaseException], Optional[Callable[[BaseException], bool]], ErrorOutcome], ...] = (
+    (AuthenticationError, None, ErrorOutcome(
+        "control-table login failed (authentication)", "connection", False, EXIT_DATABASE,
+        "check the user and password in the control table's URL (e.g. the CONTROLTABLE_URL variable); the "
+        "database refused the login, so retrying cannot help")),
+    (DatabaseMissingError, None, ErrorOutcome(
+        "control-table database missing", "connection", False, EXIT_DATABASE,
+        "create the database (or fix its name in the URL), then create the control tables once with "
+        "`controltable init --url ...`")),
+    (StatementTimeoutError, None, ErrorOutcome(
+        "control-table statement timed out", "unavailable", True, EXIT_DATABASE,
+        "a statement ran past the statement timeout: look for long locks on the control tables, or raise "
+        "`statement_timeout`")),
+    (DatabaseBusyError, None, ErrorOutcome(
+        "control-table database busy", "unavailable", True, EXIT_DATABASE,
+        "the database kept rolling back on locks; the work may be retried")),
+    (DatabaseUnavailableError, None, ErrorOutcome(
+        "control-table database unreachable", "unavailable", True, EXIT_DATABASE,
+        "check the URL (e.g. the CONTROLTABLE_URL variable) and that the database server is running and "
+        "reachable from this process; `connect_timeout` bounds the wait")),
+    (PermissionDeniedError, None, ErrorOutcome(
+        "permission denied on the control tables", "failure", False, EXIT_DATABASE,
+        "grant the database user the privileges named above on the control tables (or event table)")),
+    (PoolerError, None, ErrorOutcome(
+        "connection pooler in the way", "configuration", False, EXIT_DATABASE,
+        "use the plain URL through the pooler, set listen_url to a direct connection, or use a session-mode "
+        "pool; `controltable doctor` checks the setup")),
+    (NotInstalledError, _event_table, ErrorOutcome(
+        "event table not prepared", "configuration", False, EXIT_DATABASE,
+        "add the claim columns once with `controltable events prepare TABLE --key KEY` (or "
+        "events(TABLE, key=KEY, prepare=True))")),
+    (NotInstalledError, None, ErrorOutcome(
+        "control tables not installed", "configuration", False, EXIT_DATABASE,
+        "create the control tables once with `controltable init --url ...` (or install())")),
+    (UnknownResourceError, None, ErrorOutcome(
+        "unknown controltable resource", "configuration", False, EXIT_USAGE,
+        "create the resource once with set_capacity(name, n) or `controltable capacity set NAME N`, and check "
+        "the namespace")),
+    (AcquireTimeout, None, ErrorOutcome(
+        "slot not granted in time", "timeout", True, EXIT_TIMEOUT,
+        "raise the timeout or the capacity, or see `controltable status` for who holds the slot")),
+    (LeaseLostInterrupt, None, ErrorOutcome(
+        "lease lost, work interrupted", "lease_lost", True, EXIT_LOST,
+        "the slot, batch or work item was lost or expired while the work ran, so it was stopped before it "
+        "could overlap the next holder; it may be retried (with a new fencing token). Ask for a longer lease "
+        "if renewals are slow, or turn the interruption off (interrupt=False, interrupt_on_lease_loss=False) "
+        "to let work run on")),
+    (LeaseLost, None, ErrorOutcome(
+        "lease lost", "lease_lost", True, EXIT_LOST,
+        "the lease expired before it was renewed or completed; ask for a longer lease, and make the protected "
+        "system reject stale fencing tokens")),
+    (ConflictError, None, ErrorOutcome(
+        "concurrent change", "conflict", True, EXIT_ERROR,
+        "a concurrent change made the same row first; the work may be retried")),
+    (ConfigurationError, None, ErrorOutcome(
+        "controltable configuration error", "configuration", False, EXIT_USAGE,
+        "fix the argument or configuration named above")),
+    (ControlTableError, None, ErrorOutcome(
+        "controltable error", "failure", False, EXIT_ERROR, "see the message above")),
+)
+
+
+def error_outcome(exc: BaseException) -> ErrorOutcome:
+    """The row of :data:`ERROR_TABLE` for ``exc`` (any exception: a foreign one is a plain failure)."""
+    for cls, test, outcome in ERROR_TABLE:
+        if isinstance(exc, cls) and (test is None or test(exc)):
+            return outcome
+    return ErrorOutcome(type(exc).__name__, "failure", False, EXIT_ERROR, "see the chained exception")
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether running the same work again later may succeed: the one retry policy of every surface
+    (:attr:`ErrorOutcome.retryable` of :func:`error_outcome`)."""
+    return error_outcome(exc).retryable
