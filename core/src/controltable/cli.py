@@ -849,7 +849,7 @@ def events_prepare(obj: CT, table: str, key: str, order_by: Optional[str], table
 
         stmts = ev.prepare_statements(**options)
         if stmts:
-            stmts.append(AnalyzeTable(ev._reflect(), histograms=(ev.cols.state,)))
+            stmts.append(AnalyzeTable(ev.reflect(), histograms=(ev.cols.state,)))
         for stmt in stmts:
             ddl = stmt if isinstance(stmt, DDLElement) else CreateIndex(stmt)
             click.echo(f"{str(ddl.compile(dialect=obj.get().engine.dialect)).strip()};")

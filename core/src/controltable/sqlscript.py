@@ -246,7 +246,7 @@ def captured_statements(
                 "-- prepare(disable_lock_escalation=True) adds ALTER TABLE ... SET (LOCK_ESCALATION = DISABLE).",
             ]
         stmts = notes + [compile_sql(CreateIndex(s) if not isinstance(s, DDLElement) else s, dialect) for s in ddl]
-        stmts.append(compile_sql(AnalyzeTable(ev._reflect(), histograms=(ev.cols.state,)), dialect))
+        stmts.append(compile_sql(AnalyzeTable(ev.reflect(), histograms=(ev.cols.state,)), dialect))
         sections.append(("events prepare: claim columns, claim indexes, statistics (DDL)", stmts))
         ev.prepare()
         batch: dict[str, Any] = {}

@@ -140,8 +140,12 @@ class EventTable:
         return ddl.qualified(self.name, self.table_schema)
 
     # -- the table ---------------------------------------------------------------------------
-    def _reflect(self) -> Table:
+    def reflect(self) -> Table:
+        """The event table as the database describes it now, prepared or not (what ``prepare``
+        and ``controltable events prepare --dry-run`` inspect); :attr:`table` is the checked one."""
         return ddl.reflect(self.db, self.name, self.table_schema)
+
+    _reflect = reflect  # the name the engine used before it was public
 
     def _check_columns(self, table: Table) -> None:
         ddl.check_columns(self.db, table, self.name, self.table_schema, self.key, self.order_by, self.time_column)
