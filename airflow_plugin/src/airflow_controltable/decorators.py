@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Callable, Optional, TypeVar, cast
@@ -47,6 +46,7 @@ from airflow_controltable.utils import (
     try_number,
 )
 from controltable import ControlTableError, Lease, LeaseLost
+from controltable.compat import renamed
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -74,6 +74,7 @@ def slot_held(
     use_priority_weight: bool = False,
     timeout: Optional[float] = None,
     interrupt_on_lease_loss: bool = INTERRUPT_ON_LEASE_LOSS,
+    priority: Optional[int] = None,
 ) -> Iterator[Lease]:
     """Acquire ``resource`` inside a running task, renew it while the block runs, release on exit or kill.
 
@@ -84,8 +85,10 @@ def slot_held(
     :param wait_timeout: seconds to wait in line (None: until the task's ``execution_timeout``);
         then ``ControlTableAcquireTimeout``, which the task's retries apply to.
     :param lease: seconds; renewed every third of it in the background.
-    :param use_priority_weight: queue by the task's ``priority_weight`` (higher first).
-    :param timeout: deprecated name of ``wait_timeout``.
+    :param priority: the request's place in the queue, as the core's ``priority`` (higher first);
+        wins over ``use_priority_weight``.
+    :param use_priority_weight: without ``priority``, queue by the task's ``priority_weight`` (higher first).
+    :param timeout: deprecated name of ``wait_timeout`` (giving both is an error).
     :param interrupt_on_lease_loss: a lease found lost or expired by the renewal interrupts the
         block (``LeaseLostInterrupt``, then ``ControlTableLeaseLost``), as the slot operator's
         argument of the same name; ``False`` lets the block run on.
@@ -95,11 +98,8 @@ def slot_held(
     """
     from airflow.sdk import get_current_context
 
-    if timeout is not None:
-        warnings.warn("slot_held(timeout=...) is deprecated; use wait_timeout=... (the slot operator's name)",
-                      DeprecationWarning, stacklevel=3)
-        if wait_timeout is None:
-            wait_timeout = timeout
+    with airflow_errors():
+        wait_timeout = renamed("slot_held", "timeout", timeout, "wait_timeout", wait_timeout)
     context = get_current_context()
     task: Any = context["task"]  # the running (unmapped) operator
     holder = holder or task_instance_holder(context)
@@ -110,7 +110,7 @@ def slot_held(
         log.info("controltable: waiting for %d %s slot(s) of %r as %r", slots, slot_mode, resource, holder)
         held = table.acquire(resource, holder=holder, slots=slots, mode=slot_mode, timeout=wait_timeout, lease=lease,
                              attempt=try_number(context),
-                             priority=slot_priority(task, use_priority_weight))
+                             priority=slot_priority(task, use_priority_weight, priority))
     log.info("controltable: acquired %r, fencing token %d", resource, held.token)
     held.interrupt = bool(interrupt_on_lease_loss)  # `with held:` below arms the interrupt (core)
     start_renewing(held)

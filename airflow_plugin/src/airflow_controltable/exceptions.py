@@ -1,6 +1,7 @@
 """Airflow-side errors, each saying what to fix; whether the task is retried follows the core's policy.
 
-:func:`controltable.errors.is_retryable` decides (see :func:`airflow_controltable.utils.translate`):
+:func:`airflow_controltable.utils.translate` picks the exception by the family the core's one error
+table gives the error (:func:`controltable.error_outcome`), so retries follow ``is_retryable``:
 
 * retryable errors (:class:`ControlTableRetryableError` and its subclasses: the database
   unreachable or busy, a slot not granted within ``wait_timeout``, a lost lease) are plain

@@ -1,15 +1,13 @@
-"""Helpers shared by the hook, operators, sensors and triggers: holder ids, deferral facts, error translation.
+"""Helpers shared by the hook, operators, sensors and triggers: holder ids, argument checks, error translation.
 
-The provider's defaults live in :mod:`airflow_controltable.defaults`; they are re-exported here
-because earlier releases defined them in this module.
+The provider's defaults live in :mod:`airflow_controltable.defaults`, and the deferral's facts
+(``deferral_facts``, ``resume_settle``) in :mod:`airflow_controltable.resume_race`; they are
+re-exported here because earlier releases defined them in this module.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import time
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -40,17 +38,11 @@ from airflow_controltable.exceptions import (
     ControlTableRetryableError,
     ControlTableUnavailable,
 )
-from controltable import (
-    AcquireTimeout,
-    AuthenticationError,
-    ConfigurationError,
-    ControlTableError,
-    DatabaseUnavailableError,
-    LeaseLost,
-    NotInstalledError,
-    UnknownResourceError,
+from airflow_controltable.resume_race import (  # noqa: F401 - re-exported: their home before resume_race
+    deferral_facts,
+    resume_settle,
 )
-from controltable.errors import DatabaseMissingError, is_retryable
+from controltable import ControlTableError, error_outcome
 from controltable.holders import holder_id
 
 
@@ -76,60 +68,6 @@ def deployment_id() -> str:
         return str(conf.get("controltable", "deployment_id", fallback="") or "").strip()
     except Exception:  # no Airflow configuration available (plain Python use)
         return ""
-
-
-def _airflow_conf(section: str, key: str, fallback: float) -> float:
-    """A number from Airflow's configuration as this process sees it, or ``fallback`` without one."""
-    try:
-        from airflow.sdk import conf
-
-        return float(conf.get(section, key, fallback=str(fallback)))
-    except Exception:  # no Airflow configuration available (plain Python use)
-        return fallback
-
-
-def resume_settle() -> float:
-    """Seconds a trigger waits after the deferring process exited before it may fire (see ``defaults``).
-
-    ``[controltable] resume_settle`` when set; otherwise this worker's ``[workers]
-    min_heartbeat_interval`` (how late its supervisor may notice the exit) plus
-    ``DEFAULT_RESUME_MARGIN`` (one scheduler loop). Read in the deferring task's process, whose
-    configuration is the supervisor's.
-    """
-    configured = _airflow_conf("controltable", "resume_settle", -1.0)
-    if configured >= 0:
-        return configured
-    heartbeat = _airflow_conf("workers", "min_heartbeat_interval", WORKER_MIN_HEARTBEAT_INTERVAL)
-    return max(heartbeat, 0.0) + DEFAULT_RESUME_MARGIN
-
-
-def deferral_facts() -> Optional[dict[str, Any]]:
-    """What a trigger needs to know about the process that is deferring now, to fire only when that is safe.
-
-    The time, the settle (:func:`resume_settle`), how long Airflow lets a finished task process
-    linger before killing it, and the process itself (host, pid, start time) so that a triggerer on
-    the same host can watch it exit. JSON-serialisable: it travels in the trigger's kwargs. None
-    when ``[controltable] resume_settle`` is 0: the protection is off and the trigger fires at once.
-    """
-    settle = resume_settle()
-    if settle <= 0:
-        return None
-    created: Optional[float] = None
-    try:
-        import psutil
-
-        created = float(psutil.Process().create_time())
-    except Exception:  # no psutil: the trigger cannot tell this process from a later one with its pid
-        created = None
-    return {
-        "at": time.time(),
-        "settle": settle,
-        "wake": max(_airflow_conf("workers", "min_heartbeat_interval", WORKER_MIN_HEARTBEAT_INTERVAL), 0.0),
-        "linger": _airflow_conf("core", "task_success_overtime", WORKER_TASK_SUCCESS_OVERTIME),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "created": created,
-    }
 
 
 def dag_run_holder(context: Mapping[str, Any]) -> str:
@@ -176,12 +114,16 @@ def try_number(context: Mapping[str, Any]) -> Optional[int]:
     return int(value) if isinstance(value, int) and value >= 1 else None
 
 
-def slot_priority(task: Any, use_priority_weight: bool) -> int:
-    """The slot request's priority: the task's ``priority_weight`` when opted in, else 0 (plain FIFO).
+def slot_priority(task: Any, use_priority_weight: bool, priority: Optional[int] = None) -> int:
+    """The slot request's priority: ``priority`` when given, else the task's ``priority_weight`` when
+    opted in, else 0 (plain FIFO).
 
-    Airflow's weight rule (e.g. ``downstream``) is not applied here: the task's own weight is what
-    the user set on it. Clamped to the core's priority range.
+    An explicit ``priority`` is the core's argument as given (the core checks its range). Airflow's
+    weight rule (e.g. ``downstream``) is not applied to ``priority_weight``: the task's own weight is
+    what the user set on it, clamped to the core's priority range.
     """
+    if priority is not None:
+        return priority
     if not use_priority_weight:
         return 0
     from controltable.defaults import MAX_PRIORITY, MIN_PRIORITY
@@ -203,29 +145,29 @@ def start_renewing(lease: Any) -> None:
         lease.start_renewing()
 
 
-def translate(exc: ControlTableError) -> ControlTableAirflowError:
-    """Turn a core error into the Airflow exception that retries or fails the task, as the core's policy says.
+#: The Airflow exception of each family of the core's error table (:func:`controltable.error_outcome`).
+FAMILY_EXCEPTIONS: dict[str, type[ControlTableAirflowError]] = {
+    "lease_lost": ControlTableLeaseLost,
+    "timeout": ControlTableAcquireTimeout,
+    "unavailable": ControlTableUnavailable,
+    "conflict": ControlTableRetryableError,
+    "connection": ControlTableConnectionError,
+    "configuration": ControlTableConfigError,
+    "failure": ControlTableFailure,
+}
 
-    :func:`controltable.errors.is_retryable` decides, as it does for the Dagster integration: a
-    retryable error (database unreachable or busy, slot not granted in time, lease lost, a clash
-    with a concurrent change) becomes an exception Airflow retries per the task's ``retries``;
-    anything else (bad login, missing database or privileges, unknown resource, bad arguments)
-    fails the task at once (``AirflowFailException``), since only a person can fix it.
+
+def translate(exc: ControlTableError) -> ControlTableAirflowError:
+    """Turn a core error into the Airflow exception that retries or fails the task, as the core's table says.
+
+    :func:`controltable.error_outcome` (the core's one error table, which the Dagster integration
+    and the CLI read too) names the error's family: a retryable one (database unreachable or busy,
+    slot not granted in time, lease lost, a clash with a concurrent change) becomes an exception
+    Airflow retries per the task's ``retries``; anything else (bad login, missing database or
+    privileges, unknown resource, bad arguments) fails the task at once (``AirflowFailException``),
+    since only a person can fix it.
     """
-    message = str(exc)
-    if is_retryable(exc):
-        if isinstance(exc, LeaseLost):
-            return ControlTableLeaseLost(message)
-        if isinstance(exc, AcquireTimeout):
-            return ControlTableAcquireTimeout(message)
-        if isinstance(exc, DatabaseUnavailableError):
-            return ControlTableUnavailable(message)
-        return ControlTableRetryableError(message)
-    if isinstance(exc, (AuthenticationError, DatabaseMissingError)):
-        return ControlTableConnectionError(message)
-    if isinstance(exc, (UnknownResourceError, ConfigurationError, NotInstalledError)):
-        return ControlTableConfigError(message)
-    return ControlTableFailure(message)
+    return FAMILY_EXCEPTIONS.get(error_outcome(exc).family, ControlTableFailure)(str(exc))
 
 
 def trigger_failure(event: Optional[Mapping[str, Any]], what: str) -> ControlTableAirflowError:

@@ -51,16 +51,18 @@ class _EventOperator(ControlTableBaseOperator):
         options = {"max_attempts": self.max_attempts, "backoff": self.backoff, "max_backoff": self.max_backoff}
         return {k: v for k, v in options.items() if v is not None}
 
-    def _events(self, table: str, key: str, order_by: Optional[str], schema: Optional[str]) -> Any:
-        return self._table().events(table, key=key, order_by=order_by, table_schema=schema, **self._policy())
+    def _events(self, table: str, key: str, order_by: Optional[str], table_schema: Optional[str]) -> Any:
+        return self._table().events(table, key=key, order_by=order_by, table_schema=table_schema, **self._policy())
 
     def _batch(self, handle: dict[str, Any]) -> Any:
-        """Rebuild a claimed batch from its handle (which carries the table, key and schema)."""
+        """Rebuild a claimed batch from its handle (which carries the table, key and ``table_schema``;
+        handles of earlier releases carry only its old name ``schema``, read too)."""
         if "table" not in handle or "key" not in handle:
             raise ControlTableConfigError(
                 f"batch handle {handle!r} has no table/key; pass the handles ClaimBatchOperator returned"
             )
-        return self._events(handle["table"], handle["key"], handle.get("order_by"), handle.get("schema")).batch(handle)
+        table_schema = handle.get("table_schema") or handle.get("schema")
+        return self._events(handle["table"], handle["key"], handle.get("order_by"), table_schema).batch(handle)
 
 
 class ClaimBatchOperator(_EventOperator):

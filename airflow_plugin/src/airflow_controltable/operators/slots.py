@@ -47,7 +47,7 @@ from airflow_controltable.defaults import (
     WORKER_MIN_HEARTBEAT_INTERVAL,
 )
 from airflow_controltable.exceptions import ControlTableAcquireTimeout, ControlTableLeaseLost
-from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
+from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
 from airflow_controltable.operators.base import ControlTableBaseOperator
 from airflow_controltable.statements import RunningStatements, tracked_statements
 from airflow_controltable.utils import (
@@ -87,7 +87,7 @@ class ControlTableTaskKilled(AirflowTaskTerminated, KeyboardInterrupt):
     """
 
 
-class HoldSlotMixin(BaseOperator):
+class HoldSlotMixin(UsesControlTable, BaseOperator):
     """Hold a slot of ``resource`` while the operator's own ``execute`` runs; wait for it deferred.
 
     Put it in front of an operator class: ``class LoadWithSlot(HoldSlotMixin, SQLExecuteQueryOperator)``.
@@ -107,8 +107,10 @@ class HoldSlotMixin(BaseOperator):
     :param pickup: seconds a grant made on this task's behalf waits for its trigger to pick it up.
     :param poll_interval: how often the trigger checks on a backend without push.
     :param conn_id: a ``controltable`` or SQL connection; ``namespace`` / ``control_schema`` override it.
-    :param use_priority_weight: queue by the task's ``priority_weight`` (higher first; equal ones in
-        arrival order), as the core's ``priority``; off by default (plain FIFO).
+    :param priority: the request's place in the queue, as the core's ``priority`` (higher first;
+        equal ones in arrival order; any 32-bit value). Wins over ``use_priority_weight``.
+    :param use_priority_weight: without ``priority``, queue by the task's ``priority_weight``
+        (clamped to the core's range); off by default (plain FIFO, priority 0).
     :param interrupt_on_lease_loss: when the renewal finds the lease lost or expired (released from
         outside, reaped, renewals failing for a whole lease), stop the work by raising
         ``LeaseLostInterrupt`` in it, so it does not overlap the next holder; the task then fails
@@ -139,9 +141,11 @@ class HoldSlotMixin(BaseOperator):
         control_schema: Optional[str] = None,
         use_priority_weight: bool = False,
         interrupt_on_lease_loss: bool = INTERRUPT_ON_LEASE_LOSS,
+        priority: Optional[int] = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.priority = priority
         self.use_priority_weight = use_priority_weight
         self.interrupt_on_lease_loss = interrupt_on_lease_loss
         self.resource = resource
@@ -161,9 +165,6 @@ class HoldSlotMixin(BaseOperator):
         self._statements: Optional[RunningStatements] = None
 
     # -- helpers ------------------------------------------------------------------------------------
-    def _slot_table(self) -> Any:
-        return ControlTableHook(self.conn_id, namespace=self.namespace, schema=self.control_schema).get_control_table()
-
     def _slot_holder(self, context: Context) -> str:
         return self.holder or task_instance_holder(context)
 
@@ -172,25 +173,25 @@ class HoldSlotMixin(BaseOperator):
         return max(float(self.pickup), 3.0 * float(self.poll_interval), core_pickup)
 
     def _slot_priority(self) -> int:
-        """The task's ``priority_weight`` when ``use_priority_weight`` is on, else 0 (FIFO)."""
-        return slot_priority(self, self.use_priority_weight)
+        """``priority`` when given, else the task's ``priority_weight`` when ``use_priority_weight`` is on, else 0."""
+        return slot_priority(self, self.use_priority_weight, self.priority)
 
     def _try_slot(self, context: Context) -> Any:
         holder = self._slot_holder(context)
         with airflow_errors():
-            return self._slot_table().try_acquire(
+            return self._table().try_acquire(
                 self.resource, holder=holder, slots=self.slots, mode=self.slot_mode, lease=float(self.lease),
                 waiter_ttl=float(self.waiter_ttl), attempt=try_number(context), pickup=self._pickup(),
                 priority=self._slot_priority(),
             )
 
     def _defer_for_slot(self, context: Context) -> None:
-        from airflow_controltable.triggers.controltable import SlotTrigger
+        from airflow_controltable.triggers.slot import SlotTrigger
 
         holder = self._slot_holder(context)
         log = self.log  # type: ignore[attr-defined]
         try:
-            info = self._slot_table().wait_info(self.resource, holder)
+            info = self._table().wait_info(self.resource, holder)
         except (ControlTableError, AttributeError):
             info = None
         if info is not None:
@@ -248,7 +249,7 @@ class HoldSlotMixin(BaseOperator):
         """On a failed or timed-out trigger, withdraw the queue entry before failing."""
         if next_method == "__fail__":
             try:
-                self._slot_table().release(self.resource, self._slot_holder(context))
+                self._table().release(self.resource, self._slot_holder(context))
             except Exception as exc:
                 self.log.warning("controltable: could not withdraw from %r: %s", self.resource, exc)  # type: ignore[attr-defined]
         return super().resume_execution(next_method, next_kwargs, context)  # type: ignore[misc]

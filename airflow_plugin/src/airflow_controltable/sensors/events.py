@@ -11,7 +11,7 @@ from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 from airflow_controltable.defaults import DEFAULT_EVENTS_POKE_INTERVAL, DEFAULT_EVENTS_TRIGGER_POLL_INTERVAL
 from airflow_controltable.exceptions import ControlTableConfigError
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
-from airflow_controltable.triggers.controltable import PendingEventsTrigger
+from airflow_controltable.triggers.events import PendingEventsTrigger
 from airflow_controltable.utils import airflow_errors, deferral_facts, trigger_failure
 from controltable.compat import renamed
 
@@ -82,7 +82,7 @@ class PendingEventsSensor(UsesControlTable, BaseSensorOperator):
         self.defer(
             trigger=PendingEventsTrigger(
                 table=self.table, key=self.key, min_events=self.min_events, order_by=self.order_by,
-                schema=self.table_schema, conn_id=self.conn_id, namespace=self.namespace,
+                table_schema=self.table_schema, conn_id=self.conn_id, namespace=self.namespace,
                 control_schema=self.control_schema, poll_interval=self._poll_interval(),
                 deferral=deferral_facts(),
             ),

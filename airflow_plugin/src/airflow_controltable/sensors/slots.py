@@ -25,7 +25,7 @@ from airflow_controltable.defaults import (
 )
 from airflow_controltable.exceptions import ControlTableLeaseLost
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
-from airflow_controltable.triggers.controltable import SlotTrigger, lease_payload
+from airflow_controltable.triggers.slot import SlotTrigger, lease_payload
 from airflow_controltable.utils import (
     airflow_errors,
     check_wait_args,
@@ -62,8 +62,10 @@ class SlotSensor(UsesControlTable, BaseSensorOperator):
     :param namespace: the control-table namespace (default: the connection's).
     :param control_schema: the schema of the control tables (default: the connection's).
     :param deferrable: wait in the triggerer instead of a worker.
-    :param use_priority_weight: queue by the sensor's ``priority_weight`` (higher first), as the
-        core's ``priority``; off by default (plain FIFO).
+    :param priority: the request's place in the queue, as the core's ``priority`` (higher first;
+        equal ones in arrival order). Wins over ``use_priority_weight``.
+    :param use_priority_weight: without ``priority``, queue by the sensor's ``priority_weight``
+        (higher first); off by default (plain FIFO).
 
     The slot arguments (``resource``, ``slots``, ``slot_mode``, ``holder``, ``lease``,
     ``waiter_ttl``, ``pickup``, ``poll_interval``, ``conn_id``, ``namespace``, ``control_schema``)
@@ -90,9 +92,11 @@ class SlotSensor(UsesControlTable, BaseSensorOperator):
         pickup: Optional[float] = None,
         poll_interval: Optional[float] = None,
         use_priority_weight: bool = False,
+        priority: Optional[int] = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
+        self.priority = priority
         self.use_priority_weight = use_priority_weight
         self.pickup = pickup
         self.poll_interval = poll_interval
@@ -136,7 +140,7 @@ class SlotSensor(UsesControlTable, BaseSensorOperator):
             lease = self._table().try_acquire(
                 self.resource, holder=self._holder(context), slots=self.slots, mode=self.slot_mode,
                 lease=self.lease, waiter_ttl=self._ttl(), attempt=try_number(context), pickup=self._pickup(),
-                priority=slot_priority(self, self.use_priority_weight),
+                priority=slot_priority(self, self.use_priority_weight, self.priority),
             )
         if lease is None:
             return None
@@ -173,7 +177,7 @@ class SlotSensor(UsesControlTable, BaseSensorOperator):
                 lease=self.lease, waiter_ttl=self._ttl(), attempt=try_number(context), pickup=self._pickup(),
                 conn_id=self.conn_id, namespace=self.namespace, control_schema=self.control_schema,
                 poll_interval=self._poll_interval(), deferral=deferral_facts(),
-                priority=slot_priority(self, self.use_priority_weight),
+                priority=slot_priority(self, self.use_priority_weight, self.priority),
             ),
             method_name="execute_complete",
             timeout=timeout,

@@ -1,0 +1,342 @@
+"""The scheduler-race workaround: the deferral's facts, and when a trigger may fire without Airflow failing the task.
+
+Airflow 3.3's scheduler fails a task resumed from deferral if it handles the
+executor's (stale) "success" event of the process that deferred only after it queued the resumed
+task (see :mod:`airflow_controltable.defaults`). That event comes at the latest ``[workers]
+min_heartbeat_interval`` after the deferring process exited, and the scheduler reads it on its next
+loop. So a trigger given the deferral's facts (``deferral``) fires no sooner than ``settle`` seconds
+after that process exited: watched through its pid when the triggerer runs on the same host (and
+can see the process alive), else assumed ``DEFAULT_EXIT_ALLOWANCE`` seconds after the deferral;
+and then until the scheduler has heartbeated twice after the exit report was due (read from
+Airflow's health endpoint, when it answers), since a busy scheduler's loop can outlast any fixed
+margin. The heartbeats are watched from the exit on, beside the wait, by one reader per triggerer
+(:class:`SchedulerBeats`): a grant that comes after that fires at once. A grant is held meanwhile
+(its pick-up lease covers it), so only grants that come within seconds of a deferral wait.
+
+The facts are taken in the deferring task's process (:func:`deferral_facts`, travelling in the
+trigger's kwargs); :class:`SettleBeforeFiring` is the triggers' side. Re-exported by
+:mod:`airflow_controltable.utils` and :mod:`airflow_controltable.triggers.controltable`, their
+earlier homes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import weakref
+from typing import Any, Optional
+
+from airflow_controltable.defaults import (
+    DEFAULT_EXIT_ALLOWANCE,
+    DEFAULT_RESUME_MARGIN,
+    SCHEDULER_CATCH_UP_LIMIT,
+    SCHEDULER_HEARTBEAT_POLL,
+    WORKER_MIN_HEARTBEAT_INTERVAL,
+    WORKER_TASK_SUCCESS_OVERTIME,
+)
+
+log = logging.getLogger("airflow_controltable.triggers.controltable")  # the triggers' logger, as before
+
+
+# -- the facts, taken in the deferring process ------------------------------------------------------
+def _airflow_conf(section: str, key: str, fallback: float) -> float:
+    """A number from Airflow's configuration as this process sees it, or ``fallback`` without one."""
+    try:
+        from airflow.sdk import conf
+
+        return float(conf.get(section, key, fallback=str(fallback)))
+    except Exception:  # no Airflow configuration available (plain Python use)
+        return fallback
+
+
+def resume_settle() -> float:
+    """Seconds a trigger waits after the deferring process exited before it may fire (see ``defaults``).
+
+    ``[controltable] resume_settle`` when set; otherwise this worker's ``[workers]
+    min_heartbeat_interval`` (how late its supervisor may notice the exit) plus
+    ``DEFAULT_RESUME_MARGIN`` (one scheduler loop). Read in the deferring task's process, whose
+    configuration is the supervisor's.
+    """
+    configured = _airflow_conf("controltable", "resume_settle", -1.0)
+    if configured >= 0:
+        return configured
+    heartbeat = _airflow_conf("workers", "min_heartbeat_interval", WORKER_MIN_HEARTBEAT_INTERVAL)
+    return max(heartbeat, 0.0) + DEFAULT_RESUME_MARGIN
+
+
+def deferral_facts() -> Optional[dict[str, Any]]:
+    """What a trigger needs to know about the process that is deferring now, to fire only when that is safe.
+
+    The time, the settle (:func:`resume_settle`), how long Airflow lets a finished task process
+    linger before killing it, and the process itself (host, pid, start time) so that a triggerer on
+    the same host can watch it exit. JSON-serialisable: it travels in the trigger's kwargs. None
+    when ``[controltable] resume_settle`` is 0: the protection is off and the trigger fires at once.
+    """
+    settle = resume_settle()
+    if settle <= 0:
+        return None
+    created: Optional[float] = None
+    try:
+        import psutil
+
+        created = float(psutil.Process().create_time())
+    except Exception:  # no psutil: the trigger cannot tell this process from a later one with its pid
+        created = None
+    return {
+        "at": time.time(),
+        "settle": settle,
+        "wake": max(_airflow_conf("workers", "min_heartbeat_interval", WORKER_MIN_HEARTBEAT_INTERVAL), 0.0),
+        "linger": _airflow_conf("core", "task_success_overtime", WORKER_TASK_SUCCESS_OVERTIME),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "created": created,
+    }
+
+
+# -- what the trigger sees: the deferring process's exit, and the scheduler's heartbeats -------------
+#: How often the trigger looks whether the deferring process has exited (seconds).
+EXIT_WATCH_INTERVAL = 0.25
+
+
+def process_alive(pid: int, created: Optional[float]) -> bool:
+    """Whether process ``pid`` (started at ``created``, when known) still runs on this host; a zombie has exited."""
+    try:
+        import psutil
+
+        proc = psutil.Process(int(pid))
+        if created is not None and abs(proc.create_time() - float(created)) > 0.5:
+            return False  # the pid was reused by another process
+        return bool(proc.status() != psutil.STATUS_ZOMBIE)
+    except Exception:  # gone (NoSuchProcess), not ours to see (AccessDenied), or no psutil
+        return False
+
+
+def in_deferring_process(deferral: dict[str, Any]) -> bool:
+    """Whether this trigger runs in the very process that deferred (``dag.test()`` / ``airflow dags test``).
+
+    There the trigger runs inline, no executor reports the deferral's exit, and the process never
+    exits while the trigger waits: nothing to wait for.
+    """
+    return deferral.get("host") == socket.gethostname() and deferral.get("pid") == os.getpid()
+
+
+def exit_time(
+    deferral: dict[str, Any], first_seen_alive: bool, now: float, exited_seen: Optional[float],
+    first_look: Optional[float] = None,
+) -> float:
+    """When the deferring process exited, as far as the trigger can tell (a pure decision, unit tested).
+
+    ``first_look`` is when the trigger first looked for the process on this host (None: it could
+    not look, the process runs on another host); ``exited_seen`` is when it saw the process gone
+    after having seen it alive. A process already gone at the first look exited before it; one the
+    trigger could not look for is assumed gone ``DEFAULT_EXIT_ALLOWANCE`` seconds after the
+    deferral. Airflow kills a process that lingers ``linger`` seconds after its task ended, so no
+    exit is later than that (plus the same allowance).
+    """
+    at = float(deferral.get("at") or 0.0)
+    latest = at + float(deferral.get("linger") or 0.0) + DEFAULT_EXIT_ALLOWANCE
+    if not first_seen_alive:
+        if first_look is None:
+            return at + DEFAULT_EXIT_ALLOWANCE
+        return min(max(first_look, at), latest)
+    if exited_seen is None:
+        return min(max(now, at), latest)
+    return min(exited_seen, latest)
+
+
+def fire_not_before(deferral: Optional[dict[str, Any]], not_before: Optional[float], exited: Optional[float]) -> float:
+    """Epoch seconds before which the trigger must not fire: ``settle`` after the exit, and ``not_before``."""
+    earliest = float(not_before or 0.0)
+    if deferral is not None and exited is not None:
+        earliest = max(earliest, exited + float(deferral.get("settle") or 0.0))
+    return earliest
+
+
+def scheduler_caught_up(report_due: float, heartbeats: list[float]) -> bool:
+    """Whether the scheduler has surely read an executor report queued by ``report_due`` (a pure decision).
+
+    ``heartbeats`` are the scheduler's distinct heartbeat times as observed, oldest first. A
+    heartbeat is written at the end of a scheduler loop, and every loop reads the executor's
+    reports; so once a heartbeat later than ``report_due`` has been seen, the loop that ends with
+    the next heartbeat started after the report was queued, and has read and handled it.
+    """
+    later = [h for h in heartbeats if h > report_due]
+    return len(later) >= 2
+
+
+def health_url() -> Optional[str]:
+    """Airflow's health endpoint (it names the scheduler's latest heartbeat), from this process's configuration."""
+    try:
+        from urllib.parse import urlsplit
+
+        from airflow.sdk import conf
+
+        base = conf.get("core", "execution_api_server_url", fallback="") or conf.get("api", "base_url", fallback="")
+        parts = urlsplit(str(base))
+        if not parts.scheme or not parts.netloc:
+            return None
+        return f"{parts.scheme}://{parts.netloc}/api/v2/monitor/health"
+    except Exception:
+        return None
+
+
+def read_scheduler_heartbeat(url: str) -> Optional[float]:
+    """The scheduler's latest heartbeat (epoch seconds) from the health endpoint, or None if unavailable."""
+    import json
+    import urllib.request
+    from datetime import datetime
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - Airflow's own api-server
+            body = json.loads(resp.read())
+        stamp = (body.get("scheduler") or {}).get("latest_scheduler_heartbeat")
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp() if stamp else None
+    except Exception:
+        return None
+
+
+class SchedulerBeats:
+    """The scheduler's heartbeats as this triggerer's event loop has seen them: one reader for all triggers.
+
+    Each deferred trigger needs to know when the scheduler has read its deferral's exit report
+    (:func:`scheduler_caught_up`). Observing that only once the slot is granted made every grant wait
+    for the scheduler's next heartbeat or two, even a grant made long after the deferral, when the
+    race cannot happen any more. So a trigger registers as soon as it knows when its deferring
+    process exited, and one reader per event loop polls Airflow's health endpoint while any trigger
+    is registered (every ``SCHEDULER_HEARTBEAT_POLL`` s, however many triggers wait): a grant that
+    comes after the scheduler caught up fires at once; only one that comes within a few heartbeats
+    of its deferral waits.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.beats: list[float] = []  # distinct heartbeats seen, oldest first (the last few)
+        self.waiting = 0
+        self.unavailable = False
+        self._reader: Optional[asyncio.Task[None]] = None
+
+    async def _read(self) -> None:
+        while self.waiting > 0:
+            beat = await asyncio.to_thread(read_scheduler_heartbeat, self.url)
+            if beat is None:
+                self.unavailable = True  # no health endpoint: the settle alone applies
+                return
+            if not self.beats or beat != self.beats[-1]:
+                self.beats = [*self.beats[-31:], beat]
+            await asyncio.sleep(SCHEDULER_HEARTBEAT_POLL)
+
+    async def caught_up(self, report_due: float, limit: float) -> Optional[bool]:
+        """Wait (at most ``limit`` s) until the scheduler surely read a report due at ``report_due``;
+        None when the heartbeat cannot be read."""
+        self.waiting += 1
+        try:
+            if self._reader is None or self._reader.done():
+                self.unavailable = False
+                self._reader = asyncio.ensure_future(self._read())
+            deadline = time.time() + limit
+            while not scheduler_caught_up(report_due, self.beats):
+                if self.unavailable:
+                    return None
+                if time.time() >= deadline:
+                    return False
+                await asyncio.sleep(min(SCHEDULER_HEARTBEAT_POLL / 2, max(deadline - time.time(), 0.0)))
+            return True
+        finally:
+            self.waiting -= 1
+
+
+_BEATS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SchedulerBeats] = weakref.WeakKeyDictionary()
+
+
+def scheduler_beats(url: str) -> SchedulerBeats:
+    """The running event loop's :class:`SchedulerBeats` (the triggerer runs every trigger in one loop)."""
+    loop = asyncio.get_running_loop()
+    beats = _BEATS.get(loop)
+    if beats is None or beats.url != url:
+        beats = _BEATS[loop] = SchedulerBeats(url)
+    return beats
+
+
+class SettleBeforeFiring:
+    """The triggers' side of the workaround: hold an event until firing cannot fail the resumed task.
+
+    A trigger calls :meth:`_init_settle` in ``__init__`` with its ``deferral`` facts and
+    ``not_before``; its wait loop starts :meth:`_watch_exit` and :meth:`_observe_scheduler` beside
+    the wait and awaits :meth:`_settle` before it yields any event.
+    """
+
+    deferral: Optional[dict[str, Any]]
+    not_before: Optional[float]
+
+    def _init_settle(self, deferral: Optional[dict[str, Any]], not_before: Optional[float]) -> None:
+        #: Wall-clock (epoch seconds) before which no event is fired.
+        self.not_before = not_before
+        #: The deferring process's facts (:func:`deferral_facts`): fire ``settle`` s after it exited.
+        self.deferral = dict(deferral) if deferral else None
+        self._seen_alive = False
+        self._exited_seen: Optional[float] = None
+        self._first_look: Optional[float] = None
+        self._watch_done = deferral is None
+
+    async def _watch_exit(self) -> None:
+        """Note when the deferring process exits (same host only); runs beside the wait from the start."""
+        deferral = self.deferral
+        try:
+            if (deferral is None or deferral.get("host") != socket.gethostname() or not deferral.get("pid")
+                    or in_deferring_process(deferral)):
+                return
+            latest = float(deferral.get("at") or 0) + float(deferral.get("linger") or 0) + DEFAULT_EXIT_ALLOWANCE
+            self._first_look = time.time()
+            while time.time() < latest:
+                alive = await asyncio.to_thread(process_alive, int(deferral["pid"]), deferral.get("created"))
+                if not alive:
+                    if self._seen_alive:
+                        self._exited_seen = time.time()
+                    return
+                self._seen_alive = True
+                await asyncio.sleep(EXIT_WATCH_INTERVAL)
+        finally:
+            self._watch_done = True
+
+    def _exited(self) -> float:
+        assert self.deferral is not None
+        return exit_time(self.deferral, self._seen_alive, time.time(), self._exited_seen, self._first_look)
+
+    async def _settle(self, watcher: Optional[asyncio.Task[None]], observer: Optional[asyncio.Task[None]]) -> None:
+        """Wait until firing cannot make Airflow's scheduler fail the resumed task (module docstring)."""
+        exited: Optional[float] = None
+        if self.deferral is not None and not in_deferring_process(self.deferral):
+            if watcher is not None:
+                await watcher  # bounded by the deferral's linger
+            exited = self._exited()
+        earliest = fire_not_before(self.deferral, self.not_before, exited)
+        delay = earliest - time.time()
+        if delay > 0:
+            log.info("controltable: firing in %.1f s, once Airflow has seen the deferring process exit", delay)
+            await asyncio.sleep(delay)
+        if observer is not None:
+            started = time.time()
+            await observer  # bounded by SCHEDULER_CATCH_UP_LIMIT; done long ago for a late grant
+            if time.time() - started > 1.0:
+                log.info("controltable: waited %.1f s for the scheduler to read the deferral's exit",
+                         time.time() - started)
+
+    async def _observe_scheduler(self, watcher: Optional[asyncio.Task[None]]) -> None:
+        """From the deferring process's exit on, until the scheduler has surely read its exit report."""
+        assert self.deferral is not None
+        if watcher is not None:
+            await watcher
+        await self._scheduler_catch_up(self._exited() + float(self.deferral.get("wake") or 0.0))
+
+    async def _scheduler_catch_up(self, report_due: float) -> None:
+        """Wait (bounded) until the scheduler has surely read the exit report: a busy scheduler's loop
+        can take longer than the settle's margin. Without a health endpoint, the settle alone applies."""
+        url = health_url()
+        if url is None:
+            return
+        if await scheduler_beats(url).caught_up(report_due, SCHEDULER_CATCH_UP_LIMIT) is False:
+            log.warning("controltable: the scheduler did not heartbeat twice in %.0f s; firing anyway",
+                        SCHEDULER_CATCH_UP_LIMIT)
