@@ -1,0 +1,5 @@
+"""``python -m controltable.cli``: runs the ``controltable`` command."""
+
+from . import main
+
+main()
