@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from controltable import AcquireTimeout, ConfigurationError, ControlTable, LeaseLost
+from controltable import AcquireTimeout, ConfigurationError, ControlTable, LeaseLost, PermissionDeniedError
 from controltable.defaults import DEFAULT_PICKUP, FAILOVER_PICKUP, TOKEN_EPOCH_BITS
 
 
@@ -347,8 +347,11 @@ def test_engine_works_with_dml_rights_only(backend_url: str, namespace: str) -> 
     item = wl.allocate("app")
     assert item is not None
     item.complete()
-    with pytest.raises(Exception):  # noqa: B017 - no DDL rights: this role cannot create tables
+    # No DDL rights: this role cannot create tables, and the error names the user and the way out.
+    with pytest.raises(PermissionDeniedError, match=r"'ct_dml_user' lacks a privilege") as refused:
         ControlTable(app_url.render_as_string(hide_password=False), prefix="dmlnew_").install()
+    assert "`controltable sql` prints the DDL a DBA runs once" in str(refused.value)
+    assert "`controltable init` and `events prepare` need DDL rights" in str(refused.value)
 
 
 def test_first_grant_pass_after_a_promotion_shortens_the_pickup_of_inherited_entries(

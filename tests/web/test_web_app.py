@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -46,16 +47,36 @@ def event_table(ct: ControlTable) -> Iterator[Table]:
         table.drop(ct.engine, checkfirst=True)
 
 
+#: Rounding of stored times against the database clock read apart (not machine speed).
+CLOCK_SLACK = 0.01
+
+
+@dataclass(frozen=True)
+class Busy:
+    """The ``busy`` set-up: its control table and when (database clock) its waiters queued."""
+
+    ct: ControlTable
+    #: Just before the first waiter (load-c) queued, and just after it had: its wait began in between.
+    queued_after: float
+    queued_before: float
+
+    def oldest_wait_bounds(self, first_now: float, last_now: float) -> tuple[float, float]:
+        """The oldest wait a snapshot read between ``first_now`` and ``last_now`` can show: load-c's."""
+        return first_now - self.queued_before - CLOCK_SLACK, last_now - self.queued_after + CLOCK_SLACK
+
+
 @pytest.fixture
-def busy(ct: ControlTable) -> Iterator[ControlTable]:
+def busy(ct: ControlTable) -> Iterator[Busy]:
     """Resource ``wh`` (capacity 2) held by two holders with two waiters behind; ``idle`` with nobody."""
     ct.set_capacity("wh", 2)
     ct.set_capacity("idle", 3)
     ct.acquire("wh", holder="load-a", lease=120)
     ct.acquire("wh", holder="load-b", lease=120)
+    queued_after = ct.now()
     assert ct.try_acquire("wh", holder="load-c", waiter_ttl=120) is None
+    queued_before = ct.now()
     assert ct.try_acquire("wh", holder="load-d", mode="exclusive", waiter_ttl=120) is None
-    yield ct
+    yield Busy(ct, queued_after, queued_before)
     ct.release_holders("load-")
 
 
@@ -64,8 +85,8 @@ def client(ct: ControlTable, **kw: Any) -> TestClient:
     return TestClient(create_app(source, **kw))
 
 
-def test_status_json_shows_holders_waiters_events_and_worklists(busy: ControlTable, event_table: Table) -> None:
-    ct = busy
+def test_status_json_shows_holders_waiters_events_and_worklists(busy: Busy, event_table: Table) -> None:
+    ct = busy.ct
     wl = ct.worklist("nightly")
     wl.populate([{"t": 1}, {"t": 2}], order=1)
     wl.populate([{"t": 3}], order=2)
@@ -82,7 +103,10 @@ def test_status_json_shows_holders_waiters_events_and_worklists(busy: ControlTab
         ("load-c", 1, "shared"), ("load-d", 2, "exclusive")]
     # FIFO: the second waiter waits behind both holders and the first waiter.
     assert wh["waiters"][1]["ahead"] == ["load-a", "load-b", "load-c"]
-    assert wh["oldest_wait"] is not None and wh["oldest_wait"] >= 0
+    # The oldest wait is load-c's, queued in the set-up, on the database clock of the snapshot.
+    low, high = busy.oldest_wait_bounds(data["now"], data["now"])
+    assert wh["oldest_wait"] is not None and low <= wh["oldest_wait"] <= high, (low, wh["oldest_wait"], high)
+    assert wh["oldest_wait"] == pytest.approx(data["now"] - wh["waiters"][0]["since"], abs=1e-6)
     idle = {r["name"]: r for r in data["resources"]}["idle"]
     assert idle["holders"] == [] and idle["waiters"] == []
     assert wh["rate_opens_in"] is None and idle["rate_opens_in"] is None  # no rate limit
@@ -133,12 +157,14 @@ def test_page_is_self_contained_and_relative(ct: ControlTable) -> None:
     assert outer.get("/controltable/api/status").json()["namespace"] == ct.namespace
 
 
-def test_metrics_parse_with_the_prometheus_parser(busy: ControlTable, event_table: Table) -> None:
+def test_metrics_parse_with_the_prometheus_parser(busy: Busy, event_table: Table) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    ct = busy
+    ct = busy.ct
     c = client(ct, events=[parse_event_spec(f"{event_table.name}:id::created_at")])
+    before = ct.now()
     resp = c.get("/metrics")
+    after = ct.now()
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
     families = {}
@@ -154,13 +180,18 @@ def test_metrics_parse_with_the_prometheus_parser(busy: ControlTable, event_tabl
     assert samples[("controltable_resource_waiters", (("resource", "idle"),))] == 0
     assert samples[("controltable_resource_grants_total", res)] == 2  # two fencing tokens handed out
     assert families["controltable_resource_grants"] == "counter"
-    assert samples[("controltable_resource_oldest_wait_seconds", res)] >= 0
+    low, high = busy.oldest_wait_bounds(before, after)
+    assert low <= samples[("controltable_resource_oldest_wait_seconds", res)] <= high
+    assert samples[("controltable_resource_oldest_wait_seconds", (("resource", "idle"),))] == 0, "nobody waits"
     table = event_table.name
     assert samples[("controltable_events_rows", (("state", "pending"), ("table", table)))] == 3
     assert samples[("controltable_events_rows", (("state", "error"), ("table", table)))] == 1
-    assert samples[("controltable_events_oldest_pending_age_seconds", (("table", table),))] > 250
+    # Row 3 (created 300 s before the set-up) is the oldest pending one.
+    assert 300 - CLOCK_SLACK <= samples[("controltable_events_oldest_pending_age_seconds", (("table", table),))] < 400
     assert families["controltable_resource_wait_seconds"] == "histogram"
-    assert samples[("controltable_resource_wait_seconds_count", res)] >= 2
+    # The two grants of the last hour (load-a, load-b) were immediate: they waited nothing.
+    assert samples[("controltable_resource_wait_seconds_count", res)] == 2
+    assert samples[("controltable_resource_wait_seconds_sum", res)] == 0
 
 
 def test_an_unreadable_event_table_is_reported_not_fatal(ct: ControlTable) -> None:
@@ -172,8 +203,8 @@ def test_an_unreadable_event_table_is_reported_not_fatal(ct: ControlTable) -> No
     assert "controltable_events_readable{table=\"no_such_table_here\"} 0.0" in c.get("/metrics").text
 
 
-def test_actions_are_off_by_default_and_need_the_token(busy: ControlTable) -> None:
-    ct = busy
+def test_actions_are_off_by_default_and_need_the_token(busy: Busy) -> None:
+    ct = busy.ct
     assert client(ct).post("/api/release", json={"resource": "wh", "holder": "load-a"}).status_code in (404, 405)
     with pytest.raises(ConfigurationError, match="authentication"):
         create_app(StatusSource(ct), actions=True)
