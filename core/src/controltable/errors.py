@@ -249,7 +249,7 @@ ERROR_TABLE: tuple[tuple[type[BaseException], Optional[Callable[[BaseException],
     (NotInstalledError, _event_table, ErrorOutcome(
         "event table not prepared", "configuration", False, EXIT_DATABASE,
         "add the claim columns once with `controltable events prepare TABLE --key KEY` (or "
-        "events(TABLE, key=KEY, prepare=True))")),
+        "ControlTable.events(TABLE, key=KEY).prepare())")),
     (NotInstalledError, None, ErrorOutcome(
         "control tables not installed", "configuration", False, EXIT_DATABASE,
         "create the control tables once with `controltable init --url ...` (or install())")),
