@@ -49,7 +49,7 @@ def _slot(controltable: ControlTableResource) -> None:
 
 def test_unreachable_url() -> None:
     error = _run_op(_slot, ControlTableResource(url="postgresql+psycopg://postgres@127.0.0.1:1/test"))
-    _assert_clear(error, "unreachable", "check the `url`")
+    _assert_clear(error, "unreachable", "check the URL", "`url` of ControlTableResource")
 
 
 def test_sqlite_file_in_a_missing_directory() -> None:

@@ -138,7 +138,7 @@ def test_teardown_keeps_the_queue_place_of_a_running_run(ct: Any, resource: Cont
         run_id = _run_in(instance, DagsterRunStatus.STARTED)
         control = resource.control_table
         resource._run_id = run_id
-        resource._track("warehouse", f"dagster:{run_id}:load")
+        resource._requests.track("warehouse", f"dagster:{run_id}:load")
         assert control.try_acquire("warehouse", holder=f"dagster:{run_id}:load", waiter_ttl=60) is None
         assert resource.withdraw_if_run_ended(instance) == 0
         assert _queue(ct, "warehouse")[1] == [f"dagster:{run_id}:load"]

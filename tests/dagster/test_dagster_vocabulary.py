@@ -18,12 +18,14 @@ from controltable import (
     DatabaseMissingError,
     DatabaseUnavailableError,
     LeaseLost,
+    LeaseLostInterrupt,
     NotInstalledError,
     PermissionDeniedError,
     StatementTimeoutError,
     UnknownResourceError,
+    error_outcome,
 )
-from controltable.errors import UnexpectedDatabaseError, is_retryable
+from controltable.errors import ERROR_TABLE, UnexpectedDatabaseError, is_retryable
 from dagster_controltable import (
     ControlTableResource,
     StepIdentity,
@@ -33,6 +35,7 @@ from dagster_controltable import (
     pending_events_sensor,
 )
 from dagster_controltable import defaults as dagster_defaults
+from dagster_controltable.failures import DAGSTER_HINTS
 from dagster_controltable.resource import head_retry_interval, retry_waiter_ttl, run_holder_prefix
 
 PLUGIN = Path(__file__).resolve().parents[2] / "dagster_plugin" / "src" / "dagster_controltable"
@@ -86,6 +89,30 @@ def test_failure_messages_stay(backend: str) -> None:
     assert (as_failure(AcquireTimeout("t"), "acquiring 'r'").description or "").startswith(
         "slot not granted in time while acquiring 'r': t. Fix: raise the timeout or the capacity")
     assert (as_failure(LeaseLost("x"), "holding 'r'").description or "").startswith("lease lost while holding 'r'")
+
+
+@pytest.mark.backends("sqlite")
+@pytest.mark.parametrize("exc", [
+    AuthenticationError("login refused"), DatabaseUnavailableError("down"), NotInstalledError("no tables"),
+    NotInstalledError("event table 'e' has no claim columns"), UnknownResourceError("no such resource"),
+    AcquireTimeout("busy"), LeaseLostInterrupt("gone"), ConflictError("clash"), ValueError("not ours"),
+])
+def test_failure_takes_kind_fix_and_retries_from_the_core_table(backend: str, exc: BaseException) -> None:
+    outcome = error_outcome(exc)
+    failure = as_failure(exc, "doing something", url="sqlite:///x.db", namespace="n")
+    description = failure.description or ""
+    assert description.startswith(f"{outcome.kind} while doing something")
+    assert f"Fix: {outcome.fix}" in description
+    assert failure.allow_retries is outcome.retryable
+
+
+@pytest.mark.backends("sqlite")
+def test_dagster_hints_name_kinds_of_the_core_table_and_dagster_places(backend: str) -> None:
+    kinds = {outcome.kind for _, _, outcome in ERROR_TABLE}
+    assert set(DAGSTER_HINTS) <= kinds  # a kind renamed in the core must not silently drop its hint
+    assert "ControlTableResource.install()" in (as_failure(NotInstalledError("none"), "x").description or "")
+    assert "ControlTableResource.set_capacity" in (as_failure(UnknownResourceError("r"), "x").description or "")
+    assert "interrupt_on_lease_loss=False" in (as_failure(LeaseLostInterrupt("l"), "x").description or "")
 
 
 # -- renamed names: old names still work, with a DeprecationWarning ------------------------------

@@ -6,9 +6,11 @@ run dies instead of leaking.
 """
 
 from .checks import event_table_asset_check, judge_event_table
+from .failures import as_failure
 from .ops import build_batch_op, build_worklist_op
-from .resource import ControlTableResource, StepIdentity, as_failure, batch_metadata, current_step
+from .resource import ControlTableResource, batch_metadata
 from .sensors import controltable_run_cleanup_sensor, pending_events_sensor
+from .step import StepIdentity, current_step
 from .version import __version__
 
 try:  # the registry Dagster's own integration libraries report themselves to

@@ -29,7 +29,8 @@ from dagster import (
 from controltable import ConfigurationError, ControlTableError
 
 from . import defaults
-from .resource import ControlTableResource, _duration, _jsonable
+from .resource import ControlTableResource
+from .text import duration, jsonable
 
 AssetRef = Union[str, AssetKey, AssetsDefinition, SourceAsset]
 
@@ -61,7 +62,7 @@ def judge_event_table(stats: Any, *, max_pending_age: Optional[float], max_error
             problems.append(f"the oldest pending event ({key}={stats.oldest_pending_key!r}) has no event time, so "
                             f"its age cannot be compared with max_pending_age={max_pending_age:g} s")
         elif age > max_pending_age:
-            problems.append(f"the oldest pending event ({key}={stats.oldest_pending_key!r}) is {_duration(age)} old, "
+            problems.append(f"the oldest pending event ({key}={stats.oldest_pending_key!r}) is {duration(age)} old, "
                             f"more than max_pending_age={max_pending_age:g} s: the table is not drained fast "
                             "enough (is the job that claims it running?)")
     if max_error_rows is not None and stats.error > max_error_rows:
@@ -72,7 +73,7 @@ def judge_event_table(stats: Any, *, max_pending_age: Optional[float], max_error
                f"{stats.done} done, {stats.error} in error")
     if stats.pending and stats.oldest_pending_key is not None:
         summary += f"; oldest pending {key}={stats.oldest_pending_key!r}" + (
-            f", {_duration(age)} old" if age is not None else "")
+            f", {duration(age)} old" if age is not None else "")
     return EventTableVerdict(passed=not problems, problems=problems, summary=summary)
 
 
@@ -128,7 +129,7 @@ def event_table_asset_check(
     check_name = name or f"{table}_drained"
     told = []
     if limit is not None:
-        told.append(f"no pending event older than {_duration(limit)}")
+        told.append(f"no pending event older than {duration(limit)}")
     if max_error_rows is not None:
         told.append(f"at most {max_error_rows} event(s) in error")
 
@@ -158,7 +159,7 @@ def event_table_asset_check(
             "controltable/thresholds": MetadataValue.json(thresholds),
         }
         if stats.oldest_pending_key is not None:
-            metadata["controltable/oldest_pending_key"] = MetadataValue.text(str(_jsonable(stats.oldest_pending_key)))
+            metadata["controltable/oldest_pending_key"] = MetadataValue.text(str(jsonable(stats.oldest_pending_key)))
         if stats.oldest_pending_age is not None:
             metadata["controltable/oldest_pending_age_seconds"] = MetadataValue.float(
                 round(float(stats.oldest_pending_age), 3))

@@ -26,7 +26,9 @@ from controltable import ControlTableError, LeaseLost
 from controltable.compat import renamed
 
 from . import defaults
-from .resource import ControlTableResource, _jsonable, batch_metadata, current_step
+from .resource import ControlTableResource, batch_metadata
+from .step import current_step
+from .text import jsonable
 
 try:  # type hints only
     from controltable.events import Batch
@@ -114,7 +116,7 @@ def build_batch_op(
                         allow_retries=True,
                     ) from exc
                 tokens.append(int(batch.token))
-                keys.extend(_jsonable(k) for k in batch.keys)
+                keys.extend(jsonable(k) for k in batch.keys)
                 batches += 1
             context.log.info(f"completed batch {batch.token} of {table!r}: {len(batch)} event(s)")
         summary = {"table": table, "batches": batches, "events": len(keys), "tokens": tokens,

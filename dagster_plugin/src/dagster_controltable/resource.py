@@ -8,54 +8,48 @@ lease that expires if its holder dies.
 
 Errors are turned into :class:`dagster.Failure` at the step that hit them, with a description
 naming the fix, instead of a traceback from deep inside SQLAlchemy.
+
+This module holds the resource's configuration and lifecycle; the rest lives beside it: the
+step's identity (:mod:`.step`), failure translation (:mod:`.failures`), waiting for slots
+(:mod:`.waiting`), withdrawing a cancelled run's requests (:mod:`.run_watch`, :mod:`.retry_watch`),
+run config (:mod:`.run_config`) and text (:mod:`.text`). Their public names are re-exported here.
 """
 
 import logging
-import math
-import os
-import threading
-import time
+import sys
 import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar, Union
 
 from dagster import (
     ConfigurableResource,
-    DagsterInvariantViolationError,
-    DagsterRunStatus,
     Failure,
     InitResourceContext,
     MetadataValue,
-    OpExecutionContext,
     RetryRequested,
 )
-from pydantic import Field, PrivateAttr, TypeAdapter, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from controltable import (
-    AcquireTimeout,
-    AuthenticationError,
-    ConfigurationError,
     ControlTable,
     ControlTableError,
-    DatabaseBusyError,
-    DatabaseMissingError,
-    DatabaseUnavailableError,
     Lease,
     LeaseLost,
     LeaseLostInterrupt,
     NotInstalledError,
-    PermissionDeniedError,
     ResourceStatus,
-    StatementTimeoutError,
-    UnknownResourceError,
 )
 from controltable.compat import renamed
-from controltable.defaults import MAX_PRIORITY, MIN_PRIORITY
-from controltable.errors import is_retryable, safe_url
-from controltable.holders import holder_id
+from controltable.errors import safe_url
 
-from . import defaults, retry_watch
+from . import defaults, waiting
 from .defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_WAITER_TTL, INTERRUPT_ON_LEASE_LOSS
+from .failures import as_failure
+from .run_config import keep_defined_fields, namespace_override_note
+from .run_watch import RUN_ENDED_BADLY, RunRequests, watch_from_outside
+from .step import StepIdentity, add_output_metadata, current_step, run_holder_prefix
+from .text import jsonable, names, names_list
+from .waiting import DEFAULT_MAX_RETRIES, DEFAULT_RETRY_INTERVAL, WAIT_MODES, head_retry_interval, retry_waiter_ttl
 
 try:  # only for type hints: these classes are reached through ControlTable.events()/worklist()
     from controltable.events import Batch, EventTable
@@ -63,185 +57,26 @@ try:  # only for type hints: these classes are reached through ControlTable.even
 except ImportError:  # pragma: no cover - a core without these modules cannot work anyway
     Batch = EventTable = Item = WorkList = Any  # type: ignore[misc,assignment]
 
+__all__ = [  # the names this module always offered (re-exported from where they live now)
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_RETRY_INTERVAL",
+    "RUN_ENDED_BADLY",
+    "WAIT_MODES",
+    "ControlTableResource",
+    "StepIdentity",
+    "as_failure",
+    "batch_metadata",
+    "current_step",
+    "head_retry_interval",
+    "keep_defined_fields",
+    "namespace_override_note",
+    "retry_waiter_ttl",
+    "run_holder_prefix",
+]
+
 log = logging.getLogger("dagster_controltable")
 
 T = TypeVar("T")
-
-WAIT_MODES = ("block", "retry")
-#: ``slot(wait="retry")``: seconds between a busy step's retries, and how many retries before it fails
-#: (kept under these names for existing imports; the values live in :mod:`.defaults`).
-DEFAULT_RETRY_INTERVAL = defaults.RETRY_INTERVAL
-DEFAULT_MAX_RETRIES = defaults.MAX_RETRIES
-#: A run in one of these states will never pick up a grant: its requests can be withdrawn.
-RUN_ENDED_BADLY = frozenset({DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED, DagsterRunStatus.FAILURE})
-
-
-class StepIdentity:
-    """Who is asking, as far as Dagster tells: run id, step key, retry number and a logger."""
-
-    def __init__(self, run_id: Optional[str], step_key: Optional[str], retry_number: int, logger: Any,
-                 context: Any = None, *, own_process: bool = False) -> None:
-        self.run_id = run_id
-        self.step_key = step_key
-        self.retry_number = retry_number
-        self.log = logger
-        self.context = context
-        #: The step runs in a process of its own that the run's orchestrator started (multiprocess
-        #: executor, step launchers): the process lives only for this try of the step, and its
-        #: parent is the run worker. False in the run worker itself (in-process executor).
-        self.own_process = own_process
-
-    def tag_priority(self) -> int:
-        """The ``dagster/priority`` tags as Dagster's own pools weigh them: the run's plus the step's.
-
-        Unset or not a whole number counts as 0 (as in Dagster); clamped to the core's range.
-        """
-        if self.context is None:
-            return 0
-        total = 0
-        sources: list[Any] = []
-        try:
-            sources.append(self.context.run.tags)
-        except Exception:  # pragma: no cover - no run (direct invocation)
-            pass
-        try:
-            sources.append(self.context.get_step_execution_context().step.tags or {})
-        except Exception:  # pragma: no cover - framework-author API
-            pass
-        for tags in sources:
-            try:
-                total += int(tags.get("dagster/priority", 0))
-            except (TypeError, ValueError):
-                continue
-        return max(MIN_PRIORITY, min(MAX_PRIORITY, total))
-
-    @property
-    def attempt(self) -> Optional[int]:
-        """The step's attempt (retry number + 1), passed to the core so a retry gets a higher fencing token.
-
-        ``None`` outside a step: the core then treats every request of a holder as the same attempt.
-        """
-        return self.retry_number + 1 if self.run_id is not None else None
-
-    @property
-    def run_prefix(self) -> Optional[str]:
-        """``dagster:<run id>:``: the start of every holder id of this run's steps."""
-        return run_holder_prefix(self.run_id) if self.run_id is not None else None
-
-    @property
-    def holder(self) -> Optional[str]:
-        """``dagster:<run id>:<step key>``: stable across retries of the step, unique across steps.
-
-        Stability across retries is what lets a step that raised ``RetryRequested`` keep its
-        place in the FIFO queue; uniqueness keeps two steps from sharing one lease.
-        Built by the core's :func:`~controltable.holders.holder_id`: a step key too long for a
-        holder id is shortened with a hash of the whole id rather than cut, so two long step keys
-        never share one lease, and the run prefix is kept for :meth:`ControlTableResource.release_run`.
-        """
-        if self.run_id is None:
-            return None
-        return holder_id("dagster", self.run_id, self.step_key or "run")
-
-
-def run_holder_prefix(run_id: str) -> str:
-    """The prefix every holder id of run ``run_id`` starts with (what withdrawing a whole run matches)."""
-    return holder_id("dagster", run_id, "")
-
-
-def current_step() -> StepIdentity:
-    """The executing op/asset's identity, read from the context Dagster sets for the step.
-
-    ``OpExecutionContext.get()`` works from any code the step calls (resource methods included)
-    but only in the step's own thread; elsewhere (sensors, scripts) the identity is empty.
-    """
-    try:
-        ctx = OpExecutionContext.get()
-    except DagsterInvariantViolationError:
-        ctx = None
-    if ctx is None:
-        return StepIdentity(None, None, 0, log)
-    try:
-        step_context = ctx.get_step_execution_context()
-        step_key: Optional[str] = step_context.step.key
-        # An orchestrator in another process handles this step's retries ("deferred"): the step
-        # runs in a process of its own (the multiprocess executor's child, a step launcher's pod).
-        own_process = bool(step_context.retry_mode.deferred)
-    except Exception:  # pragma: no cover - framework-author API; fall back to the op name
-        step_key, own_process = ctx.op.name, False
-    return StepIdentity(ctx.run_id, step_key, int(ctx.retry_number), ctx.log, ctx, own_process=own_process)
-
-
-def as_failure(exc: BaseException, action: str, *, url: str = "", namespace: str = "") -> Failure:
-    """Turn a controltable error (every database failure reaches the integration as one) into a ``Failure``
-    that says what to change.
-
-    Whether Dagster may retry the step is the core's :func:`~controltable.errors.is_retryable`,
-    the policy the Airflow provider follows too: connection problems, busy databases, slots not
-    granted in time and lost leases allow retries; logins, missing tables, privileges and
-    configuration do not, because retrying cannot fix them.
-    """
-    where = f" (control table at {url}, namespace {namespace!r})" if url else ""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if isinstance(exc, AuthenticationError):
-        fix = ("check the user and password in the `url` of ControlTableResource (e.g. EnvVar('CONTROLTABLE_URL')); "
-               "the database refused the login, so retrying cannot help")
-        kind = "control-table login failed (authentication)"
-    elif isinstance(exc, DatabaseMissingError):
-        fix = ("create the database (or fix its name in the `url` of ControlTableResource), then create the control "
-               "tables once with `controltable init --url ...`")
-        kind = "control-table database missing"
-    elif isinstance(exc, StatementTimeoutError):
-        fix = ("a statement ran past statement_timeout: look for long locks on the control tables, or raise "
-               "`statement_timeout` of ControlTableResource")
-        kind = "control-table statement timed out"
-    elif isinstance(exc, DatabaseBusyError):
-        fix = "the database kept rolling back on locks; the step may be retried"
-        kind = "control-table database busy"
-    elif isinstance(exc, PermissionDeniedError):
-        fix = "grant the database user the privileges named above on the control tables (or event table)"
-        kind = "permission denied on the control tables"
-    elif isinstance(exc, DatabaseUnavailableError):
-        fix = ("check the `url` of ControlTableResource (e.g. EnvVar('CONTROLTABLE_URL')) and that the database "
-               "server is running and reachable from this process; `connect_timeout` bounds the wait")
-        kind = "control-table database unreachable"
-    elif isinstance(exc, NotInstalledError) and "event table" in first:
-        fix = ("add the claim columns once with `controltable events prepare TABLE --key KEY` or "
-               "ControlTableResource.events(TABLE, key=KEY, prepare=True)")
-        kind = "event table not prepared"
-    elif isinstance(exc, NotInstalledError):
-        fix = "create the control tables once with `controltable init --url ...` or ControlTableResource.install()"
-        kind = "control tables not installed"
-    elif isinstance(exc, UnknownResourceError):
-        fix = ("create the resource once with ControlTableResource.set_capacity(name, n) or "
-               "`controltable capacity set NAME N`, and check the namespace")
-        kind = "unknown controltable resource"
-    elif isinstance(exc, AcquireTimeout):
-        fix = "raise the timeout or the capacity, or see `controltable status` for who holds the slot"
-        kind = "slot not granted in time"
-    elif isinstance(exc, LeaseLostInterrupt):
-        fix = ("the slot, batch or work item was lost or expired while the step worked, so its work was stopped "
-               "before it could overlap the next holder; the step may be retried (with a new fencing token). Ask "
-               "for a longer lease if renewals are slow, or set interrupt_on_lease_loss=False to let work run on")
-        kind = "lease lost, work interrupted"
-    elif isinstance(exc, LeaseLost):
-        fix = ("the lease expired before it was renewed or completed; ask for a longer lease, and make the "
-               "protected system reject stale fencing tokens")
-        kind = "lease lost"
-    elif isinstance(exc, ConfigurationError):
-        fix = "fix the argument or configuration named above"
-        kind = "controltable configuration error"
-    elif isinstance(exc, ControlTableError):
-        fix = "see the message above"
-        kind = "controltable error"
-    else:
-        fix = "see the chained exception"
-        kind = type(exc).__name__
-    return Failure(
-        description=f"{kind} while {action}{where}: {first}. Fix: {fix}.",
-        metadata={"error": MetadataValue.text(f"{type(exc).__name__}: {first}"),
-                  "control_table": MetadataValue.text(url or "?")},
-        allow_retries=is_retryable(exc),
-    )
 
 
 class ControlTableResource(ConfigurableResource):
@@ -294,15 +129,12 @@ class ControlTableResource(ConfigurableResource):
     _setup_error: Optional[BaseException] = PrivateAttr(default=None)
     _checked: bool = PrivateAttr(default=False)
     _events: dict[tuple[Any, ...], EventTable] = PrivateAttr(default_factory=dict)
-    # (resource name, holder) of every request this process made and has not released: what
-    # teardown withdraws when the run was cancelled or failed.
-    _entries: dict[tuple[str, str], None] = PrivateAttr(default_factory=dict)
+    # Every request this process made and has not released: what teardown (or the watcher
+    # between retries) withdraws when the run was cancelled or failed.
+    _requests: RunRequests = PrivateAttr(default_factory=RunRequests)
     _run_id: Optional[str] = PrivateAttr(default=None)
     _instance: Any = PrivateAttr(default=None)
     _log: Any = PrivateAttr(default=None)
-    _watcher: Optional[threading.Thread] = PrivateAttr(default=None)
-    _watch_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-    _between_retries: bool = PrivateAttr(default=False)
     _namespace_note: Optional[str] = PrivateAttr(default=None)
 
     @model_validator(mode="after")
@@ -359,31 +191,8 @@ class ControlTableResource(ConfigurableResource):
         ``retries``: read the status again (every 0.1 s) while it does not say so yet, for a
         caller that knows a termination is on its way (an interrupt arrived).
         """
-        if not self._entries or self._run_id is None or self._ct is None or instance is None:
-            return 0
-        for attempt in range(retries + 1):
-            try:
-                run = instance.get_run_by_id(self._run_id)
-            except Exception as exc:  # no status: leave the entries to the sensor or their TTL
-                log.warning("controltable: could not read the status of run %s: %s", self._run_id, exc)
-                return 0
-            if run is not None and run.status in RUN_ENDED_BADLY:
-                break
-            if attempt < retries:
-                time.sleep(defaults.WATCH_TICK)
-        else:
-            return 0
-        withdrawn = 0
-        for name, who in list(self._entries):
-            try:
-                withdrawn += self._ct.release(name, who)
-            except Exception as exc:  # best effort: the sensor or the TTL removes it otherwise
-                log.warning("controltable: could not withdraw %s from %r: %s", who, name, exc)
-            self._entries.pop((name, who), None)
-        if withdrawn:
-            (self._log or log).info(f"controltable: run {self._run_id} is {run.status.value}: withdrew {withdrawn} "
-                                    f"slot request(s) {when}")
-        return withdrawn
+        return self._requests.withdraw_if_run_ended(self._ct, instance, self._run_id, self._log, retries=retries,
+                                                    when=when)
 
     def close(self) -> None:
         if self._ct is not None:
@@ -506,16 +315,16 @@ class ControlTableResource(ConfigurableResource):
         ct = self.control_table
         step = current_step()
         who = holder or step.holder
-        names = _names(resource)
-        self._track(resource, who)
+        label = names(resource)
+        self._requests.track(resource, who)
         try:
             return ct.acquire(resource, holder=who, slots=slots, mode=mode, timeout=timeout,
                               lease=lease or self.default_lease, waiter_ttl=waiter_ttl, attempt=step.attempt)
         except ControlTableError as exc:
-            raise self._fail(exc, f"acquiring {names}") from exc
+            raise self._fail(exc, f"acquiring {label}") from exc
         except BaseException:  # interrupted (run cancelled) while queued: give the place up now
             if who is not None:
-                self._withdraw(ct, resource, who)
+                self._requests.withdraw(ct, resource, who)
             raise
 
     def release(self, resource: str, holder: Optional[str] = None) -> int:
@@ -524,7 +333,7 @@ class ControlTableResource(ConfigurableResource):
         who = holder or self.default_holder()
         if who is None:
             raise Failure(description="release() outside a step needs an explicit holder=")
-        self._entries.pop((resource, who), None)
+        self._requests.forget(resource, who)
         return self._call(f"releasing {resource!r}", lambda: ct.release(resource, who))
 
     def release_run(self, run_id: str, *, namespace: Optional[str] = None) -> int:
@@ -598,33 +407,33 @@ class ControlTableResource(ConfigurableResource):
         """
         if wait not in WAIT_MODES:
             raise Failure(description=f"slot(wait={wait!r}) must be one of {', '.join(WAIT_MODES)}")
-        with self._watch_lock:  # a try is running: the between-retries watcher stands down
-            self._between_retries = False
+        self._requests.try_starts()  # a try is running: the between-retries watcher stands down
         ct = self.control_table
         step = current_step()
         who = holder or step.holder
-        names = _names(resource)
+        label = names(resource)
         lease_s = lease or self.default_lease
         prio = step.tag_priority() if priority_from_tag else priority
         if wait == "retry":
-            granted, wait_s, position = self._try_or_retry(
-                ct, resource, who, step, slots=slots, mode=mode, lease=lease_s, waiter_ttl=waiter_ttl,
-                retry_interval=retry_interval, max_retries=max_retries, priority=prio)
+            granted, wait_s, position = waiting.try_or_retry(
+                ct, resource, who, step, self._requests, self._fail, slots=slots, mode=mode, lease=lease_s,
+                waiter_ttl=waiter_ttl, retry_interval=retry_interval, max_retries=max_retries, priority=prio,
+                before_retry=lambda seconds, pickup: self._before_retry(step, resource, str(who), seconds, pickup))
         else:
-            granted, wait_s, position = self._block(
-                ct, resource, who, step, slots=slots, mode=mode, timeout=timeout, lease=lease_s,
-                waiter_ttl=waiter_ttl if waiter_ttl is not None else DEFAULT_WAITER_TTL, priority=prio)
+            granted, wait_s, position = waiting.block(
+                ct, resource, who, step, self._requests, self._fail, slots=slots, mode=mode, timeout=timeout,
+                lease=lease_s, waiter_ttl=waiter_ttl if waiter_ttl is not None else DEFAULT_WAITER_TTL, priority=prio)
         step.log.info(
-            f"controltable: holding {names} ({mode}, {slots} slot(s)) as {granted.holder!r}, fencing token "
+            f"controltable: holding {label} ({mode}, {slots} slot(s)) as {granted.holder!r}, fencing token "
             f"{granted.token}, after waiting {wait_s:.1f} s"
             + (f" from queue position {position}" if position else " (granted at once)")
         )
-        _add_output_metadata(step, {
+        add_output_metadata(step, {
             "controltable/wait_seconds": MetadataValue.float(round(wait_s, 3)),
             "controltable/queue_position": MetadataValue.int(position or 0),
             "controltable/token": MetadataValue.int(int(granted.token)),
             "controltable/holder": MetadataValue.text(granted.holder),
-            f"controltable/slot/{'+'.join(_names_list(resource))}": MetadataValue.json({
+            f"controltable/slot/{'+'.join(names_list(resource))}": MetadataValue.json({
                 "resources": dict(granted.resources), "mode": granted.mode, "tokens": dict(granted.tokens),
                 "holder": granted.holder, "wait_seconds": round(wait_s, 3), "queue_position": position or 0,
                 "attempt": step.attempt, "namespace": self.namespace}),
@@ -639,244 +448,46 @@ class ControlTableResource(ConfigurableResource):
             try:
                 granted.__exit__(*_exc_info())  # stops renewing and releases what may still be ours
             except Exception as rel_exc:
-                log.warning("controltable: could not release %s after the lease was lost: %s", names, rel_exc)
-            raise self._fail(exc, f"holding {names}") from exc
+                log.warning("controltable: could not release %s after the lease was lost: %s", label, rel_exc)
+            raise self._fail(exc, f"holding {label}") from exc
         except BaseException:
             try:
                 granted.__exit__(*_exc_info())  # releases; a lost lease is only logged, the block's error wins
             except Exception as exc:  # e.g. the database went away: the lease expires on its own
-                log.warning("controltable: could not release %s after an error in the block: %s", names, exc)
+                log.warning("controltable: could not release %s after an error in the block: %s", label, exc)
             raise
         finally:
-            self._untrack(resource, granted.holder)
+            self._requests.untrack(resource, granted.holder)
         try:
             granted.__exit__(None, None, None)
         except LeaseLost as exc:
-            raise self._fail(exc, f"holding {names}") from exc
+            raise self._fail(exc, f"holding {label}") from exc
         except ControlTableError as exc:
-            raise self._fail(exc, f"releasing {names}") from exc
-        step.log.info(f"controltable: released {names}")
+            raise self._fail(exc, f"releasing {label}") from exc
+        step.log.info(f"controltable: released {label}")
 
     def _interrupt(self, interrupt: Optional[bool]) -> bool:
         """Whether a lease loss interrupts the work: the call's ``interrupt``, else the resource's setting."""
         return self.interrupt_on_lease_loss if interrupt is None else bool(interrupt)
 
-    def _block(
-        self, ct: ControlTable, resource: Union[str, Mapping[str, int]], who: Optional[str], step: StepIdentity,
-        *, slots: int, mode: str, timeout: Optional[float], lease: float, waiter_ttl: float, priority: int = 0,
-    ) -> tuple[Lease, float, Optional[int]]:
-        names = _names(resource)
-        started = time.monotonic()
-        position: Optional[int] = None
-        self._track(resource, who)
-        if who is not None:  # one poll first, to tell the user where they stand before waiting
-            first = self._call(f"acquiring {names}", lambda: ct.try_acquire(
-                resource, holder=who, slots=slots, mode=mode, lease=lease, waiter_ttl=waiter_ttl,
-                attempt=step.attempt, priority=priority))
-            if first is not None:
-                return first, time.monotonic() - started, None
-            position, where = self._where(ct, resource, who)
-            step.log.info(f"controltable: waiting for {names}: {where}")
-        try:
-            granted = ct.acquire(resource, holder=who, slots=slots, mode=mode, timeout=timeout, lease=lease,
-                                 waiter_ttl=waiter_ttl, attempt=step.attempt, priority=priority)
-        except ControlTableError as exc:
-            raise self._fail(exc, f"waiting for {names}") from exc
-        except BaseException:  # the run was cancelled while we waited: leave the queue at once
-            if who is not None:
-                self._withdraw(ct, resource, who)
-            raise
-        return granted, time.monotonic() - started, position
+    def _before_retry(self, step: StepIdentity, resource: Union[str, Mapping[str, int]], who: str, seconds: float,
+                      pickup: Optional[float]) -> None:
+        """A retry-mode step is about to raise ``RetryRequested``: have its queue place watched until the next try.
 
-    def _try_or_retry(
-        self, ct: ControlTable, resource: Union[str, Mapping[str, int]], who: Optional[str], step: StepIdentity,
-        *, slots: int, mode: str, lease: float, waiter_ttl: Optional[float], retry_interval: float,
-        max_retries: int, priority: int = 0,
-    ) -> tuple[Lease, float, Optional[int]]:
-        names = _names(resource)
-        if who is None:
-            raise Failure(description=(
-                f"slot({names}, wait='retry') needs a step identity to keep its queue place across retries; "
-                "use it inside an op/asset or pass holder= explicitly"))
-        ttl = waiter_ttl if waiter_ttl is not None else retry_waiter_ttl(retry_interval)
-        if ttl <= retry_interval:
-            raise Failure(description=(
-                f"waiter_ttl ({ttl:g} s) must be longer than retry_interval ({retry_interval:g} s), or the queue "
-                "place expires between retries"))
-        # Where this step stands decides how long a grant made for it may wait: at the head the
-        # next retry comes soon and the grant waits a whole retry interval; further back a grant
-        # waits only the core's short default, then passes on. A new request is the head if
-        # nobody waits yet.
-        if step.own_process:  # a try runs: its place is its own again (see retry_watch)
-            retry_watch.pause_watcher(who)
-        before = self._wait_infos(ct, resource, who)
-        at_head = all(i.position <= 1 for i in before) if before else self._nobody_waiting(ct, resource)
-        # (never shorter than the core's shortest pickup: a very short retry interval still works)
-        pickup = max(retry_interval, defaults.MIN_PICKUP) if at_head else None
-        self._track(resource, who)
-        granted = self._call(f"acquiring {names}", lambda: ct.try_acquire(
-            resource, holder=who, slots=slots, mode=mode, lease=lease, waiter_ttl=ttl, attempt=step.attempt,
-            priority=priority, **({"pickup": pickup} if pickup is not None else {})))
-        waited = self._waited(ct, before)
-        if granted is not None:
-            # the position it had at its previous try (0: a grant was waiting for it; it waited all the same)
-            return granted, waited, (max(i.position for i in before) or 1) if before else None
-        position, where = self._where(ct, resource, who)
-        # The budget is time (max_retries whole intervals), not Dagster retries: a step at the
-        # head tries more often than once an interval and must not use its budget up faster.
-        budget = max_retries * retry_interval
-        head = head_retry_interval(retry_interval)
-        cap = max_retries * max(1, math.ceil(retry_interval / head))
-        if waited >= budget or step.retry_number >= cap:
-            self._withdraw(ct, resource, who)
-            raise Failure(
-                description=(f"{names} was still busy after {waited:.0f} s of retries (max_retries={max_retries} x "
-                             f"retry_interval={retry_interval:g} s; {where}); raise max_retries or the capacity, "
-                             "or see `controltable status`"),
-                allow_retries=False,
-            )
-        seconds = head if position == 1 else retry_interval
-        step.log.info(f"controltable: {names} busy: {where}; retrying the step in {seconds:g} s "
-                      f"(retry {step.retry_number + 1}, waited {waited:.1f} s of {budget:g} s), keeping the queue "
-                      "place")
-        if not step.own_process:
-            with self._watch_lock:
-                self._between_retries = True
-            self._watch_run_between_retries()
-        else:
-            self._watch_from_outside(who, names, _names_list(resource), seconds, pickup)
-        raise RetryRequested(max_retries=cap, seconds_to_wait=seconds)
-
-    def _watch_from_outside(self, who: str, names: str, resources: list[str], seconds: float,
-                            pickup: Optional[float]) -> None:
-        """This step's process ends now (multiprocess executor): a detached watcher withdraws its
-        place if the run is cancelled before the next try (:mod:`dagster_controltable.retry_watch`)."""
-        if self._instance is None or self._run_id is None:
-            return
-        try:
-            from dagster._serdes import serialize_value
-
-            settings = {
-                "url": self.url, "namespace": self.namespace, "schema": self.control_tables_schema,
-                "prefix": self.prefix, "run_id": self._run_id, "holder": who, "resources": resources,
-                "instance_ref": serialize_value(self._instance.get_ref()),
-            }
-            until = time.time() + seconds + (pickup or 0.0) + retry_watch.WATCH_MARGIN
-            retry_watch.ensure_watcher(settings, who, until)
-        except Exception as exc:  # the cleanup sensor and the place's TTL remain
-            log.warning("controltable: could not start the watcher of %s's place on %s: %s", who, names, exc)
-
-    def _watch_run_between_retries(self) -> None:
-        """Withdraw this run's queue places the moment it is cancelled while its steps wait to retry.
-
-        In the run worker (in-process executor) Dagster sleeps through a retry wait and notices a
-        cancellation only when the sleep ends. A daemon thread watches meanwhile: Dagster's
-        termination arrives as an interrupt this process records, and the run's status is read
-        every few seconds in case it arrives another way; on CANCELING/CANCELED/FAILURE the
-        thread withdraws what this process asked for. It ends when nothing is left to watch.
+        In the run worker (in-process executor) a thread of this process watches; a step process of
+        the multiprocess executor ends now, so a detached watcher does (:mod:`.retry_watch`).
         """
-        if self._instance is None or (self._watcher is not None and self._watcher.is_alive()):
-            return
-        self._watcher = threading.Thread(target=self._watch_loop, name="controltable-run-watch", daemon=True)
-        self._watcher.start()
-
-    def _watch_loop(self) -> None:
-        last_check = time.monotonic()
-        while self._between_retries and self._entries and self._ct is not None:
-            time.sleep(defaults.WATCH_TICK)
-            interrupted = _interrupt_received()
-            if not interrupted and time.monotonic() - last_check < defaults.WATCH_STATUS_EVERY:
-                continue
-            last_check = time.monotonic()
-            # Under the lock, and only while no try is running: a step that is trying (or holds)
-            # handles its own cancellation, and must never lose a slot it works under.
-            with self._watch_lock:
-                if not self._between_retries:
-                    return
-                try:
-                    when = "on its termination signal" if interrupted else "between retries"
-                    retries = defaults.WATCH_INTERRUPT_RETRIES if interrupted else 0
-                    if self.withdraw_if_run_ended(self._instance, retries=retries, when=when):
-                        return
-                except Exception as exc:  # the teardown and the cleanup sensor remain
-                    log.warning("controltable: watching run %s failed: %s", self._run_id, exc)
-                    return
-
-    def _wait_infos(self, ct: ControlTable, resource: Union[str, Mapping[str, int]], who: str) -> list[Any]:
-        """The core's wait information of ``who`` on each resource (empty if it has no entry yet)."""
-        infos = []
-        for name in _names_list(resource):
-            try:
-                info = ct.wait_info(name, who)
-            except ControlTableError as exc:
-                raise self._fail(exc, f"reading the queue of {name!r}") from exc
-            if info is not None:
-                infos.append(info)
-        return infos
-
-    def _nobody_waiting(self, ct: ControlTable, resource: Union[str, Mapping[str, int]]) -> bool:
-        try:
-            return all(not [w for w in st.waiters if not w.expired] for st in ct.status(_names_list(resource)))
-        except ControlTableError as exc:
-            raise self._fail(exc, f"reading the queue of {_names(resource)}") from exc
-
-    def _waited(self, ct: ControlTable, infos: list[Any]) -> float:
-        """Seconds since the earliest ``waiting_since`` among ``infos`` on the database clock (0 if none)."""
-        since = [i.waiting_since for i in infos if getattr(i, "waiting_since", None) is not None]
-        if not since:
-            return 0.0
-        try:
-            now = ct.now()
-        except ControlTableError:
-            return 0.0
-        return max(0.0, now - min(_timestamp(t) for t in since))
-
-    def _where(self, ct: ControlTable, resource: Union[str, Mapping[str, int]], who: str) -> tuple[Optional[int], str]:
-        """(queue position, "position 3 behind dagster:<run>:load and airflow:<dag>:<run>; 'r' 1/1 used")."""
-        try:
-            infos = {name: ct.wait_info(name, who) for name in _names_list(resource)}
-        except Exception as exc:  # the position is only for the log line and metadata
-            return None, f"position unavailable ({exc})"
-        parts = []
-        worst: Optional[int] = None
-        for name, info in infos.items():
-            if info is None:
-                parts.append(f"{name!r}: not queued")
-                continue
-            if info.state == "granted":
-                parts.append(f"{name!r}: granted, waiting for pickup")
-                continue
-            worst = info.position if worst is None else max(worst, info.position)
-            parts.append(f"{name!r}: position {info.position} behind {_ahead_text(list(info.ahead))}")
-        return worst, "; ".join(parts) + f" ({self._describe_queue(ct, resource)})"
-
-    def _track(self, resource: Union[str, Mapping[str, int]], who: Optional[str]) -> None:
-        if who is not None:
-            for name in _names_list(resource):
-                self._entries[(name, who)] = None
-
-    def _untrack(self, resource: Union[str, Mapping[str, int]], who: Optional[str]) -> None:
-        for name in _names_list(resource):
-            self._entries.pop((name, str(who)), None)
-
-    def _withdraw(self, ct: ControlTable, resource: Union[str, Mapping[str, int]], who: str) -> None:
-        for name in _names_list(resource):
-            try:
-                ct.release(name, who)
-            except Exception as exc:  # best effort: the waiter entry expires on its own anyway
-                log.warning("controltable: could not withdraw %s from %r: %s", who, name, exc)
-            self._entries.pop((name, who), None)
-
-    def _describe_queue(self, ct: ControlTable, resource: Union[str, Mapping[str, int]]) -> str:
-        try:
-            parts = []
-            for st in ct.status(list(_names_list(resource))):
-                holders = ", ".join(h.holder for h in st.holders if not h.expired) or "none"
-                parts.append(f"{st.name!r} {st.used}/{st.capacity} used, held by {holders}, "
-                             f"{len([w for w in st.waiters if not w.expired])} waiting")
-            return "; ".join(parts) or "no status"
-        except Exception as exc:  # the status is only for the log line
-            return f"status unavailable ({exc})"
+        if not step.own_process:
+            instance = self._instance
+            self._requests.retry_wait_begins(
+                None if instance is None else
+                lambda retries, when: self.withdraw_if_run_ended(instance, retries=retries, when=when),
+                lambda: self._ct is not None, self._run_id)
+        else:
+            control = {"url": self.url, "namespace": self.namespace, "schema": self.control_tables_schema,
+                       "prefix": self.prefix}
+            watch_from_outside(self._instance, self._run_id, control, who, names(resource), names_list(resource),
+                               seconds, pickup)
 
     # -- events ------------------------------------------------------------------------------------
     def events(
@@ -996,7 +607,7 @@ class ControlTableResource(ConfigurableResource):
 
 def batch_metadata(batch: Batch, *, max_keys: int = defaults.MAX_METADATA_KEYS) -> dict[str, MetadataValue]:
     """Dagster metadata for a claimed batch: table, token, count and (up to ``max_keys``) keys."""
-    keys = [_jsonable(k) for k in batch.keys]
+    keys = [jsonable(k) for k in batch.keys]
     return {
         "controltable/table": MetadataValue.text(batch.events.qualified_name),
         "controltable/token": MetadataValue.int(int(batch.token)),
@@ -1006,156 +617,5 @@ def batch_metadata(batch: Batch, *, max_keys: int = defaults.MAX_METADATA_KEYS) 
     }
 
 
-def retry_waiter_ttl(retry_interval: float) -> float:
-    """How long a retry-mode step's queue place survives without a retry: one interval plus 30 s.
-
-    The place must outlive the gap between two tries (the interval plus the time Dagster needs
-    to start the step again); it need not cover more, because a cancelled or failed run's places
-    are withdrawn by the resource's teardown and the cleanup sensor rather than left to expire.
-    """
-    return retry_interval + defaults.RETRY_WAITER_TTL_MARGIN
-
-
-def head_retry_interval(retry_interval: float) -> float:
-    """The wait before the next try of a retry-mode step at the head of the queue: a tenth, 1 to 5 s.
-
-    The head is next to be granted; retrying it sooner keeps a freed slot from idling for a
-    whole retry interval (the grant made for it waits up to ``retry_interval`` for the pickup).
-    Not faster than once a second: every try is a step retry in Dagster's event log (and, with
-    the multiprocess executor, a new step process).
-    """
-    return min(retry_interval, max(defaults.HEAD_RETRY_MIN, min(defaults.HEAD_RETRY_MAX, retry_interval / 10.0)))
-
-
-def _defined_config(context: Any) -> Optional[Mapping[str, Any]]:
-    """The resource's configuration as the code location's definitions give it (config keys), if known."""
-    try:
-        defined = context.resource_def.config_schema.as_field().default_value
-    except Exception:  # no definition defaults (a resource built by hand)
-        return None
-    return defined if isinstance(defined, Mapping) else None
-
-
-def _run_config_of(context: Any) -> Optional[Mapping[str, Any]]:
-    """The keys this run's own run config gives for this resource (None: it does not configure it)."""
-    run = getattr(context, "dagster_run", None)
-    resources = ((getattr(run, "run_config", None) or {}).get("resources") or {}) if run is not None else {}
-    for key, definition in (getattr(context, "all_resource_defs", None) or {}).items():
-        if definition is context.resource_def and isinstance(resources.get(key), Mapping):
-            config = resources[key].get("config")
-            return config if isinstance(config, Mapping) else None
-    return None
-
-
-def keep_defined_fields(resource: "ControlTableResource", context: Any) -> list[str]:
-    """Give back the definitions' values of the fields this run's run config leaves out; returns their keys.
-
-    Dagster replaces a Pythonic resource's whole configuration when run config names the resource,
-    so run config giving only ``url`` (the usual override) would reset ``namespace``, ``prefix``,
-    the schema and the timeouts to their defaults: the run would queue in another namespace and
-    share no limit with the rest. Fields the run config does give win; an ``EnvVar`` in the
-    definitions is read from this process's environment (left at the default when unset).
-    """
-    defined, given = _defined_config(context), _run_config_of(context)
-    if defined is None or not given:
-        return []
-    kept = []
-    for name, field in type(resource).model_fields.items():
-        key = field.alias or name
-        if key in given or key not in defined:
-            continue
-        value = defined[key]
-        if isinstance(value, Mapping) and "env" in value:  # EnvVar("NAME") in the definitions
-            value = os.environ.get(str(value["env"]))
-            if value is None:
-                continue
-            value = TypeAdapter(field.annotation or Any).validate_python(value)  # "30" -> 30.0 for a float
-        if value != getattr(resource, name):
-            # The run's copy of the resource, before anything reads it (pydantic keeps fields in
-            # __dict__; the model is frozen against callers, not against this repair).
-            object.__setattr__(resource, name, value)
-            kept.append(key)
-    return kept
-
-
-def namespace_override_note(namespace: str, context: Any) -> Optional[str]:
-    """A warning if this run's namespace differs from the one the code location's definitions give
-    although the run config did not choose it (one :func:`keep_defined_fields` could not keep: an
-    ``EnvVar`` unset in this process, a run config Dagster does not show the resource)."""
-    defined = _defined_config(context)
-    if defined is None:
-        return None
-    given = _run_config_of(context)
-    if given is not None and "namespace" in given:
-        return None  # the run config chose this namespace itself
-    value = defined.get("namespace", "default")
-    if isinstance(value, Mapping) and "env" in value:  # EnvVar in the definitions
-        value = os.environ.get(str(value["env"]), value)
-    if not isinstance(value, str) or value == namespace:
-        return None
-    return (f"controltable: this run uses namespace {namespace!r}, but the code location's definitions give "
-            f"{value!r}. Run config that configures this resource replaces its whole configuration, so fields "
-            f"it leaves out fall back to their defaults: this run does not share limits with runs in "
-            f"{value!r}. Give `namespace` in the run config too (or set it only in the definitions).")
-
-
-def _ahead_text(ahead: list[str]) -> str:
-    """ "a", "a and b", "a, b and c", "a, b, c, d, e and 7 more"."""
-    if not ahead:
-        return "nobody"
-    if len(ahead) > defaults.AHEAD_SHOWN:
-        return ", ".join(ahead[:defaults.AHEAD_SHOWN]) + f" and {len(ahead) - defaults.AHEAD_SHOWN} more"
-    return ahead[0] if len(ahead) == 1 else ", ".join(ahead[:-1]) + " and " + ahead[-1]
-
-
-def _duration(seconds: float) -> str:
-    """ "42 s", "7 min", "3.5 h" for a log line."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def _add_output_metadata(step: StepIdentity, metadata: dict[str, Any]) -> None:
-    """Add to the step's output metadata when Dagster allows it (one output); the log line has it anyway."""
-    if step.context is None:
-        return
-    try:
-        step.context.add_output_metadata(metadata)
-    except Exception as exc:  # several outputs, no output, or outside an op: metadata is optional
-        log.debug("controltable: no output metadata for the slot: %s", exc)
-
-
-def _interrupt_received() -> bool:
-    """Whether Dagster recorded an interrupt (its termination signal) that it has not acted on yet."""
-    try:
-        from dagster._utils.interrupts import check_captured_interrupt
-    except ImportError:  # pragma: no cover - private API moved; the status check still works
-        return False
-    try:
-        return bool(check_captured_interrupt())
-    except Exception:  # pragma: no cover
-        return False
-
-
-def _timestamp(value: Any) -> float:
-    return float(value.timestamp()) if hasattr(value, "timestamp") else float(value)
-
-
-def _jsonable(value: Any) -> Any:
-    return value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
-
-
-def _names_list(resource: Union[str, Mapping[str, int]]) -> list[str]:
-    return [resource] if isinstance(resource, str) else [str(k) for k in resource]
-
-
-def _names(resource: Union[str, Mapping[str, int]]) -> str:
-    return ", ".join(repr(n) for n in _names_list(resource))
-
-
 def _exc_info() -> Any:
-    import sys
-
     return sys.exc_info()

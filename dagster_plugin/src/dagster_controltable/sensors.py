@@ -33,7 +33,8 @@ from controltable import ControlTableError
 from controltable.compat import renamed
 
 from . import defaults
-from .resource import ControlTableResource, _duration
+from .resource import ControlTableResource
+from .text import duration
 
 RUN_KEY_TAG = "dagster/run_key"
 IN_FLIGHT = {
@@ -88,7 +89,7 @@ def describe_backlog(stats: Any, claimable: int, *, table: str, key: str) -> str
     if stats.pending and stats.oldest_pending_key is not None:
         age = stats.oldest_pending_age
         parts.append(f"oldest pending: {key}={stats.oldest_pending_key!r}"
-                     + (f", {_duration(age)} old" if age is not None else ""))
+                     + (f", {duration(age)} old" if age is not None else ""))
     return "; ".join(parts) if parts else "nothing else pending"
 
 
