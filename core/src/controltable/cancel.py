@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from .dialects import traits
+
 log = logging.getLogger("controltable")
 
 #: Seconds the kill waits for the KILL QUERY statements to be sent (a connection of their own).
@@ -36,7 +38,7 @@ class RunningStatements:
         self._lock = threading.Lock()
 
     def before(self, conn: Any, cursor: Any, statement: Any, parameters: Any, context: Any, many: Any) -> None:
-        if threading.get_ident() != self.thread or conn.dialect.name not in ("mysql", "mariadb"):
+        if threading.get_ident() != self.thread or not traits(conn.dialect.name).kill_query:
             return
         try:
             thread_id = int(conn.connection.dbapi_connection.thread_id())

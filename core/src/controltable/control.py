@@ -25,6 +25,7 @@ from .defaults import (
     LISTEN_URL_ENV,
     STATEMENT_TIMEOUT,
 )
+from .dialects import traits
 from .errors import ConfigurationError, DatabaseBusyError, NotInstalledError
 from .events import EventTable
 from .migrations import UPGRADES
@@ -481,7 +482,7 @@ def _listen_url(given: Optional[str], db: Database) -> Optional[str]:
     if given is not None:
         return given or None
     found = os.environ.get(LISTEN_URL_ENV, "").strip()
-    return found if found and db.dialect_name == "postgresql" else None
+    return found if found and traits(db.dialect_name).listen_notify else None
 
 
 def _retry_busy(fn: Callable[[], None], within: float = INSTALL_BUSY_WINDOW) -> None:

@@ -55,13 +55,7 @@ log.addHandler(logging.NullHandler())
 T = TypeVar("T")
 
 
-_DRIVER_EXTRAS = {
-    "psycopg": "postgres",
-    "psycopg2": "postgres",
-    "pymysql": "mysql",
-    "pyodbc": "mssql",
-    "oracledb": "oracle",
-}
+_DRIVER_EXTRAS = dialects.DRIVER_EXTRAS
 
 
 def make_engine(
@@ -83,7 +77,7 @@ def make_engine(
     """
     if isinstance(url_or_engine, Engine):
         engine = url_or_engine
-        if engine.dialect.name == "sqlite":
+        if dialects.traits(engine.dialect.name).file_database:
             # Our SQLite set-up changes how transactions begin: give it an engine of its own
             # rather than altering the caller's.
             engine = _sqlite_engine(engine.url, statement_timeout)
@@ -100,7 +94,7 @@ def make_engine(
                 f"{safe_url(str(url_or_engine))!r} is not a database URL; use e.g. "
                 "postgresql+psycopg://user@host:5432/db or sqlite:///controltable.db"
             ) from None
-        if url.get_backend_name() == "sqlite":
+        if dialects.traits(url.get_backend_name()).file_database:
             engine = _sqlite_engine(url, statement_timeout)
         else:
             engine = _server_engine(url, connect_timeout, statement_timeout, deadline)
@@ -199,7 +193,7 @@ class Database:
         #: The driver keyword arguments connections get (timeouts, keepalives), for connections
         #: opened outside the pool (the wake-up listener): ``cparams.update(db.connect_args)``.
         self.connect_args: dict[str, Any] = (
-            {} if isinstance(url_or_engine, Engine) and self.engine.dialect.name != "sqlite"
+            {} if isinstance(url_or_engine, Engine) and not dialects.traits(self.engine.dialect.name).file_database
             else connect.connect_args(self.engine.url, connect_timeout=self.connect_timeout,
                                       statement_timeout=self.statement_timeout)
         )
@@ -486,7 +480,7 @@ class Database:
         url, short = self.safe_url, self.short(exc)
         user = self.engine.url.username or ""
         dbname = self.engine.url.database or ""
-        sqlite = self.engine.dialect.name == "sqlite"
+        sqlite = dialects.traits(self.engine.dialect.name).file_database
         if kind is Kind.UNAVAILABLE:
             return DatabaseUnavailableError(
                 f"cannot reach the database at {url}: {short}; check that the server is running and "
@@ -555,7 +549,7 @@ class Database:
                 "transactions holding locks"
             )
         if kind is Kind.BAD_VALUE:
-            mysql = self.engine.dialect.name in ("mysql", "mariadb")
+            mysql = dialects.traits(self.engine.dialect.name).utf8mb4_tables
             return ConfigurationError(
                 f"the database rejected a value: {short}; a name, number or text passed in does not fit "
                 "its column (too long, out of range, or characters the database cannot store)"
@@ -594,7 +588,7 @@ class Database:
             if self._guard is not None:
                 alarm = self._guard_start(self._guard, _driver_connection(raw))
             cursor = raw.cursor()
-            cursor.execute("SELECT 1 FROM DUAL" if self.engine.dialect.name == "oracle" else "SELECT 1")
+            cursor.execute(dialects.traits(self.engine.dialect.name).ping_sql)
             cursor.fetchall()
             cursor.close()
         except Exception as exc:

@@ -1,28 +1,49 @@
 """Every per-dialect difference, in one place: the database clock, row locking, engine set-up.
 
 The business logic (slots, events, work lists) builds portable SQLAlchemy Core statements and
-passes them through the helpers here; nothing else in the package looks at the dialect name.
+passes them through the helpers here. What a backend offers is data, its :class:`Traits` (see
+:func:`traits`, in :mod:`controltable.dialect_traits`): other modules ask those and never compare
+dialect names. Only this module, its two parts (:mod:`controltable.dialect_traits`,
+:mod:`controltable.dialect_ddl`, re-exported here), :mod:`controltable.errorcodes` and
+:mod:`controltable.connect` name dialects (enforced by tests/core/test_dialect_rule.py).
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence, TypeVar
 
-from sqlalchemy import BigInteger, Float, String, Text, bindparam, event, select
+from sqlalchemy import BigInteger, Float, Integer, String, Text, bindparam, event, select
 from sqlalchemy.dialects import mssql, oracle
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.schema import DDLElement
 from sqlalchemy.sql import ColumnElement, Select, operators
 from sqlalchemy.sql.dml import Delete, Update
 from sqlalchemy.sql.expression import FunctionElement
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.types import TypeDecorator
 
-from .defaults import DDL_LOCK_TIMEOUT, MSSQL_ROWS_PER_STATEMENT, TOKEN_EPOCH_BITS
+from .defaults import TOKEN_EPOCH_BITS
+from .dialect_ddl import (  # noqa: F401 - re-exported: the DDL half of this module
+    LOW_PRIORITY_INDEX_VERSION,
+    LOW_PRIORITY_MINUTES,
+    AnalyzeTable,
+    CreateIndexOnline,
+    DisableLockEscalation,
+    adds_columns_nullable,
+    ddl_lock_timeout,
+    online_ddl_available,
+)
+from .dialect_traits import (  # noqa: F401 - re-exported: the traits of each backend
+    DRIVER_EXTRAS,
+    SQL_SERVER_VERSIONS,
+    SUPPORTED_DIALECTS,
+    Traits,
+    is_sqlite_url,
+    offline_dialect,
+    server_label,
+    traits,
+)
 from .errorcodes import is_lock_timeout  # noqa: F401 - re-exported: by error code, one place
-
-SUPPORTED_DIALECTS = ("postgresql", "mssql", "mysql", "oracle", "sqlite")
 
 S = TypeVar("S", bound=Select)  # type: ignore[type-arg]
 
@@ -119,10 +140,11 @@ def with_lock_clock(stmt: Select, dialect_name: str) -> Optional[Select]:  # typ
     database's write lock at ``BEGIN IMMEDIATE``, before any statement. MySQL/MariaDB, SQL Server
     and Oracle: every clock is the statement's start (``UTC_TIMESTAMP``, ``SYSUTCDATETIME``,
     ``SYSTIMESTAMP``), so they keep the separate read."""
-    if dialect_name == "postgresql":
+    how = traits(dialect_name).lock_clock
+    if how == "subquery":
         locked = stmt.subquery("locked")
         return select(*locked.c, lock_time().label("now"))
-    if dialect_name == "sqlite":
+    if how == "column":
         return stmt.add_columns(lock_time().label("now"))
     return None
 
@@ -260,7 +282,7 @@ _FETCH_LIMITS = "_controltable_fetch_limits"
 
 def enable_fetch_limits(engine: Engine) -> None:
     """Honour :func:`limit_fetch` on ``engine`` (idempotent; only Oracle's cursors need it)."""
-    if engine.dialect.name != "oracle" or getattr(engine, _FETCH_LIMITS, False):
+    if not traits(engine.dialect.name).fetch_limits or getattr(engine, _FETCH_LIMITS, False):
         return
 
     @event.listens_for(engine, "before_cursor_execute")
@@ -284,7 +306,7 @@ def rows_per_statement(dialect_name: str) -> Optional[int]:
 
     SQL Server escalates a statement's row locks to a table lock at about 5,000 locks, which
     would block every other worker and producer; its statements stay below that."""
-    return MSSQL_ROWS_PER_STATEMENT if dialect_name == "mssql" else None
+    return traits(dialect_name).rows_per_statement
 
 
 def trusts_rowcount(dialect_name: str) -> bool:
@@ -294,7 +316,7 @@ def trusts_rowcount(dialect_name: str) -> bool:
     NOCOUNT on, changes the count the driver reports. There a fenced update is confirmed by a
     follow-up select in the same transaction. (``OUTPUT`` without ``INTO`` is refused on a table
     with an enabled trigger, error 334, so it cannot serve for the user's event tables.)"""
-    return dialect_name != "mssql"
+    return traits(dialect_name).trusts_rowcount
 
 
 def confirmed_count(conn: Any, update_stmt: Any, confirm: Any, dialect_name: str) -> int:
@@ -350,7 +372,7 @@ def writes_in_one_statement(conn: Any, dialect_name: str) -> bool:
     sees the same snapshot, so only independent writes are combined (different rows; none reads
     what another writes), which the callers guarantee; MySQL/MariaDB, SQLite, SQL Server and
     Oracle send them one by one."""
-    return dialect_name == "postgresql" and getattr(getattr(conn, "dialect", None), "name", None) == "postgresql"
+    return traits(dialect_name).cte_writes and getattr(getattr(conn, "dialect", None), "name", None) == dialect_name
 
 
 def deletes_returning(conn: Any, dialect_name: str) -> bool:
@@ -359,7 +381,7 @@ def deletes_returning(conn: Any, dialect_name: str) -> bool:
     :func:`writes_in_one_statement`), as the target and the running dialect, where SQLAlchemy
     supports it (not on 1.4). Not MySQL (no ``RETURNING``); SQL Server and Oracle keep the read."""
     running = getattr(conn, "dialect", None)
-    return (dialect_name in ("sqlite", "mysql") and getattr(running, "name", None) == dialect_name
+    return (traits(dialect_name).delete_returning and getattr(running, "name", None) == dialect_name
             and bool(getattr(running, "delete_returning", False)))
 
 
@@ -412,6 +434,25 @@ def text_type() -> Any:
     return Text().with_variant(mssql.NVARCHAR(), "mssql")
 
 
+def epoch_seconds_type() -> Any:
+    """Epoch seconds: ``FLOAT(53)``, a double on every backend (MySQL's plain FLOAT is single
+    precision), and ``BINARY_DOUBLE`` on Oracle."""
+    return Float(precision=53).with_variant(oracle.BINARY_DOUBLE(), "oracle")
+
+
+def id_type() -> Any:
+    """A row id: ``BIGINT``, but ``INTEGER`` on SQLite, which only makes INTEGER PRIMARY KEY
+    columns auto-increment."""
+    return BigInteger().with_variant(Integer(), "sqlite")
+
+
+def utf8mb4_table_options(charset: str, collation: str) -> dict[str, Any]:
+    """The ``Table`` keyword arguments that give a MySQL/MariaDB table ``charset`` and
+    ``collation`` (the MariaDB dialect of SQLAlchemy 2 reads its own prefix only)."""
+    return {f"{dialect}_{option}": value for dialect in ("mysql", "mariadb")
+            for option, value in (("charset", charset), ("collate", collation))}
+
+
 class ByteVarchar2(oracle.VARCHAR2):
     """Oracle ``VARCHAR2(n BYTE)``: a length in bytes, so a column can never exceed the 4,000
     byte limit of ``VARCHAR2`` (``n CHAR`` is up to 4 bytes per character)."""
@@ -447,7 +488,7 @@ def limit_locked(stmt: S, dialect_name: str, n: int) -> S:
     Oracle rejects ``FETCH FIRST`` together with ``FOR UPDATE`` (ORA-02014); there the caller
     fetches ``n`` rows from the cursor, and SKIP LOCKED locks rows as they are fetched.
     """
-    if dialect_name == "oracle":
+    if not traits(dialect_name).limit_under_lock:
         return stmt
     return stmt.limit(n)  # type: ignore[return-value]
 
@@ -460,13 +501,13 @@ def update_returning(running: Any, target_name: str) -> bool:
     when ``controltable sql`` prints statements for another backend).
     """
     able = getattr(running, "update_returning", getattr(running, "full_returning", False))
-    return bool(able) and target_name in ("postgresql", "sqlite")
+    return bool(able) and traits(target_name).update_returning
 
 
 def max_in_list(dialect_name: str) -> int:
     """The most keys to put in one ``IN (...)`` list: Oracle allows 1000 items and SQL Server
     2100 parameters per statement; the others take far more, and fewer statements is faster."""
-    return 900 if dialect_name in ("oracle", "mssql", "sqlite") else 5000
+    return traits(dialect_name).max_in_list
 
 
 #: The lengths key lists are padded to (see :func:`padded_keys`); the last is the most keys one
@@ -490,163 +531,13 @@ def padded_keys(keys: Sequence[Any]) -> list[Any]:
 
 def supports_partial_index(dialect_name: str) -> bool:
     """Whether ``CREATE INDEX ... WHERE`` (a partial or filtered index) exists on the backend."""
-    return dialect_name in ("postgresql", "sqlite", "mssql")
+    return traits(dialect_name).partial_index is not None
 
 
 def index_where_kwargs(dialect_name: str, predicate: Any) -> dict[str, Any]:
     """Keyword arguments that make an ``Index`` partial on the backends that support it."""
-    if dialect_name == "postgresql":
-        return {"postgresql_where": predicate}
-    if dialect_name == "sqlite":
-        return {"sqlite_where": predicate}
-    if dialect_name == "mssql":
-        return {"mssql_where": predicate}
-    return {}
-
-
-# -- DDL for prepare() ---------------------------------------------------------------------------
-class AnalyzeTable(DDLElement):
-    """Refresh the optimizer statistics of one table, the right way per backend.
-
-    A table whose claim columns and indexes were just added has no statistics for them until
-    the database's own maintenance runs; until then claims can pick bad plans (on PostgreSQL a
-    freshly prepared 100,000-row table drained at less than half the speed it reached after
-    ``ANALYZE``)."""
-
-    def __init__(self, table: Table, histograms: tuple[str, ...] = ()) -> None:
-        self.table = table
-        #: Columns whose value distribution is skewed (the claim state: few pending and claimed
-        #: rows next to many done ones). Oracle gathers a frequency histogram on them (``SIZE
-        #: 254``): without one its optimizer assumes the states equally common.
-        self.histograms = tuple(histograms)
-
-
-@compiles(AnalyzeTable)
-def _analyze_default(element: AnalyzeTable, compiler: Any, **kw: Any) -> str:
-    return f"ANALYZE {compiler.preparer.format_table(element.table)}"
-
-
-@compiles(AnalyzeTable, "mysql")
-def _analyze_mysql(element: AnalyzeTable, compiler: Any, **kw: Any) -> str:
-    return f"ANALYZE TABLE {compiler.preparer.format_table(element.table)}"
-
-
-@compiles(AnalyzeTable, "mssql")
-def _analyze_mssql(element: AnalyzeTable, compiler: Any, **kw: Any) -> str:
-    return f"UPDATE STATISTICS {compiler.preparer.format_table(element.table)}"
-
-
-@compiles(AnalyzeTable, "oracle")
-def _analyze_oracle(element: AnalyzeTable, compiler: Any, **kw: Any) -> str:
-    dialect = compiler.dialect
-
-    def quoted(name: str) -> str:
-        # DBMS_STATS takes names as strings; a double-quoted one is taken exactly as stored.
-        return str(compiler.sql_compiler.render_literal_value(f'"{dialect.denormalize_name(name)}"', String()))
-
-    owner = quoted(element.table.schema) if element.table.schema else "USER"
-    method = ""
-    if element.histograms:
-        columns = ", ".join(compiler.preparer.quote(dialect.denormalize_name(c)) for c in element.histograms)
-        option = f"FOR ALL COLUMNS SIZE AUTO FOR COLUMNS {columns} SIZE 254"
-        method = f", method_opt => {compiler.sql_compiler.render_literal_value(option, String())}"
-    return (f"BEGIN DBMS_STATS.GATHER_TABLE_STATS(ownname => {owner}, "
-            f"tabname => {quoted(element.table.name)}, cascade => TRUE{method}); END;")
-
-
-class DisableLockEscalation(DDLElement):
-    """SQL Server: ``ALTER TABLE t SET (LOCK_ESCALATION = DISABLE)`` (an option of ``prepare()``)."""
-
-    def __init__(self, table: Table) -> None:
-        self.table = table
-
-
-@compiles(DisableLockEscalation)
-def _lock_escalation(element: DisableLockEscalation, compiler: Any, **kw: Any) -> str:
-    return f"ALTER TABLE {compiler.preparer.format_table(element.table)} SET (LOCK_ESCALATION = DISABLE)"
-
-
-def adds_columns_nullable(dialect_name: str) -> bool:
-    """Whether ``prepare()`` adds the claim counters nullable and then sets them in batches.
-
-    SQL Server: ``ADD c SMALLINT NOT NULL DEFAULT 0`` is metadata-only on Enterprise and Azure
-    only; Standard rewrites the whole table under a schema lock. A nullable column with a
-    default is metadata-only on every edition. Elsewhere the NOT NULL form is already
-    metadata-only (PostgreSQL 11+, MariaDB 10.3+ and MySQL 8.0.12+ instant ADD COLUMN, Oracle
-    11g+, SQLite), so the claim predicates there never meet a NULL."""
-    return dialect_name == "mssql"
-
-
-#: SQL Server versions whose ``CREATE INDEX ... WITH (ONLINE = ON (WAIT_AT_LOW_PRIORITY ...))``
-#: exists (2022, and Azure SQL); and how long the build waits in the low-priority queue.
-LOW_PRIORITY_INDEX_VERSION = (16,)
-LOW_PRIORITY_MINUTES = 1
-
-
-class CreateIndexOnline(DDLElement):
-    """``CREATE INDEX`` that lets writers go on while it builds, where the server offers it:
-    ``CONCURRENTLY`` on PostgreSQL (outside a transaction), ``WITH (ONLINE = ON)`` on SQL Server
-    and ``ONLINE`` on Oracle (both Enterprise Edition features). InnoDB builds secondary indexes
-    online by default; SQLite has one writer anyway."""
-
-    def __init__(self, index: Any) -> None:
-        self.index = index
-
-
-@compiles(CreateIndexOnline)
-def _create_index_online(element: CreateIndexOnline, compiler: Any, **kw: Any) -> str:
-    from sqlalchemy.schema import CreateIndex
-
-    text = str(compiler.process(CreateIndex(element.index), **kw)).strip()
-    name = compiler.dialect.name
-    if name == "postgresql":
-        return text.replace("CREATE INDEX ", "CREATE INDEX CONCURRENTLY ", 1)
-    if name == "mssql":
-        version = tuple(getattr(compiler.dialect, "server_version_info", None) or ())
-        if version >= LOW_PRIORITY_INDEX_VERSION:
-            # SQL Server 2022+ / Azure: the build's schema-lock request waits in a low-priority
-            # queue (new readers and writers pass it) and gives up itself, as a lock timeout.
-            return (text + f" WITH (ONLINE = ON (WAIT_AT_LOW_PRIORITY (MAX_DURATION = {LOW_PRIORITY_MINUTES} "
-                    "MINUTES, ABORT_AFTER_WAIT = SELF)))")
-        return text + " WITH (ONLINE = ON)"
-    if name == "oracle":
-        return text + " ONLINE"
-    return text
-
-
-def online_ddl_available(conn: Any) -> bool:
-    """Whether this server builds indexes online (see :class:`CreateIndexOnline`)."""
-    name = conn.dialect.name
-    if name == "postgresql":
-        return True
-    try:
-        if name == "mssql":
-            # 3 = Enterprise/Developer/Evaluation, 5 = Azure SQL Database, 8 = Managed Instance.
-            edition = conn.exec_driver_sql("SELECT CAST(SERVERPROPERTY('EngineEdition') AS INT)").scalar()
-            return int(edition) in (3, 5, 8)
-        if name == "oracle":
-            banner = conn.exec_driver_sql("SELECT banner FROM v$version WHERE ROWNUM = 1").scalar()
-            return "enterprise" in str(banner).lower()
-    except Exception:  # no right to read the edition: build the ordinary way
-        return False
-    return False
-
-
-def ddl_lock_timeout(dialect_name: str, seconds: int = DDL_LOCK_TIMEOUT) -> tuple[list[str], list[str]]:
-    """(statements before a DDL statement, statements after it) that bound its wait for the
-    table's lock, so ``prepare()`` on a busy table fails after ``seconds`` with a clear error
-    instead of queueing (on PostgreSQL every later reader would queue behind it) or failing at
-    once (Oracle's ORA-00054). Session settings, reset afterwards: the connection is pooled."""
-    n = int(seconds)
-    if dialect_name == "oracle":
-        return [f"ALTER SESSION SET DDL_LOCK_TIMEOUT = {n}"], ["ALTER SESSION SET DDL_LOCK_TIMEOUT = 0"]
-    if dialect_name == "postgresql":
-        return [f"SET lock_timeout = '{n}s'"], ["RESET lock_timeout"]
-    if dialect_name == "mysql":
-        return [f"SET SESSION lock_wait_timeout = {n}"], ["SET SESSION lock_wait_timeout = DEFAULT"]
-    if dialect_name == "mssql":
-        return [f"SET LOCK_TIMEOUT {n * 1000}"], ["SET LOCK_TIMEOUT -1"]
-    return [], []
+    keyword = traits(dialect_name).partial_index
+    return {keyword: predicate} if keyword else {}
 
 
 def typed_binds(backend: str, driver: str) -> dict[str, Any]:
@@ -679,10 +570,10 @@ def prepare_engine(engine: Engine, *, busy_timeout: float = 60.0) -> Engine:
       ``busy_timeout`` seconds for the lock instead of failing at once.
     """
     name = engine.dialect.name
-    if name == "sqlite":
+    if traits(name).file_database:
         _configure_sqlite(engine, busy_timeout)
         return engine
-    if name in ("postgresql", "mysql", "mssql", "oracle"):
+    if name in SUPPORTED_DIALECTS:
         dialect = engine.dialect
         # SQLAlchemy 2 keeps create_engine(isolation_level=...) here, 1.4 on the dialect itself.
         on_connect = getattr(dialect, "_on_connect_isolation_level", None) or getattr(dialect, "isolation_level", None)

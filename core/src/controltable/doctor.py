@@ -24,6 +24,7 @@ from sqlalchemy import Table, delete, false, insert, literal, select, text, upda
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import TextClause
 
+from .dialects import SUPPORTED_DIALECTS, server_label, traits
 from .errors import ControlTableError
 from .schema import SCHEMA_VERSION
 
@@ -61,17 +62,10 @@ def exit_code(findings: Sequence[Finding]) -> int:
 
 
 # -- statements (pure builders: constants with bound parameters) --------------------------------------------
-#: The server's version string, per dialect.
-VERSION = {
-    "postgresql": text("SELECT current_setting('server_version')"),
-    "mysql": text("SELECT VERSION()"),
-    "sqlite": text("SELECT sqlite_version()"),
-}
-#: Whether this server is a standby (PostgreSQL) or read-only (MariaDB/MySQL).
-READ_ONLY = {
-    "postgresql": text("SELECT pg_is_in_recovery()"),
-    "mysql": text("SELECT @@GLOBAL.read_only"),
-}
+#: The server's version string, per dialect (its ``Traits.version_sql``).
+VERSION = {name: text(sql) for name in SUPPORTED_DIALECTS if (sql := traits(name).version_sql)}
+#: Whether this server is a standby (PostgreSQL) or read-only (MariaDB/MySQL) (``Traits.read_only_sql``).
+READ_ONLY = {name: text(sql) for name in SUPPORTED_DIALECTS if (sql := traits(name).read_only_sql)}
 PG_BACKEND = text("SELECT pg_backend_pid(), inet_server_port()")
 PG_SET_PROBE = text("SELECT set_config('controltable.doctor_probe', :value, false)")
 PG_READ_PROBE = text("SELECT current_setting('controltable.doctor_probe', true)")
@@ -115,9 +109,7 @@ def privilege_probes(table: Table) -> dict[str, Any]:
 
 # -- decisions (pure) -----------------------------------------------------------------------------------------
 def server_finding(dialect: str, version: str) -> Finding:
-    kind = {"postgresql": "PostgreSQL", "mysql": "MariaDB" if "mariadb" in version.lower() else "MySQL",
-            "sqlite": "SQLite"}.get(dialect, dialect)
-    return Finding("server", "ok", f"{kind} {version}", NOTHING)
+    return Finding("server", "ok", f"{server_label(dialect, version)} {version}", NOTHING)
 
 
 @dataclass(frozen=True)
@@ -194,7 +186,7 @@ def push_finding(state: str, detail: str, round_trip_ms: Optional[float], listen
 def role_finding(dialect: str, read_only: Optional[bool]) -> Finding:
     if read_only is None:
         return Finding("role", "ok", "a single database file: no replicas", NOTHING)
-    if dialect == "postgresql" and read_only:
+    if traits(dialect).standby and read_only:
         return Finding("role", "error", "this server is a standby (in recovery): every write fails",
                        "point the URL at the primary, e.g. with several hosts and target_session_attrs=read-write")
     if read_only:
@@ -245,7 +237,7 @@ def skew_finding(skew_seconds: float) -> Finding:
 
 
 def isolation_finding(dialect: str, level: str) -> Finding:
-    expected = "SERIALIZABLE" if dialect == "sqlite" else "READ COMMITTED"
+    expected = traits(dialect).isolation_level
     if level.upper().replace("-", " ").replace("_", " ") == expected:
         return Finding("isolation", "ok", f"transactions run at {expected}", NOTHING)
     return Finding("isolation", "warning", f"transactions run at {level}, expected {expected}",
@@ -279,7 +271,7 @@ def statistics_finding(label: str, dialect: str, rows: Optional[int], analyzed: 
                        modified: Optional[int], actual: int) -> Finding:
     """Whether the planner's statistics of an event table are there and roughly current."""
     check = f"event table {label}"
-    fix = f"ANALYZE the table ({'ANALYZE TABLE' if dialect == 'mysql' else 'ANALYZE'} {label})"
+    fix = f"ANALYZE the table ({traits(dialect).analyze_keyword} {label})"
     if analyzed is False and actual > 0:
         return Finding(check, "warning", f"{actual} rows but never analyzed: claims may not use the claim index",
                        fix)
@@ -339,7 +331,7 @@ def run_checks(ct: ControlTable, *, event_tables: Sequence[EventTable] = ()) -> 
     else:  # SQL Server, Oracle: what the dialect read when it connected
         known = db.engine.dialect.server_version_info or ()
         findings.append(server_finding(dialect, ".".join(str(part) for part in known) or "(version unknown)"))
-    if dialect == "postgresql":
+    if traits(dialect).listen_notify:
         check("pooler", lambda: [pooler_finding(_pooler_probe(ct), ct.push_active, ct._wakeups.listen_url is not None)])
     check("push", lambda: [_push(ct)])
     read_only: Optional[bool] = None
@@ -349,9 +341,9 @@ def run_checks(ct: ControlTable, *, event_tables: Sequence[EventTable] = ()) -> 
             findings.append(role_finding(dialect, read_only))
         except ControlTableError as exc:
             findings.append(_unchecked("role", exc))
-    elif dialect == "sqlite":
+    elif traits(dialect).file_database:
         findings.append(role_finding(dialect, None))
-    if dialect == "postgresql":
+    if traits(dialect).standby:
         check("replication", lambda: [_replication(ct, bool(read_only))])
     check("clock", lambda: [_skew(ct)])
     check("isolation", lambda: [isolation_finding(dialect, str(db.run(lambda c: c.get_isolation_level())))])
@@ -367,7 +359,7 @@ def run_checks(ct: ControlTable, *, event_tables: Sequence[EventTable] = ()) -> 
             return [privileges_finding("privileges", "the control tables", denied)]
 
         check("privileges", control_privileges)
-    if dialect == "mysql":
+    if traits(dialect).galera:
         check("galera", lambda: [_galera(ct)])
     for ev in event_tables:
         label = f"{ev.table_schema}.{ev.name}" if ev.table_schema else ev.name
@@ -461,17 +453,18 @@ def _event_table(ct: ControlTable, ev: EventTable, label: str) -> list[Finding]:
     rows: Optional[int] = None
     analyzed: Optional[bool] = None
     modified: Optional[int] = None
-    if dialect == "postgresql":
+    stats = traits(dialect).table_stats
+    if stats == "pg_stats":
         name = ct.db.engine.dialect.identifier_preparer.format_table(table)
         found = ct.db.run(lambda c: c.execute(PG_TABLE_STATS, {"name": name}).first())
         if found is not None:
             rows = max(int(found[0]), 0)
             modified = None if found[1] is None else int(found[1])
             analyzed = bool(found[2])
-    elif dialect == "mysql":
+    elif stats == "table_rows":
         found = ct.db.run(lambda c: c.execute(MYSQL_TABLE_ROWS, {"schema": ev.table_schema, "name": ev.name}).first())
         rows = None if found is None or found[0] is None else int(found[0])
-    elif dialect == "sqlite":
+    elif stats == "sqlite_stat1":
         def read(c: Connection) -> bool:
             return bool(c.scalar(SQLITE_TABLE_STATS)) and bool(c.scalar(SQLITE_TABLE_ROWS, {"name": ev.name}))
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 
 class Kind(enum.Enum):
@@ -417,16 +418,6 @@ def classify_sqlite(exc: BaseException) -> Kind:
     return Kind.OTHER
 
 
-_BY_DIALECT = {
-    "postgresql": classify_postgresql,
-    "mysql": classify_mysql,
-    "mariadb": classify_mysql,
-    "mssql": classify_mssql,
-    "oracle": classify_oracle,
-    "sqlite": classify_sqlite,
-}
-
-
 def classify(exc: BaseException, dialect_name: Optional[str] = None, *, connecting: bool = False) -> Kind:
     """The :class:`Kind` of a driver error (raw, or wrapped by SQLAlchemy).
 
@@ -436,14 +427,10 @@ def classify(exc: BaseException, dialect_name: Optional[str] = None, *, connecti
     connection was being opened (a few codes mean something narrower then).
     """
     orig = driver_error(exc)
-    name = _dialect_of(orig) or dialect_name
     if isinstance(orig, (UnicodeError, OverflowError)):  # a value the driver cannot encode or store
         return Kind.BAD_VALUE
-    if name == "postgresql":
-        kind = classify_postgresql(exc, connecting)
-    else:
-        fn = _BY_DIALECT.get(name or "")
-        kind = fn(exc) if fn is not None else Kind.OTHER
+    codes = _codes(orig, dialect_name)
+    kind = codes.classify(exc, connecting) if codes is not None else Kind.OTHER
     if kind is Kind.OTHER and getattr(exc, "connection_invalidated", False):
         return Kind.UNAVAILABLE
     return kind
@@ -499,22 +486,15 @@ def is_lock_timeout(exc: BaseException) -> bool:
     :attr:`Kind.TRANSIENT` error, but ``prepare()`` must tell it from a deadlock (a deadlocked
     DDL is retried; a table busy throughout is reported with the DDL still to run).
     """
-    orig = driver_error(exc)
-    name = _dialect_of(orig)
-    if name == "postgresql":
-        return sqlstate(exc) in _PG_LOCK_TIMEOUT
-    if name == "mysql":
-        return mysql_code(exc) in _MYSQL_LOCK_TIMEOUT
-    if name == "mssql":
-        return mssql_codes(exc)[1] in _MSSQL_LOCK_TIMEOUT
-    if name == "oracle":
-        return oracle_code(exc) in _ORACLE_LOCK_TIMEOUT
-    if name == "sqlite":
-        code = getattr(orig, "sqlite_errorcode", None)
-        if isinstance(code, int):
-            return code & 0xFF in _SQLITE_LOCK_TIMEOUT
-        return classify_sqlite(exc) is Kind.TRANSIENT  # Python < 3.11: SQLite's fixed wording
-    return False
+    codes = _codes(driver_error(exc))
+    return codes is not None and codes.lock_timeout(exc)
+
+
+def _sqlite_lock_timeout(exc: BaseException) -> bool:
+    code = getattr(driver_error(exc), "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in _SQLITE_LOCK_TIMEOUT
+    return classify_sqlite(exc) is Kind.TRANSIENT  # Python < 3.11: SQLite's fixed wording
 
 
 # -- a DDL that an earlier or concurrent run already applied (idempotent upgrade steps) --------------
@@ -557,16 +537,36 @@ def is_already_applied(exc: BaseException) -> bool:
     loser's ``ADD COLUMN`` / ``CREATE INDEX`` / ``DROP INDEX`` fail this way, which means done.
     Only meaningful for a DDL statement (on PostgreSQL a unique violation counts: see above).
     """
-    orig = driver_error(exc)
-    name = _dialect_of(orig)
-    if name == "postgresql":
-        return sqlstate(exc) in _PG_ALREADY
-    if name == "mysql":
-        return mysql_code(exc) in _MYSQL_ALREADY
-    if name == "mssql":
-        return mssql_codes(exc)[1] in _MSSQL_ALREADY
-    if name == "oracle":
-        return oracle_code(exc) in _ORACLE_ALREADY
-    if name == "sqlite":
-        return bool(_SQLITE_ALREADY.search(str(orig).strip()))
-    return False
+    codes = _codes(driver_error(exc))
+    return codes is not None and codes.already_applied(exc)
+
+
+# -- the one place a dialect's codes are picked ---------------------------------------------------
+@dataclass(frozen=True)
+class _Codes:
+    """One dialect's reading of its driver errors."""
+
+    classify: Callable[[BaseException, bool], Kind]  # (exc, connecting)
+    lock_timeout: Callable[[BaseException], bool]
+    already_applied: Callable[[BaseException], bool]
+
+
+_MYSQL_CODES = _Codes(lambda e, c: classify_mysql(e), lambda e: mysql_code(e) in _MYSQL_LOCK_TIMEOUT,
+                      lambda e: mysql_code(e) in _MYSQL_ALREADY)
+_CODES = {
+    "postgresql": _Codes(classify_postgresql, lambda e: sqlstate(e) in _PG_LOCK_TIMEOUT,
+                         lambda e: sqlstate(e) in _PG_ALREADY),
+    "mysql": _MYSQL_CODES,
+    "mariadb": _MYSQL_CODES,
+    "mssql": _Codes(lambda e, c: classify_mssql(e), lambda e: mssql_codes(e)[1] in _MSSQL_LOCK_TIMEOUT,
+                    lambda e: mssql_codes(e)[1] in _MSSQL_ALREADY),
+    "oracle": _Codes(lambda e, c: classify_oracle(e), lambda e: oracle_code(e) in _ORACLE_LOCK_TIMEOUT,
+                     lambda e: oracle_code(e) in _ORACLE_ALREADY),
+    "sqlite": _Codes(lambda e, c: classify_sqlite(e), _sqlite_lock_timeout,
+                     lambda e: bool(_SQLITE_ALREADY.search(str(driver_error(e)).strip()))),
+}
+
+
+def _codes(orig: BaseException, dialect_name: Optional[str] = None) -> Optional[_Codes]:
+    """The codes of the driver ``orig`` (a driver error) comes from, else of ``dialect_name``."""
+    return _CODES.get(_dialect_of(orig) or dialect_name or "")

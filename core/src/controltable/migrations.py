@@ -23,6 +23,7 @@ from sqlalchemy.schema import CreateSequence
 from sqlalchemy.sql.elements import TextClause
 
 from .db import Database
+from .dialects import traits
 from .errorcodes import is_already_applied
 from .errors import ControlTableError
 from .schema import MYSQL_CHARSET, MYSQL_COLLATION, ControlSchema, build_schema
@@ -42,7 +43,7 @@ def add_column_sql(table: Table, column: Column, dialect: Dialect) -> TextClause
         arg: object = getattr(column.server_default, "arg", None)
         default = f" DEFAULT {getattr(arg, 'text', arg)}"
     null = "" if column.nullable else " NOT NULL"
-    keyword = "ADD" if dialect.name in ("oracle", "mssql") else "ADD COLUMN"
+    keyword = traits(dialect.name).add_column_keyword
     return text(f"ALTER TABLE {prep.format_table(table)} {keyword} {prep.quote(column.name)} {coltype}{default}{null}")
 
 
@@ -93,7 +94,7 @@ def ensure_oracle_ids(db: Database, table: Table) -> None:
     """Give an Oracle table whose ``id`` has neither identity nor default a sequence default: two
     check-then-act steps (the sequence, starting above every id; then the default)."""
     dialect: Dialect = db.engine.dialect
-    if dialect.name != "oracle":
+    if not traits(dialect.name).sequence_ids:
         return
     seq = id_sequence(table)
 
@@ -264,7 +265,7 @@ def upgrade_v3_to_v4(db: Database, tables: ControlSchema) -> None:
     store any Unicode already).
     """
     dialect: Dialect = db.engine.dialect
-    if dialect.name not in ("mysql", "mariadb"):
+    if not traits(dialect.name).utf8mb4_tables:
         return
     for tbl in tables.tables:
 

@@ -12,7 +12,6 @@ from typing import Any, Optional
 from sqlalchemy import (
     BigInteger,
     Column,
-    Float,
     Identity,
     Index,
     Integer,
@@ -23,10 +22,9 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
-from sqlalchemy.dialects import oracle
 
 from .defaults import NAME_LENGTH, NAMESPACE_LENGTH  # noqa: F401 - re-exported
-from .dialects import StateString, name_type, text_type
+from .dialects import StateString, epoch_seconds_type, id_type, name_type, text_type, utf8mb4_table_options
 
 #: Bumped whenever the control tables change; ``install()`` records it in the meta table and
 #: later releases migrate from the recorded version.
@@ -48,19 +46,15 @@ SCHEMA_VERSION = 4
 MYSQL_CHARSET = "utf8mb4"
 MYSQL_COLLATION = "utf8mb4_bin"
 #: The table options that say so (the MariaDB dialect of SQLAlchemy 2 reads its own prefix only).
-_TABLE_OPTIONS: dict[str, Any] = {
-    f"{dialect}_{option}": value
-    for dialect in ("mysql", "mariadb")
-    for option, value in (("charset", MYSQL_CHARSET), ("collate", MYSQL_COLLATION))
-}
+_TABLE_OPTIONS: dict[str, Any] = utf8mb4_table_options(MYSQL_CHARSET, MYSQL_COLLATION)
 
 
 #: Epoch seconds need double precision: MySQL's plain FLOAT is single precision (about two
 #: minutes of resolution at today's epoch). FLOAT(53) is a double on every backend.
-EpochSeconds = Float(precision=53).with_variant(oracle.BINARY_DOUBLE(), "oracle")
+EpochSeconds = epoch_seconds_type()
 
 # SQLite only makes INTEGER PRIMARY KEY columns auto-increment.
-_Id = BigInteger().with_variant(Integer(), "sqlite")
+_Id = id_type()
 
 
 def _identity(ordered: bool = True) -> Identity:

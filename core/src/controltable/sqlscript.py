@@ -20,23 +20,13 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from sqlalchemy import Column, Integer, MetaData, String, Table, event
-from sqlalchemy.dialects import mssql, mysql, oracle, postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable, DDLElement
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.dml import Insert
 
-from .defaults import SQL_SERVER_VERSIONS
-from .dialects import SUPPORTED_DIALECTS
+from .dialects import SQL_SERVER_VERSIONS, SUPPORTED_DIALECTS, offline_dialect, traits
 from .errors import ConfigurationError
-
-_DIALECTS: dict[str, Any] = {
-    "postgresql": postgresql.dialect,
-    "mssql": mssql.dialect,
-    "mysql": mysql.dialect,
-    "oracle": oracle.dialect,
-    "sqlite": sqlite.dialect,
-}
 
 
 def parse_version(text: Optional[str]) -> Optional[tuple[int, ...]]:
@@ -50,28 +40,12 @@ def parse_version(text: Optional[str]) -> Optional[tuple[int, ...]]:
 
 
 def dialect_for(name: str, server_version: Optional[Sequence[int]] = None) -> Dialect:
-    """The dialect ``name`` set up as a connected engine sets it up for ``server_version``.
-
-    An unconnected SQLAlchemy dialect does not know the server: its mssql dialect prints
-    ``TEXT`` for long text (a connected one to SQL Server 2012+ prints ``VARCHAR(max)``) and its
-    Oracle dialect leaves out what 12c+ servers offer. The attributes a connection's
-    ``initialize()`` would set from the server version are set here instead.
-    """
-    if name not in _DIALECTS:
+    """The dialect ``name`` set up as a connected engine sets it up for ``server_version``
+    (see :func:`controltable.dialects.offline_dialect`)."""
+    if name not in SUPPORTED_DIALECTS:
         raise ConfigurationError(f"unknown dialect {name!r}; choose one of {', '.join(SUPPORTED_DIALECTS)}")
     version = tuple(server_version) if server_version else SQL_SERVER_VERSIONS[name]
-    d: Any = _DIALECTS[name]()
-    d.server_version_info = version
-    if name == "mssql":
-        d._setup_version_attributes()  # deprecate_large_types (2012+), multi-row VALUES, OFFSET/FETCH
-        d._supports_nvarchar_max = version >= (9,)
-    elif name == "oracle":
-        d.supports_identity_columns = version >= (12,)
-        d._supports_offset_fetch = getattr(d, "enable_offset_fetch", True) and version >= (12,)
-        d.supports_native_boolean = version >= (23,)
-    elif name == "postgresql":
-        d.supports_identity_columns = version >= (10,)
-    return d  # type: ignore[no-any-return]
+    return offline_dialect(name, version)  # type: ignore[no-any-return]
 
 
 def compile_sql(stmt: Any, dialect: Dialect, column_keys: Optional[list[str]] = None) -> str:
@@ -238,7 +212,7 @@ def captured_statements(
             "-- indexes are built online where the server offers it (PostgreSQL CONCURRENTLY, SQL Server and",
             "-- Oracle Enterprise Edition: WITH (ONLINE = ON) / ONLINE appended to CREATE INDEX).",
         ]
-        if dialect_name == "mssql":
+        if traits(dialect_name).lock_escalation:  # the options of prepare() on SQL Server
             notes += [
                 "-- SQL Server: plain indexes by default. prepare(filtered_indexes=True) makes them filtered",
                 "-- (WHERE ct_state = 0 / 1): smaller, but then every INSERT, UPDATE and DELETE on this table",
@@ -325,7 +299,7 @@ def _terminated(stmt: str) -> str:
 
 
 #: The golden files: one printed script per dialect, reviewed like code.
-GOLDEN_DIALECTS = ("postgresql", "mssql", "mysql", "oracle", "sqlite")
+GOLDEN_DIALECTS = SUPPORTED_DIALECTS
 
 
 def write_golden(directory: Path) -> list[Path]:

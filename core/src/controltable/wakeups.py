@@ -33,6 +33,7 @@ from sqlalchemy.engine import Connection, make_url
 
 from .connect import connect_args
 from .defaults import PUSH_PROBE_TIMEOUT
+from .dialects import traits
 from .errors import ConfigurationError, safe_url
 
 log = logging.getLogger("controltable")
@@ -69,7 +70,7 @@ class Wakeups:
         self.namespace = namespace
         self.channel = channel
         engine = db.engine
-        self.enabled = engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
+        self.enabled = traits(engine.dialect.name).listen_notify and engine.dialect.driver == "psycopg"
         #: A direct URL to the server for the listener only (the work goes through ``db``'s URL).
         self.listen_url = _check_listen_url(listen_url) if listen_url else None
         self.probe_timeout = probe_timeout
@@ -409,7 +410,7 @@ def _check_listen_url(listen_url: str) -> str:
         raise ConfigurationError(
             f"listen_url {safe_url(str(listen_url))!r} is not a database URL; use a direct URL of the PostgreSQL "
             "server, e.g. postgresql+psycopg://user@db-host:5432/db") from None
-    if parsed.get_backend_name() != "postgresql":
+    if not traits(parsed.get_backend_name()).listen_notify:
         raise ConfigurationError(
             f"listen_url {safe_url(listen_url)!r} is not a PostgreSQL URL; push wake-ups (LISTEN/NOTIFY) exist on "
             "PostgreSQL only: leave listen_url unset on other databases")

@@ -102,7 +102,8 @@ def claim_indexes(
     ordered = [order] if order is k else [order, k]
     pending_literal = dialects.state_literal(PENDING, SmallInteger())
     claimed_literal = dialects.state_literal(CLAIMED, SmallInteger())
-    if dialect in ("postgresql", "sqlite"):
+    layout = dialects.traits(dialect).claim_indexes
+    if layout == "partial":
         return [
             Index(index_name(f"{p}pending_{name}"), order,
                   **dialects.index_where_kwargs(dialect, state == pending_literal)),
@@ -110,7 +111,7 @@ def claim_indexes(
                   **dialects.index_where_kwargs(dialect, state == claimed_literal)),
         ]
     token = cols.of(table, "token")
-    if dialect == "mssql":
+    if layout == "included":
         if filtered_indexes:
             return [
                 Index(index_name(f"{p}pending_{name}"), state, *ordered, mssql_where=state == pending_literal,
@@ -124,7 +125,7 @@ def claim_indexes(
         include = [cols.name("available_at"), cols.expires_at]
         return [Index(index_name(f"{p}claim_{name}"), state, *ordered, mssql_include=include),
                 Index(index_name(f"{p}token_{name}"), token)]
-    if dialect == "oracle":
+    if layout == "token":
         # The token index: completion and the lost-commit look find a batch's rows by token.
         return [Index(index_name(f"{p}claim_{name}"), state, *ordered), Index(index_name(f"{p}token_{name}"), token)]
     return [Index(index_name(f"{p}claim_{name}"), state, order)]
@@ -264,7 +265,7 @@ def has_seek_index(db: Database, cols: ClaimColumns, name: str, schema: Optional
 def invalid_index_names(conn: Connection, name: str, schema: Optional[str]) -> set[str]:
     """PostgreSQL: indexes of this table that an interrupted ``CREATE INDEX CONCURRENTLY``
     left invalid. ``prepare()`` drops and rebuilds them rather than take them for done."""
-    if conn.dialect.name != "postgresql":
+    if not dialects.traits(conn.dialect.name).concurrent_index:
         return set()
     query, params = invalid_indexes(name, schema)
     return {str(r[0]) for r in conn.execute(query, params)}
@@ -284,12 +285,12 @@ def missing_ddl(
             table.append_column(col)
             unset = unset or (metadata_only and col.name == cols.state)
     existing = {ix["name"] for ix in inspect(db.engine).get_indexes(name, schema=schema)}
-    if db.engine.dialect.name == "postgresql":
+    if dialects.traits(db.engine.dialect.name).concurrent_index:
         with db.engine.connect() as conn:
             existing -= invalid_index_names(conn, name, schema)
     stmts.extend(ix for ix in claim_indexes(table, cols, name, key, order_by, db.dialect_name,
                                             filtered_indexes=filtered_indexes) if ix.name not in existing)
-    if disable_lock_escalation and db.dialect_name == "mssql":
+    if disable_lock_escalation and dialects.traits(db.dialect_name).lock_escalation:
         stmts.append(dialects.DisableLockEscalation(table))
     if unset and (stmts or _has_unset(db, table, cols)):
         # After the indexes: each batch then seeks the claim index (state leading) for NULLs.
@@ -348,7 +349,7 @@ def run_ddl(db: Database, stmts: list[Any], name: str, schema: Optional[str], *,
             ddl = stmt
         text = str(ddl.compile(dialect=engine.dialect)).strip()
         # CREATE INDEX CONCURRENTLY cannot run inside a transaction block.
-        autocommit = bool(online) and running == "postgresql" and isinstance(stmt, Index)
+        autocommit = bool(online) and dialects.traits(running).concurrent_index and isinstance(stmt, Index)
         give_up = time.monotonic() + lock_timeout
         while True:
             try:
