@@ -17,12 +17,28 @@ rules are tested without a database:
 * A multi-resource request is granted all-or-nothing, only when it is first in *every* queue it
   waits in and fits in each. If one of its resources is not in the snapshot (not locked), the
   decision says which locks it needs instead of guessing.
+
+Two more decisions live here: :func:`assemble` turns the rows a grant pass read under its locks
+into the :class:`Queue` objects :func:`decide` takes, and :func:`waiter_runs_pass` is a waiter's
+rule for running a grant pass itself (it is at the head and fits, or a holder ran out).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from .keys import key_size
+from .statements import GRANTED
+
+#: A waiter behind the head reaps an expired holder itself once it is this many seconds overdue
+#: (the head, which does it at once, may be dead).
+REAP_GRACE = 2.0
+#: ... or sooner: this many seconds per position behind the head (up to ``REAP_GRACE``), so the
+#: waiter right behind a dead head (a process that died in the queue) takes over within moments.
+#: Every waiter times the holders' earliest expiry (a grant's pickup deadline included), so an
+#: expiry wakes the next live waiter at once instead of at its next refresh.
+BEHIND_GRACE = 0.25
 
 
 @dataclass(frozen=True)
@@ -194,3 +210,87 @@ def decide(queues: dict[str, Queue]) -> Decision:
         elif not queue.complete and queue.head:
             out.more.add(name)
     return out
+
+
+# -- the decision's input: queues from the rows a grant pass read ------------------------------------
+@dataclass
+class Assembly:
+    """The locked queues as :func:`decide` takes them, and the rows behind each waiting request."""
+
+    queues: dict[str, Queue]
+    #: The waiting rows of each request in the heads (one per resource), by request key.
+    rows_by_key: dict[str, list[Any]]
+    #: Per resource, the first request in queue order before the decision (the head it had).
+    first_before: dict[str, str]
+
+
+def waiting_multi(rows: Iterable[Any]) -> list[str]:
+    """The keys of the waiting requests among ``rows`` that span several resources (sorted): the
+    pass reads which resources each spans (see :func:`.keys.key_size`)."""
+    return sorted({row.request_key for row in rows if row.state != GRANTED and key_size(row.request_key) > 1})
+
+
+def assemble(queues: dict[str, Queue], rows: Iterable[Any], spans: Mapping[str, set[str]],
+             head_sizes: Mapping[str, int]) -> Assembly:
+    """Fill the empty ``queues`` (capacity, aging and budget set) from the live rows of a snapshot.
+
+    ``rows`` are request rows (resource, state, slots, mode, request_key, ticket, priority,
+    enqueued_at): holders count towards a queue's usage, waiters form its head. ``spans`` names the
+    resources of each multi-resource request; one whose rows were partly removed (expired or
+    withdrawn: fewer rows than its key says) is never granted and is left out. A queue is
+    ``complete`` when fewer than ``head_sizes[name]`` of its waiters were read.
+    """
+    waiting: dict[str, list[Any]] = {name: [] for name in queues}
+    for row in rows:
+        if row.state == GRANTED:
+            queue = queues[row.resource]
+            queue.used += int(row.slots)
+            queue.exclusive_held = queue.exclusive_held or row.mode == "exclusive"
+        else:
+            waiting[row.resource].append(row)
+    rows_by_key: dict[str, list[Any]] = {}
+    first_before: dict[str, str] = {}
+    for name, rs in waiting.items():
+        rs.sort(key=lambda row: int(row.ticket))
+        queue = queues[name]
+        queue.complete = len(rs) < head_sizes[name]
+        for row in rs:
+            span = spans.get(row.request_key, {name})
+            if len(span) != key_size(row.request_key):
+                continue  # partly removed (expired or withdrawn): never granted, expires whole
+            queue.head.append(Waiter(row.request_key, int(row.ticket), int(row.slots), row.mode,
+                                     frozenset(span), int(row.priority), float(row.enqueued_at)))
+            rows_by_key.setdefault(row.request_key, []).append(row)
+        queue.head = order(queue.head, queue.aging)
+        if queue.head:
+            first_before[name] = queue.head[0].key
+    return Assembly(queues, rows_by_key, first_before)
+
+
+# -- a waiter's own rule: run a grant pass itself ----------------------------------------------------
+def behind_grace(position: int) -> float:
+    """Seconds a holder's expiry may be overdue before the waiter at ``position`` (1: the head)
+    reaps it itself: ``BEHIND_GRACE`` per position behind the head, at most ``REAP_GRACE``."""
+    return min(REAP_GRACE, BEHIND_GRACE * (position - 1))
+
+
+def rate_rescue(left_at: Optional[float], per: float, now: float) -> bool:
+    """Whether the waiter behind a head stopped by the rate window runs the pass: the window
+    opened (its grant at ``left_at`` left it, ``per`` seconds later) over ``REAP_GRACE`` ago, and
+    the head, which times that opening, did not run it (it may be dead)."""
+    return left_at is not None and now - (left_at + per) > REAP_GRACE
+
+
+def waiter_runs_pass(*, head: bool, fits_all: bool, holder_expiry_in: Optional[float], position: int,
+                     rescue: bool) -> bool:
+    """Whether a waiter runs a grant pass itself rather than wait to be granted.
+
+    ``holder_expiry_in``: seconds until the earliest lease (or grant pickup) of its queues' holders
+    runs out, negative once it has (None: no holders); ``position``: its furthest position (1: the
+    head of every queue); ``rescue``: :func:`rate_rescue`. The head runs it when it fits (nobody
+    else would grant it) or a holder ran out; a waiter behind it once the expiry is
+    :func:`behind_grace` overdue (the head may be dead), or to rescue a rate-stopped head.
+    """
+    expired_holder = holder_expiry_in is not None and holder_expiry_in < 0
+    behind_expired = expired_holder and holder_expiry_in is not None and holder_expiry_in < -behind_grace(position)
+    return (head and (expired_holder or fits_all)) or behind_expired or rescue

@@ -441,32 +441,6 @@ def all_at_once(writes: Sequence[Union[Insert, Update, Delete]]) -> Select:  # t
     return combined
 
 
-def run_grant_writes(conn: Any, grants: Sequence[tuple[Update, Insert]], counters: Sequence[Update],
-                     dialect_name: str) -> None:
-    """Send a grant pass's writes: each grant's :func:`grant_waiter` and :func:`record_grant`, then
-    the resources' :func:`write_counters`.
-
-    Where the dialect allows (:func:`controltable.dialects.writes_in_one_statement`), each grant and
-    its history row go as one statement, the last one with the counters when one resource's
-    changed (an uncontended acquire: one statement for all three): a fixed set of statement shapes
-    (2 or 3 writes), whatever the number of grants. Elsewhere one statement per write, in order."""
-    if not dialects.writes_in_one_statement(conn, dialect_name):
-        for grant, record in grants:
-            conn.execute(grant)
-            conn.execute(record)
-        for write in counters:
-            conn.execute(write)
-        return
-    rest = list(counters)
-    for i, (grant, record) in enumerate(grants):
-        if i == len(grants) - 1 and len(rest) == 1:
-            conn.execute(all_at_once([grant, record, rest.pop()]))
-        else:
-            conn.execute(all_at_once([grant, record]))
-    for write in rest:
-        conn.execute(write)
-
-
 def remove_request(t: ControlSchema, namespace: str, key: str, now: float) -> Bound:
     """Delete a request's rows and close the history rows of its grants in one statement (for
     dialects where :func:`controltable.dialects.writes_in_one_statement` holds), returning the
