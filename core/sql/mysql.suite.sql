@@ -123,6 +123,7 @@ UPDATE ct_grant_history SET ended_at=?, outcome=? WHERE ct_grant_history.namespa
 UPDATE ct_meta SET value=? WHERE ct_meta.`key` = ?;
 UPDATE ct_request SET expires_at=? WHERE ct_request.request_key = ? AND ct_request.state = 'waiting' AND ct_request.expires_at >= ?;
 UPDATE ct_request SET expires_at=?, attempt=?, pickup_seconds=? WHERE ct_request.request_key = ? AND ct_request.state = 'waiting';
+UPDATE ct_request SET expires_at=?, pickup_seconds=? WHERE ct_request.request_key = ? AND ct_request.state = 'waiting' AND ct_request.expires_at >= ?;
 UPDATE ct_request SET lease_seconds=?, expires_at=? WHERE ct_request.request_key = ? AND ct_request.state = 'granted' AND ct_request.expires_at >= ?;
 UPDATE ct_request SET pickup_seconds=? WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting' AND (ct_request.pickup_seconds IS NULL OR ct_request.pickup_seconds > ?);
 UPDATE ct_request SET queue_key=(ct_request.enqueued_at - ct_request.priority * ?) WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting';
