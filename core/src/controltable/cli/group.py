@@ -12,6 +12,7 @@ import click
 
 from .. import defaults
 from ..control import ControlTable
+from ..dialects import is_sqlite_url
 from ..errors import EXIT_DATABASE, EXIT_ERROR, ControlTableError, error_outcome
 from .output import _SECRETS, _printable, err, fail
 
@@ -45,7 +46,7 @@ def sqlite_file(url: str) -> Optional[Path]:
     except Exception:
         return None
     database = parsed.database
-    if not parsed.drivername.startswith("sqlite") or not database or database == ":memory:" \
+    if not is_sqlite_url(parsed) or not database or database == ":memory:" \
             or database.startswith("file:") or parsed.query.get("mode") == "memory":
         return None
     return Path(database).expanduser().absolute()
