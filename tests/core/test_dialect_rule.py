@@ -33,18 +33,6 @@ ALLOWED = {
     # An Airflow connection type (the Connection's conn_type), not a SQLAlchemy dialect name.
     ("airflow_controltable/hooks/controltable.py", "conn.conn_type == 'sqlite'"),
 }
-#: Known exceptions still to be removed, as (file, constant). The CLI (owned separately, being split
-#: from ``cli.py`` into the ``cli/`` package) moves to ``dialects.SUPPORTED_DIALECTS`` for
-#: ``--dialect`` and to ``dialects.is_sqlite_url()`` in ``sqlite_file()``; until then its literals
-#: are listed here, and only these. An entry that no longer occurs does not fail (delete it then).
-KNOWN = {
-    ("controltable/cli.py", "postgresql"),  # --dialect choices (before the split)
-    ("controltable/cli.py", "mssql"),  # --dialect choices (before the split)
-    ("controltable/cli.py", "mysql"),  # --dialect choices (before the split)
-    ("controltable/cli.py", "oracle"),  # --dialect choices (before the split)
-    ("controltable/cli.py", "sqlite"),  # --dialect choices; sqlite_file(): drivername.startswith("sqlite")
-    ("controltable/cli/group.py", "sqlite"),  # sqlite_file(): drivername.startswith("sqlite")
-}
 
 
 def _modules() -> list[tuple[str, Path]]:
@@ -93,7 +81,7 @@ def test_only_the_dialect_layer_names_dialects() -> None:
         if rel in DIALECT_LAYER:
             continue
         for line, value, holder in findings(path.read_text(encoding="utf-8")):
-            if (rel, holder) in ALLOWED or (rel, value) in KNOWN:
+            if (rel, holder) in ALLOWED:
                 continue
             bad.append(f"{rel}:{line}: {value!r} in {holder}")
     assert scanned > 50, "the scan found too few modules: wrong roots?"

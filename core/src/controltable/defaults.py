@@ -14,6 +14,10 @@ DEFAULT_URL = "sqlite:///controltable.db"
 NAME_LENGTH = 200
 #: The longest namespace (characters).
 NAMESPACE_LENGTH = 100
+#: The namespace when none is given: deployments sharing one database pick their own.
+DEFAULT_NAMESPACE = "default"
+#: The prefix of the control tables' names when none is given (``ct_resource``, ``ct_request``, ...).
+DEFAULT_PREFIX = "ct_"
 
 # -- slots -------------------------------------------------------------------------------------
 #: The mode of a slot request when none is given: a counting semaphore (``set_capacity(r, 3)``

@@ -23,7 +23,7 @@ from sqlalchemy import (
     text,
 )
 
-from .defaults import NAME_LENGTH, NAMESPACE_LENGTH  # noqa: F401 - re-exported
+from .defaults import DEFAULT_PREFIX, NAME_LENGTH, NAMESPACE_LENGTH  # noqa: F401 - re-exported
 from .dialects import StateString, epoch_seconds_type, id_type, name_type, text_type, utf8mb4_table_options
 
 #: Bumped whenever the control tables change; ``install()`` records it in the meta table and
@@ -87,7 +87,7 @@ class ControlSchema:
         return [self.meta, self.resource, self.request, self.worklist, self.item, self.history]
 
 
-def build_schema(prefix: str = "ct_", schema: Optional[str] = None) -> ControlSchema:
+def build_schema(prefix: str = DEFAULT_PREFIX, schema: Optional[str] = None) -> ControlSchema:
     """Declare the control tables for ``prefix`` (e.g. ``ct_``) in database schema ``schema``."""
     md = MetaData(schema=schema)
     meta = Table(

@@ -25,6 +25,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable, DDLElement
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.dml import Insert
 
+from .defaults import DEFAULT_PREFIX
 from .dialects import SQL_SERVER_VERSIONS, SUPPORTED_DIALECTS, offline_dialect, traits
 from .errors import ConfigurationError
 
@@ -59,7 +60,7 @@ def compile_sql(stmt: Any, dialect: Dialect, column_keys: Optional[list[str]] = 
 
 
 def control_ddl(
-    dialect_name: str, *, prefix: str = "ct_", schema: Optional[str] = None,
+    dialect_name: str, *, prefix: str = DEFAULT_PREFIX, schema: Optional[str] = None,
     server_version: Optional[Sequence[int]] = None,
 ) -> list[str]:
     """CREATE TABLE / CREATE INDEX for the control tables."""
@@ -92,7 +93,7 @@ def _column_keys(stmt: Any, multiparams: Any, params: Any) -> Optional[list[str]
 
 def captured_statements(
     dialect_name: str, *, events_table: str = "events", key: str = "event_id", order_by: Optional[str] = None,
-    prefix: str = "ct_", schema: Optional[str] = None, server_version: Optional[Sequence[int]] = None,
+    prefix: str = DEFAULT_PREFIX, schema: Optional[str] = None, server_version: Optional[Sequence[int]] = None,
     large_batch: int = 0,
 ) -> list[tuple[str, list[str]]]:
     """Run the scripted session and return ``[(section, [compiled statements])]`` for the dialect.
@@ -268,7 +269,7 @@ def captured_statements(
 
 
 def render(
-    dialect_name: str, *, prefix: str = "ct_", schema: Optional[str] = None,
+    dialect_name: str, *, prefix: str = DEFAULT_PREFIX, schema: Optional[str] = None,
     server_version: Optional[Sequence[int]] = None, **events: Any,
 ) -> str:
     """The full script ``controltable sql`` prints."""

@@ -154,10 +154,11 @@ def _version() -> str:
 @click.option("--url", envvar="CONTROLTABLE_URL", default=defaults.DEFAULT_URL, show_default=True,
               help="SQLAlchemy URL of the database (env CONTROLTABLE_URL). The default SQLite file is relative "
                    "to the current directory: give cron jobs an absolute URL.")
-@click.option("--namespace", envvar="CONTROLTABLE_NAMESPACE", default="default", show_default=True,
+@click.option("--namespace", envvar="CONTROLTABLE_NAMESPACE", default=defaults.DEFAULT_NAMESPACE, show_default=True,
               help="Separates deployments sharing one database.")
 @click.option("--schema", envvar="CONTROLTABLE_SCHEMA", default=None, help="Database schema of the control tables.")
-@click.option("--prefix", default="ct_", show_default=True, help="Prefix of the control tables' names.")
+@click.option("--prefix", default=defaults.DEFAULT_PREFIX, show_default=True,
+              help="Prefix of the control tables' names.")
 @click.option("--connect-timeout", envvar="CONTROLTABLE_CONNECT_TIMEOUT", type=Seconds(defaults.MAX_CONNECT_TIMEOUT),
               default=defaults.CONNECT_TIMEOUT, show_default=True,
               help="Seconds to wait for a connection and login (env CONTROLTABLE_CONNECT_TIMEOUT).")
