@@ -36,6 +36,7 @@ from support.live import postgres_url
 
 from controltable import ControlTable
 from controltable.checks import Interval, violations
+from dagster_controltable import retry_watch
 
 pytestmark = [pytest.mark.timeout(900)]
 
@@ -235,8 +236,12 @@ def test_retry_waiter_of_the_multiprocess_executor_leaves_the_queue_within_two_s
     config = _hold(resource, 1.0, wait="retry", retry_interval=60.0)
     run = dep.submit("hold_job_mp", config)
     wait_until(lambda: "STEP_UP_FOR_RETRY" in dep.run_logs([run]), 120, "the step's retry")
-    assert any(w.startswith(f"dagster:{run}:") for w in _entries(ct, resource)[1])
-    time.sleep(5)  # the watcher process has started (it imports dagster) and reads the run's status
+    (holder,) = [w for w in _entries(ct, resource)[1] if w.startswith(f"dagster:{run}:")]
+    # The watcher process has started (it imports dagster, a few seconds on a loaded machine) and
+    # watches the run: it says so in its ack file. From then on a cancel is seen within a tick.
+    ack = retry_watch.ack_file(holder)
+    wait_until(lambda: ack.exists() and "ready" in json.loads(ack.read_text() or "{}"), 60,
+               "the retry watcher to be ready", interval=0.05)
     started = time.monotonic()
     dep.terminate(run)
     wait_until(lambda: not _entries(ct, resource)[1], 60, "the place to be withdrawn", interval=0.05)

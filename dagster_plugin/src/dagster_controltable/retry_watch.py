@@ -95,7 +95,8 @@ def ensure_watcher(settings: dict[str, Any], holder: str, until: float) -> bool:
 
 
 def ack_file(holder: str) -> Path:
-    """Where ``holder``'s watcher acknowledges a pause (written by the watcher only)."""
+    """Where ``holder``'s watcher says it is ready (``{"ready": pid}``, once started) and
+    acknowledges a pause (``"paused"``); written by the watcher only."""
     return state_file(holder).with_suffix(".ack")
 
 
@@ -157,13 +158,16 @@ def watch(settings: dict[str, Any]) -> int:
     ack = path.with_suffix(".ack")
     run_id = str(settings["run_id"])
     instance = DagsterInstance.from_ref(deserialize_value(settings["instance_ref"], InstanceRef))
+    # Ready: what is slow to start (the imports, the instance) is done; the ack file says so, for
+    # whoever wants to know that a cancellation from now on is seen within a tick.
+    _write(ack, {"ready": os.getpid()})
     try:
         while True:
             state = _read(path) or {}
             if time.time() > float(state.get("until", 0)):
                 return 0
             if state.get("paused"):  # a try runs: acknowledge, and leave its place alone
-                _write(ack, {"paused": state["paused"]})
+                _write(ack, {"ready": os.getpid(), "paused": state["paused"]})
                 time.sleep(defaults.WATCH_TICK)
                 continue
             run = instance.get_run_by_id(run_id)
