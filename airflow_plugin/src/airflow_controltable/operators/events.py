@@ -144,7 +144,10 @@ class CompleteBatchOperator(_EventOperator):
     :param handle: one handle or a list of them (templated; usually an XComArg, or mapped with
         ``CompleteBatchOperator.partial(...).expand(handle=...)``).
     :raises ControlTableLeaseLost: if the lease ran out and rows were re-claimed; nothing of that
-        batch is marked done and the task fails without retrying.
+        batch is marked done. It is retryable like every lost lease (the task's ``retries`` apply),
+        but a retry of this task meets the same stale token and fails the same way: the rows belong
+        to the newer claim, which processes and completes them (at-least-once). To redo the work
+        under a new claim, retry the claiming task's run from the claim on.
     """
 
     template_fields: Sequence[str] = ("handle",)
