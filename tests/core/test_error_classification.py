@@ -635,6 +635,33 @@ def test_pooler_errors_are_not_retried(db: Database) -> None:
     assert flaky.calls == 1
 
 
+def test_a_prepared_statement_clash_on_a_psycopg_url_turns_prepares_off_once_and_retries() -> None:
+    """The safety net behind :func:`controltable.connect.same_session`: a clash on an engine made
+    from a psycopg URL refuses prepares for that URL and runs the transaction again, once per
+    engine; a second clash is a pooler error as before."""
+    from support.live import postgres_url
+
+    from controltable import connect
+
+    url = postgres_url("the prepared-statement safety net")
+    before = set(connect._PREPARES_REFUSED)
+    database = Database(url)
+    try:
+        flaky = _Flaky(psycopg_error("42P05", "prepared statement exists", name="DuplicatePreparedStatement"), 1)
+        assert database.run(flaky) == "ok" and flaky.calls == 2
+        assert not connect.prepares_allowed(database.engine.url)
+        again = _Flaky(psycopg_error("26000", "prepared statement does not exist", name="InvalidSqlStatementName"), 1)
+        with pytest.raises(PoolerError):
+            database.run(again)
+        assert again.calls == 1
+        with database.engine.connect() as conn:  # new connections of the URL no longer prepare
+            assert conn.connection.driver_connection.prepare_threshold is None  # type: ignore[union-attr]
+    finally:
+        database.dispose()
+        connect._PREPARES_REFUSED.clear()
+        connect._PREPARES_REFUSED.update(before)
+
+
 def test_too_many_connections_is_retried(db: Database) -> None:
     flaky = _Flaky(psycopg_error("53300", "too many connections"), 2)
     assert db.run(flaky) == "ok" and flaky.calls == 3

@@ -127,6 +127,9 @@ def _server_engine(
         raise ConfigurationError(f"the URL {safe_url(url)!r} cannot be used: {redact(exc, [url.password])}") from None
     hook = functools.partial(connect.on_connect, engine.dialect, statement_timeout=statement_timeout, url=url)
     event.listen(engine, "connect", lambda dbapi_conn, record: hook(dbapi_conn))
+    checkout = connect.on_checkout_hook(url)
+    if checkout is not None:
+        event.listen(engine, "checkout", lambda dbapi_conn, record, proxy: checkout(dbapi_conn))
     if deadline is not None:
 
         def clamp(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
@@ -197,6 +200,10 @@ class Database:
             else connect.connect_args(self.engine.url, connect_timeout=self.connect_timeout,
                                       statement_timeout=self.statement_timeout)
         )
+        #: Connections are opened by the engine made here (not one passed in): its connect hook
+        #: decides server-side prepared statements (:meth:`_stop_preparing`).
+        self._own_engine = not isinstance(url_or_engine, Engine)
+        self._prepares_dropped = False
         #: Set only by ``controltable sql``: build statements for this dialect while running on SQLite.
         self.target_dialect: Optional[str] = None
         #: Client-side bounds on every statement and commit (engines created here only: an engine
@@ -409,7 +416,12 @@ class Database:
                     self.engine.dispose()
                 retry = kind is Kind.TRANSIENT or (lost and (idempotent or not committing))
                 if kind is Kind.POOLER:
-                    retry = False  # the next connection meets the same pooler: only a setting fixes it
+                    # The next connection meets the same pooler: only a setting fixes it - unless
+                    # it is a prepared statement of ours, on a connection that looked direct.
+                    retry = not committing and self._stop_preparing(exc)
+                elif errorcodes.is_stale_prepared_plan(exc) and not committing:
+                    self.engine.dispose()  # every pooled connection may hold the stale plan
+                    retry = True
                 now = time.monotonic()
                 if lost and not connected and now - started >= min(
                     self.connect_timeout, (deadline - started) if deadline is not None else math.inf
@@ -431,6 +443,22 @@ class Database:
                 time.sleep(pause)
                 delay = min(delay * 2, 2.0)
                 attempt += 1
+
+    def _stop_preparing(self, exc: BaseException) -> bool:
+        """A server-side prepared statement met a pooler (SQLSTATE 42P05 or 26000) although the new
+        connection's check (:func:`controltable.connect.same_session`) saw the server's own session:
+        new connections to this URL prepare nothing from now on, and the transaction (rolled back
+        by the error) can run again. False when that was already done or the URL decides itself."""
+        url = self.engine.url
+        if (not self._own_engine or self._prepares_dropped or connect.on_checkout_hook(url) is None
+                or errorcodes.sqlstate(exc) not in ("42P05", "26000")):
+            return False
+        self._prepares_dropped = True
+        connect.refuse_prepares(url)  # for every engine of this process that opens a new connection to it
+        self.engine.dispose()  # this engine's pooled connections prepared: none is used again
+        log.warning("controltable: a prepared statement met a connection pooler at %s; server-side prepared "
+                    "statements are off for it from now on (retrying)", self.safe_url)
+        return True
 
     def overran(self, exc: BaseException, how: str, budget: float, past_deadline: bool) -> ControlTableError:
         """The error for a statement the client stopped (see :class:`controltable.connect.StatementGuard`)."""

@@ -479,6 +479,14 @@ _ORACLE_LOCK_TIMEOUT = {"ORA-00054", "ORA-04021", "ORA-30006"}  # busy (DDL_LOCK
 _SQLITE_LOCK_TIMEOUT = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED (primary codes)
 
 
+def is_stale_prepared_plan(exc: BaseException) -> bool:
+    """Whether PostgreSQL refused a server-side prepared statement whose result columns changed type
+    since it was prepared (``cached plan must not change result type``, SQLSTATE 0A000: a schema
+    upgrade or an ALTER of an event table meanwhile). The statement did nothing; on a connection
+    that has not prepared it, it runs."""
+    return sqlstate(exc) == "0A000" and "cached plan must not change result type" in str(driver_error(exc))
+
+
 def is_lock_timeout(exc: BaseException) -> bool:
     """Whether a driver error says a lock (a DDL's table lock) was not granted in time.
 

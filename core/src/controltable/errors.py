@@ -34,7 +34,9 @@ def pooler_message(what: str, url: str = "") -> str:
     return (
         f"{what}{where}: this looks like a connection pooler in transaction mode (PgBouncer, RDS Proxy, "
         "Supavisor, pgcat) between controltable and the database; use the plain URL with an up-to-date "
-        "controltable (it keeps no session state: no startup options, no server-side prepared statements), "
+        "controltable (it keeps no session state: no startup options, and server-side prepared statements only "
+        "on a connection that proves it reaches the server itself; ?prepare_threshold=off in the URL turns them "
+        "off), "
         "set listen_url (CONTROLTABLE_LISTEN_URL, --listen-url) to a direct connection for push wake-ups, "
         "or put controltable on a pool in session mode; `controltable doctor` checks the setup"
     )
