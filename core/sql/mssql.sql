@@ -110,17 +110,17 @@ WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name;
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request.resource IN (:resource_1_1) AND ct_request.holder = :holder_1;
-INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) OUTPUT inserted.id VALUES (:namespace, :resource, :holder, :request_key, :slots, :mode, :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds, :priority, :queue_key);
+WHERE ct_request.namespace = :ct_namespace AND ct_request.resource IN (:ct_names_1) AND ct_request.holder = :ct_holder;
+INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) OUTPUT inserted.id VALUES (:ct_w_namespace, :ct_w_resource, :ct_w_holder, :ct_w_request_key, :ct_w_slots, :ct_w_mode, :ct_w_state, :ct_w_lease_seconds, :ct_w_enqueued_at, :ct_w_expires_at, :ct_w_ticket, :ct_w_attempt, :ct_w_pickup_seconds, :ct_w_priority, :ct_w_queue_key);
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request.resource IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
 FROM (SELECT TOP 3 ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request.resource = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket) AS anon_1;
-UPDATE ct_request SET state=:state, token=:token, lease_seconds=:lease_seconds, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
-INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:namespace, :resource, :token, :holder, :mode, :slots, :priority, :enqueued_at, :granted_at, :ended_at, :outcome);
-UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+UPDATE ct_request SET state=:ct_g_state, token=:ct_g_token, lease_seconds=:ct_g_lease, granted_at=:ct_g_now, expires_at=:ct_g_expires WHERE ct_request.id = :ct_g_id AND ct_request.state = 'waiting';
+INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:ct_h_namespace, :ct_h_resource, :ct_h_token, :ct_h_holder, :ct_h_mode, :ct_h_slots, :ct_h_priority, :ct_h_enqueued_at, :ct_h_granted_at, :ct_h_ended_at, :ct_h_outcome);
+UPDATE ct_resource SET last_token=:ct_c_last_token, last_ticket=:ct_c_last_ticket WHERE ct_resource.namespace = :ct_c_namespace AND ct_resource.name = :ct_c_name;
 
 -- ===== try_acquire while held: read its own entry without locks, then enqueue as a waiter (ticketed FIFO) =====
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now, (SELECT TOP 1 wq.ticket 
@@ -140,15 +140,15 @@ WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name;
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request.resource IN (:resource_1_1) AND ct_request.holder = :holder_1;
-INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) OUTPUT inserted.id VALUES (:namespace, :resource, :holder, :request_key, :slots, :mode, :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds, :priority, :queue_key);
+WHERE ct_request.namespace = :ct_namespace AND ct_request.resource IN (:ct_names_1) AND ct_request.holder = :ct_holder;
+INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) OUTPUT inserted.id VALUES (:ct_w_namespace, :ct_w_resource, :ct_w_holder, :ct_w_request_key, :ct_w_slots, :ct_w_mode, :ct_w_state, :ct_w_lease_seconds, :ct_w_enqueued_at, :ct_w_expires_at, :ct_w_ticket, :ct_w_attempt, :ct_w_pickup_seconds, :ct_w_priority, :ct_w_queue_key);
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request.resource IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
 FROM (SELECT TOP 3 ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request.resource = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket) AS anon_1;
-UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+UPDATE ct_resource SET last_token=:ct_c_last_token, last_ticket=:ct_c_last_ticket WHERE ct_resource.namespace = :ct_c_namespace AND ct_resource.name = :ct_c_name;
 SELECT TOP 1 ct_request.ticket 
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 AND ct_request.resource = :resource_1 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket;
@@ -176,9 +176,9 @@ WHERE ct_request.namespace = :ct_namespace AND ct_request.resource IN (:ct_names
 FROM (SELECT TOP 3 ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request.resource = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket) AS anon_1;
-UPDATE ct_request SET state=:state, token=:token, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
-INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:namespace, :resource, :token, :holder, :mode, :slots, :priority, :enqueued_at, :granted_at, :ended_at, :outcome);
-UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+UPDATE ct_request SET state=:ct_g_state, token=:ct_g_token, granted_at=:ct_g_now, expires_at=:ct_g_expires WHERE ct_request.id = :ct_g_id AND ct_request.state = 'waiting';
+INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:ct_h_namespace, :ct_h_resource, :ct_h_token, :ct_h_holder, :ct_h_mode, :ct_h_slots, :ct_h_priority, :ct_h_enqueued_at, :ct_h_granted_at, :ct_h_ended_at, :ct_h_outcome);
+UPDATE ct_resource SET last_token=:ct_c_last_token, last_ticket=:ct_c_last_ticket WHERE ct_resource.namespace = :ct_c_namespace AND ct_resource.name = :ct_c_name;
 
 -- ===== status: resources, holders and waiters (no locks) =====
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
@@ -212,11 +212,11 @@ FROM ct_request
 WHERE ct_request.namespace = :ct_namespace AND ct_request.resource = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket) AS anon_1;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request.resource IN (:resource_1_1) AND ct_request.holder = :holder_1;
-INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) OUTPUT inserted.id VALUES (:namespace, :resource, :holder, :request_key, :slots, :mode, :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds, :priority, :queue_key);
-UPDATE ct_request SET state=:state, token=:token, lease_seconds=:lease_seconds, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
-INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:namespace, :resource, :token, :holder, :mode, :slots, :priority, :enqueued_at, :granted_at, :ended_at, :outcome);
-UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+WHERE ct_request.namespace = :ct_namespace AND ct_request.resource IN (:ct_names_1) AND ct_request.holder = :ct_holder;
+INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) OUTPUT inserted.id VALUES (:ct_w_namespace, :ct_w_resource, :ct_w_holder, :ct_w_request_key, :ct_w_slots, :ct_w_mode, :ct_w_state, :ct_w_lease_seconds, :ct_w_enqueued_at, :ct_w_expires_at, :ct_w_ticket, :ct_w_attempt, :ct_w_pickup_seconds, :ct_w_priority, :ct_w_queue_key);
+UPDATE ct_request SET state=:ct_g_state, token=:ct_g_token, lease_seconds=:ct_g_lease, granted_at=:ct_g_now, expires_at=:ct_g_expires WHERE ct_request.id = :ct_g_id AND ct_request.state = 'waiting';
+INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:ct_h_namespace, :ct_h_resource, :ct_h_token, :ct_h_holder, :ct_h_mode, :ct_h_slots, :ct_h_priority, :ct_h_enqueued_at, :ct_h_granted_at, :ct_h_ended_at, :ct_h_outcome);
+UPDATE ct_resource SET last_token=:ct_c_last_token, last_ticket=:ct_c_last_ticket WHERE ct_resource.namespace = :ct_c_namespace AND ct_resource.name = :ct_c_name;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now, (SELECT TOP 1 wq.ticket 
 FROM ct_request AS wq 
 WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' ORDER BY wq.queue_key, wq.ticket) AS head_ticket, (SELECT min(hq.expires_at) AS min_1 
@@ -268,8 +268,8 @@ WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name;
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request.resource IN (:resource_1_1) AND ct_request.holder = :holder_1;
-INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) OUTPUT inserted.id VALUES (:namespace, :resource, :holder, :request_key, :slots, :mode, :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds, :priority, :queue_key);
+WHERE ct_request.namespace = :ct_namespace AND ct_request.resource IN (:ct_names_1) AND ct_request.holder = :ct_holder;
+INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) OUTPUT inserted.id VALUES (:ct_w_namespace, :ct_w_resource, :ct_w_holder, :ct_w_request_key, :ct_w_slots, :ct_w_mode, :ct_w_state, :ct_w_lease_seconds, :ct_w_enqueued_at, :ct_w_expires_at, :ct_w_ticket, :ct_w_attempt, :ct_w_pickup_seconds, :ct_w_priority, :ct_w_queue_key);
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request.resource IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -279,9 +279,9 @@ WHERE ct_request.namespace = :ct_namespace AND ct_request.resource = :ct_name_0 
 SELECT count(*) AS count_1 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history.resource = :resource_1 AND ct_grant_history.granted_at > :granted_at_1;
-UPDATE ct_request SET state=:state, token=:token, lease_seconds=:lease_seconds, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
-INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:namespace, :resource, :token, :holder, :mode, :slots, :priority, :enqueued_at, :granted_at, :ended_at, :outcome);
-UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+UPDATE ct_request SET state=:ct_g_state, token=:ct_g_token, lease_seconds=:ct_g_lease, granted_at=:ct_g_now, expires_at=:ct_g_expires WHERE ct_request.id = :ct_g_id AND ct_request.state = 'waiting';
+INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:ct_h_namespace, :ct_h_resource, :ct_h_token, :ct_h_holder, :ct_h_mode, :ct_h_slots, :ct_h_priority, :ct_h_enqueued_at, :ct_h_granted_at, :ct_h_ended_at, :ct_h_outcome);
+UPDATE ct_resource SET last_token=:ct_c_last_token, last_ticket=:ct_c_last_ticket WHERE ct_resource.namespace = :ct_c_namespace AND ct_resource.name = :ct_c_name;
 SELECT ct_request.id, ct_request.resource, ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
 WHERE ct_request.request_key = :request_key_1;

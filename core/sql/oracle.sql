@@ -111,8 +111,8 @@ WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name FOR 
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.holder = :holder_1;
-INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (:namespace, :"resource", :holder, :request_key, :slots, :"mode", :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds, :priority, :queue_key) RETURNING ct_request.id INTO :ret_0;
+WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.holder = :ct_holder;
+INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (:ct_w_namespace, :ct_w_resource, :ct_w_holder, :ct_w_request_key, :ct_w_slots, :ct_w_mode, :ct_w_state, :ct_w_lease_seconds, :ct_w_enqueued_at, :ct_w_expires_at, :ct_w_ticket, :ct_w_attempt, :ct_w_pickup_seconds, :ct_w_priority, :ct_w_queue_key) RETURNING ct_request.id INTO :ret_0;
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -120,9 +120,9 @@ FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_reques
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 3 ROWS ONLY) anon_1;
-UPDATE ct_request SET state=:state, token=:token, lease_seconds=:lease_seconds, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
-INSERT INTO ct_grant_history (namespace, "resource", token, holder, "mode", slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:namespace, :"resource", :token, :holder, :"mode", :slots, :priority, :enqueued_at, :granted_at, :ended_at, :outcome);
-UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+UPDATE ct_request SET state=:ct_g_state, token=:ct_g_token, lease_seconds=:ct_g_lease, granted_at=:ct_g_now, expires_at=:ct_g_expires WHERE ct_request.id = :ct_g_id AND ct_request.state = 'waiting';
+INSERT INTO ct_grant_history (namespace, "resource", token, holder, "mode", slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:ct_h_namespace, :ct_h_resource, :ct_h_token, :ct_h_holder, :ct_h_mode, :ct_h_slots, :ct_h_priority, :ct_h_enqueued_at, :ct_h_granted_at, :ct_h_ended_at, :ct_h_outcome);
+UPDATE ct_resource SET last_token=:ct_c_last_token, last_ticket=:ct_c_last_ticket WHERE ct_resource.namespace = :ct_c_namespace AND ct_resource.name = :ct_c_name;
 
 -- ===== try_acquire while held: read its own entry without locks, then enqueue as a waiter (ticketed FIFO) =====
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now, (SELECT wq.ticket 
@@ -143,8 +143,8 @@ WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name FOR 
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.holder = :holder_1;
-INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (:namespace, :"resource", :holder, :request_key, :slots, :"mode", :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds, :priority, :queue_key) RETURNING ct_request.id INTO :ret_0;
+WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.holder = :ct_holder;
+INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (:ct_w_namespace, :ct_w_resource, :ct_w_holder, :ct_w_request_key, :ct_w_slots, :ct_w_mode, :ct_w_state, :ct_w_lease_seconds, :ct_w_enqueued_at, :ct_w_expires_at, :ct_w_ticket, :ct_w_attempt, :ct_w_pickup_seconds, :ct_w_priority, :ct_w_queue_key) RETURNING ct_request.id INTO :ret_0;
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -152,7 +152,7 @@ FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_reques
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 3 ROWS ONLY) anon_1;
-UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+UPDATE ct_resource SET last_token=:ct_c_last_token, last_ticket=:ct_c_last_ticket WHERE ct_resource.namespace = :ct_c_namespace AND ct_resource.name = :ct_c_name;
 SELECT ct_request.ticket 
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" = :resource_1 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
@@ -179,9 +179,9 @@ FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_reques
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 3 ROWS ONLY) anon_1;
-UPDATE ct_request SET state=:state, token=:token, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
-INSERT INTO ct_grant_history (namespace, "resource", token, holder, "mode", slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:namespace, :"resource", :token, :holder, :"mode", :slots, :priority, :enqueued_at, :granted_at, :ended_at, :outcome);
-UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+UPDATE ct_request SET state=:ct_g_state, token=:ct_g_token, granted_at=:ct_g_now, expires_at=:ct_g_expires WHERE ct_request.id = :ct_g_id AND ct_request.state = 'waiting';
+INSERT INTO ct_grant_history (namespace, "resource", token, holder, "mode", slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:ct_h_namespace, :ct_h_resource, :ct_h_token, :ct_h_holder, :ct_h_mode, :ct_h_slots, :ct_h_priority, :ct_h_enqueued_at, :ct_h_granted_at, :ct_h_ended_at, :ct_h_outcome);
+UPDATE ct_resource SET last_token=:ct_c_last_token, last_ticket=:ct_c_last_ticket WHERE ct_resource.namespace = :ct_c_namespace AND ct_resource.name = :ct_c_name;
 
 -- ===== status: resources, holders and waiters (no locks) =====
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
@@ -216,11 +216,11 @@ WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" = :ct_name_
  FETCH FIRST 3 ROWS ONLY) anon_1;
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.holder = :holder_1;
-INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (:namespace, :"resource", :holder, :request_key, :slots, :"mode", :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds, :priority, :queue_key) RETURNING ct_request.id INTO :ret_0;
-UPDATE ct_request SET state=:state, token=:token, lease_seconds=:lease_seconds, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
-INSERT INTO ct_grant_history (namespace, "resource", token, holder, "mode", slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:namespace, :"resource", :token, :holder, :"mode", :slots, :priority, :enqueued_at, :granted_at, :ended_at, :outcome);
-UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.holder = :ct_holder;
+INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (:ct_w_namespace, :ct_w_resource, :ct_w_holder, :ct_w_request_key, :ct_w_slots, :ct_w_mode, :ct_w_state, :ct_w_lease_seconds, :ct_w_enqueued_at, :ct_w_expires_at, :ct_w_ticket, :ct_w_attempt, :ct_w_pickup_seconds, :ct_w_priority, :ct_w_queue_key) RETURNING ct_request.id INTO :ret_0;
+UPDATE ct_request SET state=:ct_g_state, token=:ct_g_token, lease_seconds=:ct_g_lease, granted_at=:ct_g_now, expires_at=:ct_g_expires WHERE ct_request.id = :ct_g_id AND ct_request.state = 'waiting';
+INSERT INTO ct_grant_history (namespace, "resource", token, holder, "mode", slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:ct_h_namespace, :ct_h_resource, :ct_h_token, :ct_h_holder, :ct_h_mode, :ct_h_slots, :ct_h_priority, :ct_h_enqueued_at, :ct_h_granted_at, :ct_h_ended_at, :ct_h_outcome);
+UPDATE ct_resource SET last_token=:ct_c_last_token, last_ticket=:ct_c_last_ticket WHERE ct_resource.namespace = :ct_c_namespace AND ct_resource.name = :ct_c_name;
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now, (SELECT wq.ticket 
 FROM ct_request wq 
 WHERE wq.namespace = ct_request.namespace AND wq."resource" = ct_request."resource" AND wq.state = 'waiting' ORDER BY wq.queue_key, wq.ticket
@@ -275,8 +275,8 @@ WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name FOR 
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.holder = :holder_1;
-INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (:namespace, :"resource", :holder, :request_key, :slots, :"mode", :state, :lease_seconds, :enqueued_at, :expires_at, :ticket, :attempt, :pickup_seconds, :priority, :queue_key) RETURNING ct_request.id INTO :ret_0;
+WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.holder = :ct_holder;
+INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (:ct_w_namespace, :ct_w_resource, :ct_w_holder, :ct_w_request_key, :ct_w_slots, :ct_w_mode, :ct_w_state, :ct_w_lease_seconds, :ct_w_enqueued_at, :ct_w_expires_at, :ct_w_ticket, :ct_w_attempt, :ct_w_pickup_seconds, :ct_w_priority, :ct_w_queue_key) RETURNING ct_request.id INTO :ret_0;
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -287,9 +287,9 @@ WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" = :ct_name_
 SELECT count(*) AS count_1 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.granted_at > :granted_at_1;
-UPDATE ct_request SET state=:state, token=:token, lease_seconds=:lease_seconds, granted_at=:granted_at, expires_at=:expires_at WHERE ct_request.id = :id_1 AND ct_request.state = 'waiting';
-INSERT INTO ct_grant_history (namespace, "resource", token, holder, "mode", slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:namespace, :"resource", :token, :holder, :"mode", :slots, :priority, :enqueued_at, :granted_at, :ended_at, :outcome);
-UPDATE ct_resource SET last_token=:last_token, last_ticket=:last_ticket WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+UPDATE ct_request SET state=:ct_g_state, token=:ct_g_token, lease_seconds=:ct_g_lease, granted_at=:ct_g_now, expires_at=:ct_g_expires WHERE ct_request.id = :ct_g_id AND ct_request.state = 'waiting';
+INSERT INTO ct_grant_history (namespace, "resource", token, holder, "mode", slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:ct_h_namespace, :ct_h_resource, :ct_h_token, :ct_h_holder, :ct_h_mode, :ct_h_slots, :ct_h_priority, :ct_h_enqueued_at, :ct_h_granted_at, :ct_h_ended_at, :ct_h_outcome);
+UPDATE ct_resource SET last_token=:ct_c_last_token, last_ticket=:ct_c_last_ticket WHERE ct_resource.namespace = :ct_c_namespace AND ct_resource.name = :ct_c_name;
 SELECT ct_request.id, ct_request."resource", ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
 WHERE ct_request.request_key = :request_key_1;

@@ -267,6 +267,36 @@ def assemble(queues: dict[str, Queue], rows: Iterable[Any], spans: Mapping[str, 
     return Assembly(queues, rows_by_key, first_before)
 
 
+# -- a snapshot read in the statement that changed the queue ----------------------------------------
+def merge_entered(snapshot: Iterable[Any], entered: Iterable[Any], head_sizes: Mapping[str, int]) -> list[Any]:
+    """The rows :func:`~controltable.slots.statements.snapshot` would read after the INSERT of the
+    waiting rows ``entered``, from a snapshot read in the INSERT's own statement (which cannot see
+    them): the holders, and per queue the first ``head_sizes[name]`` waiters in queue order
+    (``queue_key``, ``ticket``). The first n of (table + new rows) are among (the table's first n) +
+    (new rows), so nothing the later read would return is missing."""
+    snapshot = list(snapshot)
+    rows = [row for row in snapshot if row.state == GRANTED]
+    waiting: dict[str, list[Any]] = {}
+    for row in [*snapshot, *entered]:
+        if row.state != GRANTED:
+            waiting.setdefault(row.resource, []).append(row)
+    for name in sorted(waiting):
+        queue = sorted(waiting[name], key=lambda row: (float(row.queue_key), int(row.ticket)))
+        rows.extend(queue[:head_sizes[name]])
+    return rows
+
+
+def after_removal(snapshot: Iterable[Any], removed: Iterable[Any]) -> Optional[list[Any]]:
+    """The rows a snapshot read after deleting ``removed`` would return, from one read in the
+    DELETE's own statement (which still shows them): the same rows without them. None when a
+    removed row was waiting: that queue's head was read one short, so the caller reads again."""
+    gone = list(removed)
+    if any(row.state != GRANTED for row in gone):
+        return None
+    ids = {int(row.id) for row in gone}
+    return [row for row in snapshot if int(row.id) not in ids]
+
+
 # -- a waiter's own rule: run a grant pass itself ----------------------------------------------------
 def behind_grace(position: int) -> float:
     """Seconds a holder's expiry may be overdue before the waiter at ``position`` (1: the head)

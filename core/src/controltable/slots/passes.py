@@ -97,6 +97,17 @@ class _Entered:
     attempt: Optional[int]
     ticket: int
     done: Optional[_Outcome] = None
+    #: The queues as the grant pass must first see them, read by the statement that entered.
+    snapshot: Optional[list[Any]] = None
+
+
+@dataclass
+class Presnapped:
+    """What a change made under the locks returns when it also read the snapshot its grant pass
+    starts from (one statement for both: :func:`.statements.remove_and_snapshot`)."""
+
+    value: Any
+    snapshot: Optional[list[Any]]
 
 
 @dataclass(frozen=True)
@@ -138,19 +149,19 @@ def send_grant_writes(conn: Connection, writes: Sequence[tuple[Any, Any]], count
     statement per write, in order."""
     if not dialects.writes_in_one_statement(conn, dialect_name):
         for grant, record in writes:
-            conn.execute(grant)
-            conn.execute(record)
+            conn.execute(*grant)
+            conn.execute(*record)
         for write in counters:
-            conn.execute(write)
+            conn.execute(*write)
         return
     rest = list(counters)
     for i, (grant, record) in enumerate(writes):
         if i == len(writes) - 1 and len(rest) == 1:
-            conn.execute(sql.all_at_once([grant, record, rest.pop()]))
+            conn.execute(*sql.all_at_once([grant, record, rest.pop()]))
         else:
-            conn.execute(sql.all_at_once([grant, record]))
+            conn.execute(*sql.all_at_once([grant, record]))
     for write in rest:
-        conn.execute(write)
+        conn.execute(*write)
 
 
 class PassEngine(ABC):
@@ -193,11 +204,18 @@ class PassEngine(ABC):
         """
 
         def with_pass(conn: Connection, res: dict[str, Any], now: float) -> T:
-            result = action(conn, res, now)
+            result: Any = action(conn, res, now)
+            if isinstance(result, Presnapped):
+                self._grant_pass(conn, res, now, snapshot=result.snapshot)
+                return result.value  # type: ignore[no-any-return]
             self._grant_pass(conn, res, now)
-            return result
+            return result  # type: ignore[no-any-return]
 
-        return self._in_lock_order(names, with_pass, fallback=action, deadline=deadline)
+        def without_pass(conn: Connection, res: dict[str, Any], now: float) -> T:
+            result: Any = action(conn, res, now)
+            return result.value if isinstance(result, Presnapped) else result  # type: ignore[no-any-return]
+
+        return self._in_lock_order(names, with_pass, fallback=without_pass, deadline=deadline)
 
     def _in_lock_order(
         self, names: set[str], fn: Callable[[Connection, dict[str, Any], float], T], *,
@@ -274,8 +292,19 @@ class PassEngine(ABC):
         Reads at most ``capacity + 2`` waiters per queue (no more can be granted by one pass, and
         the new head and the one behind it are told to look).
         """
-        heads = {name: self._head_size(res[name]) for name in res}
-        return list(conn.execute(*sql.snapshot(self.t, self.ns, heads)).all())
+        return list(conn.execute(*sql.snapshot(self.t, self.ns, self._heads(res))).all())
+
+    def _heads(self, res: dict[str, Any]) -> dict[str, int]:
+        """How many waiters a snapshot reads per queue (see :meth:`_snapshot`)."""
+        return {name: self._head_size(res[name]) for name in res}
+
+    def _snapshot_in_change(self, conn: Connection, res: dict[str, Any]) -> bool:
+        """Whether the statement that changes a queue may also read the snapshot the grant pass
+        starts from (one round trip fewer): where several writes go as one statement
+        (:func:`controltable.dialects.writes_in_one_statement`), and not on the first pass after a
+        promotion (:meth:`_after_promotion` changes the queue before the pass reads it)."""
+        return dialects.writes_in_one_statement(conn, self.db.dialect_name) and not any(
+            not r.rejoined and dialects.epoch_begins(r.last_token, r.epoch) for r in res.values())
 
     def _budget(self, conn: Connection, res: _Res, now: float) -> Optional[int]:
         """Grants the resource's rate window still allows at ``now`` (None: no rate limit)."""
@@ -323,7 +352,7 @@ class PassEngine(ABC):
 
     def _grant_pass(
         self, conn: Connection, res: dict[str, Any], now: float, own: Optional[tuple[str, float]] = None,
-        granted: Optional[dict[str, dict[str, int]]] = None,
+        granted: Optional[dict[str, dict[str, int]]] = None, snapshot: Optional[list[Any]] = None,
     ) -> int:
         """Reap expired holders and grant every waiter that may now run, in FIFO order.
 
@@ -332,12 +361,14 @@ class PassEngine(ABC):
         pick the grant up before it lapses (see ``SlotEngine._peek``). ``own`` is the (request key,
         lease) of the caller's own request, granted with its lease at once and not notified;
         ``granted`` collects the tokens of every grant made. The resource rows' counters are
-        written once, at the end.
+        written once, at the end. ``snapshot``: the first round's rows, read already by the statement
+        that changed the queue (see :meth:`_snapshot_in_change`).
         """
         reaped = 0
         for _ in range(100):  # each round grants at least one waiter or ends
             self._after_promotion(conn, res, own[0] if own is not None else None)
-            rows = self._snapshot(conn, res)
+            rows = self._snapshot(conn, res) if snapshot is None else snapshot
+            snapshot = None
             queues = {name: grants.Queue(name, res[name].capacity, aging=res[name].aging,
                                          budget=self._budget(conn, res[name], now)) for name in res}
             live, gone = self._reap_rows(conn, rows, now)

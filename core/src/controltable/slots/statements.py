@@ -45,6 +45,12 @@ def _bind(name: str, placeholder: Any = None, **kw: Any) -> Any:
     """A named bind of a :data:`Bound` statement. Its placeholder is never sent (every execution
     passes the values): it lets ``controltable sql`` print the statement without them."""
     return bindparam(name, placeholder, **kw)
+
+
+def _typed(name: str, column: Any) -> Any:
+    """A named bind with the type of ``column`` (what a plain value compared with or written to the
+    column gets: the same casts on PostgreSQL, the same result processing)."""
+    return _bind(name, type_=column.type)
 #: One request key, or several (a single key compares with ``=``, several with ``IN``).
 Keys = Union[str, Sequence[str]]
 
@@ -112,9 +118,22 @@ def change_resource(t: ControlSchema, namespace: str, name: str, values: Mapping
     return update(t.resource).where(*_resource_row(t, namespace, name)).values(**values)
 
 
-def write_counters(t: ControlSchema, namespace: str, name: str, last_token: int, last_ticket: int) -> Update:
-    """Write back the fencing-token and ticket counters a locked transaction advanced."""
-    return change_resource(t, namespace, name, {"last_token": last_token, "last_ticket": last_ticket})
+def write_counters(t: ControlSchema, namespace: str, name: str, last_token: int, last_ticket: int) -> Bound:
+    """Write back the fencing-token and ticket counters a locked transaction advanced.
+
+    On the path of every grant: built once per tables (see :data:`Bound`); its binds are named
+    ``ct_c_*`` so that :func:`all_at_once` can join it to a grant's statements."""
+    return _write_counters(t), {"ct_c_namespace": namespace, "ct_c_name": name, "ct_c_last_token": last_token,
+                                "ct_c_last_ticket": last_ticket}
+
+
+@functools.lru_cache(maxsize=64)
+def _write_counters(t: ControlSchema) -> Update:
+    r = t.resource
+    return (update(r).where(r.c.namespace == _typed("ct_c_namespace", r.c.namespace),
+                            r.c.name == _typed("ct_c_name", r.c.name))
+            .values(last_token=_typed("ct_c_last_token", r.c.last_token),
+                    last_ticket=_typed("ct_c_last_ticket", r.c.last_ticket)))
 
 
 def write_last_token(t: ControlSchema, namespace: str, name: str, last_token: int) -> Update:
@@ -171,11 +190,18 @@ def snapshot(t: ControlSchema, namespace: str, heads: Mapping[str, int]) -> Boun
 
 @functools.lru_cache(maxsize=256)
 def _snapshot(t: ControlSchema, limits: tuple[int, ...]) -> Any:
+    return union_all(*_snapshot_parts(t, limits))
+
+
+def _snapshot_parts(t: ControlSchema, limits: tuple[int, ...], tag: Optional[str] = None) -> list[Any]:
+    """The SELECTs of :func:`snapshot` (holders, then each queue's head); with ``tag``, each starts
+    with a ``part`` column holding it (to tell them from other rows of one statement)."""
     q = t.request
     cols = request_columns(t)
+    first: list[Any] = [] if tag is None else [literal_column(f"'{tag}'").label("part")]  # a constant of ours
     parts: list[Any] = [
-        select(*cols).where(q.c.namespace == _bind("ct_namespace"),
-                            q.c.resource.in_(_bind("ct_names", [""], expanding=True)), q.c.state == GRANTED)
+        select(*first, *cols).where(q.c.namespace == _bind("ct_namespace"),
+                                    q.c.resource.in_(_bind("ct_names", [""], expanding=True)), q.c.state == GRANTED)
     ]
     for i, limit in enumerate(limits):
         head = (
@@ -186,15 +212,71 @@ def _snapshot(t: ControlSchema, limits: tuple[int, ...]) -> Any:
             .limit(limit)
             .subquery()
         )
-        parts.append(select(*head.c))
-    return union_all(*parts)
+        parts.append(select(*first, *head.c))
+    return parts
 
 
-def holder_rows(t: ControlSchema, namespace: str, names: Sequence[str], holder: str) -> Select:  # type: ignore[type-arg]
-    """A holder's own rows on ``names`` (its request, held or waiting), by (namespace, resource, holder)."""
+#: The ``part`` of a row of :func:`enter_and_snapshot` / :func:`remove_and_snapshot`: the snapshot's.
+SNAPSHOT_PART = "snap"
+
+
+def enter_and_snapshot(t: ControlSchema, namespace: str, heads: Mapping[str, int], **waiter: Any) -> Bound:
+    """:func:`insert_waiter` and :func:`snapshot` in one statement (dialects where
+    :func:`controltable.dialects.writes_in_one_statement` holds): the new row, returned by the
+    INSERT with ``part`` = ``'new'``, and the snapshot's rows with ``part`` = :data:`SNAPSHOT_PART`.
+
+    The snapshot does not see the new row (every part of a statement reads one snapshot); the
+    caller merges it in (:func:`controltable.slots.grants.merge_entered`). Built once per (tables,
+    head sizes); ``waiter`` are :func:`insert_waiter`'s keyword arguments."""
+    return _with_snapshot(t, namespace, heads, insert_waiter(t, namespace, **waiter)[1], _enter_and_snapshot)
+
+
+@functools.lru_cache(maxsize=256)
+def _enter_and_snapshot(t: ControlSchema, limits: tuple[int, ...]) -> Any:
+    entered = _insert_waiter(t).returning(*request_columns(t)).cte("entered")
+    new = select(literal_column("'new'").label("part"), *entered.c)
+    return union_all(new, *_snapshot_parts(t, limits, SNAPSHOT_PART))
+
+
+def remove_and_snapshot(t: ControlSchema, namespace: str, key: str, now: float, heads: Mapping[str, int]) -> Bound:
+    """:func:`remove_request` and :func:`snapshot` in one statement (dialects where
+    :func:`controltable.dialects.writes_in_one_statement` holds): the removed rows with ``part`` =
+    ``'gone'``, then the snapshot's rows with ``part`` = :data:`SNAPSHOT_PART`.
+
+    The snapshot is read as the statement starts, so it still shows the removed rows; the caller
+    drops them (:func:`controltable.slots.grants.after_removal`). Built once per (tables, head sizes)."""
+    return _with_snapshot(t, namespace, heads, remove_request(t, namespace, key, now)[1], _remove_and_snapshot)
+
+
+def _with_snapshot(t: ControlSchema, namespace: str, heads: Mapping[str, int], change: dict[str, Any],
+                   build: Any) -> Bound:
+    """A change's values joined by the snapshot's (same names where they mean the same), and the
+    statement ``build`` makes for these head sizes."""
+    params = dict(change)
+    params.update(snapshot(t, namespace, heads)[1])
+    return build(t, tuple(heads[name] for name in sorted(heads))), params
+
+
+@functools.lru_cache(maxsize=256)
+def _remove_and_snapshot(t: ControlSchema, limits: tuple[int, ...]) -> Any:
+    gone, ended = _removal(t)
+    removed = select(literal_column("'gone'").label("part"), *gone.c).add_cte(ended)
+    return union_all(removed, *_snapshot_parts(t, limits, SNAPSHOT_PART))
+
+
+def holder_rows(t: ControlSchema, namespace: str, names: Sequence[str], holder: str) -> Bound:
+    """A holder's own rows on ``names`` (its request, held or waiting), by (namespace, resource, holder).
+
+    On the path of every acquire: built once per tables (see :data:`Bound`)."""
+    return _holder_rows(t), {"ct_namespace": namespace, "ct_names": list(names), "ct_holder": holder}
+
+
+@functools.lru_cache(maxsize=64)
+def _holder_rows(t: ControlSchema) -> Select:  # type: ignore[type-arg]
     q = t.request
-    return select(*request_columns(t)).where(q.c.namespace == namespace, q.c.resource.in_(names),
-                                             q.c.holder == holder)
+    return select(*request_columns(t)).where(
+        q.c.namespace == _typed("ct_namespace", q.c.namespace),
+        q.c.resource.in_(_bind("ct_names", [""], expanding=True)), q.c.holder == _typed("ct_holder", q.c.holder))
 
 
 def withdraw_rows(t: ControlSchema, namespace: str, names: Sequence[str], holder: str) -> Select:  # type: ignore[type-arg]
@@ -343,25 +425,50 @@ def prefix_match(t: ControlSchema, namespace: str, prefix: str) -> ColumnElement
 # -- requests: changing -----------------------------------------------------------------------------
 def insert_waiter(t: ControlSchema, namespace: str, *, resource: str, holder: str, key: str, slots: int,
                   mode: str, lease: float, now: float, ttl: float, ticket: int, attempt: Optional[int],
-                  pickup: float, priority: int, queue_key: float) -> Insert:
-    """A new request's row in one resource's queue, with its ticket and queue order."""
-    return insert(t.request).values(
-        namespace=namespace, resource=resource, holder=holder, request_key=key, slots=slots,
-        mode=mode, state=WAITING, lease_seconds=lease, enqueued_at=now,
-        expires_at=now + ttl, ticket=ticket, attempt=attempt, pickup_seconds=pickup,
-        priority=priority, queue_key=queue_key)
+                  pickup: float, priority: int, queue_key: float) -> Bound:
+    """A new request's row in one resource's queue, with its ticket and queue order.
+
+    On the path of every acquire: built once per tables (see :data:`Bound`); binds named ``ct_w_*``
+    (never a control table's name: ``controltable sql --prefix`` renames only those)."""
+    values = dict(namespace=namespace, resource=resource, holder=holder, request_key=key, slots=slots,
+                  mode=mode, state=WAITING, lease_seconds=lease, enqueued_at=now, expires_at=now + ttl,
+                  ticket=ticket, attempt=attempt, pickup_seconds=pickup, priority=priority, queue_key=queue_key)
+    return _insert_waiter(t), {f"ct_w_{name}": value for name, value in values.items()}
+
+
+_WAITER_COLUMNS = ("namespace", "resource", "holder", "request_key", "slots", "mode", "state", "lease_seconds",
+                   "enqueued_at", "expires_at", "ticket", "attempt", "pickup_seconds", "priority", "queue_key")
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_waiter(t: ControlSchema) -> Insert:
+    q = t.request
+    return insert(q).values({name: _typed(f"ct_w_{name}", q.c[name]) for name in _WAITER_COLUMNS})
 
 
 def grant_waiter(t: ControlSchema, row_id: int, token: int, now: float, expires_at: float,
-                 lease_seconds: Optional[float] = None) -> Update:
+                 lease_seconds: Optional[float] = None) -> Bound:
     """Grant a waiting row: the next fencing token, and a pickup deadline (or, for the caller's own
-    request, its lease)."""
-    q = t.request
-    values: dict[str, Any] = {"expires_at": expires_at}
+    request, its lease).
+
+    On the path of every grant: built once per tables (see :data:`Bound`); its binds are named
+    ``ct_g_*`` so that :func:`all_at_once` can join it to the grant's history row."""
+    params: dict[str, Any] = {"ct_g_id": row_id, "ct_g_state": GRANTED, "ct_g_token": token, "ct_g_now": now,
+                              "ct_g_expires": expires_at}
     if lease_seconds is not None:
-        values["lease_seconds"] = lease_seconds
-    return update(q).where(q.c.id == row_id, q.c.state == WAITING).values(
-        state=GRANTED, token=token, granted_at=now, **values)
+        params["ct_g_lease"] = lease_seconds
+    return _grant_waiter(t, lease_seconds is not None), params
+
+
+@functools.lru_cache(maxsize=64)
+def _grant_waiter(t: ControlSchema, with_lease: bool) -> Update:
+    q = t.request
+    values: dict[str, Any] = {"state": _typed("ct_g_state", q.c.state), "token": _typed("ct_g_token", q.c.token),
+                              "granted_at": _typed("ct_g_now", q.c.granted_at),
+                              "expires_at": _typed("ct_g_expires", q.c.expires_at)}
+    if with_lease:
+        values["lease_seconds"] = _typed("ct_g_lease", q.c.lease_seconds)
+    return update(q).where(q.c.id == _typed("ct_g_id", q.c.id), q.c.state == WAITING).values(**values)
 
 
 def extend_grant_row(t: ControlSchema, row_id: int, token: int, expires_at: float, lease: float,
@@ -431,10 +538,22 @@ def refresh_waiter(t: ControlSchema, key: str, now: float, ttl: float, pickup: f
     return _fenced_extend(t, key, WAITING, now, now + ttl, {"expires_at": now + ttl, "pickup_seconds": pickup})
 
 
-def all_at_once(writes: Sequence[Union[Insert, Update, Delete]]) -> Select:  # type: ignore[type-arg]
+def all_at_once(writes: Sequence[Bound]) -> Bound:
     """Independent writes (different rows, none reading what another writes) as one statement of
     data-modifying CTEs, for dialects where
-    :func:`controltable.dialects.writes_in_one_statement` holds; each runs exactly as it would alone."""
+    :func:`controltable.dialects.writes_in_one_statement` holds; each runs exactly as it would alone.
+
+    The writes are :data:`Bound` statements whose binds have distinct names (a grant's ``ct_g_*``,
+    its history row's ``ct_h_*``, the counters' ``ct_c_*``); the combination is built once per
+    combination of statements."""
+    params: dict[str, Any] = {}
+    for _, values in writes:
+        params.update(values)
+    return _all_at_once(tuple(stmt for stmt, _ in writes)), params
+
+
+@functools.lru_cache(maxsize=64)
+def _all_at_once(writes: tuple[Union[Insert, Update, Delete], ...]) -> Select:  # type: ignore[type-arg]
     combined: Select = select(literal_column("1"))  # type: ignore[type-arg]
     for i, write in enumerate(writes):
         combined = combined.add_cte(write.cte(f"w{i}"))  # one per call: SQLAlchemy 1.4 takes one
@@ -454,10 +573,18 @@ def remove_request(t: ControlSchema, namespace: str, key: str, now: float) -> Bo
 
 @functools.lru_cache(maxsize=64)
 def _remove_request(t: ControlSchema) -> Select:  # type: ignore[type-arg]
+    gone, ended = _removal(t, full=False)
+    return select(gone.c.id, gone.c.resource, gone.c.state, gone.c.token, gone.c.expires_at).add_cte(ended)
+
+
+@functools.lru_cache(maxsize=64)
+def _removal(t: ControlSchema, full: bool = True) -> tuple[Any, Any]:
+    """The CTEs of a removal: ``gone`` (the deleted rows: every request column with ``full``, else
+    what the release needs) and ``ended`` (their history rows closed)."""
     q, h = t.request, t.history
     now = _bind("ct_now", type_=h.c.ended_at.type)
-    gone = delete(q).where(q.c.request_key == _bind("ct_key")).returning(
-        q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at).cte("gone")
+    returned = request_columns(t) if full else [q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at]
+    gone = delete(q).where(q.c.request_key == _bind("ct_key")).returning(*returned).cte("gone")
     ended = (
         update(h)
         .where(h.c.namespace == _bind("ct_namespace"), h.c.resource == gone.c.resource,
@@ -465,7 +592,7 @@ def _remove_request(t: ControlSchema) -> Select:  # type: ignore[type-arg]
         .values(outcome=case((gone.c.expires_at >= now, RELEASED), else_=EXPIRED), ended_at=now)
         .cte("ended")
     )
-    return select(gone.c.id, gone.c.resource, gone.c.state, gone.c.token, gone.c.expires_at).add_cte(ended)
+    return gone, ended
 
 
 def delete_expired_row(t: ControlSchema, row_id: int, now: float) -> Delete:
@@ -500,16 +627,27 @@ def delete_resource_requests(t: ControlSchema, namespace: str, name: str) -> Del
 
 # -- grant history ----------------------------------------------------------------------------------
 def record_grant(t: ControlSchema, namespace: str, resource: str, token: int, row: Any, priority: int,
-                 now: float, enqueued_at: Optional[float] = None) -> Insert:
+                 now: float, enqueued_at: Optional[float] = None) -> Bound:
     """The history row of a grant just made (``row``: the request row granted), in the grant's own
     transaction: the rate window, counted from these rows, can never miss a grant. ``enqueued_at``:
-    when the request for this token was made, if not the row's (a newer attempt taking a grant over)."""
-    return insert(t.history).values(
-        namespace=namespace, resource=resource, token=token, holder=row.holder, mode=row.mode,
-        slots=int(row.slots), priority=priority,
-        enqueued_at=float(row.enqueued_at) if enqueued_at is None else enqueued_at, granted_at=now,
-        ended_at=None, outcome=HELD,
-    )
+    when the request for this token was made, if not the row's (a newer attempt taking a grant over).
+
+    On the path of every grant: built once per tables (see :data:`Bound`); binds named ``ct_h_*``."""
+    values = dict(namespace=namespace, resource=resource, token=token, holder=row.holder, mode=row.mode,
+                  slots=int(row.slots), priority=priority,
+                  enqueued_at=float(row.enqueued_at) if enqueued_at is None else enqueued_at, granted_at=now,
+                  ended_at=None, outcome=HELD)
+    return _record_grant(t), {f"ct_h_{name}": value for name, value in values.items()}
+
+
+_HISTORY_COLUMNS = ("namespace", "resource", "token", "holder", "mode", "slots", "priority", "enqueued_at",
+                    "granted_at", "ended_at", "outcome")
+
+
+@functools.lru_cache(maxsize=64)
+def _record_grant(t: ControlSchema) -> Insert:
+    h = t.history
+    return insert(h).values({name: _typed(f"ct_h_{name}", h.c[name]) for name in _HISTORY_COLUMNS})
 
 
 def end_grant(t: ControlSchema, namespace: str, resource: str, token: int, outcome: str, now: float) -> Update:

@@ -14,7 +14,7 @@ through the database layer (``Database.run``).
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Optional, Union
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 from sqlalchemy.engine import Connection
 
@@ -29,6 +29,7 @@ from .grants import BEHIND_GRACE, REAP_GRACE  # noqa: F401 - re-exported (were d
 from .passes import (  # noqa: F401 - re-exported (were defined here)
     HEAD_READ_LIMIT,
     MIN_PICKUP,
+    Presnapped,
     _Entered,
     _NeedLocks,
     _Outcome,
@@ -155,7 +156,7 @@ class SlotEngine(Waiting, Reports):
                         f"request for {k} slots of {name!r} can never be granted: its capacity is "
                         f"{res[name].capacity}; ask for fewer slots or raise the capacity"
                     )
-            mine = list(conn.execute(sql.holder_rows(self.t, self.ns, names, req.holder)).all())
+            mine = list(conn.execute(*sql.holder_rows(self.t, self.ns, names, req.holder)).all())
             if mine:
                 wanted = {(n, k, req.mode) for n, k in req.parts.items()}
                 have = {(row.resource, int(row.slots), row.mode) for row in mine}
@@ -196,7 +197,7 @@ class SlotEngine(Waiting, Reports):
                             new_token = res[name].next_token()
                             conn.execute(sql.retoken_grant(self.t, self.ns, name, tokens[name], now))
                             (row_of,) = [row for row in mine if row.resource == name]
-                            conn.execute(sql.record_grant(self.t, self.ns, name, new_token, row_of,
+                            conn.execute(*sql.record_grant(self.t, self.ns, name, new_token, row_of,
                                                           int(row_of.priority), now, enqueued_at=now))
                             tokens[name] = new_token
                             conn.execute(sql.write_last_token(self.t, self.ns, name, tokens[name]))
@@ -211,23 +212,33 @@ class SlotEngine(Waiting, Reports):
                 return _Entered(key, attempt, ticket)
             key = req.key
             tickets = {}
+            # One resource (the usual request): the INSERT also reads the snapshot the grant pass
+            # starts from, where the dialect allows (one round trip fewer).
+            together = len(names) == 1 and self._snapshot_in_change(conn, res)
+            snapshot = None
             for name in names:  # one ticket per resource, from its counter, under its lock
                 res[name].last_ticket += 1
                 res[name].dirty = True  # written by the grant pass that follows
                 tickets[name] = res[name].last_ticket
-                conn.execute(sql.insert_waiter(
-                    self.t, self.ns, resource=name, holder=req.holder, key=key, slots=req.parts[name],
-                    mode=req.mode, lease=req.lease, now=now, ttl=req.ttl, ticket=tickets[name], attempt=attempt,
-                    pickup=req.pickup, priority=req.priority,
-                    queue_key=grants.queue_key(req.priority, now, res[name].aging)))
-            return _Entered(key, attempt, min(tickets.values()))
+                waiter = dict(
+                    resource=name, holder=req.holder, key=key, slots=req.parts[name], mode=req.mode,
+                    lease=req.lease, now=now, ttl=req.ttl, ticket=tickets[name], attempt=attempt, pickup=req.pickup,
+                    priority=req.priority, queue_key=grants.queue_key(req.priority, now, res[name].aging))
+                if together:
+                    heads = self._heads(res)
+                    rows = conn.execute(*sql.enter_and_snapshot(self.t, self.ns, heads, **waiter)).all()
+                    snapshot = grants.merge_entered([r for r in rows if r.part == sql.SNAPSHOT_PART],
+                                                    [r for r in rows if r.part != sql.SNAPSHOT_PART], heads)
+                else:
+                    conn.execute(*sql.insert_waiter(self.t, self.ns, **waiter))
+            return _Entered(key, attempt, min(tickets.values()), snapshot=snapshot)
 
         def fn(conn: Connection, res: dict[str, Any], now: float) -> _Outcome:
             entered = action(conn, res, now)
             if entered.done is not None:
                 return entered.done
             made: dict[str, dict[str, int]] = {}
-            self._grant_pass(conn, res, now, own=(entered.key, req.lease), granted=made)
+            self._grant_pass(conn, res, now, own=(entered.key, req.lease), granted=made, snapshot=entered.snapshot)
             if entered.key in made:  # granted by this very pass: picked up in the same transaction
                 tokens = made[entered.key]
                 return _Outcome.grant(key=entered.key, tokens=tokens, parts=req.parts, expires_at=now + req.lease,
@@ -277,8 +288,18 @@ class SlotEngine(Waiting, Reports):
         n = len(lease.resources)
         completed = 0
 
-        def action(conn: Connection, res: dict[str, Any], now: float) -> tuple[int, int, float]:
+        def action(conn: Connection, res: dict[str, Any], now: float) -> Any:
             nonlocal completed
+            if self._snapshot_in_change(conn, res):
+                # The rows, their removal, their history closed and the snapshot the grant pass
+                # starts from, in one statement.
+                both = conn.execute(*sql.remove_and_snapshot(self.t, self.ns, lease.request_key, now,
+                                                             self._heads(res))).all()
+                rows: Sequence[Any] = [row for row in both if row.part != sql.SNAPSHOT_PART]
+                live = sum(1 for row in rows if row.state == GRANTED and float(row.expires_at) >= now)
+                completed += 1
+                return Presnapped((live, len(rows), now), grants.after_removal(
+                    [row for row in both if row.part == sql.SNAPSHOT_PART], rows))
             if dialects.writes_in_one_statement(conn, self.db.dialect_name):
                 # The rows, their removal and their history closed, in one statement.
                 rows = conn.execute(*sql.remove_request(self.t, self.ns, lease.request_key, now)).all()
