@@ -37,7 +37,7 @@ from .workers import WorkerPool
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DEFAULT_MYSQL = "mysql+pymysql://root@127.0.0.1:3306/test"
-SCENARIOS = ("1", "2", "3", "4", "5", "6", "7", "8", "pooler", "diag")
+SCENARIOS = ("1", "2", "3", "4", "5", "6", "7", "8", "fleet", "pooler", "diag")
 
 
 def parse(argv: Optional[list[str]] = None) -> tuple[Config, set[str]]:
@@ -145,6 +145,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 step(rep, "scenario 6", lambda: s6_idle.run(cfg, rep, pg))
             if "8" in only:
                 step(rep, "scenario 8", lambda: s8_fleet.run(cfg, rep, pg, "postgres"))
+            if "fleet" in only:
+                step(rep, "scenario 8 fleet of thousands", lambda: s8_fleet.fleet_of_thousands(cfg, rep))
             if "pooler" in only:
                 step(rep, "scenario pooler", lambda: pooler.run(cfg, rep, pg))
         for url, backend in others:

@@ -20,7 +20,7 @@ from sqlalchemy import event
 import controltable
 from controltable import ControlTable
 
-from .common import percentile, raw_connection
+from .common import percentile, raw_connection, settle_control_tables
 
 
 def run(url: str, samples: int = 300) -> dict[str, Any]:
@@ -28,6 +28,7 @@ def run(url: str, samples: int = 300) -> dict[str, Any]:
     ct = ControlTable(url, namespace="bench_rt")
     ct.install()
     ct.set_capacity("rt", 1)
+    settle_control_tables(ct)
     sent: list[str] = []
     event.listen(ct.db.engine, "before_cursor_execute",
                  lambda conn, cur, stmt, params, ctx, many: sent.append(stmt))

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from controltable import ControlTable
 
-from .common import Config, Report, Row, percentile, raw_connection, timed
+from .common import Config, Report, Row, percentile, raw_connection, settle_control_tables, timed
 
 GOAL = 4.0
 
@@ -46,6 +46,7 @@ def run(cfg: Config, report: Report, url: str, backend: str) -> None:
     ct = ControlTable(url, namespace="bench_s3")
     ct.install()
     ct.set_capacity("s3", 1)
+    settle_control_tables(ct)
     conn = raw_connection(url)
     anchor_fn = lock_pair(backend, conn)
     # Context, not the anchor: the cheapest durable write (1-row UPDATE, autocommit) sampled in the

@@ -17,7 +17,7 @@ from typing import Any
 
 from controltable import ControlTable
 
-from .common import Config, Report, Row, percentile, raw_connection, select_one, timed
+from .common import Config, Report, Row, percentile, raw_connection, select_one, settle_control_tables, timed
 from .workers import SPAWN, handoff_waiter
 
 GOAL = 100.0
@@ -29,6 +29,7 @@ def _handoffs(url: str, push: bool, rounds: int) -> tuple[list[float], list[floa
     ct = ControlTable(url, namespace=NAMESPACE)
     ct.install()
     ct.set_capacity(resource, 1)
+    settle_control_tables(ct)
     ct._wakeups.enabled = push
     parent, child = SPAWN.Pipe()
     proc = SPAWN.Process(target=handoff_waiter, args=(url, NAMESPACE, resource, push, child), daemon=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -30,7 +31,17 @@ from sqlalchemy.engine import make_url
 
 from controltable import ControlTable
 
-from .common import Config, Report, Row, backend_of, percentile, raw_connection, select_one, timed
+from .common import (
+    Config,
+    Report,
+    Row,
+    backend_of,
+    percentile,
+    raw_connection,
+    select_one,
+    settle_control_tables,
+    timed,
+)
 from .workers import SPAWN
 
 #: The scenario's own database (CONTROLTABLE_BENCH_SLOTS_DATABASE overrides, e.g. to run beside
@@ -130,25 +141,27 @@ RATE = (20, 1.0)
 AGING = 5.0
 
 
-def scale(cfg: Config, report: Report, url: str, backend: str, policy: str = "none") -> float:
+def scale(cfg: Config, report: Report, url: str, backend: str, policy: str = "none", processes: int = 3,
+          where: str = "") -> float:
     """The fleet figure; returns wall time over its ideal (for the ratio of policy variants)."""
     per = cfg.scale(100, 20)
-    n = 3 * per
+    n = processes * per
     ns = f"bench_s8_{policy}_{int(time.time())}"
     ct = ControlTable(url, namespace=ns)
     ct.install()
+    settle_control_tables(ct)
     if policy == "rate":
         ct.set_capacity("fleet", CAPACITY, rate=RATE)
     elif policy == "priorities":
         ct.set_capacity("fleet", CAPACITY, aging=AGING)
     else:
         ct.set_capacity("fleet", CAPACITY)
-    report.log(f"scenario 8 [{backend}]: {n} waiters (3 processes x {per} threads), capacity {CAPACITY}, "
+    report.log(f"scenario 8 [{backend}]: {n} waiters ({processes} processes x {per} threads), capacity {CAPACITY}, "
                f"{HOLD} s holds, policy {policy}")
     out: Any = SPAWN.Queue()
-    start_at = time.time() + 8.0  # all threads of all processes start queueing at once
+    start_at = time.time() + 8.0 + processes * 0.5  # all threads of all processes start queueing at once
     procs = [SPAWN.Process(target=fleet_process, args=(url, ns, per, HOLD, start_at, out, policy == "priorities"))
-             for _ in range(3)]
+             for _ in range(processes)]
     for p in procs:
         p.start()
     time.sleep(max(start_at - time.time() - 1.0, 0))
@@ -168,7 +181,7 @@ def scale(cfg: Config, report: Report, url: str, backend: str, policy: str = "no
     ct.delete_resource("fleet", force=True)
     ct.close()
     note = f"{grants}/{n} grants" + (f"; errors: {errors}" if errors else "")
-    label = f"8 fleet {n} waiters" + ("" if policy == "none" else f", {policy}")
+    label = f"8 fleet {n} waiters" + ("" if policy == "none" else f", {policy}") + where
     report.add(Row(label, backend, "wall time", wall, "s", anchor, ideal,
                    "s", wall / ideal, goal="<= 1.5", met=wall / ideal <= 1.5 and grants == n, note=note))
     if backend == "postgres":
@@ -177,6 +190,39 @@ def scale(cfg: Config, report: Report, url: str, backend: str, policy: str = "no
                        1, "grant", per_grant, goal="<= 6", met=per_grant <= 6,
                        note="pg_stat_database xact_commit + xact_rollback of the scenario's own database"))
     return wall / ideal
+
+
+def fleet_of_thousands(cfg: Config, report: Report) -> None:
+    """3,000 waiters in 30 processes (quick: 600 in 30) against 300 in 3, both on one throwaway
+    PostgreSQL (the shared server's 100 connections do not fit 30 processes' pools): wall time over
+    the ideal, and whether the committed transactions per grant stay flat as the fleet grows."""
+    tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    from faults.servers import ThrowawayPostgres, postgres_bin  # the fault suite's helper
+
+    if postgres_bin() is None:
+        report.errors.append("scenario fleet: no PostgreSQL binaries (initdb, pg_ctl) for a throwaway server")
+        return
+    server = ThrowawayPostgres()
+    with open(server.data / "postgresql.conf", "a", encoding="utf-8") as conf:
+        conf.write("max_connections = 700\nshared_buffers = 128MB\n")  # the last setting wins
+    server.start()
+    try:
+        url = server.url()
+        small = scale(cfg, report, url, "postgres", processes=3, where=" (throwaway server)")
+        large = scale(cfg, report, url, "postgres", processes=30, where=" (throwaway server)")
+        per_grant = {r.scenario: r.value for r in report.rows if r.figure == "transactions per grant"
+                     and r.scenario.endswith("(throwaway server)")}
+        n_small, n_large = 3 * cfg.scale(100, 20), 30 * cfg.scale(100, 20)
+        a = per_grant.get(f"8 fleet {n_small} waiters (throwaway server)")
+        b = per_grant.get(f"8 fleet {n_large} waiters (throwaway server)")
+        if a and b:
+            report.add(Row(f"8 fleet {n_large} vs {n_small} waiters", "postgres", "transactions per grant", b, "tx",
+                           f"{n_small} waiters, same server", a, "tx", b / a, goal="<= 1.2 (flat)", met=b / a <= 1.2,
+                           note=f"wall/ideal {large:.2f} at {n_large}, {small:.2f} at {n_small}"))
+    finally:
+        server.close()
 
 
 def policies(cfg: Config, report: Report, url: str, backend: str) -> None:
@@ -194,6 +240,7 @@ def uncontended(cfg: Config, report: Report, url: str, backend: str) -> None:
     ct = ControlTable(url, namespace="bench_s8_u")
     ct.install()
     ct.set_capacity("u", 1)
+    settle_control_tables(ct)
     conn = raw_connection(url)
     cur = conn.cursor()
     cur.execute("DROP TABLE IF EXISTS bench_s8_floor")
