@@ -7,12 +7,16 @@ import uuid
 from types import SimpleNamespace
 from typing import Any
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+import pytest
 
 from controltable import ControlTable
 from controltable.slots.grants import after_removal, merge_entered
 from controltable.slots.statements import GRANTED, WAITING
+
+# The SQLAlchemy 1.4 run (a venv of its own) has no hypothesis; the main run has it.
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 
 def _row(i: int, resource: str, state: str, queue_key: float) -> Any:
