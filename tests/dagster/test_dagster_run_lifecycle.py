@@ -4,6 +4,8 @@ In-process (``execute_in_process`` and sensor contexts on an ephemeral instance)
 ``test_dagster_live.py`` checks the same behaviour in a running deployment.
 """
 
+import json
+import os
 import threading
 import time
 from typing import Any
@@ -22,6 +24,7 @@ from dagster import (
 )
 
 from dagster_controltable import ControlTableResource, controltable_run_cleanup_sensor, pending_events_sensor
+from dagster_controltable import defaults as dagster_defaults
 from dagster_controltable.resource import head_retry_interval, retry_waiter_ttl
 
 pytestmark = pytest.mark.backends("sqlite", "postgres", "mysql")
@@ -373,8 +376,12 @@ def test_retry_watcher_withdraws_a_place_within_moments_of_the_cancel(ct: Any, b
         # A next try pauses the watcher (acknowledged) before it touches its place: nothing is withdrawn
         # under it, even when the run is cancelled meanwhile; the watcher process stays for later tries.
         started = time.monotonic()
+        watcher_pid = json.loads(retry_watch.state_file(holder).read_text())["pid"]
         retry_watch.pause_watcher(holder)
-        assert time.monotonic() - started < 2
+        # Acknowledged, not timed out and stopped: the same watcher process is alive and paused.
+        assert time.monotonic() - started < dagster_defaults.WATCHER_PAUSE_TIMEOUT
+        assert json.loads(retry_watch.state_file(holder).read_text())["pid"] == watcher_pid
+        os.kill(watcher_pid, 0)
         instance.report_run_canceling(instance.get_run_by_id(run_id))
         time.sleep(1)
         assert _queue(ct, "warehouse") == (["shell-job"], [holder])

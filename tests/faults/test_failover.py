@@ -19,7 +19,9 @@ failover kept them (synchronous: all held; asynchronous: all lost, LeaseLost).
 
 Both: capacity never exceeded among the holds confirmed at their end, every exception a worker
 saw is a ControlTableError, nothing printed to stderr, and the time from the kill to the first
-grant on the promoted standby is printed (goal: <= 5 s beyond the promotion itself).
+grant on the promoted standby is printed (goal: <= 5 s beyond the promotion itself, plus what the
+leases the promoted server inherited from before the kill still ran: a holder whose release was lost
+keeps its slot until then, and the workers may all be waiting on that resource).
 """
 
 from __future__ import annotations
@@ -138,6 +140,7 @@ def test_failover_keeps_tokens_increasing_and_completions_once(pair: ReplicatedP
 
     promote_s = 0.0
     inherited: dict[str, tuple[int, int]] = {}
+    lease_left = 0.0
     try:
         # The drain starts once the slot fleet runs, so that it is still busy when the primary dies.
         _wait_for("grants on the primary", lambda: len(grants()) >= 30, 60)
@@ -163,8 +166,14 @@ def test_failover_keeps_tokens_increasing_and_completions_once(pair: ReplicatedP
         # What the promoted server's queues hold as it starts (the workers race this read): with
         # the standby behind, entries of callers that moved on, each delaying its queue by
         # FAILOVER_PICKUP, not by its own pickup (SlotEngine._after_promotion).
-        inherited = {s.name: (len(s.holders), len(s.waiters))
-                     for s in _retry(lambda: control.status(list(CAPACITIES)))}
+        at_promotion = _retry(lambda: control.status(list(CAPACITIES)))
+        inherited = {s.name: (len(s.holders), len(s.waiters)) for s in at_promotion}
+        # A holder whose release was lost with the old primary keeps its slot until its lease runs
+        # out (documented): the fleet may wait that long beyond the goal when every worker waits on it.
+        lease_left = max([h.expires_at.timestamp() - killed_at for s in at_promotion for h in s.holders
+                          if h.expires_at is not None and h.since is not None and h.since.timestamp() < killed_at],
+                         default=0.0)
+        lease_left = max(lease_left, 0.0)
         _wait_for("a grant on the promoted standby", lambda: any(r["t"] > promoted_at for r in grants()), 60)
         item_after = _retry(lambda: wl.allocate(owner="after", lease=300))
         # A holder of an allocation the failover lost learns it at its next renewal.
@@ -218,7 +227,8 @@ def test_failover_keeps_tokens_increasing_and_completions_once(pair: ReplicatedP
     _report(
         f"failover {mode}: kill -> first grant on the promoted standby {recovery:.2f} s "
         f"(promotion{' with the standby restart' if not pair.synchronous else ''} {promote_s:.2f} s), "
-        f"queues at the promotion (holders, waiters) {inherited}, "
+        f"queues at the promotion (holders, waiters) {inherited}, inherited leases ran {lease_left:.2f} s "
+        f"past the kill, "
         f"grants {len(got)}, lost grants {lost_grants}, token order problems {order_problems}, "
         f"work-list allocations before the kill {renewals} at their renewal after it, "
         f"violations {len(violations)}, completed twice {len(twice)} (of {len(completions)} completions), "
@@ -231,7 +241,7 @@ def test_failover_keeps_tokens_increasing_and_completions_once(pair: ReplicatedP
     assert order_problems == [], "a token after the promotion is not above every token before it"
     assert violations == [], violations[:10]
     assert (final.done, final.pending, final.claimed, final.error) == (EVENTS, 0, 0, 0), final.as_dict()
-    assert recovery <= RECOVERY_GOAL + promote_s, f"the fleet took {recovery:.1f} s to grant again"
+    assert recovery <= RECOVERY_GOAL + promote_s + lease_left, f"the fleet took {recovery:.1f} s to grant again"
     if pair.synchronous:
         assert lost_grants == 0, "a synchronous standby lost an acknowledged grant"
         assert renewals == ["held"] * 3, "a synchronous standby lost an acknowledged allocation"

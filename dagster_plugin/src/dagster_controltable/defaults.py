@@ -36,8 +36,10 @@ HEAD_RETRY_MAX = 5.0
 WATCH_TICK = 0.1
 WATCH_STATUS_EVERY = 2.0
 #: Seconds a new try waits for the between-retries watcher to acknowledge its pause before it stops
-#: the watcher instead, and seconds it waits for a stopped watcher to exit.
-WATCHER_PAUSE_TIMEOUT = 2.0
+#: the watcher instead, and seconds it waits for a stopped watcher to exit. The watcher acknowledges
+#: between two reads of the run status, and one read from a busy instance database can take seconds:
+#: the pause timeout covers a slow read, so that a live watcher is paused, not killed and restarted.
+WATCHER_PAUSE_TIMEOUT = 5.0
 WATCHER_STOP_TIMEOUT = 5.0
 #: After a termination signal, how many more times (every WATCH_TICK) the run status is read
 #: while it does not yet say CANCELING.
