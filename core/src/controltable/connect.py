@@ -59,7 +59,8 @@ READ_COMMITTED = "READ COMMITTED"
 #: them on (:data:`PREPARE_THRESHOLD`) only once the connection proves it is the server's own
 #: session (:func:`same_session`): an uncontended acquire+release runs 1.4x faster with them.
 #: A URL's ``?prepare_threshold=`` (``off``: never, a number: psycopg's threshold) decides instead.
-PREPARED_STATEMENTS_OFF = True
+#: False would leave psycopg's default (prepare at the 5th execution) on every connection, unchecked.
+CHECK_BEFORE_PREPARING = True
 #: psycopg's own default: a statement is prepared on the server at its 5th execution.
 PREPARE_THRESHOLD = 5
 #: The server's process id of this session, compared with the one the connection was handed.
@@ -104,7 +105,7 @@ def connect_args(url: Any, *, connect_timeout: float, statement_timeout: Optiona
                 # The URL's choice, as the number psycopg needs (a query string holds text).
                 text = str(own[-1] if isinstance(own, (tuple, list)) else own).strip().lower()
                 out["prepare_threshold"] = None if text in ("", "none", "null", "off") else int(text)
-            elif PREPARED_STATEMENTS_OFF:
+            elif CHECK_BEFORE_PREPARING:
                 out["prepare_threshold"] = None
     elif backend == "mysql" and driver in ("pymysql", "mysqldb"):
         out["connect_timeout"] = connect_timeout if driver == "pymysql" else max(1, int(math.ceil(connect_timeout)))
@@ -203,7 +204,7 @@ def on_connect(dialect: Any, dbapi_conn: Any, *, statement_timeout: Optional[flo
     name = dialect.name
     driver = getattr(dialect, "driver", "")
     taken = _query_keys(url)
-    if name == "postgresql" and driver == "psycopg" and "prepare_threshold" not in taken and PREPARED_STATEMENTS_OFF:
+    if name == "postgresql" and driver == "psycopg" and "prepare_threshold" not in taken and CHECK_BEFORE_PREPARING:
         _prepare_when_direct(dbapi_conn, url, statement_timeout or defaults.CONNECT_TIMEOUT)
     if name == "mysql" and statement_timeout:
         mariadb = "mariadb" in str(getattr(dbapi_conn, "get_server_info", lambda: "")()).lower()

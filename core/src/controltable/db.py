@@ -454,10 +454,12 @@ class Database:
                 or errorcodes.sqlstate(exc) not in ("42P05", "26000")):
             return False
         self._prepares_dropped = True
-        connect.refuse_prepares(url)  # for every engine of this process that opens a new connection to it
+        # For every engine of this process that opens a new connection to it; said once per URL.
+        first = connect.refuse_prepares(url)
         self.engine.dispose()  # this engine's pooled connections prepared: none is used again
-        log.warning("controltable: a prepared statement met a connection pooler at %s; server-side prepared "
-                    "statements are off for it from now on (retrying)", self.safe_url)
+        log.log(logging.WARNING if first else logging.DEBUG,
+                "controltable: a prepared statement met a connection pooler at %s; server-side prepared "
+                "statements are off for it from now on (retrying)", self.safe_url)
         return True
 
     def overran(self, exc: BaseException, how: str, budget: float, past_deadline: bool) -> ControlTableError:

@@ -97,17 +97,23 @@ class _Entered:
     attempt: Optional[int]
     ticket: int
     done: Optional[_Outcome] = None
-    #: The queues as the grant pass must first see them, read by the statement that entered.
-    snapshot: Optional[list[Any]] = None
 
 
 @dataclass
 class Presnapped:
     """What a change made under the locks returns when it also read the snapshot its grant pass
-    starts from (one statement for both: :func:`.statements.remove_and_snapshot`)."""
+    starts from (one statement for both: :func:`.statements.enter_and_snapshot`,
+    :func:`.statements.remove_and_snapshot`). The one way a first snapshot reaches a grant pass."""
 
     value: Any
     snapshot: Optional[list[Any]]
+
+    @staticmethod
+    def split(result: Any) -> tuple[Any, Optional[list[Any]]]:
+        """``(value, snapshot)`` of an action's result; a plain result has no snapshot."""
+        if isinstance(result, Presnapped):
+            return result.value, result.snapshot
+        return result, None
 
 
 @dataclass(frozen=True)
@@ -204,16 +210,13 @@ class PassEngine(ABC):
         """
 
         def with_pass(conn: Connection, res: dict[str, Any], now: float) -> T:
-            result: Any = action(conn, res, now)
-            if isinstance(result, Presnapped):
-                self._grant_pass(conn, res, now, snapshot=result.snapshot)
-                return result.value  # type: ignore[no-any-return]
-            self._grant_pass(conn, res, now)
-            return result  # type: ignore[no-any-return]
+            value, snapshot = Presnapped.split(action(conn, res, now))
+            self._grant_pass(conn, res, now, snapshot=snapshot)
+            return value  # type: ignore[no-any-return]
 
         def without_pass(conn: Connection, res: dict[str, Any], now: float) -> T:
-            result: Any = action(conn, res, now)
-            return result.value if isinstance(result, Presnapped) else result  # type: ignore[no-any-return]
+            value, _ = Presnapped.split(action(conn, res, now))
+            return value  # type: ignore[no-any-return]
 
         return self._in_lock_order(names, with_pass, fallback=without_pass, deadline=deadline)
 

@@ -149,7 +149,7 @@ class SlotEngine(Waiting, Reports):
         """Enter the queue (or find our entry), then run a grant pass; picks the grant up if made."""
         names = sorted(req.parts)
 
-        def action(conn: Connection, res: dict[str, Any], now: float) -> _Entered:
+        def action(conn: Connection, res: dict[str, Any], now: float) -> Union[_Entered, Presnapped]:
             for name, k in req.parts.items():
                 if k > res[name].capacity:
                     raise ConfigurationError(
@@ -231,14 +231,16 @@ class SlotEngine(Waiting, Reports):
                                                     [r for r in rows if r.part != sql.SNAPSHOT_PART], heads)
                 else:
                     conn.execute(*sql.insert_waiter(self.t, self.ns, **waiter))
-            return _Entered(key, attempt, min(tickets.values()), snapshot=snapshot)
+            entered = _Entered(key, attempt, min(tickets.values()))
+            return entered if snapshot is None else Presnapped(entered, snapshot)
 
         def fn(conn: Connection, res: dict[str, Any], now: float) -> _Outcome:
-            entered = action(conn, res, now)
+            result, snapshot = Presnapped.split(action(conn, res, now))
+            entered: _Entered = result
             if entered.done is not None:
                 return entered.done
             made: dict[str, dict[str, int]] = {}
-            self._grant_pass(conn, res, now, own=(entered.key, req.lease), granted=made, snapshot=entered.snapshot)
+            self._grant_pass(conn, res, now, own=(entered.key, req.lease), granted=made, snapshot=snapshot)
             if entered.key in made:  # granted by this very pass: picked up in the same transaction
                 tokens = made[entered.key]
                 return _Outcome.grant(key=entered.key, tokens=tokens, parts=req.parts, expires_at=now + req.lease,
