@@ -282,6 +282,36 @@ def test_transient_and_lost_connections_are_retried(db: Database) -> None:
     assert db.run(bare) == "ok" and len(calls) == 3
 
 
+def test_a_connection_lost_while_the_dialect_reads_the_server_is_retried(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLAlchemy's first look at a server (``dialect.initialize``) runs on a connection that cannot
+    reconnect and swallows some failures; after a server restart the next statement there raised
+    ``ResourceClosedError`` ("This Connection is closed"), which reached a fault test's worker
+    untranslated. It is a lost connection: retried, and a ControlTableError when retries run out."""
+    from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
+
+    original = SQLiteDialect_pysqlite.initialize
+    failures = [0]
+
+    def initialize(self: Any, connection: Any) -> None:
+        if failures[0] > 0:
+            failures[0] -= 1
+            raise sa_exc.ResourceClosedError("This Connection is closed")
+        original(self, connection)
+
+    monkeypatch.setattr(SQLiteDialect_pysqlite, "initialize", initialize)
+    failures[0] = 2
+    db = Database(f"sqlite:///{tmp_path / 'a.db'}")
+    assert db.run(lambda conn: conn.execute(text("select 7")).scalar()) == 7
+    assert failures[0] == 0  # both failed initialisations were retried, on new connections
+    db.dispose()
+    failures[0] = 100
+    once = Database(f"sqlite:///{tmp_path / 'b.db'}", retries=0)
+    with pytest.raises(DatabaseUnavailableError, match="read the server's settings"):
+        once.run(lambda conn: conn.execute(text("select 7")).scalar())
+    once.dispose()
+
+
 def test_errors_not_safe_to_retry_are_reported_at_once(db: Database) -> None:
     flaky = _Flaky(psycopg_error("42501"), 10)
     with pytest.raises(PermissionDeniedError):

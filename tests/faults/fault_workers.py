@@ -20,6 +20,7 @@ import json
 import random
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
@@ -36,8 +37,12 @@ class Log:
 
     def error(self, op: str, exc: BaseException) -> None:
         text = str(exc).strip().splitlines()
-        self.write(err=type(exc).__name__, module=type(exc).__module__, ct=isinstance(exc, ControlTableError),
-                   op=op, msg=text[0][:300] if text else "")
+        ct = isinstance(exc, ControlTableError)
+        # An exception that is not ours is a defect: where it came from goes into the record (and so
+        # into the test's failure message), since the worker's process is gone when the test reads it.
+        where = {} if ct else {"tb": "".join(traceback.format_exception(exc))[-3000:]}
+        self.write(err=type(exc).__name__, module=type(exc).__module__, ct=ct,
+                   op=op, msg=text[0][:300] if text else "", **where)
 
 
 def drain(args: argparse.Namespace) -> int:

@@ -20,7 +20,14 @@ from typing import Any, Callable, Iterator, Optional, TypeVar, Union
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError, StatementError
+from sqlalchemy.exc import (
+    ArgumentError,
+    NoSuchModuleError,
+    OperationalError,
+    PendingRollbackError,
+    ResourceClosedError,
+    StatementError,
+)
 
 from . import connect, defaults, dialects, errorcodes
 from .clock import read_now
@@ -214,6 +221,7 @@ class Database:
                 self.engine.dialect, self.statement_timeout, self.engine.url)
             if self._guard is not None:
                 self._install_guard(self._guard)
+            self._wrap_initialize(self._guard)
         dbapi = getattr(self.engine.dialect, "loaded_dbapi", None) or getattr(self.engine.dialect, "dbapi", None)
         self._driver_error: Any = getattr(dbapi, "Error", None)
 
@@ -275,25 +283,6 @@ class Database:
         event.listen(engine, "after_cursor_execute", after)
         event.listen(engine, "handle_error", failed)
         dialect = engine.dialect
-        initialize = dialect.initialize
-
-        def bounded_initialize(connection: Any) -> None:
-            # The dialect's first look at a new server (version, settings): raw statements, no events.
-            alarm = self._guard_start(guard, _driver_connection(connection.connection))
-            try:
-                initialize(connection)
-            except Exception as exc:
-                self._guard_finish(guard, alarm)
-                fired = getattr(self._local, "fired", None)
-                if fired is not None:
-                    # SQLAlchemy passes whatever a half-read answer left behind (even a
-                    # NotImplementedError); the cause is known: no answer within the budget.
-                    self._local.fired = None
-                    raise self.overran(exc, *fired) from exc
-                raise
-            self._guard_finish(guard, alarm)
-
-        dialect.initialize = bounded_initialize  # type: ignore[method-assign]
         for name in ("do_commit", "do_rollback"):
             # COMMIT and ROLLBACK (also the pool's reset on return) are no cursor executions.
             original = getattr(dialect, name)
@@ -306,6 +295,43 @@ class Database:
                     self._guard_finish(guard, alarm)
 
             setattr(dialect, name, bounded)
+
+    def _wrap_initialize(self, guard: Optional[connect.StatementGuard]) -> None:
+        """The dialect's first look at a new server (version, default schema, settings), run by
+        SQLAlchemy on the first connection: bounded like every statement, and a connection lost
+        during it (a server restarting) reported as the lost connection it is, so that it is retried.
+
+        SQLAlchemy runs these statements on a connection that cannot reconnect; some of them
+        swallow a failure, after which the next one meets the invalidated connection and raises
+        ``ResourceClosedError`` ("This Connection is closed") or ``PendingRollbackError``: not a
+        driver error, so it would leave a call untranslated and unretried. SQLAlchemy runs the
+        initialisation again on the next connection when it fails.
+        """
+        dialect = self.engine.dialect
+        initialize = dialect.initialize
+
+        def bounded_initialize(connection: Any) -> None:
+            alarm = None if guard is None else self._guard_start(guard, _driver_connection(connection.connection))
+            try:
+                initialize(connection)
+            except Exception as exc:
+                if guard is not None:
+                    self._guard_finish(guard, alarm)
+                fired = getattr(self._local, "fired", None)
+                if fired is not None:
+                    # SQLAlchemy passes whatever a half-read answer left behind (even a
+                    # NotImplementedError); the cause is known: no answer within the budget.
+                    self._local.fired = None
+                    raise self.overran(exc, *fired) from exc
+                if isinstance(exc, (ResourceClosedError, PendingRollbackError)):
+                    lost = ConnectionError(
+                        f"the connection was lost while SQLAlchemy read the server's settings ({exc})")
+                    raise OperationalError("(dialect initialize)", None, lost, connection_invalidated=True) from exc
+                raise
+            if guard is not None:
+                self._guard_finish(guard, alarm)
+
+        dialect.initialize = bounded_initialize  # type: ignore[method-assign]
 
     @property
     def dialect_name(self) -> str:
