@@ -321,7 +321,9 @@ if __name__ == "__main__":  # pragma: no cover - the documented regeneration com
 
 # -- statement shapes: comparing what an engine sent with the golden files -------------------------
 _CONTROL = ("grant_history", "work_item", "worklist", "resource", "request", "meta")
-_BIND = re.compile(r"%\(\w+\)s|(?<![:\w]):\"[^\"]+\"|(?<![:\w]):\w+|@\w+|\?|__\[POSTCOMPILE_\w+\]")
+#: A bound parameter in any paramstyle a golden file or a live send uses: pyformat (PostgreSQL and
+#: PyMySQL live), format (``%s``: the MySQL script), named (Oracle), qmark (SQLite, SQL Server).
+_BIND = re.compile(r"%\(\w+\)s|(?<![\w%])%s\b|(?<![:\w]):\"[^\"]+\"|(?<![:\w]):\w+|@\w+|\?|__\[POSTCOMPILE_\w+\]")
 _ROWS = re.compile(r"\b(TOP|LIMIT|OFFSET|FETCH FIRST|FIRST_ROWS)(\s*\(?\s*)\d+")
 
 
