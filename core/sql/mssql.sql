@@ -133,7 +133,7 @@ WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource 
 FROM ct_request AS hq 
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = :mode_1) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
 FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
-WHERE ct_request.namespace = :namespace_1 AND ct_request.resource IN (:resource_1_1) AND ct_request.holder = :holder_1;
+WHERE ct_request.namespace = :ct_namespace AND ct_request.resource IN (:ct_names_1) AND ct_request.holder = :ct_holder;
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
 WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name;
@@ -227,7 +227,7 @@ WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource 
 FROM ct_request AS hq 
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = :mode_1) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
 FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
-WHERE ct_request.namespace = :namespace_1 AND ct_request.resource IN (:resource_1_1) AND ct_request.holder = :holder_1;
+WHERE ct_request.namespace = :ct_namespace AND ct_request.resource IN (:ct_names_1) AND ct_request.holder = :ct_holder;
 SELECT TOP 1 ct_request.ticket 
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 AND ct_request.resource = :resource_1 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket;
@@ -297,7 +297,7 @@ WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource 
 FROM ct_request AS hq 
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = :mode_1) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
 FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
-WHERE ct_request.namespace = :namespace_1 AND ct_request.resource IN (:resource_1_1) AND ct_request.holder = :holder_1;
+WHERE ct_request.namespace = :ct_namespace AND ct_request.resource IN (:ct_names_1) AND ct_request.holder = :ct_holder;
 SELECT TOP 1 ct_request.ticket 
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 AND ct_request.resource = :resource_1 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket;

@@ -136,7 +136,7 @@ WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource 
 FROM ct_request AS hq 
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = %(mode_1)s::VARCHAR) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
 FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
-WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource IN (%(resource_1_1)s::VARCHAR) AND ct_request.holder = %(holder_1)s::VARCHAR;
+WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.holder = %(ct_holder)s::VARCHAR;
 SELECT locked.name, locked.capacity, locked.last_token, locked.last_ticket, locked.rate_count, locked.rate_per, locked.aging, locked.epoch, CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) AS now 
 FROM (SELECT ct_resource.name AS name, ct_resource.capacity AS capacity, ct_resource.last_token AS last_token, ct_resource.last_ticket AS last_ticket, ct_resource.rate_count AS rate_count, ct_resource.rate_per AS rate_per, ct_resource.aging AS aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
@@ -232,7 +232,7 @@ WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource 
 FROM ct_request AS hq 
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = %(mode_1)s::VARCHAR) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
 FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
-WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource IN (%(resource_1_1)s::VARCHAR) AND ct_request.holder = %(holder_1)s::VARCHAR;
+WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.holder = %(ct_holder)s::VARCHAR;
 SELECT ct_request.ticket 
 FROM ct_request 
 WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource = %(resource_1)s::VARCHAR AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket 
@@ -306,7 +306,7 @@ WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource 
 FROM ct_request AS hq 
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = %(mode_1)s::VARCHAR) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
 FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
-WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource IN (%(resource_1_1)s::VARCHAR) AND ct_request.holder = %(holder_1)s::VARCHAR;
+WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.holder = %(ct_holder)s::VARCHAR;
 SELECT ct_request.ticket 
 FROM ct_request 
 WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource = %(resource_1)s::VARCHAR AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket 

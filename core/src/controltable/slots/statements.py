@@ -319,9 +319,17 @@ def head_ticket(t: ControlSchema, namespace: str, name: str) -> Select:  # type:
             .order_by(q.c.queue_key, q.c.ticket).limit(1))
 
 
-def peek(t: ControlSchema, namespace: str, names: Sequence[str], holder: str) -> Select:  # type: ignore[type-arg]
+def peek(t: ControlSchema, namespace: str, names: Sequence[str], holder: str) -> Bound:
     """A waiter's look at its own rows, no locks: with each queue's head ticket, the holders' usage,
-    exclusive holders and first lease expiry, the resource's capacity and rate, and the database time."""
+    exclusive holders and first lease expiry, the resource's capacity and rate, and the database time.
+
+    On the path of every look of every waiter (a handoff's pickup starts with it): built once per
+    tables (see :data:`Bound`); building it cost 0.5 ms, three times its execution."""
+    return _peek(t), {"ct_namespace": namespace, "ct_names": list(names), "ct_holder": holder}
+
+
+@functools.lru_cache(maxsize=64)
+def _peek(t: ControlSchema) -> Select:  # type: ignore[type-arg]
     q, r = t.request, t.resource
     hq, wq = q.alias("hq"), q.alias("wq")
     same_h = and_(hq.c.namespace == q.c.namespace, hq.c.resource == q.c.resource, hq.c.state == GRANTED)
@@ -335,7 +343,8 @@ def peek(t: ControlSchema, namespace: str, names: Sequence[str], holder: str) ->
                hold_exp.label("hold_exp"), used.label("used"), excl.label("excl"), r.c.capacity,
                r.c.rate_count, r.c.rate_per)
         .select_from(q.join(r, and_(r.c.namespace == q.c.namespace, r.c.name == q.c.resource)))
-        .where(q.c.namespace == namespace, q.c.resource.in_(names), q.c.holder == holder)
+        .where(q.c.namespace == _typed("ct_namespace", q.c.namespace),
+               q.c.resource.in_(_bind("ct_names", [""], expanding=True)), q.c.holder == _typed("ct_holder", q.c.holder))
     )
 
 

@@ -336,7 +336,7 @@ class Waiting(PassEngine):
         holders' usage and first lease expiry, so that the head can time the reap of a holder
         whose lease runs out (or a grant that lapses) and run the grant pass itself.
         """
-        rows = conn.execute(sql.peek(self.t, self.ns, sorted(req.parts), req.holder)).all()
+        rows = conn.execute(*sql.peek(self.t, self.ns, sorted(req.parts), req.holder)).all()
         if not rows:
             return _Peek("gone")
         now = float(rows[0].now)
