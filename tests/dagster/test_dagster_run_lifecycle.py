@@ -5,7 +5,6 @@ In-process (``execute_in_process`` and sensor contexts on an ephemeral instance)
 """
 
 import json
-import os
 import threading
 import time
 from typing import Any
@@ -381,7 +380,7 @@ def test_retry_watcher_withdraws_a_place_within_moments_of_the_cancel(ct: Any, b
         # Acknowledged, not timed out and stopped: the same watcher process is alive and paused.
         assert time.monotonic() - started < dagster_defaults.WATCHER_PAUSE_TIMEOUT
         assert json.loads(retry_watch.state_file(holder).read_text())["pid"] == watcher_pid
-        os.kill(watcher_pid, 0)
+        assert retry_watch._alive(watcher_pid)
         instance.report_run_canceling(instance.get_run_by_id(run_id))
         time.sleep(1)
         assert _queue(ct, "warehouse") == (["shell-job"], [holder])

@@ -170,10 +170,8 @@ def test_failover_keeps_tokens_increasing_and_completions_once(pair: ReplicatedP
         inherited = {s.name: (len(s.holders), len(s.waiters)) for s in at_promotion}
         # A holder whose release was lost with the old primary keeps its slot until its lease runs
         # out (documented): the fleet may wait that long beyond the goal when every worker waits on it.
-        lease_left = max([h.expires_at.timestamp() - killed_at for s in at_promotion for h in s.holders
-                          if h.expires_at is not None and h.since is not None and h.since.timestamp() < killed_at],
-                         default=0.0)
-        lease_left = max(lease_left, 0.0)
+        lease_left = max([0.0] + [h.expires_at.timestamp() - killed_at for s in at_promotion for h in s.holders
+                                  if h.expires_at and h.since and h.since.timestamp() < killed_at])
         _wait_for("a grant on the promoted standby", lambda: any(r["t"] > promoted_at for r in grants()), 60)
         item_after = _retry(lambda: wl.allocate(owner="after", lease=300))
         # A holder of an allocation the failover lost learns it at its next renewal.

@@ -256,8 +256,8 @@ class Database:
         hurry = getattr(self._local, "deadline", None) is not None
         return guard.start(dbapi_conn, budget, hurry)
 
-    def _guard_finish(self, guard: connect.StatementGuard, alarm: Optional[connect._Alarm]) -> None:
-        if alarm is None:
+    def _guard_finish(self, guard: Optional[connect.StatementGuard], alarm: Optional[connect._Alarm]) -> None:
+        if guard is None or alarm is None:
             return
         fired = guard.finish(alarm)
         if fired:
@@ -315,8 +315,7 @@ class Database:
             try:
                 initialize(connection)
             except Exception as exc:
-                if guard is not None:
-                    self._guard_finish(guard, alarm)
+                self._guard_finish(guard, alarm)
                 fired = getattr(self._local, "fired", None)
                 if fired is not None:
                     # SQLAlchemy passes whatever a half-read answer left behind (even a
@@ -328,8 +327,7 @@ class Database:
                         f"the connection was lost while SQLAlchemy read the server's settings ({exc})")
                     raise OperationalError("(dialect initialize)", None, lost, connection_invalidated=True) from exc
                 raise
-            if guard is not None:
-                self._guard_finish(guard, alarm)
+            self._guard_finish(guard, alarm)
 
         dialect.initialize = bounded_initialize  # type: ignore[method-assign]
 
