@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from support import backends_seen
+
 from .servers import _wait_port, free_port, mariadb_bin
 
 PROVIDER = "/usr/lib/galera/libgalera_smm.so"
@@ -37,6 +39,7 @@ def galera_missing() -> Optional[str]:
 
 class GaleraNode:
     def __init__(self, root: Path, index: int) -> None:
+        backends_seen.THROWAWAY["mysql"] += 1
         self.index = index
         self.dir = root / f"node{index}"
         self.dir.mkdir()

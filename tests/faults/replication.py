@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from support import backends_seen
+
 from .servers import ThrowawayPostgres, _pid_alive, _wait_gone, _wait_port, free_port
 
 
@@ -40,6 +42,7 @@ class _Standby(ThrowawayPostgres):
     """A server whose data directory ``pg_basebackup`` fills (no ``initdb``): the primary's binaries and user."""
 
     def __init__(self, primary: ThrowawayPostgres) -> None:  # noqa: D107 - no initdb, unlike the parent
+        backends_seen.THROWAWAY["postgres"] += 1
         self.dir = primary.dir / "standby"
         self.dir.mkdir()
         self.bin, self.user = primary.bin, primary.user

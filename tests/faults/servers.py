@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from support import backends_seen
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -75,6 +77,7 @@ class ThrowawayServer:
     restart_modes: tuple[str, str] = ("", "")
 
     def __init__(self) -> None:
+        backends_seen.THROWAWAY["mysql" if self.kind == "mariadb" else self.kind] += 1
         self.dir = Path(tempfile.mkdtemp(prefix=f"ct-faults-{self.kind}-"))
         self.port = free_port()
         self.restarts: list[tuple[str, float]] = []

@@ -1,8 +1,9 @@
 """What the run used of each database backend, for the summary line the root conftest prints.
 
 Tests parametrised by ``backend`` count one test each; a deployment (a running Airflow or
-Dagster kept on PostgreSQL) counts once per deployment started, so a run of only the deployment
-tests still says which server it used.
+Dagster kept on PostgreSQL) counts once per deployment started, and a throwaway server (the fault
+suite's own PostgreSQL, standby, MariaDB or Galera node, started and stopped by the test) once per
+server, so a run of only the deployment or fault tests still says which servers it used.
 """
 
 from __future__ import annotations
@@ -13,17 +14,20 @@ from collections import Counter
 TESTS: Counter[str] = Counter()
 #: Deployments (Airflow, Dagster) started on a backend.
 DEPLOYMENTS: Counter[str] = Counter()
+#: Throwaway servers a test started itself (never the shared ones), per backend.
+THROWAWAY: Counter[str] = Counter()
 
 
 def summary(backends: tuple[str, ...]) -> str:
-    """``sqlite (12 tests), postgres (10 tests, 2 deployments)``, or ``none``."""
+    """``sqlite (12 tests), postgres (10 tests, 2 deployments, 3 throwaway servers)``, or ``none``."""
     parts = []
     for name in backends:
-        counts = [f"{n} {what}" for n, what in ((TESTS[name], "tests"), (DEPLOYMENTS[name], "deployments")) if n]
+        counts = [f"{n} {what}" for n, what in ((TESTS[name], "tests"), (DEPLOYMENTS[name], "deployments"),
+                                                 (THROWAWAY[name], "throwaway servers")) if n]
         if counts:
             parts.append(f"{name} ({', '.join(counts)})")
     return ", ".join(parts) or "none"
 
 
 def used(name: str) -> bool:
-    return bool(TESTS[name] or DEPLOYMENTS[name])
+    return bool(TESTS[name] or DEPLOYMENTS[name] or THROWAWAY[name])
