@@ -8,6 +8,7 @@ was taken: within one renewal interval (plus the renewal's own round trip).
 
 from __future__ import annotations
 
+import _thread
 import threading
 import time
 from typing import Any, Callable
@@ -160,12 +161,24 @@ def test_interrupt_cancelled_when_the_block_leaves_first(ct: ControlTable) -> No
     item = wl.allocate("w", lease=30)
     assert item is not None
     for _ in range(200):
+        # The interrupter is started before arming and waits on a raw lock: releasing it is one
+        # C call, so the interrupt can land only in this test's own lines, never inside
+        # ``Thread.start`` (an exception there breaks threading's own bookkeeping: KeyError in
+        # ``_limbo``, as one CI run saw).
+        go = _thread.allocate_lock()
+        go.acquire()
+
+        def interrupter(go: Any = go) -> None:
+            with go:
+                item._interrupt_owner()
+
+        t = threading.Thread(target=interrupter)
+        t.start()
         armed = item._arm()
         assert armed
         item.lost = LeaseLost("test")
-        t = threading.Thread(target=item._interrupt_owner)
         try:
-            t.start()
+            go.release()
             item._disarm()
         except LeaseLostInterrupt:
             item._disarm()  # landed before the disarm: still inside the block
