@@ -172,6 +172,7 @@ def test_two_workers_process_in_parallel(ct: Any, backend_url: str, event_table_
     keys = [k for o in out for k in o["keys"]]
     assert len(set(keys)) == 10, out
     wall = max(o["end"] for o in out) - min(o["start"] for o in out)
-    assert 1.0 <= wall < 1.8, f"two 1 s batches took {wall:.2f} s together: they did not run in parallel ({out})"
+    # One after the other they take at least 2 s; the margin below that is for a loaded machine.
+    assert 1.0 <= wall < 1.95, f"two 1 s batches took {wall:.2f} s together: they did not run in parallel ({out})"
     st = ct.events(event_table_name, key="id").stats()
     assert (st.done, st.pending, st.claimed) == (10, 10, 0), st
