@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Callable, Generic, Mapping, Optional, Sequence, TypeVar, Union
 
 from sqlalchemy.engine import Connection
 
@@ -100,16 +100,16 @@ class _Entered:
 
 
 @dataclass
-class Presnapped:
+class Presnapped(Generic[T]):
     """What a change made under the locks returns when it also read the snapshot its grant pass
     starts from (one statement for both: :func:`.statements.enter_and_snapshot`,
     :func:`.statements.remove_and_snapshot`). The one way a first snapshot reaches a grant pass."""
 
-    value: Any
+    value: T
     snapshot: Optional[list[Any]]
 
     @staticmethod
-    def split(result: Any) -> tuple[Any, Optional[list[Any]]]:
+    def split(result: Union[Presnapped[T], T]) -> tuple[T, Optional[list[Any]]]:
         """``(value, snapshot)`` of an action's result; a plain result has no snapshot."""
         if isinstance(result, Presnapped):
             return result.value, result.snapshot
@@ -200,7 +200,8 @@ class PassEngine(ABC):
     def is_held(self, lease: Lease) -> bool: ...
 
     # -- running a change followed by a grant pass ---------------------------------------------
-    def _with_pass(self, names: set[str], action: Callable[[Connection, dict[str, Any], float], T],
+    def _with_pass(self, names: set[str],
+                   action: Callable[[Connection, dict[str, Any], float], Union[T, Presnapped[T]]],
                    deadline: Optional[float] = None) -> T:
         """Run ``action`` and a grant pass in one transaction, holding the locks of ``names``.
 
@@ -212,11 +213,11 @@ class PassEngine(ABC):
         def with_pass(conn: Connection, res: dict[str, Any], now: float) -> T:
             value, snapshot = Presnapped.split(action(conn, res, now))
             self._grant_pass(conn, res, now, snapshot=snapshot)
-            return value  # type: ignore[no-any-return]
+            return value
 
         def without_pass(conn: Connection, res: dict[str, Any], now: float) -> T:
             value, _ = Presnapped.split(action(conn, res, now))
-            return value  # type: ignore[no-any-return]
+            return value
 
         return self._in_lock_order(names, with_pass, fallback=without_pass, deadline=deadline)
 

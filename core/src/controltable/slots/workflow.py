@@ -52,6 +52,9 @@ from .waiting import (  # noqa: F401 - re-exported (were defined here)
     _Peek,
 )
 
+#: What removing a request found: live grants removed, rows removed, the database time.
+_Removed = tuple[int, int, float]
+
 
 class SlotEngine(Waiting, Reports):
     """The SQL behind slots, for one namespace of one installation.
@@ -149,7 +152,7 @@ class SlotEngine(Waiting, Reports):
         """Enter the queue (or find our entry), then run a grant pass; picks the grant up if made."""
         names = sorted(req.parts)
 
-        def action(conn: Connection, res: dict[str, Any], now: float) -> Union[_Entered, Presnapped]:
+        def action(conn: Connection, res: dict[str, Any], now: float) -> Union[_Entered, Presnapped[_Entered]]:
             for name, k in req.parts.items():
                 if k > res[name].capacity:
                     raise ConfigurationError(
@@ -235,8 +238,7 @@ class SlotEngine(Waiting, Reports):
             return entered if snapshot is None else Presnapped(entered, snapshot)
 
         def fn(conn: Connection, res: dict[str, Any], now: float) -> _Outcome:
-            result, snapshot = Presnapped.split(action(conn, res, now))
-            entered: _Entered = result
+            entered, snapshot = Presnapped.split(action(conn, res, now))
             if entered.done is not None:
                 return entered.done
             made: dict[str, dict[str, int]] = {}
@@ -290,7 +292,7 @@ class SlotEngine(Waiting, Reports):
         n = len(lease.resources)
         completed = 0
 
-        def action(conn: Connection, res: dict[str, Any], now: float) -> Any:
+        def action(conn: Connection, res: dict[str, Any], now: float) -> Union[_Removed, Presnapped[_Removed]]:
             nonlocal completed
             if self._snapshot_in_change(conn, res):
                 # The rows, their removal, their history closed and the snapshot the grant pass
