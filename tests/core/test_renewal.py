@@ -7,7 +7,12 @@ from typing import Any, Callable
 
 from controltable import ControlTable
 
-LEASE = 0.6
+#: Renewed every third of it (0.5 s), so one renewal may come up to 1 s late before the lease runs
+#: out: a CI run on a loaded machine saw a 0.6 s lease run out between two renewals (the batch then
+#: rightly counted as lost).
+LEASE = 1.5
+#: Well past the original lease: only renewal keeps the rows.
+PAST_THE_LEASE = 2.5 * LEASE
 #: Rounding of stored times against the database clock read apart (not machine speed).
 CLOCK_SLACK = 0.01
 
@@ -18,7 +23,7 @@ def test_batch_renews_in_background(ct: ControlTable, event_table: Callable[...,
     assert batch is not None
     claimed_until = batch.expires_at.timestamp()
     batch.start_renewing()
-    time.sleep(1.6)  # well past the original lease: only renewal keeps the rows
+    time.sleep(PAST_THE_LEASE)
     refused_at = ct.now()
     assert refused_at > claimed_until, "the sleep outlasted the claim's first lease"
     assert ev.claim(3, owner="thief") is None
@@ -40,7 +45,7 @@ def test_work_item_renews_in_background(ct: ControlTable) -> None:
     assert item is not None
     allocated_until = item.expires_at.timestamp()
     item.start_renewing()
-    time.sleep(1.6)
+    time.sleep(PAST_THE_LEASE)
     refused_at = ct.now()
     assert refused_at > allocated_until, "the sleep outlasted the item's first lease"
     assert wl.allocate("thief", lease=LEASE) is None

@@ -194,8 +194,9 @@ def test_release_of_lost_lease_raises(ct: ControlTable) -> None:
 
 def test_slot_context_manager_renews_in_background(ct: ControlTable) -> None:
     ct.set_capacity("w", 1)
-    with ct.slot("w", holder="long", lease=0.6, timeout=0) as lease:
-        time.sleep(1.5)  # more than twice the lease: only renewal keeps it
+    # Renewed every 0.5 s: a renewal may come 1 s late on a loaded machine before the lease runs out.
+    with ct.slot("w", holder="long", lease=1.5, timeout=0) as lease:
+        time.sleep(3.5)  # more than twice the lease: only renewal keeps it
         assert lease.is_held()
         with pytest.raises(AcquireTimeout):
             ct.acquire("w", holder="other", timeout=0)

@@ -584,7 +584,17 @@ class EventTable(EventAdministration):
             held = self._keys_where(conn, keys, self._fenced(token), self._col("expires_at") >= now, lock=True)
             if len(held) != len(set(keys)):
                 lost = self._held_lost(conn, token, keys)
-                raise LeaseLost(f"cannot renew rows no longer held by this batch: {describe_keys(lost)}", keys=lost)
+                if lost:
+                    raise LeaseLost(f"cannot renew rows no longer held by this batch: {describe_keys(lost)}",
+                                    keys=lost)
+                # Still under this token but past their expiry: free for any worker to claim from
+                # then on, so this claim is over even though nobody has taken them yet.
+                expired = [k for k in keys if k not in held]
+                raise LeaseLost(
+                    f"cannot renew rows of this batch whose claim had already expired when the renewal "
+                    f"reached the database: {describe_keys(expired)}; another worker may claim them. Renew "
+                    "more often than the lease (a third of it, as start_renewing() does) or ask for a longer "
+                    "lease", keys=expired)
             for chunk in self._key_chunks(list(held)):
                 conn.execute(sql.update_keys(t, self.key, chunk, sql.renew_values(self.cols, now + seconds),
                                              self._fenced(token)))
