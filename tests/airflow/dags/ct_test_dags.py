@@ -30,9 +30,9 @@ with DAG("ct_test_hold_slot", schedule=None, start_date=datetime(2024, 1, 1), ca
         table.set_capacity("solo", 1)
 
     @task
-    @hold_slot("solo", lease=1.0)
+    @hold_slot("solo", lease=2.0)  # renewed every 0.67 s: a renewal may be 1.3 s late on a loaded machine
     def holds() -> str:
-        time.sleep(1.5)  # longer than the lease: only the background renewal keeps it
+        time.sleep(2.5)  # longer than the lease: only the background renewal keeps it
         (holder,) = _holders("solo")
         assert holder.endswith(":holds:-1"), holder
         return holder
