@@ -46,8 +46,8 @@ class Clock:
     def take_later(self, delay: float, take: Callable[[], Any]) -> None:
         def run() -> None:
             time.sleep(delay)
+            self.taken = time.monotonic()  # before the take: the interrupt may land before this thread runs again
             take()
-            self.taken = time.monotonic()
 
         threading.Thread(target=run, daemon=True).start()
 

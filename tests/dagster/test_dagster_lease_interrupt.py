@@ -43,8 +43,8 @@ class Clock:
     def take_later(self, delay: float, take: Callable[[], Any]) -> threading.Thread:
         def run() -> None:
             time.sleep(delay)
+            self.taken = time.monotonic()  # before the take: the interrupt may land before this thread runs again
             take()
-            self.taken = time.monotonic()
 
         t = threading.Thread(target=run, daemon=True)
         t.start()
