@@ -79,8 +79,8 @@ def test_lost_notification_still_ends_in_a_grant(backend_url: str, namespace: st
     t = wait_in_thread(waiter_ct, "waiter", granted, received)
     time.sleep(2.0)
     before = waiter_ct._wakeups.received
-    released = time.monotonic()
     lease.release()
+    released = time.monotonic()  # from the release's return: its own time is not the waiter's
     t.join(30)
     assert granted and received == [before], "no notification may have woken the waiter"
     assert granted[0] - released < 2.5, "polling fallback must still grant within its interval"
@@ -107,8 +107,8 @@ def test_worklist_allocator_wakes_when_the_order_finishes(backend_url: str, name
     t = threading.Thread(target=allocate)
     t.start()
     time.sleep(1.0)
-    done = time.monotonic()
     first.complete()
+    done = time.monotonic()  # from the completion's return: its own time is not the allocator's
     t.join(30)
     assert got and got[0][1] == 200
     assert got[0][0] - done < 1.0, "the allocator slept through the notification"
@@ -142,8 +142,8 @@ def test_waiting_claim_wakes_when_a_producer_notifies(backend_url: str, namespac
         assert not got
         with ct.engine.begin() as conn:
             conn.execute(t.insert(), [{"id": i} for i in range(1, 6)])
-        produced = time.monotonic()
         ev.notify()
+        produced = time.monotonic()  # from the notification's return: its own time is not the claimer's
         th.join(30)
         assert got and got[0][1] == 5
         assert got[0][0] - produced < 1.0, "the waiting claim slept through the producer's notification"
