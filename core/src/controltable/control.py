@@ -52,6 +52,7 @@ from .validation import (
     check_names,
     check_namespace,
     check_positive_int,
+    check_prefix,
     check_priority,
     check_seconds,
     normalize_request,
@@ -340,7 +341,7 @@ class ControlTable:
         holder ids that start with the scope, e.g. ``f"{dag_id}/{run_id}/"``. The prefix is
         matched literally. Whoever can run then is granted. Returns the requests removed.
         """
-        prefix = check_name("holder prefix", prefix)
+        prefix = check_prefix("holder prefix", prefix)
         return self._slots.release_holders(prefix)
 
     def wait_info(self, resource: str, holder: str) -> Optional[WaitInfo]:

@@ -27,6 +27,12 @@ def holder_id(*parts: object, limit: int = NAME_LENGTH) -> str:
     if limit <= _DIGEST + 1:
         raise ValueError(f"limit must be more than {_DIGEST + 1} characters")
     raw = _UNSAFE.sub("_", ":".join(str(p) for p in parts))
+    # Blanks at either end would make the id one that ``validation.check_name`` refuses (MySQL and
+    # SQL Server compare 'etl' and 'etl ' as one name): they are replaced like control characters.
+    core = raw.strip()
+    if core != raw:
+        start = len(raw) - len(raw.lstrip())
+        raw = "_" * start + core + "_" * (len(raw) - start - len(core)) if core else "_" * len(raw)
     if len(raw) <= limit:
         return raw
     digest = hashlib.sha256(raw.encode()).hexdigest()[:_DIGEST]

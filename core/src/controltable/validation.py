@@ -22,7 +22,17 @@ IDENTIFIER_LENGTH = 63  # the shortest limit among the backends (PostgreSQL)
 
 
 def check_name(kind: str, value: object, limit: int = NAME_LENGTH) -> str:
-    """A resource, holder, work-list or namespace name: a non-empty printable string up to ``limit``."""
+    """A resource, holder, work-list, owner or namespace name: a non-empty printable string up to
+    ``limit``, without whitespace at either end.
+
+    Why no blank at either end: MySQL/MariaDB's PAD SPACE collations (``utf8mb4_bin`` included) and
+    every SQL Server collation compare ``'etl'`` and ``'etl '`` as equal, so the database would make
+    two names a caller tells apart one (one lease, one token, two holders). One rule for every
+    backend keeps a name valid on one valid on all; leading blanks go with trailing ones, because a
+    name that differs from another only by invisible blanks is one a reader cannot tell apart.
+    Case and Unicode normalisation need no rule: every backend compares names by code point
+    (binary collations), so ``Etl``/``etl`` and NFC/NFD forms stay distinct names everywhere.
+    """
     if not isinstance(value, str):
         raise ConfigurationError(f"{kind} name must be a string, got {type(value).__name__}: {value!r}")
     if not value.strip():
@@ -34,7 +44,23 @@ def check_name(kind: str, value: object, limit: int = NAME_LENGTH) -> str:
         )
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
         raise ConfigurationError(f"{kind} name {value!r} contains control characters; use printable characters only")
+    if value[0].isspace() or value[-1].isspace():
+        raise ConfigurationError(
+            f"{kind} name {value!r} begins or ends with whitespace; MySQL/MariaDB and SQL Server compare "
+            f"names ignoring trailing blanks, so {value.strip()!r} and {value!r} would be one name there and "
+            f"share one lease; names with blanks at either end are refused on every backend: pass "
+            f"{value.strip()!r}"
+        )
     return value
+
+
+def check_prefix(kind: str, value: object) -> str:
+    """A prefix of names (``release_holders``): a name's start, so it may end with a blank (the
+    prefix ``"etl "`` of ``"etl job"``) but not begin with one (no name does)."""
+    if isinstance(value, str) and value and value[-1].isspace() and value.strip():
+        check_name(kind, value.rstrip() + "x")  # every other rule of a name holds for the prefix
+        return value
+    return check_name(kind, value)
 
 
 def check_names(kind: str, value: object) -> list[str]:

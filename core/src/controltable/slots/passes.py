@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 from .. import dialects
 from ..clock import read_now
 from ..defaults import DEFAULT_PICKUP, FAILOVER_PICKUP
-from ..errors import AcquireTimeout, UnknownResourceError
+from ..errors import AcquireTimeout, ConfigurationError, UnknownResourceError
 from ..runtime import Runtime, runtime_of
 from . import grants
 from . import statements as sql
@@ -133,6 +133,53 @@ class _Request:
     deadline: Optional[float] = None
     #: Higher is granted first (see :mod:`controltable.slots.grants`).
     priority: int = 0
+
+
+class _AsLocked:
+    """A snapshot row whose ``resource`` is spelled as the locked resource the database matched it to."""
+
+    __slots__ = ("_row", "resource")
+
+    def __init__(self, row: Any, resource: str) -> None:
+        self._row = row
+        self.resource = resource
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._row, name)
+
+
+def as_locked(rows: Sequence[Any], names: Mapping[str, Any]) -> list[Any]:
+    """``rows`` with each resource spelled as the locked name (a key of ``names``) it was read by.
+
+    The database selected the rows by its own comparison, and MySQL/MariaDB (PAD SPACE collations)
+    and SQL Server ignore trailing blanks: an entry stored as ``'wh '`` (before such names were
+    refused) is read by a pass over ``'wh'``. Looked up by its stored spelling it would fail with a
+    bare ``KeyError``; it is counted under the resource the database says it belongs to, and a row
+    that matches no locked name even so is reported as a ``ConfigurationError`` naming it.
+    """
+    out: list[Any] = []
+    for row in rows:
+        if row.resource in names:
+            out.append(row)
+            continue
+        same = locked_name(row.resource, names)
+        if same not in names:
+            raise ConfigurationError(
+                f"the database returned an entry of resource {row.resource!r} (holder {row.holder!r}) for the "
+                f"resources {sorted(names)!r}: it compares names differently from Python; release that entry "
+                f"with release_holder({str(row.resource).strip()!r}, {str(row.holder).strip()!r}) or delete its row"
+            )
+        out.append(_AsLocked(row, same))
+    return out
+
+
+def locked_name(name: str, names: Mapping[str, Any]) -> str:
+    """The one name of ``names`` that ``name`` equals when trailing blanks are ignored (as MySQL's
+    PAD SPACE collations and SQL Server compare), else ``name`` itself (see :func:`as_locked`)."""
+    if name in names:
+        return name
+    same = [n for n in names if n.rstrip(" ") == str(name).rstrip(" ")]
+    return same[0] if len(same) == 1 else name
 
 
 class _NeedLocks(Exception):
@@ -371,7 +418,7 @@ class PassEngine(ABC):
         reaped = 0
         for _ in range(100):  # each round grants at least one waiter or ends
             self._after_promotion(conn, res, own[0] if own is not None else None)
-            rows = self._snapshot(conn, res) if snapshot is None else snapshot
+            rows = as_locked(self._snapshot(conn, res) if snapshot is None else snapshot, res)
             snapshot = None
             queues = {name: grants.Queue(name, res[name].capacity, aging=res[name].aging,
                                          budget=self._budget(conn, res[name], now)) for name in res}
@@ -381,7 +428,7 @@ class PassEngine(ABC):
             spans: dict[str, set[str]] = {}
             if multi:
                 for key, resource in conn.execute(sql.request_spans(self.t, multi)):
-                    spans.setdefault(key, set()).add(resource)
+                    spans.setdefault(key, set()).add(locked_name(resource, res))
             heads = grants.assemble(queues, live, spans, {name: self._head_size(res[name]) for name in res})
             rows_by_key = heads.rows_by_key
             decision = grants.decide(queues)
