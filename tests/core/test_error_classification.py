@@ -167,6 +167,8 @@ MSSQL_CASES = [
     ("42000", 229, Kind.PERMISSION), ("42000", 230, Kind.PERMISSION), ("42S02", 208, Kind.NOT_INSTALLED),
     ("42S22", 207, Kind.NOT_INSTALLED), ("HYT00", 0, Kind.TIMEOUT), ("23000", 2627, Kind.CONFLICT),
     ("22001", 8152, Kind.BAD_VALUE), ("42000", 102, Kind.OTHER),
+    # Azure SQL resource limits (workers/sessions reached; server too busy): refused before running.
+    ("42000", 10928, Kind.TRANSIENT), ("42000", 10929, Kind.TRANSIENT),
 ]
 
 
@@ -280,6 +282,17 @@ def test_transient_and_lost_connections_are_retried(db: Database) -> None:
         return "ok"
 
     assert db.run(bare) == "ok" and len(calls) == 3
+
+
+@pytest.mark.parametrize("number", [10928, 10929])
+def test_azure_sql_resource_limits_are_retried(db: Database, number: int) -> None:
+    """Azure SQL refuses a request at its tier's worker/session limit (10928) or when too busy
+    (10929): nothing ran, the capacity frees as other requests end, so the work is retried."""
+    flaky = _Flaky(pyodbc_error("42000", number), 2)
+    assert db.run(flaky) == "ok" and flaky.calls == 3
+    with pytest.raises(DatabaseBusyError) as caught:  # still refused after every retry
+        db.run(_Flaky(pyodbc_error("42000", number), 1000))
+    assert is_retryable(caught.value)
 
 
 def test_a_connection_lost_while_the_dialect_reads_the_server_is_retried(tmp_path: Path,

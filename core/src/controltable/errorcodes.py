@@ -181,6 +181,12 @@ _MSSQL_NUMBER = {
     1205: Kind.TRANSIENT,  # chosen as deadlock victim
     1222: Kind.TRANSIENT,  # lock request time out period exceeded
     3960: Kind.TRANSIENT,  # snapshot isolation update conflict
+    # (Azure SQL) a resource limit of the database's service tier: 10928 the worker or session limit
+    # reached, 10929 the minimum guarantee met and the server too busy for more. The request was
+    # refused before it ran, and capacity frees as other requests end: Microsoft lists both as
+    # transient, to be retried after a back-off.
+    10928: Kind.TRANSIENT,
+    10929: Kind.TRANSIENT,
     233: Kind.UNAVAILABLE,  # no process is on the other end of the pipe
     10053: Kind.UNAVAILABLE,  # transport-level error
     10054: Kind.UNAVAILABLE,  # connection reset by peer
