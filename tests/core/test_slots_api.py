@@ -126,6 +126,41 @@ def test_release_holders_by_prefix(ct: ControlTable) -> None:
         ct.release_holders("")
 
 
+def test_release_holders_matches_the_prefix_literally_and_by_case(ct: ControlTable) -> None:
+    """Every character of a prefix is itself: SQL Server's ``[1]`` (a class) and SQLite's LIKE,
+    which ignores ASCII case, would release holders the prefix does not name."""
+    ct.set_capacity("w", 20)
+    holders = ["job[1]a", "job1a", "ETL x", "etl y", "a*b", "a?b", "axb", "a%b", "a_b", "a/b", "a[b"]
+    for holder in holders:
+        assert ct.try_acquire("w", holder=holder) is not None
+    for prefix, released in [("job[1]", "job[1]a"), ("ETL", "ETL x"), ("a*", "a*b"), ("a?", "a?b"),
+                             ("a%", "a%b"), ("a_", "a_b"), ("a/", "a/b"), ("a[", "a[b")]:
+        assert ct.release_holders(prefix) == 1, prefix
+        holders.remove(released)
+        assert sorted(h.holder for h in ct.status(["w"])[0].holders) == sorted(holders), prefix
+
+
+@pytest.mark.parametrize("dialect", ["mssql", "oracle", "postgresql", "mysql", "sqlite"])
+def test_release_holders_prefix_is_escaped_for_each_dialect(dialect: str) -> None:
+    """Compiled, for the servers not run here: ``[`` is escaped on SQL Server only (Oracle refuses
+    an escape before anything but ``%``, ``_`` and the escape character, ORA-01424)."""
+    from sqlalchemy import select
+
+    from controltable.dialects import offline_dialect
+    from controltable.schema import build_schema
+    from controltable.slots.statements import prefix_match
+
+    t = build_schema()
+    compiled = select(t.request.c.id).where(prefix_match(t, "ns", "job[1]_%/")).compile(
+        dialect=offline_dialect(dialect, (16,) if dialect == "mssql" else (19,)))
+    (pattern,) = [v for v in compiled.params.values() if v != "ns"]
+    if dialect == "sqlite":  # GLOB: exact case; *, ? and [ as one-character classes
+        assert pattern == "job[[]1]_%/*" and " GLOB " in str(compiled)
+    else:
+        assert pattern.startswith("job/[1]" if dialect == "mssql" else "job[1]/_/%//")
+        assert " LIKE " in str(compiled) and "ESCAPE '/'" in str(compiled)
+
+
 def test_wakeup_keys(ct: ControlTable) -> None:
     keys = ct.wakeup_keys({"b": 1, "a": 2}, holder="h")
     assert keys and all(isinstance(k, str) for k in keys)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence, TypeVar
 
-from sqlalchemy import BigInteger, Float, Integer, String, Text, bindparam, event, select
+from sqlalchemy import BigInteger, Boolean, Float, Integer, String, Text, bindparam, event, select
 from sqlalchemy.dialects import mssql, oracle
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.compiler import compiles
@@ -20,6 +20,7 @@ from sqlalchemy.sql import ColumnElement, Select, operators
 from sqlalchemy.sql.dml import Delete, Update
 from sqlalchemy.sql.expression import FunctionElement
 from sqlalchemy.sql.schema import Table
+from sqlalchemy.sql.visitors import InternalTraversal
 from sqlalchemy.types import TypeDecorator
 
 from .defaults import TOKEN_EPOCH_BITS
@@ -410,6 +411,65 @@ class StateString(TypeDecorator):  # type: ignore[type-arg]
                     and all(isinstance(v, str) for v in other[0]):
                 other = ([state_literal(v, String()) for v in other[0]],) + other[1:]
             return super().operate(op, *other, **kwargs)
+
+
+#: The escape character of literal LIKE patterns (SQLAlchemy's ``autoescape`` uses it too).
+LIKE_ESCAPE = "/"
+
+
+def like_literal(text: str, dialect_name: str) -> str:
+    """``text`` escaped to match itself in a LIKE pattern with ``ESCAPE '/'`` on ``dialect_name``.
+
+    ``%``, ``_`` and the escape character are wildcards or special everywhere. SQL Server's LIKE
+    also reads ``[...]`` as a character class (``job[1]`` matches ``job1``, not ``job[1]``), so
+    ``[`` is escaped there; only there, because Oracle refuses an escape character before anything
+    but ``%``, ``_`` and itself (ORA-01424)."""
+    specials = (LIKE_ESCAPE, "%", "_") + (("[",) if dialect_name == "mssql" else ())
+    return "".join(LIKE_ESCAPE + ch if ch in specials else ch for ch in text)
+
+
+def glob_literal(text: str) -> str:
+    """``text`` escaped to match itself in a SQLite GLOB pattern (``*``, ``?`` and ``[`` as classes)."""
+    return "".join(f"[{ch}]" if ch in "*?[" else ch for ch in text)
+
+
+class starts_with(ColumnElement):  # type: ignore[type-arg]  # noqa: N801 - reads as a SQL construct
+    """``column`` starts with ``prefix``, matched literally and case-sensitively on every backend.
+
+    LIKE with the prefix escaped for the dialect (see :func:`like_literal`), but on SQLite a GLOB:
+    SQLite's LIKE ignores ASCII case (``release_holders("ETL")`` would release ``etl...``), its
+    GLOB compares exactly, as name columns do everywhere. Every form is built here and the
+    compiler picks the dialect's: the prefix stays an ordinary bound parameter of the statement,
+    so the compiled-statement cache extracts it like any other."""
+
+    inherit_cache = True
+    type = Boolean()  # noqa: A003 - SQLAlchemy's attribute name
+    #: A predicate itself: rendered as it is in a WHERE, never as ``... = 1``.
+    _is_implicitly_boolean = True
+
+    def __init__(self, column: Any, prefix: str) -> None:
+        self.portable = column.like(like_literal(prefix, "") + "%", escape=LIKE_ESCAPE)
+        self.bracketed = column.like(like_literal(prefix, "mssql") + "%", escape=LIKE_ESCAPE)
+        self.globbed = column.op("GLOB", is_comparison=True)(glob_literal(prefix) + "*")
+
+    _traverse_internals = [("portable", InternalTraversal.dp_clauseelement),
+                           ("bracketed", InternalTraversal.dp_clauseelement),
+                           ("globbed", InternalTraversal.dp_clauseelement)]
+
+
+@compiles(starts_with)
+def _starts_with_default(element: Any, compiler: Any, **kw: Any) -> str:
+    return str(compiler.process(element.portable, **kw))
+
+
+@compiles(starts_with, "mssql")
+def _starts_with_mssql(element: Any, compiler: Any, **kw: Any) -> str:
+    return str(compiler.process(element.bracketed, **kw))
+
+
+@compiles(starts_with, "sqlite")
+def _starts_with_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
+    return str(compiler.process(element.globbed, **kw))
 
 
 #: SQL Server collation of name columns: compared by code point, like Python (and PostgreSQL's

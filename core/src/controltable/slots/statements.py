@@ -434,9 +434,10 @@ def request_match(t: ControlSchema, namespace: str, names: Sequence[str], holder
 
 
 def prefix_match(t: ControlSchema, namespace: str, prefix: str) -> ColumnElement[bool]:
-    """The rows of every holder whose id starts with ``prefix`` (``%`` and ``_`` match literally)."""
+    """The rows of every holder whose id starts with ``prefix``, matched literally (``%``, ``_``
+    and SQL Server's ``[`` escaped: :class:`controltable.dialects.starts_with`)."""
     q = t.request
-    return and_(q.c.namespace == namespace, q.c.holder.startswith(prefix, autoescape=True))
+    return and_(q.c.namespace == namespace, dialects.starts_with(q.c.holder, prefix))
 
 
 # -- requests: changing -----------------------------------------------------------------------------
