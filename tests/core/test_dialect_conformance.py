@@ -473,6 +473,33 @@ def test_mssql_online_index_waits_at_low_priority_where_the_version_has_it() -> 
     assert str(CreateIndexOnline(ix).compile(dialect=dialect_for("mssql", (15, 0)))).endswith("WITH (ONLINE = ON)")
 
 
+@pytest.mark.parametrize("edition, low_priority, online", [(5, True, True), (8, True, True), (3, False, True),
+                                                             (2, False, False)])
+def test_mssql_online_index_on_azure_waits_at_low_priority_by_engine_edition(
+        edition: int, low_priority: bool, online: bool) -> None:
+    """Azure SQL Database (edition 5) and Managed Instance (8) report major version 12, below the
+    2022 gate, yet take WAIT_AT_LOW_PRIORITY: the edition read for ONLINE opens the gate there."""
+    from sqlalchemy import Column, Index, Integer, MetaData, Table
+
+    from controltable.dialects import CreateIndexOnline, online_ddl_available
+    from controltable.sqlscript import dialect_for
+
+    dialect = dialect_for("mssql", (12, 0))
+
+    class Conn:  # what online_ddl_available reads: the dialect and the edition query's answer
+        def __init__(self) -> None:
+            self.dialect = dialect
+
+        def exec_driver_sql(self, sql: str) -> Any:
+            assert "EngineEdition" in sql
+            return type("Result", (), {"scalar": staticmethod(lambda: edition)})()
+
+    assert online_ddl_available(Conn()) is online
+    t = Table("events", MetaData(), Column("id", Integer, primary_key=True), Column("s", Integer))
+    text = str(CreateIndexOnline(Index("ix_s", t.c.s)).compile(dialect=dialect))
+    assert ("WAIT_AT_LOW_PRIORITY" in text) is low_priority, text
+
+
 def test_ddl_lock_waits_are_short_and_retried() -> None:
     from controltable import dialects
     from controltable.defaults import DDL_LOCK_RETRY_WAIT, DDL_LOCK_TIMEOUT

@@ -89,9 +89,25 @@ def adds_columns_nullable(dialect_name: str) -> bool:
 
 
 #: SQL Server versions whose ``CREATE INDEX ... WITH (ONLINE = ON (WAIT_AT_LOW_PRIORITY ...))``
-#: exists (2022, and Azure SQL); and how long the build waits in the low-priority queue.
+#: exists (2022); and how long the build waits in the low-priority queue.
 LOW_PRIORITY_INDEX_VERSION = (16,)
 LOW_PRIORITY_MINUTES = 1
+#: ``SERVERPROPERTY('EngineEdition')`` of Azure SQL Database (5) and Azure SQL Managed Instance (8):
+#: they have the 2022 syntax but report major version 12, so the version alone never opens the gate.
+AZURE_EDITIONS = (5, 8)
+#: SQL Server editions that build indexes online: 3 = Enterprise/Developer/Evaluation, and Azure.
+ONLINE_EDITIONS = (3,) + AZURE_EDITIONS
+#: Where :func:`online_ddl_available` notes the engine edition it read, on the engine's dialect
+#: (like SQLAlchemy's own ``server_version_info``), for :class:`CreateIndexOnline` to compile by.
+EDITION_ATTRIBUTE = "controltable_engine_edition"
+
+
+def low_priority_index_available(dialect: Any) -> bool:
+    """Whether the SQL Server behind ``dialect`` accepts ``WAIT_AT_LOW_PRIORITY`` on ``CREATE
+    INDEX``: SQL Server 2022+ by its version, Azure SQL Database and Managed Instance by their
+    engine edition (read by :func:`online_ddl_available`; they report version 12)."""
+    version = tuple(getattr(dialect, "server_version_info", None) or ())
+    return version >= LOW_PRIORITY_INDEX_VERSION or getattr(dialect, EDITION_ATTRIBUTE, None) in AZURE_EDITIONS
 
 
 class CreateIndexOnline(DDLElement):
@@ -113,8 +129,7 @@ def _create_index_online(element: CreateIndexOnline, compiler: Any, **kw: Any) -
     if name == "postgresql":
         return text.replace("CREATE INDEX ", "CREATE INDEX CONCURRENTLY ", 1)
     if name == "mssql":
-        version = tuple(getattr(compiler.dialect, "server_version_info", None) or ())
-        if version >= LOW_PRIORITY_INDEX_VERSION:
+        if low_priority_index_available(compiler.dialect):
             # SQL Server 2022+ / Azure: the build's schema-lock request waits in a low-priority
             # queue (new readers and writers pass it) and gives up itself, as a lock timeout.
             return (text + f" WITH (ONLINE = ON (WAIT_AT_LOW_PRIORITY (MAX_DURATION = {LOW_PRIORITY_MINUTES} "
@@ -133,8 +148,9 @@ def online_ddl_available(conn: Any) -> bool:
     try:
         if name == "mssql":
             # 3 = Enterprise/Developer/Evaluation, 5 = Azure SQL Database, 8 = Managed Instance.
-            edition = conn.exec_driver_sql("SELECT CAST(SERVERPROPERTY('EngineEdition') AS INT)").scalar()
-            return int(edition) in (3, 5, 8)
+            edition = int(conn.exec_driver_sql("SELECT CAST(SERVERPROPERTY('EngineEdition') AS INT)").scalar())
+            setattr(conn.dialect, EDITION_ATTRIBUTE, edition)
+            return edition in ONLINE_EDITIONS
         if name == "oracle":
             banner = conn.exec_driver_sql("SELECT banner FROM v$version WHERE ROWNUM = 1").scalar()
             return "enterprise" in str(banner).lower()
