@@ -185,6 +185,34 @@ def test_mssql_long_text_is_nvarchar_max_and_names_are_unicode_binary() -> None:
     assert not re.search(r"\bVARCHAR\(200\)", ddl.replace("NVARCHAR", "N"))
 
 
+def _mssql_column_types() -> dict[tuple[str, str], str]:
+    types: dict[tuple[str, str], str] = {}
+    for stmt in control_ddl("mssql"):
+        table = re.match(r"CREATE TABLE (\w+) \(", stmt)
+        if table:
+            for col, type_ in re.findall(r"^\s*\[?(\w+)\]? ((?:N?VARCHAR|\w+)(?:\([^)]*\))?)", stmt, re.M):
+                types[(table.group(1), col)] = type_
+    return types
+
+
+def test_mssql_control_table_strings_compared_with_binds_are_nvarchar() -> None:
+    """Drivers send Python strings as NVARCHAR (SQLAlchemy 1.4 + pyodbc, pymssql, or
+    ``use_setinputsizes=False``); against a VARCHAR column SQL Server converts the column and scans
+    (the request-key lookups under a grant pass's U locks deadlocked with it). Every control-table
+    string column a statement compares with a bound parameter is NVARCHAR, so binds match it."""
+    types = _mssql_column_types()
+    assert types[("ct_request", "request_key")] == "NVARCHAR(64)", types
+    compared: set[tuple[str, str]] = set()
+    for _title, stmts in captured_statements("mssql"):
+        for stmt in stmts:
+            for table, col in re.findall(r"\b(ct_\w+)\.\[?(\w+)\]? (?:=|!=|IN \(|LIKE) :", stmt):
+                compared.add((table, col))
+    assert ("ct_request", "request_key") in compared, sorted(compared)
+    narrow = sorted(f"{t}.{c} {types[(t, c)]}" for t, c in compared
+                    if (t, c) in types and re.match(r"VARCHAR|CHAR|TEXT", types[(t, c)]))
+    assert not narrow, f"VARCHAR columns compared with NVARCHAR binds: {narrow}"
+
+
 # -- Oracle ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("order_by", [None, "seq"])
 def test_oracle_claim_has_the_hint_and_its_index_covers_the_order(order_by: str | None) -> None:
@@ -408,8 +436,8 @@ def test_mssql_every_keyed_statement_over_the_event_table_seeks() -> None:
 
 def test_mssql_keys_bind_with_their_column_type() -> None:
     """VARCHAR keys bind as VARCHAR (SQL_VARCHAR through pyodbc's setinputsizes, which
-    controltable's engines turn on), NVARCHAR ones as NVARCHAR: no implicit conversion of the
-    column, so the seek stays a seek."""
+    controltable's engines turn on), NVARCHAR ones (the control tables' request key) as NVARCHAR:
+    no implicit conversion of the column, so the seek stays a seek."""
     from sqlalchemy import VARCHAR, Column, MetaData, String, Table, Unicode
     from sqlalchemy.dialects import mssql
     from sqlalchemy.dialects.mssql.pyodbc import MSDialect_pyodbc
@@ -434,7 +462,8 @@ def test_mssql_keys_bind_with_their_column_type() -> None:
     s = build_schema()
     stmt = slot_sql.delete_expired_request(s, "k" * 64, 0.0)
     binds = [b for b in stmt.compile(dialect=mssql.dialect()).binds.values() if b.value == "k" * 64]
-    assert binds and all(isinstance(b.type, String) and not isinstance(b.type, Unicode) for b in binds)
+    # The request key is NVARCHAR on SQL Server (like the names), and its binds are typed so.
+    assert binds and all(b.type.compile(dialect=mssql.dialect()).startswith("NVARCHAR(64)") for b in binds)
     assert dialects.typed_binds("mssql", "pyodbc") == {"use_setinputsizes": True}
     typed = MSDialect_pyodbc(**dialects.typed_binds("mssql", "pyodbc"))  # SQLAlchemy 1.4: opt-in; 2: default
     assert getattr(typed, "use_setinputsizes", None) or "SETINPUTSIZES" in str(getattr(typed, "bind_typing", ""))

@@ -478,7 +478,8 @@ MSSQL_NAME_COLLATION = "Latin1_General_100_BIN2"
 
 
 def name_type(length: int) -> Any:
-    """A name column (resource, holder, namespace, owner...).
+    """A name column (resource, holder, namespace, owner...), and any string column looked up by a
+    bound string (request keys, meta keys).
 
     SQL Server gets ``NVARCHAR(n) COLLATE Latin1_General_100_BIN2``: Unicode, so no name loses
     characters to a code page, and of the type drivers send Python strings as (an NVARCHAR

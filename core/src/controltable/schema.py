@@ -93,7 +93,7 @@ def build_schema(prefix: str = DEFAULT_PREFIX, schema: Optional[str] = None) -> 
     meta = Table(
         f"{prefix}meta",
         md,
-        Column("key", String(64), primary_key=True),
+        Column("key", name_type(64), primary_key=True),  # looked up by a bound string: see request_key
         Column("value", String(255), nullable=False),
         **_TABLE_OPTIONS,
     )
@@ -124,8 +124,10 @@ def build_schema(prefix: str = DEFAULT_PREFIX, schema: Optional[str] = None) -> 
         Column("namespace", name_type(NAMESPACE_LENGTH), nullable=False),
         Column("resource", name_type(NAME_LENGTH), nullable=False),
         Column("holder", name_type(NAME_LENGTH), nullable=False),
-        # Groups the per-resource rows of one all-or-nothing request.
-        Column("request_key", String(64), nullable=False),
+        # Groups the per-resource rows of one all-or-nothing request. A name type: on SQL Server
+        # NVARCHAR like the parameters drivers send, so a lookup by key seeks ct_request_key_ix
+        # (a VARCHAR column would be converted and scanned, under the U locks of a grant pass).
+        Column("request_key", name_type(64), nullable=False),
         Column("slots", Integer, nullable=False),
         Column("mode", String(10), nullable=False),
         Column("state", StateString(10), nullable=False),  # waiting | granted
