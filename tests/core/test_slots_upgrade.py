@@ -167,6 +167,10 @@ def test_install_upgrades_v2_tables_in_place(backend_url: str, namespace: str, v
         indexes = {i["name"] for i in inspect(ct.engine).get_indexes(f"{v2_prefix}request")}
         assert f"{v2_prefix}request_order_ix" in indexes and f"{v2_prefix}request_state_ix" not in indexes
         assert inspect(ct.engine).has_table(f"{v2_prefix}grant_history")
+        # v5: the work-item index in allocation order replaces the one without priority and id.
+        item_ix = {i["name"]: i["column_names"] for i in inspect(ct.engine).get_indexes(f"{v2_prefix}work_item")}
+        assert f"{v2_prefix}work_item_ix" not in item_ix, item_ix
+        assert item_ix[f"{v2_prefix}work_item_next_ix"][-2:] == ["priority", "id"], item_ix
 
         # The v2 holder and queue survive: priority 0, ticket order; the 2-slot head is not overtaken.
         (st,) = ct.status(["w"])

@@ -30,7 +30,7 @@ from .defaults import (
 from .dialects import traits
 from .errors import ConfigurationError, DatabaseBusyError, NotInstalledError
 from .events import EventTable
-from .migrations import UPGRADES
+from .migrations import UPGRADES, ensure_indexes
 from .runtime import Runtime
 from .schema import SCHEMA_VERSION, ControlSchema, build_schema
 from .slots import (
@@ -181,6 +181,8 @@ class ControlTable:
                 upgrade = UPGRADES[step]
                 _retry_busy(lambda: upgrade(self.db, self.tables))  # noqa: B023 - called at once
                 self.db.run(self._record_version(step + 1))
+        if version is not None:  # new tables were created with every index
+            _retry_busy(lambda: ensure_indexes(self.db, self.tables))
         return SCHEMA_VERSION
 
     def _record_version(self, version: int) -> Callable[[Connection], None]:

@@ -276,6 +276,33 @@ def upgrade_v3_to_v4(db: Database, tables: ControlSchema) -> None:
         _ddl(db, convert)
 
 
+def ensure_indexes(db: Database, tables: ControlSchema) -> None:
+    """Indexes added without a new schema version, ensured by every ``install()``.
+
+    An index changes no statement's result, so clients of one version work with or without it;
+    a version bump would make every worker not yet upgraded refuse the tables. Now: the work-item
+    index in allocation order (``work_item_next_ix``), which replaces ``work_item_ix`` (its
+    prefix). Each is a check-then-act step; one that fails (a user with DML rights only, whose DBA
+    ran the printed DDL) is logged and left: the statements work without it, only slower.
+    """
+    items = tables.item
+    prefix = items.name[: -len("work_item")]
+    scratch = build_schema(prefix, items.schema).item
+    old_name = prefix + "work_item_ix"
+    old = Index(old_name, scratch.c.namespace, scratch.c.worklist, scratch.c.state, scratch.c.exec_order)
+
+    def drop_old(conn: Connection) -> None:
+        if old_name.lower() in _indexes(conn, items):
+            old.drop(conn)
+
+    try:
+        _ensure_index(db, items, next(i for i in items.indexes if i.name and i.name.endswith("work_item_next_ix")))
+        _ddl(db, drop_old)
+    except ControlTableError as exc:
+        log.warning("controltable: could not bring the indexes of %s up to date (%s); allocations work "
+                    "without them, only slower: run the CREATE INDEX of `controltable sql`", items.name, exc)
+
+
 #: ``from_version -> step`` bringing the tables to ``from_version + 1``.
 UPGRADES: dict[int, Callable[[Database, ControlSchema], None]] = {
     1: upgrade_v1_to_v2, 2: upgrade_v2_to_v3, 3: upgrade_v3_to_v4,

@@ -37,6 +37,10 @@ SCHEMA_VERSION = 4
 #:     (state, queue_key, ticket) index replacing the (state, ticket) one), the grant history table.
 #: 4 - MySQL / MariaDB: every control table in utf8mb4 with the binary collation (tables created
 #:     in a latin1 database could not store names such as 'ü名前🙂'); no change elsewhere.
+#: Indexes alone change no version: a client of the same version works with or without them, and a
+#: new version would lock out every worker not yet upgraded. ``install()`` ensures them at every
+#: version (``migrations.ensure_indexes``): the work-item index in allocation order (namespace,
+#: worklist, state, exec_order, priority DESC, id) replaced (namespace, worklist, state, exec_order).
 
 #: MySQL / MariaDB character set and collation of the control tables, whatever the database's
 #: default: utf8mb4 stores every name a caller may pass, and the binary collation compares names
@@ -185,10 +189,14 @@ def build_schema(prefix: str = DEFAULT_PREFIX, schema: Optional[str] = None) -> 
         Column("started_at", EpochSeconds, nullable=True),
         Column("finished_at", EpochSeconds, nullable=True),
         Column("expires_at", EpochSeconds, nullable=True),
-        Index(f"{prefix}work_item_ix", "namespace", "worklist", "state", "exec_order"),
         sqlite_autoincrement=True,
         **_TABLE_OPTIONS,
     )
+    # The next item of an order is the first of this index's range (state, order) in allocation
+    # order (priority high first, then id): read in index order, never a sort of the whole order.
+    # Its prefix serves the current order's min(exec_order) and the status counts too.
+    Index(f"{prefix}work_item_next_ix", item.c.namespace, item.c.worklist, item.c.state, item.c.exec_order,
+          item.c.priority.desc(), item.c.id)
     history = Table(
         f"{prefix}grant_history",
         md,

@@ -160,9 +160,10 @@ class WorkList:
             # skip is another transaction's committed change, so the loop ends.
             skip: list[int] = []
             while True:
-                row = conn.execute(sql.next_item(self.t, self.ns, self.name, current, now, skip)).first()
-                if row is None:
+                candidates = conn.execute(sql.next_item(self.t, self.ns, self.name, current, now, skip)).all()
+                if not candidates:
                     return None
+                row = min(candidates, key=sql.allocation_order)
                 stamped = dialects.confirmed_count(
                     conn,
                     sql.allocate_item(self.t, int(row.id), owner, token, now, lease_s, str(row.state),
