@@ -11,12 +11,16 @@ At the end of the session, for each dialect, the directory gets ``<dialect>.shap
 sent) and ``<dialect>.missing.sql`` (one full statement per shape that neither ``core/sql/<dialect>.sql``
 nor ``core/sql/<dialect>.suite.sql`` holds). A shape missing for a dialect that ran live (sqlite,
 postgresql, mysql) fails the run. For SQL Server and Oracle the compiled statements are reported
-only: a run on SQLite takes SQLite's branches (``UPDATE ... RETURNING`` claims, no row caps), so
-their compiled texts are not all statements those servers would receive; the scripted session of
-``controltable sql`` runs their branches and is what the golden files hold for them.
+only (``<dir>/<dialect>.missing.sql``), and they have no ``.suite.sql``: a run on SQLite takes
+SQLite's branches (the one-statement claim, no row caps, row counts trusted), so their compiled
+texts are partly statements those servers never receive, and a golden file of them would show a
+reviewer SQL that is never sent (and could not be enforced). What is enforced for them is the
+scripted session of ``controltable sql``, which runs each dialect's own branches and is compared
+exactly by ``tests/core/test_dialect_conformance.py``.
 
-``CONTROLTABLE_CAPTURE_SQL_WRITE=1`` rewrites ``core/sql/<dialect>.suite.sql`` from the run
-instead (every shape the suite sent that the scripted golden file lacks), to review with ``git diff``.
+``CONTROLTABLE_CAPTURE_SQL_WRITE=1`` rewrites ``core/sql/<dialect>.suite.sql`` of the live dialects
+from the run instead (every shape the suite sent that the scripted golden file lacks), to review
+with ``git diff``.
 Scope: meant for ``tests/core`` (``-m "not slow"``); shapes that only a timing accident produces
 (a retry after a lock timeout) may need a second run.
 """
@@ -125,9 +129,6 @@ def _write_suite(dialect: str) -> None:
              f"-- session of {dialect}.sql, one line per statement shape (written by tests/support/sqlcapture.py;",
              "-- review like the scripted file). Shapes: ? a bound value, (?*) a list of them, N a row count,",
              "-- ct_ the control tables' prefix, events / events.col the event table and its own columns."]
-    if dialect in COMPILED:
-        lines += ["-- Compiled from the statements of the SQLite run: a few are SQLite's branches (the claim as one",
-                  "-- UPDATE ... OUTPUT, statements without the row cap) that this server never receives."]
     lines += [_terminated(shape) for shape in extra]
     (GOLDEN / f"{dialect}.suite.sql").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
@@ -140,7 +141,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     failed: list[str] = []
     for dialect in sorted(_SEEN):
         (out / f"{dialect}.shapes").write_text("\n".join(sorted(_SEEN[dialect])) + "\n", encoding="utf-8")
-        if os.environ.get(WRITE_ENV) == "1" and dialect in LIVE + COMPILED:
+        if os.environ.get(WRITE_ENV) == "1" and dialect in LIVE:
             _write_suite(dialect)
             continue
         missing = missing_shapes(dialect)

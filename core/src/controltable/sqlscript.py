@@ -325,6 +325,8 @@ _CONTROL = ("grant_history", "work_item", "worklist", "resource", "request", "me
 #: PyMySQL live), format (``%s``: the MySQL script), named (Oracle), qmark (SQLite, SQL Server).
 _BIND = re.compile(r"%\(\w+\)s|(?<![\w%])%s\b|(?<![:\w]):\"[^\"]+\"|(?<![:\w]):\w+|@\w+|\?|__\[POSTCOMPILE_\w+\]")
 _ROWS = re.compile(r"\b(TOP|LIMIT|OFFSET|FETCH FIRST|FIRST_ROWS)(\s*\(?\s*)\d+")
+#: Words after FROM / UPDATE / INTO / TABLE ... that are SQL, not the user's table.
+_NOT_TABLES = frozenset({"DUAL", "STATISTICS", "SKIP", "NOWAIT", "WAIT", "OF", "SET", "LATERAL", "ONLY"})
 
 
 def statement_shape(sql: str, *, claim_prefix: str = "ct_") -> str:
@@ -344,10 +346,13 @@ def statement_shape(sql: str, *, claim_prefix: str = "ct_") -> str:
     s = re.sub(r'(?<![\w."])"?\w*?_(' + "|".join(_CONTROL) + r')((?:_\w+?)?_(?:ix|uq|pk))\b"?', r"ct_\1\2", s)
     controls = {f"ct_{c}" for c in _CONTROL}
     # The user's table: whatever FROM / UPDATE / INTO / ON / JOIN names that is not a control table.
-    named = r'\b(?:FROM|UPDATE|INTO|JOIN|TABLE|INDEX (?:CONCURRENTLY )?\S+ ON|ANALYZE(?! TABLE)|STATISTICS)\s+'
+    # Not an UPDATE of a locking clause or an upsert (FOR UPDATE SKIP LOCKED, ON DUPLICATE KEY
+    # UPDATE, DO UPDATE SET), and never a keyword (SKIP was read as the table's name).
+    named = (r'\b(?:FROM|(?<!FOR )(?<!KEY )(?<!DO )UPDATE|INTO|JOIN|TABLE|INDEX (?:CONCURRENTLY )?\S+ ON'
+             r'|ANALYZE(?! TABLE)|STATISTICS)\s+')
     for m in set(re.findall(named + r'((?:"?\w+"?\.)?"?\w+"?)(?![\w(])', s)):
         bare = m.split(".")[-1].strip('"')
-        if bare not in controls and bare.upper() not in ("DUAL", "STATISTICS") and not bare.startswith("ct_"):
+        if bare not in controls and bare.upper() not in _NOT_TABLES and not bare.startswith("ct_"):
             s = re.sub(rf'(?<![\w."]){re.escape(m)}(?![\w"])', "events", s)
     s = re.sub(r"\b(ct_(?:claim|pending|claimed|token))_\w+", r"\1_events", s)
     s = re.sub(r"\bevents\.(?!" + re.escape(claim_prefix) + r")\"?\w+\"?", "events.col", s)
