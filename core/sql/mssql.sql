@@ -19,7 +19,7 @@ CREATE TABLE ct_grant_history (
 );
 CREATE INDEX ct_grant_history_time_ix ON ct_grant_history (namespace, resource, granted_at);
 CREATE TABLE ct_meta (
-	[key] VARCHAR(64) NOT NULL, 
+	[key] NVARCHAR(64) COLLATE Latin1_General_100_BIN2 NOT NULL, 
 	value VARCHAR(255) NOT NULL, 
 	PRIMARY KEY ([key])
 );
@@ -28,7 +28,7 @@ CREATE TABLE ct_request (
 	namespace NVARCHAR(100) COLLATE Latin1_General_100_BIN2 NOT NULL, 
 	resource NVARCHAR(200) COLLATE Latin1_General_100_BIN2 NOT NULL, 
 	holder NVARCHAR(200) COLLATE Latin1_General_100_BIN2 NOT NULL, 
-	request_key VARCHAR(64) NOT NULL, 
+	request_key NVARCHAR(64) COLLATE Latin1_General_100_BIN2 NOT NULL, 
 	slots INTEGER NOT NULL, 
 	mode VARCHAR(10) NOT NULL, 
 	state VARCHAR(10) NOT NULL, 
@@ -77,7 +77,7 @@ CREATE TABLE ct_work_item (
 	expires_at FLOAT(53) NULL, 
 	PRIMARY KEY (id)
 );
-CREATE INDEX ct_work_item_ix ON ct_work_item (namespace, worklist, state, exec_order);
+CREATE INDEX ct_work_item_next_ix ON ct_work_item (namespace, worklist, state, exec_order, priority DESC, id);
 CREATE TABLE ct_worklist (
 	namespace NVARCHAR(100) COLLATE Latin1_General_100_BIN2 NOT NULL, 
 	name NVARCHAR(200) COLLATE Latin1_General_100_BIN2 NOT NULL, 
@@ -452,9 +452,13 @@ WHERE ct_worklist.namespace = :namespace_1 AND ct_worklist.name = :name_1;
 SELECT min(ct_work_item.exec_order) AS [current], (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = :namespace_1 AND ct_work_item.worklist = :worklist_1 AND ct_work_item.state IN ('new', 'active', 'error');
-SELECT TOP 1 ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts, ct_work_item.state, ct_work_item.token 
+SELECT anon_1.id, anon_1.payload, anon_1.exec_order, anon_1.priority, anon_1.attempts, anon_1.state, anon_1.token 
+FROM (SELECT TOP 1 ct_work_item.id AS id, ct_work_item.payload AS payload, ct_work_item.exec_order AS exec_order, ct_work_item.priority AS priority, ct_work_item.attempts AS attempts, ct_work_item.state AS state, ct_work_item.token AS token 
 FROM ct_work_item 
-WHERE ct_work_item.namespace = :namespace_1 AND ct_work_item.worklist = :worklist_1 AND ct_work_item.exec_order = :exec_order_1 AND (ct_work_item.state = 'new' OR ct_work_item.state = 'active' AND ct_work_item.expires_at < :expires_at_1) ORDER BY ct_work_item.priority DESC, ct_work_item.id;
+WHERE ct_work_item.namespace = :namespace_1 AND ct_work_item.worklist = :worklist_1 AND ct_work_item.state = 'new' AND ct_work_item.exec_order = :exec_order_1 ORDER BY ct_work_item.priority DESC, ct_work_item.id) AS anon_1 UNION ALL SELECT anon_2.id, anon_2.payload, anon_2.exec_order, anon_2.priority, anon_2.attempts, anon_2.state, anon_2.token 
+FROM (SELECT TOP 1 ct_work_item.id AS id, ct_work_item.payload AS payload, ct_work_item.exec_order AS exec_order, ct_work_item.priority AS priority, ct_work_item.attempts AS attempts, ct_work_item.state AS state, ct_work_item.token AS token 
+FROM ct_work_item 
+WHERE ct_work_item.namespace = :namespace_2 AND ct_work_item.worklist = :worklist_2 AND ct_work_item.state = 'active' AND ct_work_item.exec_order = :exec_order_2 AND ct_work_item.expires_at < :expires_at_1 ORDER BY ct_work_item.priority DESC, ct_work_item.id) AS anon_2;
 UPDATE ct_work_item SET state=:state, owner=:owner, token=:token, attempts=(ct_work_item.attempts + :attempts_1), started_at=:started_at, finished_at=:finished_at, expires_at=:expires_at WHERE ct_work_item.id = :id_1 AND ct_work_item.state = 'new';
 SELECT count(*) AS count_1 
 FROM ct_work_item 

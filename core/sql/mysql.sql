@@ -77,7 +77,7 @@ CREATE TABLE ct_work_item (
 	expires_at FLOAT(53), 
 	PRIMARY KEY (id)
 )CHARSET=utf8mb4 COLLATE utf8mb4_bin;
-CREATE INDEX ct_work_item_ix ON ct_work_item (namespace, worklist, state, exec_order);
+CREATE INDEX ct_work_item_next_ix ON ct_work_item (namespace, worklist, state, exec_order, priority DESC, id);
 CREATE TABLE ct_worklist (
 	namespace VARCHAR(100) NOT NULL, 
 	name VARCHAR(200) NOT NULL, 
@@ -454,10 +454,15 @@ WHERE ct_worklist.namespace = %s AND ct_worklist.name = %s FOR UPDATE;
 SELECT min(ct_work_item.exec_order) AS current, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS now 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = %s AND ct_work_item.worklist = %s AND ct_work_item.state IN ('new', 'active', 'error');
-SELECT ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts, ct_work_item.state, ct_work_item.token 
+SELECT anon_1.id, anon_1.payload, anon_1.exec_order, anon_1.priority, anon_1.attempts, anon_1.state, anon_1.token 
+FROM (SELECT ct_work_item.id AS id, ct_work_item.payload AS payload, ct_work_item.exec_order AS exec_order, ct_work_item.priority AS priority, ct_work_item.attempts AS attempts, ct_work_item.state AS state, ct_work_item.token AS token 
 FROM ct_work_item 
-WHERE ct_work_item.namespace = %s AND ct_work_item.worklist = %s AND ct_work_item.exec_order = %s AND (ct_work_item.state = 'new' OR ct_work_item.state = 'active' AND ct_work_item.expires_at < %s) ORDER BY ct_work_item.priority DESC, ct_work_item.id 
- LIMIT %s;
+WHERE ct_work_item.namespace = %s AND ct_work_item.worklist = %s AND ct_work_item.state = 'new' AND ct_work_item.exec_order = %s ORDER BY ct_work_item.priority DESC, ct_work_item.id 
+ LIMIT %s) AS anon_1 UNION ALL SELECT anon_2.id, anon_2.payload, anon_2.exec_order, anon_2.priority, anon_2.attempts, anon_2.state, anon_2.token 
+FROM (SELECT ct_work_item.id AS id, ct_work_item.payload AS payload, ct_work_item.exec_order AS exec_order, ct_work_item.priority AS priority, ct_work_item.attempts AS attempts, ct_work_item.state AS state, ct_work_item.token AS token 
+FROM ct_work_item 
+WHERE ct_work_item.namespace = %s AND ct_work_item.worklist = %s AND ct_work_item.state = 'active' AND ct_work_item.exec_order = %s AND ct_work_item.expires_at < %s ORDER BY ct_work_item.priority DESC, ct_work_item.id 
+ LIMIT %s) AS anon_2;
 UPDATE ct_work_item SET state=%s, owner=%s, token=%s, attempts=(ct_work_item.attempts + %s), started_at=%s, finished_at=%s, expires_at=%s WHERE ct_work_item.id = %s AND ct_work_item.state = 'new';
 UPDATE ct_worklist SET last_token=%s WHERE ct_worklist.namespace = %s AND ct_worklist.name = %s;
 

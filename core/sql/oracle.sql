@@ -77,7 +77,7 @@ CREATE TABLE ct_work_item (
 	expires_at BINARY_DOUBLE, 
 	PRIMARY KEY (id)
 );
-CREATE INDEX ct_work_item_ix ON ct_work_item (namespace, worklist, state, exec_order);
+CREATE INDEX ct_work_item_next_ix ON ct_work_item (namespace, worklist, state, exec_order, priority DESC, id);
 CREATE TABLE ct_worklist (
 	namespace VARCHAR2(100 CHAR) NOT NULL, 
 	name VARCHAR2(200 CHAR) NOT NULL, 
@@ -451,10 +451,15 @@ WHERE ct_worklist.namespace = :namespace_1 AND ct_worklist.name = :name_1 FOR UP
 SELECT min(ct_work_item.exec_order) AS "current", (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = :namespace_1 AND ct_work_item.worklist = :worklist_1 AND ct_work_item.state IN ('new', 'active', 'error');
-SELECT ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts, ct_work_item.state, ct_work_item.token 
+SELECT anon_1.id, anon_1.payload, anon_1.exec_order, anon_1.priority, anon_1.attempts, anon_1.state, anon_1.token 
+FROM (SELECT ct_work_item.id AS id, ct_work_item.payload AS payload, ct_work_item.exec_order AS exec_order, ct_work_item.priority AS priority, ct_work_item.attempts AS attempts, ct_work_item.state AS state, ct_work_item.token AS token 
 FROM ct_work_item 
-WHERE ct_work_item.namespace = :namespace_1 AND ct_work_item.worklist = :worklist_1 AND ct_work_item.exec_order = :exec_order_1 AND (ct_work_item.state = 'new' OR ct_work_item.state = 'active' AND ct_work_item.expires_at < :expires_at_1) ORDER BY ct_work_item.priority DESC, ct_work_item.id
- FETCH FIRST 1 ROWS ONLY;
+WHERE ct_work_item.namespace = :namespace_1 AND ct_work_item.worklist = :worklist_1 AND ct_work_item.state = 'new' AND ct_work_item.exec_order = :exec_order_1 ORDER BY ct_work_item.priority DESC, ct_work_item.id
+ FETCH FIRST 1 ROWS ONLY) anon_1 UNION ALL SELECT anon_2.id, anon_2.payload, anon_2.exec_order, anon_2.priority, anon_2.attempts, anon_2.state, anon_2.token 
+FROM (SELECT ct_work_item.id AS id, ct_work_item.payload AS payload, ct_work_item.exec_order AS exec_order, ct_work_item.priority AS priority, ct_work_item.attempts AS attempts, ct_work_item.state AS state, ct_work_item.token AS token 
+FROM ct_work_item 
+WHERE ct_work_item.namespace = :namespace_2 AND ct_work_item.worklist = :worklist_2 AND ct_work_item.state = 'active' AND ct_work_item.exec_order = :exec_order_2 AND ct_work_item.expires_at < :expires_at_1 ORDER BY ct_work_item.priority DESC, ct_work_item.id
+ FETCH FIRST 1 ROWS ONLY) anon_2;
 UPDATE ct_work_item SET state=:state, owner=:owner, token=:token, attempts=(ct_work_item.attempts + :attempts_1), started_at=:started_at, finished_at=:finished_at, expires_at=:expires_at WHERE ct_work_item.id = :id_1 AND ct_work_item.state = 'new';
 UPDATE ct_worklist SET last_token=:last_token WHERE ct_worklist.namespace = :namespace_1 AND ct_worklist.name = :name_1;
 

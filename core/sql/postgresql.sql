@@ -77,7 +77,7 @@ CREATE TABLE ct_work_item (
 	expires_at FLOAT(53), 
 	PRIMARY KEY (id)
 );
-CREATE INDEX ct_work_item_ix ON ct_work_item (namespace, worklist, state, exec_order);
+CREATE INDEX ct_work_item_next_ix ON ct_work_item (namespace, worklist, state, exec_order, priority DESC, id);
 CREATE TABLE ct_worklist (
 	namespace VARCHAR(100) NOT NULL, 
 	name VARCHAR(200) NOT NULL, 
@@ -450,10 +450,15 @@ WHERE ct_worklist.namespace = %(namespace_1)s::VARCHAR AND ct_worklist.name = %(
 SELECT min(ct_work_item.exec_order) AS current, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS now 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = %(namespace_1)s::VARCHAR AND ct_work_item.worklist = %(worklist_1)s::VARCHAR AND ct_work_item.state IN ('new', 'active', 'error');
-SELECT ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts, ct_work_item.state, ct_work_item.token 
+SELECT anon_1.id, anon_1.payload, anon_1.exec_order, anon_1.priority, anon_1.attempts, anon_1.state, anon_1.token 
+FROM (SELECT ct_work_item.id AS id, ct_work_item.payload AS payload, ct_work_item.exec_order AS exec_order, ct_work_item.priority AS priority, ct_work_item.attempts AS attempts, ct_work_item.state AS state, ct_work_item.token AS token 
 FROM ct_work_item 
-WHERE ct_work_item.namespace = %(namespace_1)s::VARCHAR AND ct_work_item.worklist = %(worklist_1)s::VARCHAR AND ct_work_item.exec_order = %(exec_order_1)s::INTEGER AND (ct_work_item.state = 'new' OR ct_work_item.state = 'active' AND ct_work_item.expires_at < %(expires_at_1)s) ORDER BY ct_work_item.priority DESC, ct_work_item.id 
- LIMIT %(param_3)s::INTEGER;
+WHERE ct_work_item.namespace = %(namespace_1)s::VARCHAR AND ct_work_item.worklist = %(worklist_1)s::VARCHAR AND ct_work_item.state = 'new' AND ct_work_item.exec_order = %(exec_order_1)s::INTEGER ORDER BY ct_work_item.priority DESC, ct_work_item.id 
+ LIMIT %(param_2)s::INTEGER) AS anon_1 UNION ALL SELECT anon_2.id, anon_2.payload, anon_2.exec_order, anon_2.priority, anon_2.attempts, anon_2.state, anon_2.token 
+FROM (SELECT ct_work_item.id AS id, ct_work_item.payload AS payload, ct_work_item.exec_order AS exec_order, ct_work_item.priority AS priority, ct_work_item.attempts AS attempts, ct_work_item.state AS state, ct_work_item.token AS token 
+FROM ct_work_item 
+WHERE ct_work_item.namespace = %(namespace_2)s::VARCHAR AND ct_work_item.worklist = %(worklist_2)s::VARCHAR AND ct_work_item.state = 'active' AND ct_work_item.exec_order = %(exec_order_2)s::INTEGER AND ct_work_item.expires_at < %(expires_at_1)s ORDER BY ct_work_item.priority DESC, ct_work_item.id 
+ LIMIT %(param_4)s::INTEGER) AS anon_2;
 UPDATE ct_work_item SET state=%(state)s::VARCHAR, owner=%(owner)s::VARCHAR, token=%(token)s::BIGINT, attempts=(ct_work_item.attempts + %(attempts_1)s::INTEGER), started_at=%(started_at)s, finished_at=%(finished_at)s, expires_at=%(expires_at)s WHERE ct_work_item.id = %(id_1)s::BIGINT AND ct_work_item.state = 'new';
 UPDATE ct_worklist SET last_token=%(last_token)s::BIGINT WHERE ct_worklist.namespace = %(namespace_1)s::VARCHAR AND ct_worklist.name = %(name_1)s::VARCHAR;
 

@@ -75,7 +75,7 @@ CREATE TABLE ct_work_item (
 	finished_at FLOAT, 
 	expires_at FLOAT
 );
-CREATE INDEX ct_work_item_ix ON ct_work_item (namespace, worklist, state, exec_order);
+CREATE INDEX ct_work_item_next_ix ON ct_work_item (namespace, worklist, state, exec_order, priority DESC, id);
 CREATE TABLE ct_worklist (
 	namespace VARCHAR(100) NOT NULL, 
 	name VARCHAR(200) NOT NULL, 
@@ -435,10 +435,15 @@ WHERE ct_worklist.namespace = ? AND ct_worklist.name = ?;
 SELECT min(ct_work_item.exec_order) AS current, ((julianday('now') - 2440587.5) * 86400.0) AS now 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = ? AND ct_work_item.worklist = ? AND ct_work_item.state IN ('new', 'active', 'error');
-SELECT ct_work_item.id, ct_work_item.payload, ct_work_item.exec_order, ct_work_item.priority, ct_work_item.attempts, ct_work_item.state, ct_work_item.token 
+SELECT anon_1.id, anon_1.payload, anon_1.exec_order, anon_1.priority, anon_1.attempts, anon_1.state, anon_1.token 
+FROM (SELECT ct_work_item.id AS id, ct_work_item.payload AS payload, ct_work_item.exec_order AS exec_order, ct_work_item.priority AS priority, ct_work_item.attempts AS attempts, ct_work_item.state AS state, ct_work_item.token AS token 
 FROM ct_work_item 
-WHERE ct_work_item.namespace = ? AND ct_work_item.worklist = ? AND ct_work_item.exec_order = ? AND (ct_work_item.state = 'new' OR ct_work_item.state = 'active' AND ct_work_item.expires_at < ?) ORDER BY ct_work_item.priority DESC, ct_work_item.id
- LIMIT ? OFFSET ?;
+WHERE ct_work_item.namespace = ? AND ct_work_item.worklist = ? AND ct_work_item.state = 'new' AND ct_work_item.exec_order = ? ORDER BY ct_work_item.priority DESC, ct_work_item.id
+ LIMIT ? OFFSET ?) AS anon_1 UNION ALL SELECT anon_2.id, anon_2.payload, anon_2.exec_order, anon_2.priority, anon_2.attempts, anon_2.state, anon_2.token 
+FROM (SELECT ct_work_item.id AS id, ct_work_item.payload AS payload, ct_work_item.exec_order AS exec_order, ct_work_item.priority AS priority, ct_work_item.attempts AS attempts, ct_work_item.state AS state, ct_work_item.token AS token 
+FROM ct_work_item 
+WHERE ct_work_item.namespace = ? AND ct_work_item.worklist = ? AND ct_work_item.state = 'active' AND ct_work_item.exec_order = ? AND ct_work_item.expires_at < ? ORDER BY ct_work_item.priority DESC, ct_work_item.id
+ LIMIT ? OFFSET ?) AS anon_2;
 UPDATE ct_work_item SET state=?, owner=?, token=?, attempts=(ct_work_item.attempts + ?), started_at=?, finished_at=?, expires_at=? WHERE ct_work_item.id = ? AND ct_work_item.state = 'new';
 UPDATE ct_worklist SET last_token=? WHERE ct_worklist.namespace = ? AND ct_worklist.name = ?;
 
