@@ -42,9 +42,9 @@ def test_page_shows_holders_and_waiters_and_updates_on_release(chromium: Any, ct
         assert waiters.count() == 2
         assert waiters.nth(0).get_attribute("data-holder") == "report-refresh"
         assert "nightly-load" in waiters.nth(1).inner_text() and "report-refresh" in waiters.nth(1).inner_text()
-        # One vocabulary: the page names the modes as the docs and the CLI do ("shared" is only stored).
-        assert "counting" in waiters.nth(0).inner_text() and "exclusive" in waiters.nth(1).inner_text()
-        assert "shared" not in card.inner_text()
+        # One vocabulary: the page names the modes as the docs, the CLI and the JSON do.
+        assert "shared" in waiters.nth(0).inner_text() and "exclusive" in waiters.nth(1).inner_text()
+        assert "counting" not in card.inner_text()
         if backend == "sqlite":
             screenshot(page, "status-page-queue.png")
 

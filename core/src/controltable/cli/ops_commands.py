@@ -19,7 +19,7 @@ from ..defaults import DEFAULT_SLOT_PRIORITY
 from ..dialects import SUPPORTED_DIALECTS
 from ..errors import EXIT_USAGE
 from .group import CT, Seconds, cli, handled, sqlite_file
-from .output import console, duration_text, fail, mode_name, percent, when
+from .output import console, duration_text, fail, percent, when
 
 
 # -- installation ------------------------------------------------------------------------------------
@@ -164,7 +164,7 @@ def history(obj: CT, resource: Optional[str], since: str, limit: int, as_json: b
     for r in records:
         end = r.ended_at.timestamp() if r.ended_at is not None else now
         cells = [escape(r.resource)] if show_resource else []
-        cells += [escape(r.holder), str(r.token), mode_name(r.mode)]
+        cells += [escape(r.holder), str(r.token), r.mode]
         if show_slots:
             cells.append(str(r.slots))
         if show_priority:

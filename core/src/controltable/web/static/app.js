@@ -34,8 +34,6 @@
   }
   const dash = "-";
   function show(v) { return v === null || v === undefined ? dash : String(v); }
-  // "counting" is the documented name of the mode stored (and sent in the JSON) as "shared".
-  function modeName(m) { return m === "shared" ? "counting" : m; }
   function dur(s) {
     if (s === null || s === undefined) return dash;
     const a = Math.abs(s);
@@ -160,7 +158,7 @@
         actions ? el("th", {}) : null));
       for (const h of r.holders) {
         t.append(el("tr", {class: "holder" + (h.expired ? " expired" : ""), "data-holder": h.holder},
-          el("td", {}, h.holder), el("td", {}, modeName(h.mode)), el("td", {class: "num"}, h.slots),
+          el("td", {}, h.holder), el("td", {}, h.mode), el("td", {class: "num"}, h.slots),
           el("td", {class: "num"}, show(h.token)), el("td", {title: clock(h.since)}, h.age === null ? dash : dur(h.age) + " ago"),
           el("td", {title: clock(h.expires_at)}, lease(h)),
           actions ? el("td", {}, el("button", {onclick: () => {
@@ -180,7 +178,7 @@
           ? `${w.priority} (aged → ${Number.isInteger(eff) ? eff : eff.toFixed(1)})` : String(w.priority));
         const ahead = w.ahead || [];
         t.append(el("tr", {class: "waiter", "data-holder": w.holder, "data-position": w.position},
-          el("td", {class: "num"}, w.position), el("td", {}, w.holder), el("td", {}, modeName(w.mode)),
+          el("td", {class: "num"}, w.position), el("td", {}, w.holder), el("td", {}, w.mode),
           el("td", {class: "num"}, w.slots), el("td", {class: "num"}, prio),
           el("td", {title: clock(w.since)}, w.age === null ? dash : dur(w.age)),
           el("td", {class: "muted", title: ahead.join(", ")}, ahead.length > 3
