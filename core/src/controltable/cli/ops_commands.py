@@ -19,7 +19,7 @@ from ..defaults import DEFAULT_SLOT_PRIORITY
 from ..dialects import SUPPORTED_DIALECTS
 from ..errors import EXIT_USAGE
 from .group import CT, Seconds, cli, handled, sqlite_file
-from .output import console, duration_text, fail, percent, when
+from .output import console, duration_text, err, fail, percent, when
 
 
 # -- installation ------------------------------------------------------------------------------------
@@ -202,12 +202,19 @@ def demo(obj: CT, workers: int, rounds: int, cap: int, n_events: int) -> None:
               help=f"Allow releasing holders and changing capacities; needs the token in {defaults.WEB_TOKEN_ENV}.")
 @click.option("--poll", type=Seconds(defaults.MAX_POLL_SECONDS), default=defaults.WEB_POLL_INTERVAL,
               show_default=True, help="Seconds between the page's refreshes.")
+@click.option("--allow-unauthenticated", is_flag=True,
+              help=f"Listen beyond loopback without {defaults.WEB_TOKEN_ENV} (anyone who reaches the port reads "
+                   "the page and /metrics); refused without this flag.")
 @click.pass_obj
 @handled
 def serve(obj: CT, host: str, port: int, event_tables: tuple[str, ...], worklists: tuple[str, ...], actions: bool,
-          poll: float) -> None:
-    """Serve a live status page (and /metrics, /api/status) of the control table; read-only by default."""
+          poll: float, allow_unauthenticated: bool) -> None:
+    """Serve a live status page (and /metrics, /api/status) of the control table; read-only by default.
+
+    With CONTROLTABLE_WEB_TOKEN set, every request needs the token; without it, only loopback."""
     from ..web.serve import run
 
     run(obj.get(), host=host, port=port, events=event_tables, worklists=worklists, actions=actions,
-        poll_interval=poll, announce=lambda line: console.print(line, highlight=False))
+        poll_interval=poll, allow_unauthenticated=allow_unauthenticated,
+        announce=lambda line: console.print(line, highlight=False),
+        warn=lambda line: err.print(line, style="bold red", highlight=False))

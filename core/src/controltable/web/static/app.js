@@ -62,8 +62,10 @@
   async function act(path, payload) {
     const token = document.getElementById("token").value;
     sessionStorage.setItem("ct-token", token);
-    const resp = await fetch(path, {method: "POST", headers: {"Content-Type": "application/json",
-      "Authorization": "Bearer " + token}, body: JSON.stringify(payload)});
+    // An empty field leaves the browser's own login (HTTP Basic, the token as the password) to send.
+    const headers = {"Content-Type": "application/json"};
+    if (token) headers["Authorization"] = "Bearer " + token;
+    const resp = await fetch(path, {method: "POST", headers: headers, body: JSON.stringify(payload)});
     const data = await resp.json().catch(() => ({}));
     if (!resp.ok) alert(data.error || resp.statusText); else refresh(true);
   }
