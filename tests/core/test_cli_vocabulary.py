@@ -81,3 +81,32 @@ def test_no_surface_names_the_shared_mode_counting() -> None:
     found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for path in SURFACES
              for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
     assert len(SURFACES) > 50 and found == []
+
+
+# -- help: every option of every command says what it is for -----------------------------------
+def _commands(group: Any, path: tuple[str, ...] = ("controltable",)) -> list[tuple[str, Any]]:
+    import click
+
+    found = [(" ".join(path), group)]
+    if isinstance(group, click.Group):
+        for name, command in group.commands.items():
+            if not command.hidden:
+                found += _commands(command, (*path, name))
+    return found
+
+
+def test_every_option_of_every_command_has_help_text() -> None:
+    import click
+
+    commands = _commands(cli)
+    missing = [f"{path} {'/'.join(p.opts)}" for path, command in commands for p in command.params
+               if isinstance(p, click.Option) and not p.hidden and not (p.help or "").strip()]
+    assert len(commands) > 30 and missing == []
+    for path, command in commands:  # and every command, in the listing of its group
+        assert (command.help or command.short_help or "").strip(), f"{path} has no help text"
+
+
+def test_only_fail_takes_a_reason() -> None:
+    runner = CliRunner()
+    for command, takes in (("fail", True), ("complete", False), ("release", False)):
+        assert ("--reason" in runner.invoke(cli, ["worklist", command, "--help"]).output) is takes, command

@@ -37,7 +37,8 @@ def init(obj: CT) -> None:
 
 
 @cli.command()
-@click.option("--dialect", type=click.Choice(list(SUPPORTED_DIALECTS)), required=True)
+@click.option("--dialect", type=click.Choice(list(SUPPORTED_DIALECTS)), required=True,
+              help="The database to compile the DDL and statements for.")
 @click.option("--events-table", default="events", show_default=True, help="Event table name to show claims for.")
 @click.option("--key", default="event_id", show_default=True, help="Its unique key column.")
 @click.option("--order-by", default=None, help="Its claim-order column (default: the key).")
@@ -194,7 +195,8 @@ def demo(obj: CT, workers: int, rounds: int, cap: int, n_events: int) -> None:
 # -- status page -------------------------------------------------------------------------------------
 @cli.command()
 @click.option("--host", default=defaults.WEB_HOST, show_default=True, help="Address to listen on.")
-@click.option("--port", default=defaults.WEB_PORT, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--port", default=defaults.WEB_PORT, show_default=True, type=click.IntRange(1, 65535),
+              help="Port to listen on.")
 @click.option("--events", "event_tables", multiple=True, metavar="[SCHEMA.]TABLE:KEY[:ORDER_BY[:TIME_COLUMN]]",
               help="An event table to show (repeatable); TIME_COLUMN gives the oldest pending age.")
 @click.option("--worklist", "worklists", multiple=True, metavar="NAME", help="A work list to show (repeatable).")

@@ -191,7 +191,8 @@ def reap(obj: CT) -> None:
 @cli.command()
 @click.argument("resource")
 @click.option("--holder", required=True, help="Who holds the slot; release with the same holder.")
-@click.option("--slots", default=1, show_default=True, type=int)
+@click.option("--slots", default=1, show_default=True, type=int,
+              help="Slots to take (the request's weight against the capacity).")
 @click.option("--shared/--exclusive", "shared", default=DEFAULT_MODE == "shared", show_default=False,
               help="--shared: a slot beside other holders, up to the capacity (the default); --exclusive: "
                    "alone on the resource.")
@@ -213,7 +214,7 @@ def acquire(obj: CT, resource: str, holder: str, slots: int, shared: bool, attem
 
 @cli.command()
 @click.argument("resource")
-@click.option("--holder", required=True)
+@click.option("--holder", required=True, help="The holder id given to acquire.")
 @click.pass_obj
 @handled
 def release(obj: CT, resource: str, holder: str) -> None:
@@ -225,7 +226,7 @@ def release(obj: CT, resource: str, holder: str) -> None:
 
 @cli.command()
 @click.argument("resource")
-@click.option("--holder", required=True)
+@click.option("--holder", required=True, help="The holder id given to acquire.")
 @click.option("--lease", type=float, default=None, help="New lease length (default: the original).")
 @click.pass_obj
 @handled
