@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from conftest import server_url
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted([ROOT / "README.md", ROOT / "core" / "README.md", ROOT / "airflow_plugin" / "README.md",
@@ -44,6 +43,8 @@ _NO_RUN = re.compile(r"<!--\s*snippet:\s*no-run\s*\(([^)]+)\)\s*-->\s*$")
 EVENTS = 1200
 #: The URL the snippets are written with, replaced on a live backend by its throwaway database's.
 SNIPPET_URL = "sqlite:///controltable.db"
+#: Where the live servers are (as tests/conftest.py reads them; the ``backend`` fixture skips without).
+SERVER_ENV = {"postgres": "CONTROLTABLE_TEST_POSTGRES_URL", "mysql": "CONTROLTABLE_TEST_MYSQL_URL"}
 #: What in a page's snippets offers a live backend (the comment next to the SQLite URL).
 OFFERS = {"postgres": re.compile(r"postgres(ql)?(\+\w+)?://", re.I),
           "mysql": re.compile(r"\b(mysql|mariadb)(\+\w+)?://", re.I)}
@@ -82,8 +83,8 @@ def throwaway_database(backend: str) -> Iterator[str]:
     from sqlalchemy import create_engine
     from sqlalchemy.engine import make_url
 
-    server = server_url(backend)
-    assert server is not None
+    server = os.environ.get(SERVER_ENV[backend])
+    assert server, f"{SERVER_ENV[backend]} is not set (the backend fixture skips then)"
     name = f"ct_snippets_{uuid.uuid4().hex[:10]}"
     quoted = f'"{name}"' if backend == "postgres" else f"`{name}`"
     admin = create_engine(server, isolation_level="AUTOCOMMIT")

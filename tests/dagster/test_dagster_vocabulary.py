@@ -246,3 +246,23 @@ def test_the_step_log_metadata_and_errors_say_shared(ct: Any, resource: ControlT
     (failure,) = refused.get_step_failure_events()
     text = str(failure.step_failure_data.error)
     assert "'shared'" in text and "got 'counting'" in text, text
+
+
+@pytest.mark.backends("sqlite")
+def test_the_events_sensor_starts_stopped_the_cleanup_sensor_running_and_the_page_says_so(backend: str) -> None:
+    """A sensor that launches runs waits for the operator (as Dagster's own do); the cleanup sensor
+    only withdraws what ended runs left, so it runs from the start. docs/dagster.md says how to start
+    the events sensor, by the name the factory gives it."""
+    from dagster import DefaultSensorStatus
+
+    from dagster_controltable import controltable_run_cleanup_sensor
+
+    @job
+    def drain() -> None:
+        pass
+
+    events = pending_events_sensor(drain, table="events", key="id")
+    assert events.default_status == DefaultSensorStatus.STOPPED
+    assert controltable_run_cleanup_sensor().default_status == DefaultSensorStatus.RUNNING
+    page = " ".join((PLUGIN.parents[2] / "docs" / "dagster.md").read_text().split())
+    assert f"dagster sensor start {events.name} -f defs.py" in page and "comes up **stopped**" in page
