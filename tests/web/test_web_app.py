@@ -304,3 +304,16 @@ def test_with_a_token_every_request_needs_it(backend_url: str, monkeypatch: Any)
         basic = base64.b64encode(f"anyone:{TOKEN}".encode()).decode()
         assert c.get(path, headers={"Authorization": f"Basic {basic}"}).status_code == 200, path
     assert c.get("/api/status", headers={"Authorization": "Basic !!notbase64"}).status_code == 401
+
+
+def test_idle_resources_follow_the_active_ones_without_chart_series(busy: Busy) -> None:
+    """`idle` (nobody holding or waiting, no grant in the last hour) comes after the active ones and
+    gets no chart series; a resource granted within the hour stays active after its release."""
+    ct = busy.ct
+    ct.set_capacity("aa_recent", 1)
+    ct.acquire("aa_recent", holder="quick").release()
+    ct.set_capacity("ab_never", 1)
+    data = client(ct).get("/api/status").json()
+    order = [(r["name"], r["active"]) for r in data["resources"]]
+    assert order == [("aa_recent", True), ("wh", True), ("ab_never", False), ("idle", False)], order
+    assert set(data["stats"]["series"]) == {"aa_recent", "wh"}

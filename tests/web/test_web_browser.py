@@ -123,3 +123,27 @@ def test_page_says_when_a_spent_rate_window_opens_again(chromium: Any, ct: Contr
         text = card.locator(".blocker").inner_text()
         assert text.startswith("rate limit reached: next grant in"), text
         page.close()
+
+
+@pytest.mark.backends("sqlite")
+def test_many_resources_the_busy_one_first_idle_ones_folded(chromium: Any, ct: ControlTable) -> None:
+    """23 resources, one in use: one card (the busy one) and one line naming the 22 idle ones; no
+    "rate limit" where none is set, and the one that has a rate limit says it."""
+    names = [f"res_{i:02d}" for i in range(23)]
+    for name in names:
+        ct.set_capacity(name, 2, rate=(5, 60) if name == "res_17" else None)
+    ct.acquire("res_09", holder="the-busy-one", lease=120)
+    with _serve(ct) as server:
+        page = chromium.new_page(viewport={"width": 1200, "height": 800})
+        page.goto(server.base + "/")
+        page.locator('section.resource[data-resource="res_09"] tr.holder').wait_for(timeout=10_000)
+        cards = page.locator("section.resource")
+        assert cards.count() == 1 and cards.nth(0).get_attribute("data-resource") == "res_09"
+        assert "rate limit" not in cards.nth(0).inner_text()
+        idle = page.locator("p.idle")
+        assert idle.get_attribute("data-idle") == "22"
+        folded = idle.locator(".idle-resource").evaluate_all("xs => xs.map(x => x.dataset.resource)")
+        assert folded == [n for n in names if n != "res_09"]
+        assert "rate limit 5 per" in (idle.locator('[data-resource="res_17"]').get_attribute("title") or "")
+        screenshot(page, "status-page-many-resources.png")
+        page.close()

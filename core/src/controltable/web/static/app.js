@@ -134,6 +134,18 @@
   }
 
   // -- sections --------------------------------------------------------------------------------------
+  function idleLine(idle) {
+    if (!idle.length) return null;
+    const names = [];
+    idle.forEach((r, i) => {
+      if (i) names.push(", ");
+      names.push(el("span", {class: "idle-resource", "data-resource": r.name,
+        title: `capacity ${r.capacity}` + (r.rate ? `, rate limit ${r.rate.text}` : "")}, r.name));
+    });
+    return el("p", {class: "muted idle", "data-idle": idle.length},
+      `idle (nothing held or waiting, no grant in the last hour): `, ...names);
+  }
+
   function resourceCard(r, stats) {
     const pct = r.capacity ? Math.min(100, 100 * r.used / r.capacity) : 0;
     const cur = stats && stats.current ? stats.current[r.name] : null;
@@ -143,7 +155,7 @@
         el("span", {class: "meter" + (r.used >= r.capacity ? " full" : ""), title: `${r.used} of ${r.capacity}`},
           el("span", {style: `width:${pct}%`})),
         el("span", {class: "used", "data-used": r.used}, `${r.used} / ${r.capacity} used`),
-        el("span", {class: "muted"}, "rate limit ", r.rate ? r.rate.text : dash),
+        r.rate ? el("span", {class: "muted rate"}, "rate limit ", r.rate.text) : null,  // only what is set
         r.rate_opens_in ? el("span", {class: "blocker"}, `rate limit reached: next grant in ${dur(r.rate_opens_in)}`) : null,
         r.aging ? el("span", {class: "muted"}, `aging +1 priority per ${dur(r.aging)}`) : null,
         el("span", {class: "muted"}, `${r.waiters.length} waiting`),
@@ -258,8 +270,12 @@
     const note = document.getElementById("chart-note");
     if (data.stats && data.stats.note) { note.hidden = false; note.textContent = data.stats.note; }
     else if (data.stats && data.stats.series) note.hidden = true;  // a refresh without charts leaves it as it is
+    // Active resources (holders, waiters, or grants in the last hour) get cards, in the server's
+    // order; idle ones fold into one line, so a busy resource never hides behind empty cards.
     const res = document.getElementById("resources");
-    res.replaceChildren(...(data.resources.length ? data.resources.map(r => resourceCard(r, stats))
+    const active = data.resources.filter(r => r.active !== false);
+    const idle = data.resources.filter(r => r.active === false);
+    res.replaceChildren(...(data.resources.length ? [...active.map(r => resourceCard(r, stats)), idleLine(idle)].filter(Boolean)
       : [el("p", {class: "muted"}, "no resources in this namespace; create one with `controltable capacity set NAME N`")]));
     document.getElementById("events-title").hidden = !data.events.length;
     document.getElementById("events").replaceChildren(...data.events.map(eventCard));
