@@ -22,13 +22,12 @@ $(VENV)/.core-installed: core/pyproject.toml
 
 # Debian packages the tests drive as real programs (chromium, promtool, pgbouncer, galera-4, rsync):
 # scripts/system-packages installs the missing ones.
-# The egg-info an editable install leaves in airflow_plugin/src would make Airflow see the provider's
-# plugin entry point twice (once per sys.path entry) and report a duplicate plugin.
+# The provider builds with hatchling, whose editable install leaves no egg-info in airflow_plugin/src
+# (one there made Airflow see the plugin's entry point twice and report a duplicate plugin).
 $(VENV)/.all-installed: $(VENV)/.core-installed pyproject.toml airflow_plugin/pyproject.toml dagster_plugin/pyproject.toml
 	scripts/system-packages
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/pip install --quiet -e 'core[postgres,mysql,web]' -e 'airflow_plugin[web]' \
 		-e dagster_plugin --group dev
-	rm -rf airflow_plugin/src/*.egg-info
 	touch $@
 
 $(VENV_SA14)/.installed: core/pyproject.toml

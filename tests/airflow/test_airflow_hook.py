@@ -70,17 +70,61 @@ def test_existing_postgres_connection_is_accepted(
     assert table.try_acquire("pg_resource", holder="h") is not None
 
 
-def test_unknown_connection_id_is_a_clear_error(airflow_db: Path) -> None:
+def test_unknown_connection_id_is_a_clear_error(airflow_db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.sdk.exceptions import AirflowException
 
     from airflow_controltable.exceptions import ControlTableConnectionNotFound
+    from airflow_controltable.hooks import controltable as hook_module
     from airflow_controltable.operators.slots import ReleaseSlotOperator
+
+    monkeypatch.setattr(hook_module, "reads_stored_connections", lambda: True)  # as in a task
 
     op = ReleaseSlotOperator(task_id="release", resource="warehouse", conn_id="no_such_conn")
     with pytest.raises(ControlTableConnectionNotFound, match="'no_such_conn' is not defined") as info:
         op.execute(make_context())
     assert isinstance(info.value, AirflowException)
     assert "AIRFLOW_CONN_NO_SUCH_CONN" in str(info.value)
+
+
+def test_a_plain_script_is_told_it_cannot_read_stored_connections(airflow_db: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside a task (this test process: no supervisor, no Airflow process context) Airflow 3 reads
+    no connection from the metadata database: the error says so, and how the script gets one."""
+    from airflow_controltable.exceptions import ControlTableConnectionNotFound
+    from airflow_controltable.hooks.controltable import ControlTableHook, reads_stored_connections
+
+    monkeypatch.delenv("_AIRFLOW_PROCESS_CONTEXT", raising=False)
+    assert not reads_stored_connections()
+    with pytest.raises(ControlTableConnectionNotFound) as info:
+        ControlTableHook("stored_in_the_ui").get_control_table()
+    text = str(info.value)
+    assert "not an Airflow task" in text and "cannot read connections stored in the metadata database" in text
+    assert "AIRFLOW_CONN_STORED_IN_THE_UI=" in text and "controltable.ControlTable(" in text
+    assert "is not defined in Airflow" not in text  # it may well be defined: the script cannot see it
+    monkeypatch.setenv("_AIRFLOW_PROCESS_CONTEXT", "server")  # the api-server, the scheduler: they can
+    assert reads_stored_connections()
+
+
+def test_the_form_puts_the_url_first_in_every_airflow_version(airflow_db: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:
+    """The URL is the Host field, relabelled (standard fields come first in the form; extras are folded),
+    for Airflow 3.2+ (provider info) and older UIs (the hook's get_ui_field_behaviour) alike; a
+    connection made with `airflow connections add --conn-host URL` works."""
+    from airflow_controltable.get_provider_info import get_provider_info
+    from airflow_controltable.hooks.controltable import ControlTableHook
+
+    (conn,) = get_provider_info()["connection-types"]
+    behaviour = conn["ui-field-behaviour"]
+    assert behaviour["relabeling"]["host"] == "SQLAlchemy URL" and "host" not in behaviour["hidden-fields"]
+    assert "url" not in conn["conn-fields"]  # one URL field in the form
+    assert {"listen_url", "install"} <= set(conn["conn-fields"])
+    old_style = ControlTableHook.get_ui_field_behaviour()
+    assert old_style["relabeling"] == behaviour["relabeling"]
+    assert old_style["hidden_fields"] == behaviour["hidden-fields"]
+    in_host = set_connection(monkeypatch, "ct_in_host", conn_type="controltable", host=f"sqlite:///{tmp_path}/h.db",
+                             extra={"namespace": "hostns", "install": True})
+    table = ControlTableHook(in_host).get_control_table()
+    assert table.namespace == "hostns" and table.installed_version() is not None
 
 
 @pytest.mark.parametrize(
@@ -148,16 +192,15 @@ def test_provider_info_declares_the_connection_form_and_the_task_decorator() -> 
     schema = _json.loads((_Path(airflow.__file__).parent / "provider_info.schema.json").read_text())
     jsonschema.validate(info, schema)
     (conn,) = info["connection-types"]
-    assert set(conn["conn-fields"]) >= {"url", "namespace", "schema", "prefix"}
-    assert conn["conn-fields"]["url"]["label"] == "SQLAlchemy URL"
-    assert "host" in conn["ui-field-behaviour"]["hidden-fields"]
+    assert set(conn["conn-fields"]) >= {"namespace", "schema", "prefix", "listen_url", "install"}
+    assert conn["ui-field-behaviour"]["relabeling"]["host"] == "SQLAlchemy URL"
 
     from airflow.providers_manager import ProvidersManager
 
     pm = ProvidersManager()
     widgets = pm.connection_form_widgets
-    assert "extra__controltable__url" in widgets and "extra__controltable__namespace" in widgets
-    assert "host" in pm.field_behaviours["controltable"]["hidden_fields"]
+    assert "extra__controltable__namespace" in widgets and "extra__controltable__listen_url" in widgets
+    assert pm.field_behaviours["controltable"]["relabeling"]["host"] == "SQLAlchemy URL"
 
     from airflow.sdk import task
 
@@ -205,3 +248,33 @@ def test_listen_url_extra_reaches_the_listener(airflow_db: Path, monkeypatch: py
                           extra={"url": backend_url, "namespace": namespace, "listen_url": backend_url})
     table = ControlTableHook(conn).get_control_table()
     assert table._wakeups.listen_url == direct.set(password="pw").render_as_string(hide_password=False)
+
+
+def test_the_documented_connections_add_gives_a_working_connection(airflow_db: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    """docs/airflow.md's `airflow connections add` (the URL as --conn-host), read from the metadata
+    database as Airflow's own components read it."""
+    import re
+    import subprocess
+
+    from airflow_helpers import airflow_bin
+
+    from airflow_controltable.hooks.controltable import ControlTableHook, clear_cache
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "airflow.md").read_text()
+    (command,) = re.findall(r"^airflow connections add .*?(?<!\\)$", page, re.M | re.S)
+    args = [a for a in re.split(r"\s+", command.replace("\\\n", " ")) if a]
+    assert args[:5] == ["airflow", "connections", "add", "controltable_default", "--conn-type"], args
+    url = f"sqlite:///{tmp_path}/added.db"
+    conn_id = "ct_documented_add"
+    got = subprocess.run([airflow_bin(), "connections", "add", conn_id, "--conn-type", "controltable",
+                          "--conn-host", url, "--conn-extra", '{"namespace": "prod", "install": true}'],
+                         capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr[-2000:]
+    monkeypatch.setenv("_AIRFLOW_PROCESS_CONTEXT", "server")  # the metadata database's reader
+    clear_cache()
+    try:
+        table = ControlTableHook(conn_id).get_control_table()
+        assert table.namespace == "prod" and table.installed_version() is not None
+    finally:
+        clear_cache()

@@ -33,7 +33,7 @@ def test_init_capacity_status_acquire_release(backend_url: str, namespace: str) 
     assert st.returncode == 0 and "warehouse" in st.stdout and "nightly" in st.stdout and "holding" in st.stdout
     data = json.loads(run(backend_url, namespace, "status", "--json").stdout)
     assert data[0]["name"] == "warehouse" and data[0]["used"] == 1
-    # A counting slot by default: a second holder fits beside the first; an exclusive one does not.
+    # A shared slot by default: a second holder fits beside the first; an exclusive one does not.
     second = run(backend_url, namespace, "acquire", "warehouse", "--holder", "second", "--timeout", "0")
     assert second.returncode == 0 and int(second.stdout.strip()) > int(got.stdout.strip())
     busy = run(backend_url, namespace, "acquire", "warehouse", "--holder", "other", "--exclusive", "--timeout", "0")

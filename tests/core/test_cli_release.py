@@ -127,28 +127,6 @@ def test_stats_prints_a_short_hold_as_a_small_percentage(tmp_path: Path) -> None
     assert figure.group(1) != "0", line  # a hold of a few milliseconds is not rounded away to "0%"
 
 
-def test_modes_are_counting_and_exclusive_and_old_names_stay_accepted(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'ct.db'}"
-    assert cli(tmp_path, "init", url=url).returncode == 0
-    assert cli(tmp_path, "capacity", "set", "warehouse", "4", url=url).returncode == 0
-    for holder, flag in (("new-flag", "--counting"), ("old-flag", "--shared")):
-        got = cli(tmp_path, "acquire", "warehouse", "--holder", holder, flag, "--timeout", "0", url=url)
-        assert got.returncode == 0, got.stderr
-    ct = ControlTable(url)
-    try:
-        ct.acquire("warehouse", holder="api-new", mode="counting", timeout=0)
-        ct.acquire("warehouse", holder="api-old", mode="shared", timeout=0)
-        assert ct.try_acquire("warehouse", holder="writer", mode="exclusive") is None
-        with pytest.raises(ControlTableError, match="'counting'"):
-            ct.acquire("warehouse", holder="x", mode="sharing", timeout=0)
-    finally:
-        ct.close()
-    st = cli(tmp_path, "status", url=url)
-    assert st.returncode == 0, st.stderr
-    assert "counting" in st.stdout and "exclusive" in st.stdout
-    assert "shared" not in st.stdout
-
-
 def test_status_fits_the_columns_it_is_given(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'ct.db'}"
     long_holder = "airflow/dag_nightly_load/run-2026-11-25T02:00:00/task_load_orders"
@@ -202,13 +180,13 @@ def test_a_missing_event_table_is_one_message(tmp_path: Path) -> None:
 
 
 def test_status_json_names_the_modes_as_stored(tmp_path: Path) -> None:
-    """JSON output is for programs: it keeps the stored values older readers parse."""
+    """JSON output says what the tables store and the tables and options say: one word, "shared"."""
     url = f"sqlite:///{tmp_path / 'ct.db'}"
     ct = ControlTable(url)
     try:
         ct.install()
         ct.set_capacity("warehouse", 2)
-        ct.acquire("warehouse", holder="h", mode="counting", timeout=5)
+        ct.acquire("warehouse", holder="h", mode="shared", timeout=5)
     finally:
         ct.close()
     data = json.loads(cli(tmp_path, "status", "--json", url=url).stdout)
@@ -240,5 +218,5 @@ def test_the_demo_says_what_heads_the_queue() -> None:
     st = SimpleNamespace(used=1, waiters=[entry(2, "shared"), entry(1, "exclusive"), entry(3, "shared")])
     assert queue_line(st, 2) == "in use 1/2, waiting  3, an exclusive request heads the queue"
     st = SimpleNamespace(used=2, waiters=[entry(1, "shared", expired=True), entry(2, "shared")])
-    assert queue_line(st, 2) == "in use 2/2, waiting  1, a counting request heads the queue"
+    assert queue_line(st, 2) == "in use 2/2, waiting  1, a shared request heads the queue"
     assert queue_line(SimpleNamespace(used=0, waiters=[]), 2) == "in use 0/2, waiting  0"

@@ -1,4 +1,4 @@
-"""Slot API for adapters: counting default, attempts, wait information, scope withdrawal, wake-up listeners."""
+"""Slot API for adapters: shared default, attempts, wait information, scope withdrawal, wake-up listeners."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from controltable import AcquireTimeout, ConfigurationError, ControlTable, Lease
 from controltable.defaults import DEFAULT_MODE
 
 
-def test_counting_slot_is_the_default(ct: ControlTable) -> None:
+def test_shared_slot_is_the_default(ct: ControlTable) -> None:
     assert DEFAULT_MODE == "shared"
     ct.set_capacity("warehouse", 3)
     leases = [ct.acquire("warehouse", holder=f"h{i}", timeout=0) for i in range(3)]

@@ -251,6 +251,14 @@ def test_wait_goes_into_the_log_and_output_metadata(ct: Any, resource: ControlTa
         assert metadata["controltable/holder"].value == f"dagster:{result.run_id}:report"
         messages = [r.user_message for r in instance.all_logs(result.run_id)]
         assert any("position 1 behind airflow:nightly:run1" in m for m in messages), messages
+        # The wait is its own pair of events on the run page: where it began, and when it ended.
+        waited = [m for m in messages if m.startswith("controltable: waiting for 'warehouse'")]
+        granted = [m for m in messages if m.startswith("controltable: granted 'warehouse' after waiting ")]
+        assert len(waited) == 1 and len(granted) == 1, messages
+        assert granted[0].endswith("from queue position 1")
+        assert messages.index(waited[0]) < messages.index(granted[0])
+        seconds = float(granted[0].split("after waiting ")[1].split(" s")[0])
+        assert abs(seconds - metadata["controltable/wait_seconds"].value) < 0.06, (seconds, granted)
 
 
 def test_run_config_overriding_url_keeps_the_definitions_other_fields(ct: Any, backend_url: str,
@@ -396,3 +404,45 @@ def test_retry_watcher_withdraws_a_place_within_moments_of_the_cancel(ct: Any, b
             time.sleep(0.05)
         assert not retry_watch.state_file(holder).exists()  # it ended after the withdrawal
     ct.release("warehouse", "shell-job")
+
+
+@pytest.mark.parametrize("url_from", ["literal", "env"])
+def test_run_config_overriding_one_field_needs_no_url(ct: Any, backend_url: str, namespace: str, url_from: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run config giving one field (``interrupt_on_lease_loss``) runs with the definitions' url and
+    namespace (``url`` as text or ``EnvVar``): Dagster used to refuse it with "Missing required config
+    entry url" unless the url was typed into the run config again."""
+    from dagster import Definitions, EnvVar
+
+    @op
+    def load(controltable: ControlTableResource) -> tuple[str, str, bool]:
+        assert controltable.control_table.namespace == controltable.namespace  # opened and checked
+        return controltable.url, controltable.namespace, controltable.interrupt_on_lease_loss
+
+    @job
+    def load_job() -> None:
+        load()
+
+    monkeypatch.setenv("CT_TEST_RUN_CONFIG_URL", backend_url)
+    url: Any = backend_url if url_from == "literal" else EnvVar("CT_TEST_RUN_CONFIG_URL")
+    defs = Definitions(jobs=[load_job], resources={"controltable": ControlTableResource(url=url, namespace=namespace)})
+    with DagsterInstance.ephemeral() as instance:
+        one_field = {"resources": {"controltable": {"config": {"interrupt_on_lease_loss": False}}}}
+        result = defs.resolve_job_def("load_job").execute_in_process(instance=instance, run_config=one_field)
+        assert result.success
+        assert result.output_for_node("load") == (backend_url, namespace, False)
+
+
+@pytest.mark.backends("sqlite")
+def test_a_resource_without_any_url_fails_the_step_naming_where_to_give_it(backend: str) -> None:
+    @op
+    def load(controltable: ControlTableResource) -> None:
+        controltable.status()
+
+    @job
+    def load_job() -> None:
+        load()
+
+    result = load_job.execute_in_process(resources={"controltable": ControlTableResource()}, raise_on_error=False)
+    (failure,) = result.get_step_failure_events()
+    assert "has no url" in str(failure.step_failure_data.error) and "EnvVar" in str(failure.step_failure_data.error)

@@ -214,3 +214,55 @@ def test_batch_op_owner(ct: Any, resource: ControlTableResource, make_events: An
                             name="drain", owner="shell:nightly")
     assert _drain_job(op_def).execute_in_process(resources={"controltable": resource}).success
     assert owners == ["shell:nightly"]
+
+
+# -- one word per mode: "shared" in the step log, the metadata and the errors -----------------------
+@pytest.mark.backends("sqlite")
+def test_the_step_log_metadata_and_errors_say_shared(ct: Any, resource: ControlTableResource) -> None:
+    from dagster import OpExecutionContext, op
+
+    ct.set_capacity("warehouse", 2)
+
+    @op
+    def default_mode(context: OpExecutionContext, controltable: ControlTableResource) -> None:
+        with controltable.slot("warehouse"):
+            pass
+
+    @op
+    def old_word(context: OpExecutionContext, controltable: ControlTableResource) -> None:
+        with controltable.slot("warehouse", mode="counting"):
+            pass
+
+    with DagsterInstance.ephemeral() as instance:
+        ok = _drain_job(default_mode).execute_in_process(resources={"controltable": resource}, instance=instance)
+        assert ok.success
+        logs = [e.user_message for e in instance.all_logs(ok.run_id) if "controltable: holding" in e.user_message]
+    assert logs and "(shared, 1 slot(s))" in logs[0], logs
+    (meta,) = [m for e in ok.all_events if e.event_type_value == "STEP_OUTPUT"
+               for k, m in e.event_specific_data.metadata.items() if k.startswith("controltable/slot/")]
+    assert meta.value["mode"] == "shared"
+    refused = _drain_job(old_word).execute_in_process(resources={"controltable": resource}, raise_on_error=False)
+    assert not refused.success
+    (failure,) = refused.get_step_failure_events()
+    text = str(failure.step_failure_data.error)
+    assert "'shared'" in text and "got 'counting'" in text, text
+
+
+@pytest.mark.backends("sqlite")
+def test_the_events_sensor_starts_stopped_the_cleanup_sensor_running_and_the_page_says_so(backend: str) -> None:
+    """A sensor that launches runs waits for the operator (as Dagster's own do); the cleanup sensor
+    only withdraws what ended runs left, so it runs from the start. docs/dagster.md says how to start
+    the events sensor, by the name the factory gives it."""
+    from dagster import DefaultSensorStatus
+
+    from dagster_controltable import controltable_run_cleanup_sensor
+
+    @job
+    def drain() -> None:
+        pass
+
+    events = pending_events_sensor(drain, table="events", key="id")
+    assert events.default_status == DefaultSensorStatus.STOPPED
+    assert controltable_run_cleanup_sensor().default_status == DefaultSensorStatus.RUNNING
+    page = " ".join((PLUGIN.parents[2] / "docs" / "dagster.md").read_text().split())
+    assert f"dagster sensor start {events.name} -f defs.py" in page and "comes up **stopped**" in page

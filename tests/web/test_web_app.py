@@ -246,3 +246,74 @@ def test_parse_event_spec() -> None:
     for bad in ("", "ev", "ev:", ":id", "ev:id:a:b:c", "e v:id", "ev:i-d", 'ev":id'):
         with pytest.raises(ConfigurationError):
             parse_event_spec(bad)
+
+
+# -- on a network: a token, or the operator's explicit --allow-unauthenticated --------------------
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("[::1]", True), ("localhost", True),
+    ("0.0.0.0", False), ("::", False), ("10.1.2.3", False), ("ct-status.example", False),
+])
+def test_what_counts_as_loopback(host: str, loopback: bool) -> None:
+    from controltable.web.serve import is_loopback
+
+    assert is_loopback(host) is loopback
+
+
+def _serve_cli(backend_url: str, monkeypatch: Any, *args: str) -> tuple[Any, list[dict[str, Any]]]:
+    """``controltable serve ARGS`` with uvicorn.run recording what it was given instead of listening."""
+    import uvicorn
+
+    started: list[dict[str, Any]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append({"app": app, **kw}))
+    result = CliRunner().invoke(cli, ["--url", backend_url, "serve", *args])
+    return result, started
+
+
+@pytest.mark.backends("sqlite")
+def test_serve_beyond_loopback_needs_a_token_or_the_operators_word(backend_url: str, monkeypatch: Any) -> None:
+    monkeypatch.delenv("CONTROLTABLE_WEB_TOKEN", raising=False)
+    assert CliRunner().invoke(cli, ["--url", backend_url, "init"]).exit_code == 0
+    refused, started = _serve_cli(backend_url, monkeypatch, "--host", "0.0.0.0")
+    assert refused.exit_code == 2 and not started, refused.output
+    text = " ".join(refused.output.split())
+    assert "without authentication" in text and "CONTROLTABLE_WEB_TOKEN" in text and "--allow-unauthenticated" in text
+    loopback, started = _serve_cli(backend_url, monkeypatch)  # the default 127.0.0.1: as before, no warning
+    assert loopback.exit_code == 0 and started[0]["host"] == "127.0.0.1" and "WARNING" not in loopback.output
+    meant, started = _serve_cli(backend_url, monkeypatch, "--host", "0.0.0.0", "--allow-unauthenticated")
+    assert meant.exit_code == 0 and started[0]["host"] == "0.0.0.0", meant.output
+    assert "WITHOUT AUTHENTICATION" in meant.output  # said loudly at start (stderr)
+    assert TestClient(started[0]["app"]).get("/api/status").status_code == 200
+
+
+@pytest.mark.backends("sqlite")
+def test_with_a_token_every_request_needs_it(backend_url: str, monkeypatch: Any) -> None:
+    import base64
+
+    monkeypatch.setenv("CONTROLTABLE_WEB_TOKEN", TOKEN)
+    assert CliRunner().invoke(cli, ["--url", backend_url, "init"]).exit_code == 0
+    result, started = _serve_cli(backend_url, monkeypatch, "--host", "0.0.0.0")
+    assert result.exit_code == 0 and "WARNING" not in result.output, result.output
+    assert "token required for every request" in " ".join(result.output.split())
+    c = TestClient(started[0]["app"])
+    for path in ("/", "/api/status", "/metrics", "/static/app.js"):
+        denied = c.get(path)
+        assert denied.status_code == 401, path
+        assert denied.headers["www-authenticate"].startswith("Basic"), path  # a browser asks for it
+        assert c.get(path, headers={"Authorization": "Bearer " + TOKEN[:-1] + "x"}).status_code == 401
+        assert c.get(path, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200, path
+        basic = base64.b64encode(f"anyone:{TOKEN}".encode()).decode()
+        assert c.get(path, headers={"Authorization": f"Basic {basic}"}).status_code == 200, path
+    assert c.get("/api/status", headers={"Authorization": "Basic !!notbase64"}).status_code == 401
+
+
+def test_idle_resources_follow_the_active_ones_without_chart_series(busy: Busy) -> None:
+    """`idle` (nobody holding or waiting, no grant in the last hour) comes after the active ones and
+    gets no chart series; a resource granted within the hour stays active after its release."""
+    ct = busy.ct
+    ct.set_capacity("aa_recent", 1)
+    ct.acquire("aa_recent", holder="quick").release()
+    ct.set_capacity("ab_never", 1)
+    data = client(ct).get("/api/status").json()
+    order = [(r["name"], r["active"]) for r in data["resources"]]
+    assert order == [("aa_recent", True), ("wh", True), ("ab_never", False), ("idle", False)], order
+    assert set(data["stats"]["series"]) == {"aa_recent", "wh"}

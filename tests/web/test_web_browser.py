@@ -42,9 +42,9 @@ def test_page_shows_holders_and_waiters_and_updates_on_release(chromium: Any, ct
         assert waiters.count() == 2
         assert waiters.nth(0).get_attribute("data-holder") == "report-refresh"
         assert "nightly-load" in waiters.nth(1).inner_text() and "report-refresh" in waiters.nth(1).inner_text()
-        # One vocabulary: the page names the modes as the docs and the CLI do ("shared" is only stored).
-        assert "counting" in waiters.nth(0).inner_text() and "exclusive" in waiters.nth(1).inner_text()
-        assert "shared" not in card.inner_text()
+        # One vocabulary: the page names the modes as the docs, the CLI and the JSON do.
+        assert "shared" in waiters.nth(0).inner_text() and "exclusive" in waiters.nth(1).inner_text()
+        assert "counting" not in card.inner_text()
         if backend == "sqlite":
             screenshot(page, "status-page-queue.png")
 
@@ -122,4 +122,28 @@ def test_page_says_when_a_spent_rate_window_opens_again(chromium: Any, ct: Contr
         card.locator('tr.waiter[data-holder="second-call"]').wait_for(timeout=10_000)
         text = card.locator(".blocker").inner_text()
         assert text.startswith("rate limit reached: next grant in"), text
+        page.close()
+
+
+@pytest.mark.backends("sqlite")
+def test_many_resources_the_busy_one_first_idle_ones_folded(chromium: Any, ct: ControlTable) -> None:
+    """23 resources, one in use: one card (the busy one) and one line naming the 22 idle ones; no
+    "rate limit" where none is set, and the one that has a rate limit says it."""
+    names = [f"res_{i:02d}" for i in range(23)]
+    for name in names:
+        ct.set_capacity(name, 2, rate=(5, 60) if name == "res_17" else None)
+    ct.acquire("res_09", holder="the-busy-one", lease=120)
+    with _serve(ct) as server:
+        page = chromium.new_page(viewport={"width": 1200, "height": 800})
+        page.goto(server.base + "/")
+        page.locator('section.resource[data-resource="res_09"] tr.holder').wait_for(timeout=10_000)
+        cards = page.locator("section.resource")
+        assert cards.count() == 1 and cards.nth(0).get_attribute("data-resource") == "res_09"
+        assert "rate limit" not in cards.nth(0).inner_text()
+        idle = page.locator("p.idle")
+        assert idle.get_attribute("data-idle") == "22"
+        folded = idle.locator(".idle-resource").evaluate_all("xs => xs.map(x => x.dataset.resource)")
+        assert folded == [n for n in names if n != "res_09"]
+        assert "rate limit 5 per" in (idle.locator('[data-resource="res_17"]').get_attribute("title") or "")
+        screenshot(page, "status-page-many-resources.png")
         page.close()

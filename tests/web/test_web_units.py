@@ -8,7 +8,7 @@ from typing import Optional
 import pytest
 
 from controltable import Entry, Rate
-from controltable.web.data import entry_view, per_minute, rate_view, worklist_blocker
+from controltable.web.data import entry_view, order_by_activity, per_minute, rate_view, worklist_blocker
 from controltable.worklist.values import OrderStatus, WorkListStatus
 
 
@@ -69,3 +69,14 @@ def test_histogram_buckets_are_cumulative() -> None:
 
     assert histogram_buckets([0.05, 0.7, 2.0, 5000.0], (0.1, 1.0, 10.0)) == [
         ("0.1", 1.0), ("1.0", 2.0), ("10.0", 3.0), ("+Inf", 4.0)]
+
+
+def test_active_resources_come_first_and_idle_ones_are_marked() -> None:
+    def res(name: str, holders: int = 0, waiters: int = 0) -> dict[str, object]:
+        return {"name": name, "holders": [{}] * holders, "waiters": [{}] * waiters}
+
+    given = [res("a_idle"), res("b_held", holders=1), res("c_recent"), res("d_idle"), res("e_queue", waiters=2)]
+    ordered = order_by_activity(given, {"c_recent": 4, "d_idle": 0})
+    assert [(r["name"], r["active"]) for r in ordered] == [
+        ("b_held", True), ("c_recent", True), ("e_queue", True), ("a_idle", False), ("d_idle", False)]
+    assert all(r["active"] is False for r in order_by_activity([res("x")], {}))

@@ -39,7 +39,7 @@ __all__ = [
 
 #: The two slot modes (the core's); named ``slot_mode`` in every Airflow signature so it never
 #: clashes with a sensor's own ``mode`` ("poke" / "reschedule").
-SLOT_MODES = ("exclusive", "shared", "counting")  # "counting" is the documented name of "shared"
+SLOT_MODES = ("shared", "exclusive")
 
 #: Holder and owner ids are at most this long (the core's name limit); longer ones are hashed.
 MAX_ID = NAME_LENGTH

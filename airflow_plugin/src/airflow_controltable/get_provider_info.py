@@ -8,6 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
+#: The connection form's standard fields. The SQLAlchemy URL is the Host field, relabelled: Airflow
+#: shows standard fields at the top of the form and folds the extras under "Extra Fields", so the
+#: one field every connection needs is where a user looks first. The URL is also accepted in the
+#: ``url`` extra (the JSON form of AIRFLOW_CONN_..., and connections saved that way).
+UI_FIELD_BEHAVIOUR: dict[str, Any] = {
+    "hidden-fields": ["port", "schema", "login"],
+    "relabeling": {"host": "SQLAlchemy URL", "password": "Password (fills the URL's password)"},
+    "placeholders": {
+        "host": "postgresql+psycopg://airflow@db.example:5432/warehouse or sqlite:////var/lib/airflow/ct.db",
+        "password": "optional: kept out of the URL and the extras",
+    },
+}
+
 
 def get_provider_info() -> dict[str, Any]:
     """Describe the provider: its connection type, hooks, operators, sensors, triggers and task decorator."""
@@ -54,21 +67,10 @@ def get_provider_info() -> dict[str, Any]:
                 "hook-class-name": "airflow_controltable.hooks.controltable.ControlTableHook",
                 "hook-name": "ControlTable",
                 # Airflow 3.2+ reads the form from here (hooks' get_ui_field_behaviour needs the FAB
-                # provider): one URL field, the password kept in the Password field, the rest extras.
-                "ui-field-behaviour": {
-                    "hidden-fields": ["host", "port", "schema", "login"],
-                    "relabeling": {"password": "Password (fills the URL's password)"},
-                    "placeholders": {"password": "optional: kept out of the URL and the extras"},
-                },
+                # provider): the URL in the Host field, relabelled, the password in the Password
+                # field, the rest extras.
+                "ui-field-behaviour": UI_FIELD_BEHAVIOUR,
                 "conn-fields": {
-                    "url": {
-                        "label": "SQLAlchemy URL",
-                        "description": (
-                            "The control database, e.g. postgresql+psycopg://airflow@db.example:5432/warehouse "
-                            "or sqlite:////var/lib/airflow/controltable.db (no password here: use the Password field)"
-                        ),
-                        "schema": {"type": ["string", "null"]},
-                    },
                     "namespace": {
                         "label": "Namespace",
                         "description": "Everyone who must coordinate (Airflow, Dagster, scripts) uses the same one",

@@ -97,7 +97,7 @@ def check_wait_args(slot_mode: Any, resource: Any) -> None:
     """Reject a bad ``slot_mode`` or resource name before anything waits on it."""
     if slot_mode not in SLOT_MODES:
         raise ControlTableConfigError(
-            f"slot_mode must be 'counting' (alias 'shared', the default) or 'exclusive' (alone on the resource), "
+            f"slot_mode must be 'shared' (the default) or 'exclusive' (alone on the resource), "
             f"got {slot_mode!r} (a sensor's own `mode` is 'poke' or 'reschedule')"
         )
     if not resource or not isinstance(resource, str):

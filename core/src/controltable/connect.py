@@ -37,6 +37,7 @@ SQLite         ``timeout`` and ``PRAGMA busy_timeout`` = statement timeout (or 6
 from __future__ import annotations
 
 import heapq
+import importlib.util
 import itertools
 import logging
 import math
@@ -47,6 +48,7 @@ import time
 from typing import Any, Callable, Optional
 
 from . import defaults
+from .errors import ConfigurationError, safe_url
 
 log = logging.getLogger("controltable")
 
@@ -69,6 +71,55 @@ SERVER_PID = "SELECT pg_backend_pid()"
 #: URLs (without password) on which a prepared statement met a pooler although the connection
 #: looked direct (:func:`refuse_prepares`): new connections to them never prepare again.
 _PREPARES_REFUSED: set[str] = set()
+
+
+# -- URL spellings people type --------------------------------------------------------------------
+#: The backend each common spelling means: ``postgres://`` (libpq, Heroku, most PaaS) is
+#: PostgreSQL; ``mariadb://`` is the MySQL dialect, which detects MariaDB on connecting.
+URL_BACKENDS = {"postgres": "postgresql", "postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql"}
+#: Per backend, the drivers a URL without one gets, in order of preference: (the module to find,
+#: the SQLAlchemy driver name). psycopg 3 and PyMySQL are what the extras install; psycopg2 and
+#: mysqlclient (SQLAlchemy's own defaults) are used when they are what is installed.
+URL_DRIVERS = {
+    "postgresql": (("psycopg", "psycopg"), ("psycopg2", "psycopg2")),
+    "mysql": (("MySQLdb", "mysqldb"), ("pymysql", "pymysql")),
+}
+#: The extra that installs a backend's preferred driver, and the URL to type with it.
+URL_EXTRAS = {
+    "postgresql": ("postgres", "postgresql+psycopg://user:password@host:5432/db"),
+    "mysql": ("mysql", "mysql+pymysql://user:password@host:3306/db"),
+}
+
+
+def _importable(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def typed_url(url: Any, have: Callable[[str], bool] = _importable) -> Any:
+    """``url`` (a SQLAlchemy ``URL``) with the common spellings people type made explicit.
+
+    ``postgres://`` and ``postgresql://`` become ``postgresql+psycopg://`` (psycopg 3, what the
+    ``postgres`` extra installs; ``+psycopg2`` when only that is installed); ``mysql://`` and
+    ``mariadb://`` become ``mysql+pymysql://`` when PyMySQL is installed and mysqlclient is not
+    (SQLAlchemy would otherwise ask for ``MySQLdb``). A URL naming its driver keeps it (only the
+    backend's spelling is made explicit). When no driver for the backend is installed, a
+    :class:`ConfigurationError` says what to install and what to type. Messages mask the password.
+    """
+    name = str(url.drivername)
+    spelled, _, driver = name.partition("+")
+    backend = URL_BACKENDS.get(spelled.lower())
+    if backend is None:
+        return url
+    if driver:
+        return url if spelled == backend else url.set(drivername=f"{backend}+{driver}")
+    for module, found in URL_DRIVERS[backend]:
+        if have(module):
+            return url.set(drivername=f"{backend}+{found}")
+    extra, example = URL_EXTRAS[backend]
+    raise ConfigurationError(
+        f"no driver for {safe_url(url)!r} is installed; install one with: pip install 'controltable[{extra}]', "
+        f"and use a URL that names it, e.g. {example}"
+    )
 
 
 def _ms(seconds: float) -> int:

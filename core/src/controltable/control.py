@@ -9,9 +9,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 from sqlalchemy import insert, inspect, select, update
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Engine, make_url
 
-from . import errorcodes
+from . import connect, errorcodes
 from .db import DEFAULT_URL, Database
 from .defaults import (
     CONNECT_TIMEOUT,
@@ -485,9 +485,19 @@ def _listen_url(given: Optional[str], db: Database) -> Optional[str]:
     """``listen_url`` as given, else ``CONTROLTABLE_LISTEN_URL`` when the database is PostgreSQL
     (a variable set for a whole environment must not break a SQLite or MariaDB control table)."""
     if given is not None:
-        return given or None
+        return _typed(given) if given else None
     found = os.environ.get(LISTEN_URL_ENV, "").strip()
-    return found if found and traits(db.dialect_name).listen_notify else None
+    return _typed(found) if found and traits(db.dialect_name).listen_notify else None
+
+
+def _typed(url: str) -> str:
+    """``url`` with the spellings people type made explicit (``postgres://``, see
+    :func:`connect.typed_url`); text that is no URL is left for the listener's own check to name."""
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return url
+    return str(connect.typed_url(parsed).render_as_string(hide_password=False))
 
 
 def _retry_busy(fn: Callable[[], None], within: float = INSTALL_BUSY_WINDOW) -> None:

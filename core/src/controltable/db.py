@@ -101,6 +101,7 @@ def make_engine(
                 f"{safe_url(str(url_or_engine))!r} is not a database URL; use e.g. "
                 "postgresql+psycopg://user@host:5432/db or sqlite:///controltable.db"
             ) from None
+        url = connect.typed_url(url)  # postgres://, mysql://, mariadb:// as people type them
         if dialects.traits(url.get_backend_name()).file_database:
             engine = _sqlite_engine(url, statement_timeout)
         else:

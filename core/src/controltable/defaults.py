@@ -20,8 +20,8 @@ DEFAULT_NAMESPACE = "default"
 DEFAULT_PREFIX = "ct_"
 
 # -- slots -------------------------------------------------------------------------------------
-#: The mode of a slot request when none is given: a counting semaphore (``set_capacity(r, 3)``
-#: means three holders), as Airflow pools, Dagster pools and Prefect limits mean a limit.
+#: The mode of a slot request when none is given: "shared", beside other holders up to the capacity
+#: (``set_capacity(r, 3)`` means three holders), as Airflow pools, Dagster pools and Prefect limits do.
 DEFAULT_MODE = "shared"
 #: A slot holder's lease (seconds); ``slot()`` renews it in the background every third of it.
 DEFAULT_LEASE = 300.0

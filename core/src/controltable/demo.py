@@ -1,7 +1,7 @@
 """``controltable demo``: worker processes contend for a small resource and drain an event table.
 
 Runs on the embedded SQLite default. Each worker process runs a few threads that each ask for a
-counting slot (10% ask for it exclusively), so a queue forms behind the full resource and drains.
+shared slot (10% ask for an exclusive one), so a queue forms behind the full resource and drains.
 Progress shows the slots in use and the queue length live; the summary checks, from the workers'
 own records, that the resource was full (peak = capacity) and never over it, that exclusive
 holders ran alone, that grants followed queue order (FIFO), how long a freed slot took to reach
@@ -40,7 +40,7 @@ def _slot_worker(url: str, worker: str, rounds: int, out: Any) -> None:
     def requester(thread: int) -> None:
         rng = random.Random(f"{worker}.{thread}")
         for _ in range(rounds):
-            mode = "exclusive" if rng.random() < 0.1 else "shared"  # the stored name of a counting slot (checks.py)
+            mode = "exclusive" if rng.random() < 0.1 else "shared"
             asked = time.time()
             with ct.slot(RESOURCE, holder=f"{worker}.{thread}-{rng.getrandbits(32):08x}", mode=mode,
                          lease=30) as lease:
@@ -92,7 +92,7 @@ def queue_line(status: Any, capacity: int) -> str:
     waiting = sorted((w for w in status.waiters if not w.expired), key=lambda w: w.position)
     line = f"in use {status.used}/{capacity}, waiting {len(waiting):2d}"
     if waiting:
-        head = "an exclusive request" if waiting[0].mode == "exclusive" else "a counting request"
+        head = "an exclusive request" if waiting[0].mode == "exclusive" else "a shared request"
         line += f", {head} heads the queue"
     return line
 
@@ -157,7 +157,7 @@ def run_demo(url: str, *, workers: int, rounds: int, capacity: int, n_events: in
                 looked = time.monotonic()
                 (st,) = ct.status([RESOURCE])
                 line = queue_line(st, capacity)
-                heads.update(["exclusive" if "exclusive request heads" in line else "counting"] if st.waiters else [])
+                heads.update(["exclusive" if "exclusive request heads" in line else "shared"] if st.waiters else [])
                 progress.update(queue_task, description=line)
             try:
                 kind, record, when = out.get(timeout=0.2)
@@ -189,7 +189,7 @@ def run_demo(url: str, *, workers: int, rounds: int, capacity: int, n_events: in
     if heads["exclusive"]:
         console.print("An exclusive request at the head of the queue waits for the resource to empty,")
         console.print("and FIFO keeps everyone behind it waiting, so a slot may stay free meanwhile.")
-    grants = Table("worker", "grants", "exclusive", "counting", "events done", title="per worker")
+    grants = Table("worker", "grants", "exclusive", "shared", "events done", title="per worker")
     for n in names:
         mine = [iv for iv in intervals if iv.worker == n]
         grants.add_row(n, str(len(mine)), str(sum(iv.mode == "exclusive" for iv in mine)),

@@ -287,17 +287,14 @@ def where_clause(value: Any, table: Any) -> Any:
     return value
 
 
-#: "counting" is the documented name of a slot that counts; it is stored as "shared", the name older
-#: releases (and installed control tables) use, which stays accepted.
-MODE_ALIASES = {"counting": "shared"}
-
-
 def check_mode(mode: object) -> str:
-    """The stored mode for ``mode``: "exclusive", or "counting" (alias "shared") stored as "shared"."""
-    if isinstance(mode, str) and mode in MODE_ALIASES:
-        return MODE_ALIASES[mode]
+    """``mode`` checked: "shared" (beside other holders, up to the capacity) or "exclusive" (alone).
+
+    One word per idea: the conventional shared/exclusive pair of reader/writer locks, which is also
+    what the control tables store and every JSON output says, so there is no second name to accept.
+    """
     if mode not in MODES:
-        raise ConfigurationError(f"mode must be 'counting' (alias 'shared') or 'exclusive', got {mode!r}")
+        raise ConfigurationError(f"mode must be 'shared' (the default) or 'exclusive', got {mode!r}")
     return str(mode)
 
 

@@ -31,6 +31,7 @@ from dagster import (
 from pydantic import Field, PrivateAttr, model_validator
 
 from controltable import (
+    ConfigurationError,
     ControlTable,
     ControlTableError,
     Lease,
@@ -98,8 +99,13 @@ class ControlTableResource(ConfigurableResource):
                 load_orders()
     """
 
-    url: str = Field(description="SQLAlchemy URL of the database holding the control tables, e.g. "
-                                 "postgresql+psycopg://user@host/db or sqlite:////data/controltable.db.")
+    # Not required in Dagster's config schema: run config that overrides one field (e.g.
+    # interrupt_on_lease_loss) keeps the definitions' url (keep_defined_fields) instead of being
+    # refused with "Missing required config entry url". A resource with no url at all fails the
+    # step that uses it, naming the fix.
+    url: Optional[str] = Field(default=None, description="SQLAlchemy URL of the database holding the control "
+                               "tables, e.g. postgresql+psycopg://user@host/db or sqlite:////data/controltable.db "
+                               "(required in the definitions; run config may leave it out).")
     namespace: str = Field(default="default", description="Separates deployments sharing one database; "
                                                           "everyone who must share a limit uses the same one.")
     control_schema: Optional[str] = Field(default=None, description="Database schema holding the control tables "
@@ -206,11 +212,19 @@ class ControlTableResource(ConfigurableResource):
         if self._ct is not None:
             return
         try:
-            self._ct = ControlTable(self.url, namespace=self.namespace, schema=self.control_tables_schema,
+            self._ct = ControlTable(self._url(), namespace=self.namespace, schema=self.control_tables_schema,
                                     prefix=self.prefix, listen_url=self.listen_url, **self._timeouts())
             self._setup_error = None
         except (ControlTableError, ImportError) as exc:
             self._setup_error = exc
+
+    def _url(self) -> str:
+        """``url``, or the error naming where to give it (neither the definitions nor the run config did)."""
+        if not self.url:
+            raise ConfigurationError(
+                "ControlTableResource has no url: give it in the definitions, e.g. "
+                "ControlTableResource(url=EnvVar('CONTROLTABLE_URL')), or in the run config")
+        return self.url
 
     def _timeouts(self) -> dict[str, Any]:
         """The timeouts given in the config (the core's defaults apply to the others)."""
@@ -349,7 +363,7 @@ class ControlTableResource(ConfigurableResource):
             ct = self.control_table
             return self._call(action, lambda: ct.release_holders(run_holder_prefix(run_id)))
         try:
-            with ControlTable(self.url, namespace=namespace, schema=self.control_tables_schema, prefix=self.prefix,
+            with ControlTable(self._url(), namespace=namespace, schema=self.control_tables_schema, prefix=self.prefix,
                               **self._timeouts()) as other:
                 return other.release_holders(run_holder_prefix(run_id))
         except ControlTableError as exc:
@@ -423,10 +437,14 @@ class ControlTableResource(ConfigurableResource):
             granted, wait_s, position = waiting.block(
                 ct, resource, who, step, self._requests, self._fail, slots=slots, mode=mode, timeout=timeout,
                 lease=lease_s, waiter_ttl=waiter_ttl if waiter_ttl is not None else DEFAULT_WAITER_TTL, priority=prio)
+        if position:
+            # The wait as its own event, closing the "waiting for ..." line: Dagster draws the whole
+            # step, wait included, as one bar in the run's Gantt chart (it has no step state for
+            # waiting on something outside it), so the event log is where the wait shows apart.
+            step.log.info(f"controltable: granted {label} after waiting {wait_s:.1f} s from queue position {position}")
         step.log.info(
             f"controltable: holding {label} ({mode}, {slots} slot(s)) as {granted.holder!r}, fencing token "
-            f"{granted.token}, after waiting {wait_s:.1f} s"
-            + (f" from queue position {position}" if position else " (granted at once)")
+            f"{granted.token}" + ("" if position else f" (granted at once, {wait_s:.1f} s)")
         )
         add_output_metadata(step, {
             "controltable/wait_seconds": MetadataValue.float(round(wait_s, 3)),

@@ -73,14 +73,29 @@ class ControlTableHook(BaseHook):
         self.prefix = prefix
 
     # -- Airflow UI -------------------------------------------------------------------------------
-    # The connection form (a URL field; namespace, schema, prefix in extras) is declared in
-    # get_provider_info's "conn-fields" / "ui-field-behaviour", the Airflow 3.2+ way.
+    # The connection form (the URL in the Host field, relabelled; namespace, schema, prefix,
+    # listen_url, install in extras) is declared in get_provider_info's "conn-fields" /
+    # "ui-field-behaviour", the Airflow 3.2+ way; the classmethod gives the same to older UIs.
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        """The form's standard fields for Airflow versions that ask the hook (3.0/3.1 with FAB)."""
+        from airflow_controltable.get_provider_info import UI_FIELD_BEHAVIOUR
+
+        return {key.replace("-", "_"): value for key, value in UI_FIELD_BEHAVIOUR.items()}
 
     # -- resolution -------------------------------------------------------------------------------
     def _connection(self) -> Any:
         try:
             return self.get_connection(self.conn_id)
         except AirflowNotFoundException as exc:
+            if not reads_stored_connections():
+                raise ControlTableConnectionNotFound(
+                    f"connection {self.conn_id!r} was not found by this process, which is not an Airflow task: "
+                    "in Airflow 3 a plain script cannot read connections stored in the metadata database (only "
+                    "tasks, the triggerer and Airflow's servers can). Give this script the connection in its "
+                    f"environment, e.g. {_conn_env_example(self.conn_id)}, or skip Airflow and pass the URL: "
+                    "controltable.ControlTable('postgresql+psycopg://user@host:5432/db', namespace=...)"
+                ) from exc
             raise ControlTableConnectionNotFound(
                 f"connection {self.conn_id!r} is not defined in Airflow. Create it in the UI or with "
                 f"`airflow connections add`, e.g. {_conn_env_example(self.conn_id)}, or pass conn_id= the id of "
@@ -199,6 +214,24 @@ class ControlTableHook(BaseHook):
 
 
 _CACHE_PID: dict[int, int] = {}
+
+
+def reads_stored_connections() -> bool:
+    """Whether this process can see connections stored in Airflow's metadata database.
+
+    Airflow 3 gives them to a task through its supervisor (``SUPERVISOR_COMMS``), and to its own
+    processes (api-server, scheduler, triggerer: ``_AIRFLOW_PROCESS_CONTEXT``); any other process,
+    a plain ``python script.py``, sees environment variables and secrets backends only, so a
+    connection that exists in the UI is "not defined" there. The same test as Airflow's own choice
+    of secrets backends (``ensure_secrets_backend_loaded``).
+    """
+    if os.environ.get("_AIRFLOW_PROCESS_CONTEXT") in ("server", "client"):
+        return True
+    try:
+        from airflow.sdk.execution_time import task_runner
+    except ImportError:  # an Airflow without the task SDK's split reads the database itself
+        return True
+    return getattr(task_runner, "SUPERVISOR_COMMS", None) is not None
 
 
 def _form_extras(extra: dict[str, Any]) -> dict[str, Any]:

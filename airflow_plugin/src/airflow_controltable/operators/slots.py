@@ -96,7 +96,7 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
 
     :param resource: the resource name (templated); it must exist (``set_capacity``).
     :param slots: slots to take (the request's weight).
-    :param slot_mode: ``"shared"`` (default: a counting slot, up to the capacity at once) or
+    :param slot_mode: ``"shared"`` (default: beside other holders, up to the capacity at once) or
         ``"exclusive"`` (alone on the resource).
     :param holder: default: this task instance (dag, run, task, map index). The try number is passed
         as the core's ``attempt``, so a retry or a cleared run gets a new, higher fencing token.

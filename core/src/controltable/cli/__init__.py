@@ -35,7 +35,6 @@ from . import ops_commands, slot_commands, work_commands  # noqa: F401,E402 - re
 from .group import CT, F, Seconds, _exit_code, _url_password, _version, cli, handled, main, sqlite_file  # noqa: F401,E402
 from .ops_commands import demo, doctor, history, init, serve, sql, stats  # noqa: F401,E402
 from .output import (  # noqa: F401,E402
-    MODE_NAMES,
     _output_width,
     _printable,
     console,
@@ -43,7 +42,6 @@ from .output import (  # noqa: F401,E402
     err,
     fail,
     in_seconds,
-    mode_name,
     percent,
     print_error,
     when,

@@ -19,7 +19,7 @@ from ..defaults import DEFAULT_SLOT_PRIORITY
 from ..dialects import SUPPORTED_DIALECTS
 from ..errors import EXIT_USAGE
 from .group import CT, Seconds, cli, handled, sqlite_file
-from .output import console, duration_text, fail, mode_name, percent, when
+from .output import console, duration_text, err, fail, percent, when
 
 
 # -- installation ------------------------------------------------------------------------------------
@@ -37,7 +37,8 @@ def init(obj: CT) -> None:
 
 
 @cli.command()
-@click.option("--dialect", type=click.Choice(list(SUPPORTED_DIALECTS)), required=True)
+@click.option("--dialect", type=click.Choice(list(SUPPORTED_DIALECTS)), required=True,
+              help="The database to compile the DDL and statements for.")
 @click.option("--events-table", default="events", show_default=True, help="Event table name to show claims for.")
 @click.option("--key", default="event_id", show_default=True, help="Its unique key column.")
 @click.option("--order-by", default=None, help="Its claim-order column (default: the key).")
@@ -164,7 +165,7 @@ def history(obj: CT, resource: Optional[str], since: str, limit: int, as_json: b
     for r in records:
         end = r.ended_at.timestamp() if r.ended_at is not None else now
         cells = [escape(r.resource)] if show_resource else []
-        cells += [escape(r.holder), str(r.token), mode_name(r.mode)]
+        cells += [escape(r.holder), str(r.token), r.mode]
         if show_slots:
             cells.append(str(r.slots))
         if show_priority:
@@ -194,7 +195,8 @@ def demo(obj: CT, workers: int, rounds: int, cap: int, n_events: int) -> None:
 # -- status page -------------------------------------------------------------------------------------
 @cli.command()
 @click.option("--host", default=defaults.WEB_HOST, show_default=True, help="Address to listen on.")
-@click.option("--port", default=defaults.WEB_PORT, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--port", default=defaults.WEB_PORT, show_default=True, type=click.IntRange(1, 65535),
+              help="Port to listen on.")
 @click.option("--events", "event_tables", multiple=True, metavar="[SCHEMA.]TABLE:KEY[:ORDER_BY[:TIME_COLUMN]]",
               help="An event table to show (repeatable); TIME_COLUMN gives the oldest pending age.")
 @click.option("--worklist", "worklists", multiple=True, metavar="NAME", help="A work list to show (repeatable).")
@@ -202,12 +204,19 @@ def demo(obj: CT, workers: int, rounds: int, cap: int, n_events: int) -> None:
               help=f"Allow releasing holders and changing capacities; needs the token in {defaults.WEB_TOKEN_ENV}.")
 @click.option("--poll", type=Seconds(defaults.MAX_POLL_SECONDS), default=defaults.WEB_POLL_INTERVAL,
               show_default=True, help="Seconds between the page's refreshes.")
+@click.option("--allow-unauthenticated", is_flag=True,
+              help=f"Listen beyond loopback without {defaults.WEB_TOKEN_ENV} (anyone who reaches the port reads "
+                   "the page and /metrics); refused without this flag.")
 @click.pass_obj
 @handled
 def serve(obj: CT, host: str, port: int, event_tables: tuple[str, ...], worklists: tuple[str, ...], actions: bool,
-          poll: float) -> None:
-    """Serve a live status page (and /metrics, /api/status) of the control table; read-only by default."""
+          poll: float, allow_unauthenticated: bool) -> None:
+    """Serve a live status page (and /metrics, /api/status) of the control table; read-only by default.
+
+    With CONTROLTABLE_WEB_TOKEN set, every request needs the token; without it, only loopback."""
     from ..web.serve import run
 
     run(obj.get(), host=host, port=port, events=event_tables, worklists=worklists, actions=actions,
-        poll_interval=poll, announce=lambda line: console.print(line, highlight=False))
+        poll_interval=poll, allow_unauthenticated=allow_unauthenticated,
+        announce=lambda line: console.print(line, highlight=False),
+        warn=lambda line: err.print(line, style="bold red", highlight=False))

@@ -78,15 +78,6 @@ def percent(share: Optional[float]) -> str:
     return f"{value:.0f} %"
 
 
-#: What the CLI calls each stored mode: "counting" is the documented word for a slot that counts
-#: (stored, and accepted as input, as "shared" by older releases).
-MODE_NAMES = {"shared": "counting", "counting": "counting", "exclusive": "exclusive"}
-
-
-def mode_name(mode: str) -> str:
-    return MODE_NAMES.get(mode, mode)
-
-
 def duration_text(seconds: float) -> str:
     """A duration a reader takes in at a glance: 0.42s, 12.3s, 4m05s, 2h03m."""
     if seconds < 10:

@@ -17,7 +17,7 @@ from ..control import ControlTable
 from ..defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_SLOT_PRIORITY
 from ..errors import EXIT_LOST, EXIT_USAGE, LeaseLost
 from .group import CT, cli, handled
-from .output import console, err, fail, in_seconds, mode_name, print_error, when
+from .output import console, err, fail, in_seconds, print_error, when
 
 
 # -- capacity ----------------------------------------------------------------------------------------
@@ -121,7 +121,7 @@ def status(obj: CT, as_json: bool, resources: tuple[str, ...]) -> None:
     # (header, cell, flexible): flexible columns (names, ids) share the width left and fold; the
     # others keep their text on one line.
     columns: list[tuple[str, Callable[[Any], str], int]] = [
-        ("holder", holder, 3), ("mode", lambda e: mode_name(e.mode), 0),
+        ("holder", holder, 3), ("mode", lambda e: e.mode, 0),
     ]
     if wide or any(e.slots != 1 for e in entries):
         columns.append(("slots", lambda e: str(e.slots), 0))
@@ -191,10 +191,11 @@ def reap(obj: CT) -> None:
 @cli.command()
 @click.argument("resource")
 @click.option("--holder", required=True, help="Who holds the slot; release with the same holder.")
-@click.option("--slots", default=1, show_default=True, type=int)
-@click.option("--counting/--exclusive", "--shared", "shared", default=DEFAULT_MODE == "shared", show_default=False,
-              help="Counting slot beside other holders (default; --shared is the old name), or --exclusive to "
-                   "run alone.")
+@click.option("--slots", default=1, show_default=True, type=int,
+              help="Slots to take (the request's weight against the capacity).")
+@click.option("--shared/--exclusive", "shared", default=DEFAULT_MODE == "shared", show_default=False,
+              help="--shared: a slot beside other holders, up to the capacity (the default); --exclusive: "
+                   "alone on the resource.")
 @click.option("--attempt", type=int, default=None, help="Attempt number (a retry gets a new token).")
 @click.option("--timeout", type=float, default=None, help="Seconds to wait (default: forever; 0: try once).")
 @click.option("--lease", type=float, default=DEFAULT_LEASE, show_default=True,
@@ -213,7 +214,7 @@ def acquire(obj: CT, resource: str, holder: str, slots: int, shared: bool, attem
 
 @cli.command()
 @click.argument("resource")
-@click.option("--holder", required=True)
+@click.option("--holder", required=True, help="The holder id given to acquire.")
 @click.pass_obj
 @handled
 def release(obj: CT, resource: str, holder: str) -> None:
@@ -225,7 +226,7 @@ def release(obj: CT, resource: str, holder: str) -> None:
 
 @cli.command()
 @click.argument("resource")
-@click.option("--holder", required=True)
+@click.option("--holder", required=True, help="The holder id given to acquire.")
 @click.option("--lease", type=float, default=None, help="New lease length (default: the original).")
 @click.pass_obj
 @handled
@@ -242,9 +243,9 @@ def renew(obj: CT, resource: str, holder: str, lease: Optional[float]) -> None:
 @click.option("--resource", "resources", multiple=True, required=True,
               help="Resource to hold (repeat for several, all-or-nothing); NAME or NAME:SLOTS.")
 @click.option("--slots", default=1, show_default=True, type=int, help="Slots when one resource is named.")
-@click.option("--counting/--exclusive", "--shared", "shared", default=DEFAULT_MODE == "shared", show_default=False,
-              help="Counting slot beside other holders (default; --shared is the old name), or --exclusive to "
-                   "run alone.")
+@click.option("--shared/--exclusive", "shared", default=DEFAULT_MODE == "shared", show_default=False,
+              help="--shared: a slot beside other holders, up to the capacity (the default); --exclusive: "
+                   "alone on the resource.")
 @click.option("--attempt", type=int, default=None, help="Attempt number (a retry gets a new token).")
 @click.option("--holder", default=None, help="Holder id (default: host:pid:random).")
 @click.option("--timeout", type=float, default=None, help="Seconds to wait (default: forever). Exit 3 on timeout.")

@@ -68,7 +68,7 @@ def events_prepare(obj: CT, table: str, key: str, order_by: Optional[str], table
 
 @events.command("stats")
 @_event_options
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 @handled
 def events_stats(obj: CT, table: str, key: str, order_by: Optional[str], table_schema: Optional[str],
@@ -163,7 +163,7 @@ def wl_populate(obj: CT, name: str, order: int, priority: int, path: str) -> Non
 
 @worklist.command("status")
 @click.argument("name")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 @handled
 def wl_status(obj: CT, name: str, as_json: bool) -> None:
@@ -189,8 +189,10 @@ def wl_status(obj: CT, name: str, as_json: bool) -> None:
 
 @worklist.command("allocate")
 @click.argument("name")
-@click.option("--owner", default=None)
-@click.option("--lease", type=float, default=DEFAULT_ITEM_LEASE, show_default=True)
+@click.option("--owner", default=None,
+              help="Who allocates, shown in status (default: host:pid:random); finish the item with its token.")
+@click.option("--lease", type=float, default=DEFAULT_ITEM_LEASE, show_default=True,
+              help="Lease seconds; an item not finished by then goes back to new for another worker.")
 @click.pass_obj
 @handled
 def wl_allocate(obj: CT, name: str, owner: Optional[str], lease: float) -> None:
@@ -203,14 +205,17 @@ def wl_allocate(obj: CT, name: str, owner: Optional[str], lease: float) -> None:
 
 def _item_command(name: str, help_text: str, action: Callable[[Any, Optional[str]], None],
                   reason: bool = False, hidden: bool = False) -> None:
+    # Only `fail` keeps a reason: an option the other commands would ignore is not offered.
+    why = click.option("--reason", required=True, help="Why the item failed; kept with it and shown by status.")
+
     @worklist.command(name, help=help_text, hidden=hidden)
     @click.argument("worklist_name", metavar="NAME")
     @click.argument("item_id", type=int)
     @click.option("--token", type=int, default=None, help="Token from allocate (fences the call).")
-    @click.option("--reason", default=None, required=reason)
+    @(why if reason else (lambda f: f))
     @click.pass_obj
     @handled
-    def cmd(obj: CT, worklist_name: str, item_id: int, token: Optional[int], reason: Optional[str]) -> None:
+    def cmd(obj: CT, worklist_name: str, item_id: int, token: Optional[int], reason: Optional[str] = None) -> None:
         item = obj.get().worklist(worklist_name).get(item_id, token)
         action(item, reason)
         console.print(f"item {item_id}: {name}")

@@ -1,4 +1,4 @@
-"""Resource slots: FIFO counting semaphores and reader/writer locks with leases and fencing tokens.
+"""Resource slots: FIFO semaphores (shared) and reader/writer locks (exclusive), with leases and fencing tokens.
 
 The grant model: *whoever changes a queue grants*. Every transaction that releases, enqueues,
 withdraws, reaps an expired holder or raises a capacity locks the resource rows (in name order,

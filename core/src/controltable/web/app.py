@@ -11,12 +11,18 @@ Routes (relative to wherever the app is mounted, so the same app serves ``contro
 * ``POST /api/release`` and ``POST /api/capacity`` only when built with ``actions=True``, which
   needs a token: every action request must carry ``Authorization: Bearer <token>``.
 
+Built with ``private=True`` (``controltable serve`` with a token set), every route needs the token:
+``Authorization: Bearer <token>`` (Prometheus' ``authorization`` block, curl), or HTTP Basic with
+the token as the password (a browser asks for it once and sends it with the page's requests).
+
 Reading the control table is blocking database work, so it runs in Starlette's thread pool and the
 event loop stays free for other requests (in Airflow's api-server too).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import json
 from html import escape
@@ -25,6 +31,7 @@ from typing import Any, Optional
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route
@@ -59,8 +66,12 @@ def create_app(
     token: Optional[str] = None,
     poll_interval: float = WEB_POLL_INTERVAL,
     title: str = "controltable",
+    private: bool = False,
 ) -> Starlette:
-    """Build the app over ``source``. ``actions=True`` needs ``token`` (refused without one)."""
+    """Build the app over ``source``. ``actions=True`` needs ``token`` (refused without one);
+    ``private=True`` needs it for every request, reads included (refused without one)."""
+    if private and not token:
+        raise ConfigurationError("a private status page needs a token (CONTROLTABLE_WEB_TOKEN for controltable serve)")
     if actions and not token:
         raise ConfigurationError(
             "actions (release a holder, change a capacity) need authentication: set a token "
@@ -98,9 +109,7 @@ def create_app(
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     def authorized(request: Request) -> bool:
-        given = request.headers.get("authorization", "")
-        scheme, _, value = given.partition(" ")
-        return bool(token) and scheme.lower() == "bearer" and hmac.compare_digest(value.strip(), token or "")
+        return _carries(request, token)
 
     async def action(request: Request, run: Any) -> Response:
         if not authorized(request):
@@ -143,9 +152,43 @@ def create_app(
     if actions:
         routes += [Route("/api/release", release, methods=["POST"]),
                    Route("/api/capacity", capacity, methods=["POST"])]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, middleware=[Middleware(_Private, token=str(token))] if private else [])
     app.state.source = source
     return app
+
+
+def _carries(request: Request, token: Optional[str]) -> bool:
+    """Whether ``request`` carries ``token``: as a bearer token, or as the password of HTTP Basic."""
+    if not token:
+        return False
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "basic":
+        try:
+            value = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")[2]
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+    elif scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(value.strip().encode(), token.encode())
+
+
+class _Private:
+    """The app behind the token: a request without it gets 401 and a Basic challenge (so a browser
+    asks for it), before any route reads the control table."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not _carries(Request(scope), self.token):
+            response = Response("this status page needs its token: 'Authorization: Bearer <token>', or the "
+                                "token as the password of a browser's login prompt\n", status_code=401,
+                                media_type="text/plain",
+                                headers={"WWW-Authenticate": 'Basic realm="controltable", charset="UTF-8"'})
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def _current_stats(source: StatusSource) -> dict[str, Any]:

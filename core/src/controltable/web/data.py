@@ -21,7 +21,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..control import ControlTable
 from ..defaults import WEB_ERROR_ROWS
@@ -130,6 +130,18 @@ def stats_view(st: Any) -> dict[str, Any]:
     return out
 
 
+def order_by_activity(resources: list[dict[str, Any]], recent_grants: Mapping[str, int]) -> list[dict[str, Any]]:
+    """The resources with ``active`` set, active ones first, each group by name (a stable layout).
+
+    Active: a holder or a waiter now, or a grant in the last hour (``recent_grants``). In a
+    deployment with many resources most are idle at any time; the page shows the active ones as
+    cards and folds the idle ones into one line, so the busy resource is not the ninth card.
+    """
+    for r in resources:
+        r["active"] = bool(r["holders"] or r["waiters"] or recent_grants.get(r["name"], 0))
+    return sorted(resources, key=lambda r: (not r["active"], r["name"]))
+
+
 def per_minute(samples: Sequence[tuple[float, int]], now: float, horizon: float = RATE_HORIZON) -> Optional[float]:
     """The rate per minute of a growing count from ``(time, count)`` samples within ``horizon``.
 
@@ -218,7 +230,7 @@ class StatusSource:
 
     # -- pieces --------------------------------------------------------------------------------------
     def resources(self, now: float) -> list[dict[str, Any]]:
-        out = []
+        out: list[dict[str, Any]] = []
         for st in self.ct.status():
             holders = [entry_view(h, now) for h in st.holders]
             waiters = [entry_view(w, now) for w in st.waiters]
@@ -236,7 +248,15 @@ class StatusSource:
                 "expired_holders": sum(1 for h in holders if h["expired"]),
                 "oldest_wait": oldest,
             })
-        return out
+        return order_by_activity(out, self._recent_grants())
+
+    def _recent_grants(self) -> dict[str, int]:
+        """Grants per resource in the last hour (empty when the grant history cannot be read: then
+        only holders and waiters make a resource active)."""
+        try:
+            return {s.resource: int(s.grants) for s in self.ct.stats(window=3600.0)}
+        except ControlTableError:
+            return {}
 
     def stats(self, names: list[str]) -> dict[str, Any]:
         """Windowed statistics and chart series per resource, or a note saying why there are none."""
@@ -342,7 +362,9 @@ class StatusSource:
         ct = self.ct
         now = ct.now()
         resources = self.resources(now)
-        stats = self.stats([r["name"] for r in resources]) if charts else {"available": True, "charts": False}
+        # Chart series for the resources that get a card (idle ones are folded into a line).
+        active = [r["name"] for r in resources if r["active"]]
+        stats = self.stats(active) if charts else {"available": True, "charts": False}
         return {
             "namespace": ct.namespace,
             "database": ct.db.safe_url,

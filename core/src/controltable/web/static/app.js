@@ -34,8 +34,6 @@
   }
   const dash = "-";
   function show(v) { return v === null || v === undefined ? dash : String(v); }
-  // "counting" is the documented name of the mode stored (and sent in the JSON) as "shared".
-  function modeName(m) { return m === "shared" ? "counting" : m; }
   function dur(s) {
     if (s === null || s === undefined) return dash;
     const a = Math.abs(s);
@@ -64,8 +62,10 @@
   async function act(path, payload) {
     const token = document.getElementById("token").value;
     sessionStorage.setItem("ct-token", token);
-    const resp = await fetch(path, {method: "POST", headers: {"Content-Type": "application/json",
-      "Authorization": "Bearer " + token}, body: JSON.stringify(payload)});
+    // An empty field leaves the browser's own login (HTTP Basic, the token as the password) to send.
+    const headers = {"Content-Type": "application/json"};
+    if (token) headers["Authorization"] = "Bearer " + token;
+    const resp = await fetch(path, {method: "POST", headers: headers, body: JSON.stringify(payload)});
     const data = await resp.json().catch(() => ({}));
     if (!resp.ok) alert(data.error || resp.statusText); else refresh(true);
   }
@@ -134,6 +134,18 @@
   }
 
   // -- sections --------------------------------------------------------------------------------------
+  function idleLine(idle) {
+    if (!idle.length) return null;
+    const names = [];
+    idle.forEach((r, i) => {
+      if (i) names.push(", ");
+      names.push(el("span", {class: "idle-resource", "data-resource": r.name,
+        title: `capacity ${r.capacity}` + (r.rate ? `, rate limit ${r.rate.text}` : "")}, r.name));
+    });
+    return el("p", {class: "muted idle", "data-idle": idle.length},
+      `idle (nothing held or waiting, no grant in the last hour): `, ...names);
+  }
+
   function resourceCard(r, stats) {
     const pct = r.capacity ? Math.min(100, 100 * r.used / r.capacity) : 0;
     const cur = stats && stats.current ? stats.current[r.name] : null;
@@ -143,7 +155,7 @@
         el("span", {class: "meter" + (r.used >= r.capacity ? " full" : ""), title: `${r.used} of ${r.capacity}`},
           el("span", {style: `width:${pct}%`})),
         el("span", {class: "used", "data-used": r.used}, `${r.used} / ${r.capacity} used`),
-        el("span", {class: "muted"}, "rate limit ", r.rate ? r.rate.text : dash),
+        r.rate ? el("span", {class: "muted rate"}, "rate limit ", r.rate.text) : null,  // only what is set
         r.rate_opens_in ? el("span", {class: "blocker"}, `rate limit reached: next grant in ${dur(r.rate_opens_in)}`) : null,
         r.aging ? el("span", {class: "muted"}, `aging +1 priority per ${dur(r.aging)}`) : null,
         el("span", {class: "muted"}, `${r.waiters.length} waiting`),
@@ -160,7 +172,7 @@
         actions ? el("th", {}) : null));
       for (const h of r.holders) {
         t.append(el("tr", {class: "holder" + (h.expired ? " expired" : ""), "data-holder": h.holder},
-          el("td", {}, h.holder), el("td", {}, modeName(h.mode)), el("td", {class: "num"}, h.slots),
+          el("td", {}, h.holder), el("td", {}, h.mode), el("td", {class: "num"}, h.slots),
           el("td", {class: "num"}, show(h.token)), el("td", {title: clock(h.since)}, h.age === null ? dash : dur(h.age) + " ago"),
           el("td", {title: clock(h.expires_at)}, lease(h)),
           actions ? el("td", {}, el("button", {onclick: () => {
@@ -180,7 +192,7 @@
           ? `${w.priority} (aged → ${Number.isInteger(eff) ? eff : eff.toFixed(1)})` : String(w.priority));
         const ahead = w.ahead || [];
         t.append(el("tr", {class: "waiter", "data-holder": w.holder, "data-position": w.position},
-          el("td", {class: "num"}, w.position), el("td", {}, w.holder), el("td", {}, modeName(w.mode)),
+          el("td", {class: "num"}, w.position), el("td", {}, w.holder), el("td", {}, w.mode),
           el("td", {class: "num"}, w.slots), el("td", {class: "num"}, prio),
           el("td", {title: clock(w.since)}, w.age === null ? dash : dur(w.age)),
           el("td", {class: "muted", title: ahead.join(", ")}, ahead.length > 3
@@ -258,8 +270,12 @@
     const note = document.getElementById("chart-note");
     if (data.stats && data.stats.note) { note.hidden = false; note.textContent = data.stats.note; }
     else if (data.stats && data.stats.series) note.hidden = true;  // a refresh without charts leaves it as it is
+    // Active resources (holders, waiters, or grants in the last hour) get cards, in the server's
+    // order; idle ones fold into one line, so a busy resource never hides behind empty cards.
     const res = document.getElementById("resources");
-    res.replaceChildren(...(data.resources.length ? data.resources.map(r => resourceCard(r, stats))
+    const active = data.resources.filter(r => r.active !== false);
+    const idle = data.resources.filter(r => r.active === false);
+    res.replaceChildren(...(data.resources.length ? [...active.map(r => resourceCard(r, stats)), idleLine(idle)].filter(Boolean)
       : [el("p", {class: "muted"}, "no resources in this namespace; create one with `controltable capacity set NAME N`")]));
     document.getElementById("events-title").hidden = !data.events.length;
     document.getElementById("events").replaceChildren(...data.events.map(eventCard));
