@@ -688,6 +688,15 @@ def retoken_grant(t: ControlSchema, namespace: str, resource: str, old: int, now
     return end_grant(t, namespace, resource, old, SUPERSEDED, now)
 
 
+def grant_outcomes(t: ControlSchema, namespace: str, tokens: Mapping[str, int]) -> Select:  # type: ignore[type-arg]
+    """How the grants ``tokens`` (resource -> token) ended, by primary key: released, expired or
+    superseded (what a release that finds its rows gone tells its caller)."""
+    h = t.history
+    return select(h.c.resource, h.c.token, h.c.outcome).where(
+        h.c.namespace == namespace, or_(*[and_(h.c.resource == name, h.c.token == token)
+                                          for name, token in sorted(tokens.items())]))
+
+
 def window_count(t: ControlSchema, namespace: str, resource: str, since: float) -> Select:  # type: ignore[type-arg]
     """Grants of ``resource`` made after ``since`` (the rate window), through the time index."""
     h = t.history
