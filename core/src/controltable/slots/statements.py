@@ -689,12 +689,13 @@ def retoken_grant(t: ControlSchema, namespace: str, resource: str, old: int, now
 
 
 def grant_outcomes(t: ControlSchema, namespace: str, tokens: Mapping[str, int]) -> Select:  # type: ignore[type-arg]
-    """How the grants ``tokens`` (resource -> token) ended, by primary key: released, expired or
-    superseded (what a release that finds its rows gone tells its caller)."""
+    """How the grants ``tokens`` (resource -> token) ended: released, expired or superseded (what a
+    release that finds its rows gone tells its caller). By the primary key's columns as two IN
+    lists (one statement shape for any number of resources); the caller keeps the rows whose
+    (resource, token) is one of ``tokens``."""
     h = t.history
     return select(h.c.resource, h.c.token, h.c.outcome).where(
-        h.c.namespace == namespace, or_(*[and_(h.c.resource == name, h.c.token == token)
-                                          for name, token in sorted(tokens.items())]))
+        h.c.namespace == namespace, h.c.resource.in_(sorted(tokens)), h.c.token.in_(sorted(set(tokens.values()))))
 
 
 def window_count(t: ControlSchema, namespace: str, resource: str, since: float) -> Select:  # type: ignore[type-arg]

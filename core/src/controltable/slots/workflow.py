@@ -343,7 +343,7 @@ class SlotEngine(Waiting, Reports):
         each token's row is closed ``released`` by a release while the lease was live, ``expired``
         by a reap or a late release, ``superseded`` when a newer attempt took it over."""
         rows = self.db.run(lambda c: c.execute(sql.grant_outcomes(self.t, self.ns, lease.tokens)).all())
-        outcomes = {row.resource: row.outcome for row in rows}
+        outcomes = {row.resource: row.outcome for row in rows if lease.tokens.get(row.resource) == int(row.token)}
         if len(outcomes) == len(lease.tokens) and set(outcomes.values()) == {RELEASED}:
             return
         what = f"lease of {lease.holder!r} on {lease._names()}"
