@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from typing import Any, Callable, Optional, TypeVar
 
 import click
@@ -224,7 +225,10 @@ class _QueueSignals:
             raise _Ended(signum)
 
     def __enter__(self) -> _QueueSignals:
-        self._old = {s: signal.signal(s, self._end) for s in QUEUE_SIGNALS}
+        # Handlers can be set only in the main thread (the command's own; a caller running the CLI
+        # in another thread keeps its signals, and Ctrl-C there is its business).
+        if threading.current_thread() is threading.main_thread():
+            self._old = {s: signal.signal(s, self._end) for s in QUEUE_SIGNALS}
         return self
 
     def __exit__(self, *exc: Any) -> None:
