@@ -1,10 +1,10 @@
 """Issue 33, hole 2: a free slot reaches the first live waiter whatever lies expired before it.
 
-Callers that queued and died (``waiter_ttl=1``, never looking again) leave expired entries at the
-head of the queue. The grant pass reads a page of ``capacity + 2`` waiters; before, a round that
-reaped that page and granted nobody ended the pass, and the live waiter behind more than a page of
-them was never granted (its own look counted the dead entries ahead of it, so it never ran a pass
-itself either): a blocking ``acquire(timeout=60)`` raised ``AcquireTimeout``.
+Callers that queued and died (never looking again) leave expired entries at the head of the queue.
+The grant pass reads a page of ``capacity + 2`` waiters; before, a round that reaped that page and
+granted nobody ended the pass, and the live waiter behind more than a page of them was never
+granted (its own look counted the dead entries ahead of it, so it never ran a pass itself either):
+a blocking ``acquire(timeout=60)`` raised ``AcquireTimeout``.
 
 Each test synchronises on the database's own view (``status()`` shows the entries expired), and
 checks what granted the live waiter: the release's own pass (status read right after the release
@@ -17,23 +17,34 @@ import threading
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 from support.live import wait_until
 
 from controltable import ControlTable
 from controltable.slots import passes
 
-#: Hang detectors (the entries expire 1 s after they are made; a grant is immediate).
+#: Hang detectors (the entries are expired once set so; a grant is immediate).
 EXPIRY_HANG = 30.0
 ACQUIRE_HANG = 30.0
 
 
 def _queue_dead(ct: ControlTable, n: int) -> None:
-    """``n`` callers that queued and died: entries with a 1 s TTL nobody refreshes; returns once
-    the database clock shows every one expired."""
+    """``n`` callers that queued and died long ago; returns once the database clock shows every
+    entry expired.
+
+    Each queues with a TTL that outlasts the queueing of all ``n`` (a short one could lapse while
+    the later ones queue on a loaded machine, and their passes would reap it: fewer dead entries
+    than the test means), then their entries are set to have run out a minute ago, as the entries
+    of processes that died that long ago would have."""
     for i in range(n):
-        assert ct.try_acquire("r", holder=f"dead{i}", waiter_ttl=1) is None
+        assert ct.try_acquire("r", holder=f"dead{i}", waiter_ttl=60) is None
+    q = ct._slots.t.request
+    with ct.engine.begin() as conn:
+        conn.execute(update(q).where(q.c.namespace == ct.namespace, q.c.resource == "r",
+                                     q.c.holder.startswith("dead")).values(expires_at=q.c.expires_at - 120))
     wait_until(lambda: all(w.expired for w in _waiters(ct) if w.holder.startswith("dead")), EXPIRY_HANG,
                "the dead callers' queue entries to expire (a hang)")
+    assert sum(1 for w in _waiters(ct) if w.holder.startswith("dead")) == n
 
 
 def _waiters(ct: ControlTable) -> list[Any]:
