@@ -125,7 +125,7 @@ UPDATE ct_resource SET last_token=:ct_c_last_token, last_ticket=:ct_c_last_ticke
 -- ===== try_acquire while held: read its own entry without locks, then enqueue as a waiter (ticketed FIFO) =====
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now, (SELECT TOP 1 wq.ticket 
 FROM ct_request AS wq 
-WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' ORDER BY wq.queue_key, wq.ticket) AS head_ticket, (SELECT min(hq.expires_at) AS min_1 
+WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' AND wq.expires_at >= (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) ORDER BY wq.queue_key, wq.ticket) AS head_ticket, (SELECT min(hq.expires_at) AS min_1 
 FROM ct_request AS hq 
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), :coalesce_2) AS coalesce_1 
 FROM ct_request AS hq 
@@ -151,7 +151,7 @@ WHERE ct_request.namespace = :ct_namespace AND ct_request.resource = :ct_name_0 
 UPDATE ct_resource SET last_token=:ct_c_last_token, last_ticket=:ct_c_last_ticket WHERE ct_resource.namespace = :ct_c_namespace AND ct_resource.name = :ct_c_name;
 SELECT TOP 1 ct_request.ticket 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request.resource = :resource_1 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket;
+WHERE ct_request.namespace = :namespace_1 AND ct_request.resource = :resource_1 AND ct_request.state = 'waiting' AND ct_request.expires_at >= (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) ORDER BY ct_request.queue_key, ct_request.ticket;
 
 -- ===== renew a lease: extend on the database clock while still granted and unexpired (fenced by request key) =====
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
@@ -179,6 +179,24 @@ WHERE ct_request.namespace = :ct_namespace AND ct_request.resource = :ct_name_0 
 UPDATE ct_request SET state=:ct_g_state, token=:ct_g_token, granted_at=:ct_g_now, expires_at=:ct_g_expires WHERE ct_request.id = :ct_g_id AND ct_request.state = 'waiting';
 INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:ct_h_namespace, :ct_h_resource, :ct_h_token, :ct_h_holder, :ct_h_mode, :ct_h_slots, :ct_h_priority, :ct_h_enqueued_at, :ct_h_granted_at, :ct_h_ended_at, :ct_h_outcome);
 UPDATE ct_resource SET last_token=:ct_c_last_token, last_ticket=:ct_c_last_ticket WHERE ct_resource.namespace = :ct_c_namespace AND ct_resource.name = :ct_c_name;
+
+-- ===== release a grant released already (another lease of it): the grant history says how it ended =====
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
+FROM ct_resource WITH (UPDLOCK, ROWLOCK) 
+WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name;
+SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
+SELECT ct_request.id, ct_request.resource, ct_request.state, ct_request.token, ct_request.expires_at 
+FROM ct_request 
+WHERE ct_request.request_key = :request_key_1;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = :ct_namespace AND ct_request.resource IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+FROM (SELECT TOP 3 ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = :ct_namespace AND ct_request.resource = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket) AS anon_1;
+SELECT ct_grant_history.resource, ct_grant_history.token, ct_grant_history.outcome 
+FROM ct_grant_history 
+WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history.resource IN (:resource_1_1) AND ct_grant_history.token IN (:token_1_1);
 
 -- ===== status: resources, holders and waiters (no locks) =====
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
@@ -219,7 +237,7 @@ INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, p
 UPDATE ct_resource SET last_token=:ct_c_last_token, last_ticket=:ct_c_last_ticket WHERE ct_resource.namespace = :ct_c_namespace AND ct_resource.name = :ct_c_name;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now, (SELECT TOP 1 wq.ticket 
 FROM ct_request AS wq 
-WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' ORDER BY wq.queue_key, wq.ticket) AS head_ticket, (SELECT min(hq.expires_at) AS min_1 
+WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' AND wq.expires_at >= (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) ORDER BY wq.queue_key, wq.ticket) AS head_ticket, (SELECT min(hq.expires_at) AS min_1 
 FROM ct_request AS hq 
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), :coalesce_2) AS coalesce_1 
 FROM ct_request AS hq 
@@ -230,7 +248,7 @@ FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace
 WHERE ct_request.namespace = :ct_namespace AND ct_request.resource IN (:ct_names_1) AND ct_request.holder = :ct_holder;
 SELECT TOP 1 ct_request.ticket 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request.resource = :resource_1 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket;
+WHERE ct_request.namespace = :namespace_1 AND ct_request.resource = :resource_1 AND ct_request.state = 'waiting' AND ct_request.expires_at >= (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) ORDER BY ct_request.queue_key, ct_request.ticket;
 DELETE FROM ct_request OUTPUT deleted.id WHERE ct_request.request_key = :request_key_1 AND ct_request.expires_at < :expires_at_1;
 DELETE FROM ct_request WHERE ct_request.request_key = :request_key_1;
 UPDATE ct_grant_history SET ended_at=:ended_at, outcome=:outcome WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history.resource = :resource_1 AND ct_grant_history.token = :token_1 AND ct_grant_history.outcome = 'held';
@@ -289,7 +307,7 @@ DELETE FROM ct_request WHERE ct_request.request_key = :request_key_1;
 UPDATE ct_grant_history SET ended_at=:ended_at, outcome=:outcome WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history.resource = :resource_1 AND ct_grant_history.token = :token_1 AND ct_grant_history.outcome = 'held';
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS now, (SELECT TOP 1 wq.ticket 
 FROM ct_request AS wq 
-WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' ORDER BY wq.queue_key, wq.ticket) AS head_ticket, (SELECT min(hq.expires_at) AS min_1 
+WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' AND wq.expires_at >= (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) ORDER BY wq.queue_key, wq.ticket) AS head_ticket, (SELECT min(hq.expires_at) AS min_1 
 FROM ct_request AS hq 
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), :coalesce_2) AS coalesce_1 
 FROM ct_request AS hq 
@@ -300,7 +318,7 @@ FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace
 WHERE ct_request.namespace = :ct_namespace AND ct_request.resource IN (:ct_names_1) AND ct_request.holder = :ct_holder;
 SELECT TOP 1 ct_request.ticket 
 FROM ct_request 
-WHERE ct_request.namespace = :namespace_1 AND ct_request.resource = :resource_1 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket;
+WHERE ct_request.namespace = :namespace_1 AND ct_request.resource = :resource_1 AND ct_request.state = 'waiting' AND ct_request.expires_at >= (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) ORDER BY ct_request.queue_key, ct_request.ticket;
 UPDATE ct_request SET expires_at=:expires_at, pickup_seconds=:pickup_seconds WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'waiting' AND ct_request.expires_at >= :expires_at_1;
 SELECT count(*) AS count_1 
 FROM ct_request 

@@ -127,7 +127,7 @@ UPDATE ct_resource SET last_token=%(ct_c_last_token)s::BIGINT, last_ticket=%(ct_
 -- ===== try_acquire while held: read its own entry without locks, then enqueue as a waiter (ticketed FIFO) =====
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS now, (SELECT wq.ticket 
 FROM ct_request AS wq 
-WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' ORDER BY wq.queue_key, wq.ticket 
+WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' AND wq.expires_at >= CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) ORDER BY wq.queue_key, wq.ticket 
  LIMIT %(param_2)s::INTEGER) AS head_ticket, (SELECT min(hq.expires_at) AS min_1 
 FROM ct_request AS hq 
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), %(coalesce_2)s::INTEGER) AS coalesce_1 
@@ -155,7 +155,7 @@ WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource =
 UPDATE ct_resource SET last_token=%(ct_c_last_token)s::BIGINT, last_ticket=%(ct_c_last_ticket)s::BIGINT WHERE ct_resource.namespace = %(ct_c_namespace)s::VARCHAR AND ct_resource.name = %(ct_c_name)s::VARCHAR;
 SELECT ct_request.ticket 
 FROM ct_request 
-WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource = %(resource_1)s::VARCHAR AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket 
+WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource = %(resource_1)s::VARCHAR AND ct_request.state = 'waiting' AND ct_request.expires_at >= CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) ORDER BY ct_request.queue_key, ct_request.ticket 
  LIMIT %(param_2)s::INTEGER;
 
 -- ===== renew a lease: extend on the database clock while still granted and unexpired (fenced by request key) =====
@@ -182,6 +182,25 @@ WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource =
 UPDATE ct_request SET state=%(ct_g_state)s::VARCHAR, token=%(ct_g_token)s::BIGINT, granted_at=%(ct_g_now)s, expires_at=%(ct_g_expires)s WHERE ct_request.id = %(ct_g_id)s::BIGINT AND ct_request.state = 'waiting';
 INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (%(ct_h_namespace)s::VARCHAR, %(ct_h_resource)s::VARCHAR, %(ct_h_token)s::BIGINT, %(ct_h_holder)s::VARCHAR, %(ct_h_mode)s::VARCHAR, %(ct_h_slots)s::INTEGER, %(ct_h_priority)s::INTEGER, %(ct_h_enqueued_at)s, %(ct_h_granted_at)s, %(ct_h_ended_at)s, %(ct_h_outcome)s::VARCHAR);
 UPDATE ct_resource SET last_token=%(ct_c_last_token)s::BIGINT, last_ticket=%(ct_c_last_ticket)s::BIGINT WHERE ct_resource.namespace = %(ct_c_namespace)s::VARCHAR AND ct_resource.name = %(ct_c_name)s::VARCHAR;
+
+-- ===== release a grant released already (another lease of it): the grant history says how it ended =====
+SELECT locked.name, locked.capacity, locked.last_token, locked.last_ticket, locked.rate_count, locked.rate_per, locked.aging, locked.epoch, CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) AS now 
+FROM (SELECT ct_resource.name AS name, ct_resource.capacity AS capacity, ct_resource.last_token AS last_token, ct_resource.last_ticket AS last_ticket, ct_resource.rate_count AS rate_count, ct_resource.rate_per AS rate_per, ct_resource.aging AS aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
+FROM ct_resource 
+WHERE ct_resource.namespace = %(ct_namespace)s::VARCHAR AND ct_resource.name = %(ct_name)s::VARCHAR FOR UPDATE) AS locked;
+SELECT ct_request.id, ct_request.resource, ct_request.state, ct_request.token, ct_request.expires_at 
+FROM ct_request 
+WHERE ct_request.request_key = %(request_key_1)s::VARCHAR;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource = %(ct_name_0)s::VARCHAR AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket 
+ LIMIT %(param_3)s::INTEGER) AS anon_1;
+SELECT ct_grant_history.resource, ct_grant_history.token, ct_grant_history.outcome 
+FROM ct_grant_history 
+WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.resource IN (%(resource_1_1)s::VARCHAR) AND ct_grant_history.token IN (%(token_1_1)s::BIGINT);
 
 -- ===== status: resources, holders and waiters (no locks) =====
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
@@ -223,7 +242,7 @@ INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, p
 UPDATE ct_resource SET last_token=%(ct_c_last_token)s::BIGINT, last_ticket=%(ct_c_last_ticket)s::BIGINT WHERE ct_resource.namespace = %(ct_c_namespace)s::VARCHAR AND ct_resource.name = %(ct_c_name)s::VARCHAR;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS now, (SELECT wq.ticket 
 FROM ct_request AS wq 
-WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' ORDER BY wq.queue_key, wq.ticket 
+WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' AND wq.expires_at >= CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) ORDER BY wq.queue_key, wq.ticket 
  LIMIT %(param_2)s::INTEGER) AS head_ticket, (SELECT min(hq.expires_at) AS min_1 
 FROM ct_request AS hq 
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), %(coalesce_2)s::INTEGER) AS coalesce_1 
@@ -235,7 +254,7 @@ FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.holder = %(ct_holder)s::VARCHAR;
 SELECT ct_request.ticket 
 FROM ct_request 
-WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource = %(resource_1)s::VARCHAR AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket 
+WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource = %(resource_1)s::VARCHAR AND ct_request.state = 'waiting' AND ct_request.expires_at >= CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) ORDER BY ct_request.queue_key, ct_request.ticket 
  LIMIT %(param_2)s::INTEGER;
 DELETE FROM ct_request WHERE ct_request.request_key = %(request_key_1)s::VARCHAR AND ct_request.expires_at < %(expires_at_1)s;
 DELETE FROM ct_request WHERE ct_request.request_key = %(request_key_1)s::VARCHAR;
@@ -297,7 +316,7 @@ DELETE FROM ct_request WHERE ct_request.request_key = %(request_key_1)s::VARCHAR
 UPDATE ct_grant_history SET ended_at=%(ended_at)s, outcome=%(outcome)s::VARCHAR WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.resource = %(resource_1)s::VARCHAR AND ct_grant_history.token = %(token_1)s::BIGINT AND ct_grant_history.outcome = 'held';
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS now, (SELECT wq.ticket 
 FROM ct_request AS wq 
-WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' ORDER BY wq.queue_key, wq.ticket 
+WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' AND wq.expires_at >= CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) ORDER BY wq.queue_key, wq.ticket 
  LIMIT %(param_2)s::INTEGER) AS head_ticket, (SELECT min(hq.expires_at) AS min_1 
 FROM ct_request AS hq 
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), %(coalesce_2)s::INTEGER) AS coalesce_1 
@@ -309,7 +328,7 @@ FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.holder = %(ct_holder)s::VARCHAR;
 SELECT ct_request.ticket 
 FROM ct_request 
-WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource = %(resource_1)s::VARCHAR AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket 
+WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource = %(resource_1)s::VARCHAR AND ct_request.state = 'waiting' AND ct_request.expires_at >= CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) ORDER BY ct_request.queue_key, ct_request.ticket 
  LIMIT %(param_2)s::INTEGER;
 UPDATE ct_request SET expires_at=%(expires_at)s, pickup_seconds=%(pickup_seconds)s WHERE ct_request.request_key = %(request_key_1)s::VARCHAR AND ct_request.state = 'waiting' AND ct_request.expires_at >= %(expires_at_1)s;
 SELECT ct_grant_history.granted_at 

@@ -123,7 +123,7 @@ UPDATE ct_resource SET last_token=?, last_ticket=? WHERE ct_resource.namespace =
 -- ===== try_acquire while held: read its own entry without locks, then enqueue as a waiter (ticketed FIFO) =====
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, ((julianday('now') - 2440587.5) * 86400.0) AS now, (SELECT wq.ticket 
 FROM ct_request AS wq 
-WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' ORDER BY wq.queue_key, wq.ticket
+WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' AND wq.expires_at >= ((julianday('now') - 2440587.5) * 86400.0) ORDER BY wq.queue_key, wq.ticket
  LIMIT ? OFFSET ?) AS head_ticket, (SELECT min(hq.expires_at) AS min_1 
 FROM ct_request AS hq 
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), ?) AS coalesce_1 
@@ -150,7 +150,7 @@ WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state 
 UPDATE ct_resource SET last_token=?, last_ticket=? WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 SELECT ct_request.ticket 
 FROM ct_request 
-WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
+WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting' AND ct_request.expires_at >= ((julianday('now') - 2440587.5) * 86400.0) ORDER BY ct_request.queue_key, ct_request.ticket
  LIMIT ? OFFSET ?;
 
 -- ===== renew a lease: extend on the database clock while still granted and unexpired (fenced by request key) =====
@@ -173,6 +173,22 @@ WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state 
 UPDATE ct_request SET state=?, token=?, granted_at=?, expires_at=? WHERE ct_request.id = ? AND ct_request.state = 'waiting';
 INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
 UPDATE ct_resource SET last_token=?, last_ticket=? WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
+
+-- ===== release a grant released already (another lease of it): the grant history says how it ended =====
+SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch, ((julianday('now') - 2440587.5) * 86400.0) AS now 
+FROM ct_resource 
+WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
+DELETE FROM ct_request WHERE ct_request.request_key = ? RETURNING id, resource, state, token, expires_at;
+SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = ? AND ct_request.resource IN (?) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
+FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.holder AS holder, ct_request.request_key AS request_key, ct_request.slots AS slots, ct_request.mode AS mode, ct_request.state AS state, ct_request.token AS token, ct_request.expires_at AS expires_at, ct_request.granted_at AS granted_at, ct_request.ticket AS ticket, ct_request.attempt AS attempt, ct_request.pickup_seconds AS pickup_seconds, ct_request.lease_seconds AS lease_seconds, ct_request.priority AS priority, ct_request.enqueued_at AS enqueued_at, ct_request.queue_key AS queue_key 
+FROM ct_request 
+WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
+ LIMIT ? OFFSET ?) AS anon_1;
+SELECT ct_grant_history.resource, ct_grant_history.token, ct_grant_history.outcome 
+FROM ct_grant_history 
+WHERE ct_grant_history.namespace = ? AND ct_grant_history.resource IN (?) AND ct_grant_history.token IN (?);
 
 -- ===== status: resources, holders and waiters (no locks) =====
 SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
@@ -213,7 +229,7 @@ INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, p
 UPDATE ct_resource SET last_token=?, last_ticket=? WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, ((julianday('now') - 2440587.5) * 86400.0) AS now, (SELECT wq.ticket 
 FROM ct_request AS wq 
-WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' ORDER BY wq.queue_key, wq.ticket
+WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' AND wq.expires_at >= ((julianday('now') - 2440587.5) * 86400.0) ORDER BY wq.queue_key, wq.ticket
  LIMIT ? OFFSET ?) AS head_ticket, (SELECT min(hq.expires_at) AS min_1 
 FROM ct_request AS hq 
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), ?) AS coalesce_1 
@@ -225,7 +241,7 @@ FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace
 WHERE ct_request.namespace = ? AND ct_request.resource IN (?) AND ct_request.holder = ?;
 SELECT ct_request.ticket 
 FROM ct_request 
-WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
+WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting' AND ct_request.expires_at >= ((julianday('now') - 2440587.5) * 86400.0) ORDER BY ct_request.queue_key, ct_request.ticket
  LIMIT ? OFFSET ?;
 DELETE FROM ct_request WHERE ct_request.request_key = ? AND ct_request.expires_at < ?;
 DELETE FROM ct_request WHERE ct_request.request_key = ?;
@@ -282,7 +298,7 @@ DELETE FROM ct_request WHERE ct_request.request_key = ? RETURNING id, resource, 
 UPDATE ct_grant_history SET ended_at=?, outcome=? WHERE ct_grant_history.namespace = ? AND ct_grant_history.resource = ? AND ct_grant_history.token = ? AND ct_grant_history.outcome = 'held';
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, ((julianday('now') - 2440587.5) * 86400.0) AS now, (SELECT wq.ticket 
 FROM ct_request AS wq 
-WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' ORDER BY wq.queue_key, wq.ticket
+WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' AND wq.expires_at >= ((julianday('now') - 2440587.5) * 86400.0) ORDER BY wq.queue_key, wq.ticket
  LIMIT ? OFFSET ?) AS head_ticket, (SELECT min(hq.expires_at) AS min_1 
 FROM ct_request AS hq 
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted') AS hold_exp, (SELECT coalesce(sum(hq.slots), ?) AS coalesce_1 
@@ -294,7 +310,7 @@ FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace
 WHERE ct_request.namespace = ? AND ct_request.resource IN (?) AND ct_request.holder = ?;
 SELECT ct_request.ticket 
 FROM ct_request 
-WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
+WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting' AND ct_request.expires_at >= ((julianday('now') - 2440587.5) * 86400.0) ORDER BY ct_request.queue_key, ct_request.ticket
  LIMIT ? OFFSET ?;
 UPDATE ct_request SET expires_at=?, pickup_seconds=? WHERE ct_request.request_key = ? AND ct_request.state = 'waiting' AND ct_request.expires_at >= ?;
 SELECT ct_grant_history.granted_at 

@@ -15,8 +15,10 @@ from controltable.slots.grants import (
     behind_grace,
     decide,
     rate_rescue,
+    read_again,
     waiter_runs_pass,
     waiting_multi,
+    waiting_read,
 )
 
 
@@ -100,3 +102,53 @@ def test_rate_rescue_waits_the_reap_grace_past_the_window_opening() -> None:
     assert not rate_rescue(930.0, 60.0, 991.0), "opened a second ago: the head's turn"
     assert not rate_rescue(930.0, 60.0, 990.0 + REAP_GRACE), "exactly the grace: not yet"
     assert rate_rescue(930.0, 60.0, 990.0 + REAP_GRACE + 0.1)
+
+
+# -- a page of expired entries does not end the pass (issue 33) -----------------------------------
+def _with_id(rows: list[Any]) -> list[Any]:
+    for i, r in enumerate(rows):
+        r.id = i
+    return rows
+
+
+def test_a_page_whose_waiters_were_all_reaped_is_not_the_whole_queue() -> None:
+    """The pass read 3 waiters (the head size), all expired and reaped: the live ones are unread."""
+    read = _with_id([row("r", f"dead{i}", i + 1) for i in range(3)])
+    counted = waiting_read(read)
+    assert counted == {"r": 3}
+    got = assemble({"r": Queue("r", 1)}, [], {}, {"r": 3}, read=counted)
+    assert not got.queues["r"].complete, "a full page read, nothing live in it: more wait behind"
+    d = decide(got.queues)
+    assert d.grant == [] and d.more == {"r"}
+    assert read_again(d, granted=0, reaped=3), "a round that reaped a page reads the next one"
+
+
+def test_without_the_read_count_a_reaped_page_looked_like_the_end_of_the_queue() -> None:
+    """What the pass did before issue 33: the live rows alone (none) said the queue was complete."""
+    got = assemble({"r": Queue("r", 1)}, [], {}, {"r": 3})
+    assert got.queues["r"].complete and decide(got.queues).more == set()
+
+
+def test_waiting_read_counts_each_waiting_row_once_and_never_a_holder() -> None:
+    rows = _with_id([row("r", "h", 1, "granted"), row("r", "a", 2), row("s", "b", 3)])
+    assert waiting_read([*rows, rows[1]]) == {"r": 1, "s": 1}
+
+
+def test_a_round_that_changed_nothing_is_the_last() -> None:
+    """A page of partly removed multi-resource requests (skipped, not reaped) is read again the
+    same: the pass stops rather than loop."""
+    partial = _with_id([row("r", f"m2-{i}", i) for i in range(3)])  # their rows on "s" were removed
+    got = assemble({"r": Queue("r", 1)}, partial, {f"m2-{i}": {"r"} for i in range(3)}, {"r": 3},
+                   read=waiting_read(partial))
+    d = decide(got.queues)
+    assert d.more == {"r"}
+    assert not read_again(d, granted=0, reaped=0)
+    assert read_again(d, granted=1, reaped=0)
+
+
+def test_the_first_live_waiter_after_the_reaped_page_is_granted_in_fifo_order() -> None:
+    """The next page: live waiters in ticket order after the reaped ones; the first that fits goes."""
+    live = _with_id([row("r", "h", 1, "granted"), row("r", "A", 10), row("r", "B", 11)])
+    got = assemble({"r": Queue("r", 2)}, live, {}, {"r": 4}, read=waiting_read(live))
+    d = decide(got.queues)
+    assert d.grant == ["A"] and d.heads == {"r": "B"} and d.more == set()

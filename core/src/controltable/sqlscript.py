@@ -166,6 +166,11 @@ def captured_statements(
                 lambda: holder["a"].renew())
         section("release a lease: lock the resource row, delete the entry, grant pass for the next in line",
                 lambda: holder["a"].release())
+        ct.set_capacity("twice", 1)
+        twice = [ct.acquire("twice", holder="c", lease=60) for _ in range(2)]  # one grant, two leases
+        twice[0].release()
+        section("release a grant released already (another lease of it): the grant history says how it ended",
+                twice[1].release)
         section("status: resources, holders and waiters (no locks)", lambda: ct.status())
         section("reap: resources with entries expired on the database clock (each then reaped under its lock)",
                 lambda: ct.reap())

@@ -7,7 +7,8 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any, Callable, Optional
+import threading
+from typing import Any, Callable, Optional, TypeVar
 
 import click
 from rich import box
@@ -15,9 +16,12 @@ from rich.table import Table
 
 from ..control import ControlTable
 from ..defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_SLOT_PRIORITY
-from ..errors import EXIT_LOST, EXIT_USAGE, LeaseLost
+from ..errors import EXIT_LOST, EXIT_USAGE, ControlTableError, LeaseLost
+from ..holders import process_holder_id
 from .group import CT, cli, handled
 from .output import console, err, fail, in_seconds, print_error, when
+
+T = TypeVar("T")
 
 
 # -- capacity ----------------------------------------------------------------------------------------
@@ -188,6 +192,72 @@ def reap(obj: CT) -> None:
 
 
 # -- acquire / release / run -------------------------------------------------------------------------
+#: The signals that end a command waiting in the queue (``kill``, a supervisor, Ctrl-C, a closed
+#: terminal). By default SIGTERM and SIGHUP end the process at once, with its queue entry left
+#: behind to be granted to nobody; see :class:`_QueueSignals`.
+QUEUE_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class _Ended(BaseException):
+    """One of :data:`QUEUE_SIGNALS` arrived while the command waited in the queue.
+
+    A BaseException raised in the main thread, like Ctrl-C's KeyboardInterrupt: the wait unwinds
+    and ``acquire`` withdraws its queue entry on the way out, as it does for any failure."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _QueueSignals:
+    """While the command waits in the queue, every one of :data:`QUEUE_SIGNALS` ends the wait the
+    same way: :class:`_Ended` is raised in the main thread, once (a second signal while the entry
+    is being withdrawn is ignored, so the withdrawal is not cut short; the process is ending
+    anyway). The handlers that were there before are back once the block ends."""
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+        self._old: dict[int, Any] = {}
+
+    def _end(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+            raise _Ended(signum)
+
+    def __enter__(self) -> _QueueSignals:
+        # Handlers can be set only in the main thread (the command's own; a caller running the CLI
+        # in another thread keeps its signals, and Ctrl-C there is its business).
+        if threading.current_thread() is threading.main_thread():
+            self._old = {s: signal.signal(s, self._end) for s in QUEUE_SIGNALS}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+
+
+def _queued(ct: ControlTable, request: dict[str, int], holder: str, wait: Callable[[], T]) -> T:
+    """``wait()`` (an acquire of ``request`` for ``holder``), ended cleanly by a signal.
+
+    On one of :data:`QUEUE_SIGNALS` the acquire withdraws its entry as it unwinds; then, for the
+    instant between the grant and the end of this call (or a withdrawal that could not finish),
+    whatever ``holder`` still has on the resources is released too. The command exits
+    128 + the signal's number, as a shell reports a process ended by it."""
+    with _QueueSignals():  # still in place while withdrawing: a second signal does not cut it short
+        try:
+            return wait()
+        except _Ended as ended:
+            left = 0
+            for name in sorted(request):
+                try:
+                    left += ct.release(name, holder)
+                except ControlTableError as exc:
+                    print_error(f"could not withdraw {holder!r} from {name!r} ({exc}); its entry expires by itself")
+            what = signal.Signals(ended.signum).name
+            fail(f"{what} while {holder!r} waited for {request!r}: left the queue"
+                 + (" (released the grant made meanwhile)" if left else ""), 128 + ended.signum)
+
+
 @cli.command()
 @click.argument("resource")
 @click.option("--holder", required=True, help="Who holds the slot; release with the same holder.")
@@ -206,9 +276,14 @@ def reap(obj: CT) -> None:
 @handled
 def acquire(obj: CT, resource: str, holder: str, slots: int, shared: bool, attempt: Optional[int],
             timeout: Optional[float], lease: float, priority: int) -> None:
-    """Wait for and take a slot; prints the fencing token. Exit 3 on timeout."""
-    got = obj.get().acquire(resource, holder=holder, slots=slots, mode="shared" if shared else "exclusive",
-                            timeout=timeout, lease=lease, attempt=attempt, priority=priority)
+    """Wait for and take a slot; prints the fencing token. Exit 3 on timeout.
+
+    SIGTERM, SIGINT or SIGHUP while waiting: the queue entry is withdrawn, exit 128 + the signal.
+    """
+    ct = obj.get()
+    got = _queued(ct, {resource: slots}, holder, lambda: ct.acquire(
+        resource, holder=holder, slots=slots, mode="shared" if shared else "exclusive", timeout=timeout,
+        lease=lease, attempt=attempt, priority=priority))
     click.echo(got.token)
 
 
@@ -262,6 +337,7 @@ def run(obj: CT, resources: tuple[str, ...], slots: int, shared: bool, attempt: 
 
     The lease is renewed in the background; SIGTERM/SIGINT are passed to COMMAND and the slot is
     released when it exits. If the lease is lost while COMMAND runs, exit 6 (unless COMMAND failed).
+    SIGTERM, SIGINT or SIGHUP while still waiting: the queue entry is withdrawn, exit 128 + the signal.
     """
     problem = _cannot_start(command[0])
     if problem:  # before queueing: a command that cannot start must not spend a grant and a token
@@ -278,8 +354,10 @@ def run(obj: CT, resources: tuple[str, ...], slots: int, shared: bool, attempt: 
             except ValueError:
                 fail(f"--resource {spec!r}: slots after ':' must be a whole number", EXIT_USAGE)
     ct = obj.get()
-    lease_obj = ct.acquire(request, holder=holder, mode="shared" if shared else "exclusive", timeout=timeout,
-                           lease=lease, attempt=attempt, priority=priority)
+    who = holder if holder is not None else process_holder_id()  # known here: a signal withdraws it
+    lease_obj = _queued(ct, request, who, lambda: ct.acquire(
+        request, holder=who, mode="shared" if shared else "exclusive", timeout=timeout, lease=lease,
+        attempt=attempt, priority=priority))
     lease_obj.start_renewing()
     env = dict(os.environ, CONTROLTABLE_TOKEN=str(lease_obj.token), CONTROLTABLE_HOLDER=lease_obj.holder)
     try:

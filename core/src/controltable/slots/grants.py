@@ -207,9 +207,24 @@ def decide(queues: dict[str, Queue]) -> Decision:
         left = next((w for w in queue.head if w.key not in granted), None)
         if left is not None:
             out.heads[name] = left.key
-        elif not queue.complete and queue.head:
+        elif not queue.complete:
+            # Every waiter read was granted, or none was left to grant (the ones read had expired
+            # and were reaped): the live entries behind them are unread. Read on.
             out.more.add(name)
     return out
+
+
+def read_again(decision: Decision, *, granted: int, reaped: int) -> bool:
+    """Whether a grant pass reads the queues again after a round that granted ``granted`` requests
+    and reaped ``reaped`` expired entries.
+
+    Only where :func:`decide` saw more waiting behind the rows it read (``decision.more``), and only
+    after a round that changed the queue: a round that reaped a page of expired entries and
+    granted nobody read no live waiter yet, and the next page may hold it. Without a change the
+    same rows would be read again (a page of partly removed multi-resource requests, skipped).
+    Each page is bounded (the head size), and so is the number of rounds of a pass.
+    """
+    return bool(decision.more) and (granted > 0 or reaped > 0)
 
 
 # -- the decision's input: queues from the rows a grant pass read ------------------------------------
@@ -230,15 +245,27 @@ def waiting_multi(rows: Iterable[Any]) -> list[str]:
     return sorted({row.request_key for row in rows if row.state != GRANTED and key_size(row.request_key) > 1})
 
 
+def waiting_read(rows: Iterable[Any]) -> dict[str, int]:
+    """How many waiting rows a snapshot read per queue (each row once), whether they turn out
+    live or expired: what says if a queue was read to its end (:func:`assemble`'s ``read``)."""
+    seen: dict[str, set[Any]] = {}
+    for row in rows:
+        if row.state != GRANTED:
+            seen.setdefault(row.resource, set()).add(row.id)
+    return {name: len(ids) for name, ids in seen.items()}
+
+
 def assemble(queues: dict[str, Queue], rows: Iterable[Any], spans: Mapping[str, set[str]],
-             head_sizes: Mapping[str, int]) -> Assembly:
+             head_sizes: Mapping[str, int], read: Optional[Mapping[str, int]] = None) -> Assembly:
     """Fill the empty ``queues`` (capacity, aging and budget set) from the live rows of a snapshot.
 
     ``rows`` are request rows (resource, state, slots, mode, request_key, ticket, priority,
     enqueued_at): holders count towards a queue's usage, waiters form its head. ``spans`` names the
     resources of each multi-resource request; one whose rows were partly removed (expired or
     withdrawn: fewer rows than its key says) is never granted and is left out. A queue is
-    ``complete`` when fewer than ``head_sizes[name]`` of its waiters were read.
+    ``complete`` when fewer than ``head_sizes[name]`` of its waiters were read: ``read[name]`` of
+    them (:func:`waiting_read` of the snapshot, the expired ones the pass reaped included: a page
+    of expired entries is a full read with nothing live in it), else the waiting ``rows``.
     """
     waiting: dict[str, list[Any]] = {name: [] for name in queues}
     for row in rows:
@@ -253,7 +280,7 @@ def assemble(queues: dict[str, Queue], rows: Iterable[Any], spans: Mapping[str, 
     for name, rs in waiting.items():
         rs.sort(key=lambda row: int(row.ticket))
         queue = queues[name]
-        queue.complete = len(rs) < head_sizes[name]
+        queue.complete = (len(rs) if read is None else max(read.get(name, 0), len(rs))) < head_sizes[name]
         for row in rs:
             span = spans.get(row.request_key, {name})
             if len(span) != key_size(row.request_key):

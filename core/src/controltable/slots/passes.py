@@ -32,6 +32,9 @@ from .values import Lease
 MIN_PICKUP = 1.0
 #: A grant pass reads at most this many waiters (plus one) per queue and round.
 HEAD_READ_LIMIT = 100
+#: The rounds of one grant pass at most (each grants someone or reaps a page of expired entries):
+#: with ``HEAD_READ_LIMIT``, what bounds the work of one transaction.
+MAX_ROUNDS = 100
 
 T = TypeVar("T")
 
@@ -341,7 +344,9 @@ class PassEngine(ABC):
         """The holders of the locked resources and the head of each waiting queue, in one statement.
 
         Reads at most ``capacity + 2`` waiters per queue (no more can be granted by one pass, and
-        the new head and the one behind it are told to look).
+        the new head and the one behind it are told to look). Expired entries among them are
+        reaped and the next page read (:func:`.grants.read_again`), so expired entries before the
+        first live ones never stop a pass short of them.
         """
         return list(conn.execute(*sql.snapshot(self.t, self.ns, self._heads(res))).all())
 
@@ -416,7 +421,7 @@ class PassEngine(ABC):
         that changed the queue (see :meth:`_snapshot_in_change`).
         """
         reaped = 0
-        for _ in range(100):  # each round grants at least one waiter or ends
+        for _ in range(MAX_ROUNDS):  # each round grants or reaps, or is the last
             self._after_promotion(conn, res, own[0] if own is not None else None)
             rows = as_locked(self._snapshot(conn, res) if snapshot is None else snapshot, res)
             snapshot = None
@@ -429,7 +434,8 @@ class PassEngine(ABC):
             if multi:
                 for key, resource in conn.execute(sql.request_spans(self.t, multi)):
                     spans.setdefault(key, set()).add(locked_name(resource, res))
-            heads = grants.assemble(queues, live, spans, {name: self._head_size(res[name]) for name in res})
+            heads = grants.assemble(queues, live, spans, {name: self._head_size(res[name]) for name in res},
+                                    read=grants.waiting_read(rows))
             rows_by_key = heads.rows_by_key
             decision = grants.decide(queues)
             if decision.need:
@@ -489,9 +495,14 @@ class PassEngine(ABC):
                 notify.extend(slot_key(name) for name in sorted(res))
             if notify:
                 self.runtime.notify(conn, notify)
-            if not decision.more or not decision.grant:
+            # Expired entries before the first live ones are reaped a page (the head size) per
+            # round until the pass reaches a live waiter: a round that only reaped reads on.
+            if not grants.read_again(decision, granted=len(decision.grant), reaped=gone):
                 return reaped
-        return reaped  # pragma: no cover - a hundred rounds of grants in one pass
+        # MAX_ROUNDS rounds of grants or pages of expired entries: the work of one transaction is
+        # bounded. The first live waiter behind what is left sees itself at the head (the queue
+        # head a waiter reads skips expired entries: statements.peek) and runs the next pass.
+        return reaped
 
     def _after_promotion(self, conn: Connection, res: dict[str, Any], own_key: Optional[str]) -> None:
         """Before the first grant on a promoted server, shorten the pickup of every waiting entry.

@@ -322,14 +322,16 @@ def request_spans(t: ControlSchema, keys: Sequence[str]) -> Select:  # type: ign
 
 
 def head_ticket(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
-    """The ticket of the first waiter of ``name``'s queue (one index probe)."""
+    """The ticket of the first live waiter of ``name``'s queue (an index walk past the expired
+    entries before it, which the next grant pass reaps: they wait for nobody)."""
     q = t.request
-    return (select(q.c.ticket).where(q.c.namespace == namespace, q.c.resource == name, q.c.state == WAITING)
+    return (select(q.c.ticket).where(q.c.namespace == namespace, q.c.resource == name, q.c.state == WAITING,
+                                     q.c.expires_at >= clock())
             .order_by(q.c.queue_key, q.c.ticket).limit(1))
 
 
 def peek(t: ControlSchema, namespace: str, names: Sequence[str], holder: str) -> Bound:
-    """A waiter's look at its own rows, no locks: with each queue's head ticket, the holders' usage,
+    """A waiter's look at its own rows, no locks: with each queue's live head ticket, the holders' usage,
     exclusive holders and first lease expiry, the resource's capacity and rate, and the database time.
 
     On the path of every look of every waiter (a handoff's pickup starts with it): built once per
@@ -343,7 +345,10 @@ def _peek(t: ControlSchema) -> Select:  # type: ignore[type-arg]
     hq, wq = q.alias("hq"), q.alias("wq")
     same_h = and_(hq.c.namespace == q.c.namespace, hq.c.resource == q.c.resource, hq.c.state == GRANTED)
     same_w = and_(wq.c.namespace == q.c.namespace, wq.c.resource == q.c.resource, wq.c.state == WAITING)
-    head = select(wq.c.ticket).where(same_w).order_by(wq.c.queue_key, wq.c.ticket).limit(1).scalar_subquery()
+    # The first *live* waiter: expired entries before it wait for nobody, and a live waiter behind
+    # more of them than one grant pass reaps must still see itself at the head and run the pass.
+    head = (select(wq.c.ticket).where(same_w, wq.c.expires_at >= clock()).order_by(wq.c.queue_key, wq.c.ticket)
+            .limit(1).scalar_subquery())
     hold_exp = select(func.min(hq.c.expires_at)).where(same_h).scalar_subquery()
     used = select(func.coalesce(func.sum(hq.c.slots), 0)).where(same_h).scalar_subquery()
     excl = select(func.count()).where(same_h, hq.c.mode == "exclusive").scalar_subquery()
@@ -682,6 +687,16 @@ def retoken_grant(t: ControlSchema, namespace: str, resource: str, old: int, now
     """A newer attempt took the grant over with a new fencing token: the old token's row ends here
     (``superseded``), and :func:`record_grant` adds the new token's row, so every token keeps its row."""
     return end_grant(t, namespace, resource, old, SUPERSEDED, now)
+
+
+def grant_outcomes(t: ControlSchema, namespace: str, tokens: Mapping[str, int]) -> Select:  # type: ignore[type-arg]
+    """How the grants ``tokens`` (resource -> token) ended: released, expired or superseded (what a
+    release that finds its rows gone tells its caller). By the primary key's columns as two IN
+    lists (one statement shape for any number of resources); the caller keeps the rows whose
+    (resource, token) is one of ``tokens``."""
+    h = t.history
+    return select(h.c.resource, h.c.token, h.c.outcome).where(
+        h.c.namespace == namespace, h.c.resource.in_(sorted(tokens)), h.c.token.in_(sorted(set(tokens.values()))))
 
 
 def window_count(t: ControlSchema, namespace: str, resource: str, since: float) -> Select:  # type: ignore[type-arg]

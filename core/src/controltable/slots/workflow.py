@@ -37,7 +37,7 @@ from .passes import (  # noqa: F401 - re-exported (were defined here)
     _Res,
 )
 from .reports import Reports
-from .statements import EXPIRED, GRANTED
+from .statements import EXPIRED, GRANTED, RELEASED, SUPERSEDED
 from .values import Lease, Rate
 from .waiting import (  # noqa: F401 - re-exported (were defined here)
     DEADLINE_GRACE,
@@ -287,7 +287,10 @@ class SlotEngine(Waiting, Reports):
 
         Retry-safe: the request key was chosen by the client, so when a retry (after a COMMIT whose
         reply was lost) finds no rows while the lease could not yet have expired, the first
-        COMMIT is what removed them and the release succeeded.
+        COMMIT is what removed them and the release succeeded. Releasing a grant that was
+        released already (another :class:`Lease` of the same grant) is a no-op; one that expired,
+        was reaped or was taken over raises :class:`LeaseLost` saying which
+        (:meth:`_released_before`).
         """
         n = len(lease.resources)
         completed = 0
@@ -331,9 +334,34 @@ class SlotEngine(Waiting, Reports):
                 f"{lease.expires_at.isoformat()}); work done after the expiry may have overlapped with another "
                 "holder. Renew more often than the lease length or ask for a longer lease"
             )
+        self._released_before(lease)
+
+    def _released_before(self, lease: Lease) -> None:
+        """A release that found none of the lease's rows: return if the grant was released already
+        (a second release, e.g. of the same grant handed out twice by an idempotent ``try_acquire``,
+        is a no-op), else raise :class:`LeaseLost` saying what ended it. The grant history says:
+        each token's row is closed ``released`` by a release while the lease was live, ``expired``
+        by a reap or a late release, ``superseded`` when a newer attempt took it over."""
+        rows = self.db.run(lambda c: c.execute(sql.grant_outcomes(self.t, self.ns, lease.tokens)).all())
+        outcomes = {row.resource: row.outcome for row in rows if lease.tokens.get(row.resource) == int(row.token)}
+        if len(outcomes) == len(lease.tokens) and set(outcomes.values()) == {RELEASED}:
+            return
+        what = f"lease of {lease.holder!r} on {lease._names()}"
+        if SUPERSEDED in outcomes.values():
+            raise LeaseLost(
+                f"{what} was taken over by a newer attempt of the same holder (a new fencing token) before it "
+                "was released; this attempt's work may have overlapped with the newer one's"
+            )
+        if EXPIRED in outcomes.values():
+            raise LeaseLost(
+                f"{what} had already expired and been reaped when it was released; work done after the expiry "
+                "may have overlapped with another holder. Renew more often than the lease length or ask for a "
+                "longer lease"
+            )
         raise LeaseLost(
-            f"lease of {lease.holder!r} on {lease._names()} had already expired and been reaped when it "
-            "was released; work done after the expiry may have overlapped with another holder"
+            f"{what} was no longer held when it was released, and its grant history is gone (pruned after "
+            "its retention, or the resource was deleted): whether it was released before or expired cannot "
+            "be told. Release a lease once, and renew more often than the lease length"
         )
 
     def is_held(self, lease: Lease) -> bool:

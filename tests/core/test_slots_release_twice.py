@@ -1,0 +1,70 @@
+"""Issue 33, hole 2: releasing a grant that was released already is a no-op; a lost one still says how.
+
+An idempotent ``try_acquire`` (a sensor asking again, a retried task) hands out the same grant as
+several :class:`Lease` objects. Releasing the second used to raise ``LeaseLost`` "had already
+expired and been reaped", which was not what happened. The grant history says how each grant
+ended: a second release of a released grant returns quietly, and one that was reaped or taken
+over by a newer attempt still raises ``LeaseLost`` naming that.
+"""
+
+from __future__ import annotations
+
+import pytest
+from support.live import wait_until
+
+from controltable import ControlTable, LeaseLost
+
+EXPIRY_HANG = 30.0
+
+
+def _holders(ct: ControlTable, name: str = "r") -> list[str]:
+    (st,) = ct.status([name])
+    return [h.holder for h in st.holders]
+
+
+def test_releasing_a_grant_handed_out_twice_releases_it_once_and_then_does_nothing(ct: ControlTable) -> None:
+    ct.set_capacity("r", 1)
+    first = ct.try_acquire("r", holder="sensor")
+    again = ct.try_acquire("r", holder="sensor")
+    assert first is not None and again is not None and again.token == first.token, "the same grant twice"
+    first.release()
+    assert _holders(ct) == []
+    again.release()  # before: LeaseLost "had already expired and been reaped"
+    with ct.try_acquire("r", holder="sensor") as third:  # a context manager's exit releases once more
+        assert third.token > first.token
+        fourth = ct.try_acquire("r", holder="sensor")
+        assert fourth is not None and fourth.token == third.token
+    fourth.release()
+    assert _holders(ct) == []
+
+
+def test_releasing_a_multi_resource_grant_twice_is_a_no_op(ct: ControlTable) -> None:
+    ct.set_capacity("a", 1)
+    ct.set_capacity("b", 1)
+    first = ct.try_acquire({"a": 1, "b": 1}, holder="job")
+    again = ct.try_acquire({"a": 1, "b": 1}, holder="job")
+    assert first is not None and again is not None and again.tokens == first.tokens
+    again.release()
+    first.release()
+    assert _holders(ct, "a") == [] and _holders(ct, "b") == []
+
+
+def test_a_grant_that_was_reaped_still_reports_lease_lost(ct: ControlTable) -> None:
+    ct.set_capacity("r", 1)
+    lease = ct.try_acquire("r", holder="slow", lease=1)
+    assert lease is not None
+    wait_until(lambda: all(h.expired for st in ct.status(["r"]) for h in st.holders), EXPIRY_HANG,
+               "the lease to expire (a hang)")
+    assert ct.reap() == 1
+    with pytest.raises(LeaseLost, match="expired and been reaped"):
+        lease.release()
+
+
+def test_a_grant_taken_over_by_a_newer_attempt_reports_lease_lost_saying_so(ct: ControlTable) -> None:
+    ct.set_capacity("r", 1)
+    old = ct.try_acquire("r", holder="task", attempt=1)
+    new = ct.try_acquire("r", holder="task", attempt=2)
+    assert old is not None and new is not None and new.token > old.token
+    new.release()
+    with pytest.raises(LeaseLost, match="taken over by a newer attempt"):
+        old.release()
