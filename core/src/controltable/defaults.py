@@ -69,6 +69,8 @@ INTERRUPT_ON_LEASE_LOSS = True
 #: while a block is armed, and a signal we did not send goes to the handler it replaced; name
 #: another (e.g. ``"SIGUSR2"``) if the process gives SIGUSR1 a meaning of its own.
 INTERRUPT_SIGNAL = "SIGUSR1"
+#: Seconds ``controltable run`` gives its command between SIGTERM and SIGKILL when the lease is lost.
+RUN_STOP_GRACE = 10.0
 
 # -- statements per dialect ----------------------------------------------------------------------
 #: The most rows one claim or completion statement touches on SQL Server. A statement that takes

@@ -25,8 +25,9 @@ background renewer finds the lease lost it calls :func:`interrupt`, which
      main thread where handlers cannot be installed (a sub-interpreter, or the signal taken).
 
 Whatever the block raises after an interrupt was sent (a driver's "query cancelled", an error of a
-connection the interrupt left mid-statement) reaches the caller as ``LeaseLostInterrupt`` with that
-error chained as its ``__cause__``: the lease's loss is the news, the driver's error its effect.
+connection the interrupt left mid-statement) reaches the caller as ``LeaseLostInterrupt``: its
+``__cause__`` is the loss and its ``__context__`` (and message) that error, for the lease's loss is
+the news and the driver's error only its effect.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def protected(fn: F) -> F:
 class Arming:
     """One armed block: whose lease, which thread, and what happened to its interrupt."""
 
-    __slots__ = ("owner", "thread", "by_signal", "armed", "sent", "delivered", "statements")
+    __slots__ = ("owner", "thread", "by_signal", "armed", "sent", "delivered", "statements", "ended")
 
     def __init__(self, owner: Any, thread: int, by_signal: bool) -> None:
         self.owner = owner
@@ -81,6 +82,8 @@ class Arming:
         self.delivered = False
         #: The statements the block's thread runs, cancelled in the server on a loss.
         self.statements = RunningStatements(thread)
+        #: Set when the block is disarmed: the renewer stops sending at once.
+        self.ended = threading.Event()
 
     def error(self) -> LeaseLostInterrupt:
         lost: Optional[LeaseLost] = getattr(self.owner, "lost", None)
@@ -222,6 +225,7 @@ def disarm(block: Arming) -> bool:
                 _uninstall()
         elif block.sent:
             _raise_in_thread(block.thread, None)  # cancel it if not delivered yet
+    block.ended.set()
     return block.sent
 
 
@@ -271,7 +275,8 @@ def interrupt(block: Optional[Arming], stopping: Optional[threading.Event] = Non
             return True
         again = _send(block)
     while again and not (stopping is not None and stopping.is_set()):
-        threading.Event().wait(RESEND_INTERVAL)
+        if block.ended.wait(RESEND_INTERVAL):
+            break
         with _GUARD:
             again = _send(block)
     return True
@@ -281,10 +286,10 @@ def interrupt(block: Optional[Arming], stopping: Optional[threading.Event] = Non
 def outcome(block: Arming, exc: Optional[BaseException]) -> Optional[BaseException]:
     """What the block's exit raises: ``None`` to let ``exc`` (or nothing) through unchanged.
 
-    Once an interrupt was sent, the block's end reports the loss: its own ``LeaseLostInterrupt``
-    with the loss chained, any other exception (a driver's error the cancel caused) chained under a
-    ``LeaseLostInterrupt``, and a block that ended normally (the loss came as it finished, or the
-    work swallowed the interrupt) a ``LeaseLostInterrupt`` too.
+    Once an interrupt was sent, the block's end reports the loss as a ``LeaseLostInterrupt`` whose
+    ``__cause__`` is the loss: the block's own interrupt, or in place of any other exception (a
+    driver's error the cancel caused: kept as ``__context__`` and named in the message), or when
+    the block ended normally (the loss came as it finished, or the work swallowed the interrupt).
     """
     if not disarm(block):
         return None
@@ -296,8 +301,9 @@ def outcome(block: Arming, exc: Optional[BaseException]) -> Optional[BaseExcepti
             return replacement
         return None
     replacement = block.error()
-    if exc is not None:
-        replacement.__cause__ = exc
+    if exc is not None:  # the loss stays the cause; what the work raised is the context, and said
+        replacement.__context__ = exc
+        replacement.args = (f"{replacement.args[0]} (the work ended with {type(exc).__name__}: {exc})",)
     return replacement
 
 
