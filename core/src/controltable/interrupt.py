@@ -117,8 +117,15 @@ def interrupt_signal() -> int:
 
 
 def _in_protected(frame: Optional[FrameType]) -> bool:
+    """Whether the main thread runs code the interrupt must not land in (the renewer sends again).
+
+    Our own entry and exit code, and a finalizer (``__del__``, run by a garbage collection that
+    may happen anywhere, a ``compile()`` included): Python swallows an exception raised there
+    ("Exception ignored in"), so the interrupt would be lost, and it would abandon the C code
+    that collected (CPython 3.11's AST conversion then keeps a wrong recursion depth).
+    """
     while frame is not None:
-        if frame.f_code in _PROTECTED:
+        if frame.f_code in _PROTECTED or frame.f_code.co_name == "__del__":
             return True
         frame = frame.f_back
     return False

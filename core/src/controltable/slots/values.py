@@ -17,8 +17,8 @@ from typing import Any, Optional, Protocol, Union
 from ..clock import utc
 from ..db import Database
 from ..errors import ConfigurationError, DatabaseUnavailableError, LeaseLost
-from ..leaseclock import bounded_release, local_expiry, within_lease
 from ..interrupt import protected
+from ..leaseclock import bounded_release, local_expiry, within_lease
 from ..renewal import BackgroundRenewal
 from ..validation import check_positive_int, check_seconds
 
