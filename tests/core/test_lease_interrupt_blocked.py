@@ -329,3 +329,44 @@ def test_orphaned_process_stops_its_blocked_work(ct: ControlTable, tmp_path: Pat
                 os.kill(child_pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_an_error_the_interrupt_caused_reaches_the_caller_as_the_interrupt() -> None:
+    """The work turns the interrupt into an error of its own (as a driver does when its wait is cut
+    short): the caller still sees ``LeaseLostInterrupt`` caused by the loss, that error as its context."""
+    item = Held()
+    loss = LeaseLost("test: taken over")
+
+    def interrupter() -> None:
+        wait_until(in_blocking_call("work"), HANG, "the main thread to block in its work", interval=0.02)
+        item.lost = loss
+        item._interrupt_owner()
+
+    def work() -> None:
+        try:
+            time.sleep(WORK)
+        except LeaseLostInterrupt as exc:
+            raise RuntimeError("another command is already in progress") from exc
+
+    t = threading.Thread(target=interrupter, daemon=True)
+    t.start()
+    with pytest.raises(LeaseLostInterrupt) as info, item.interrupting(True):
+        work()
+    t.join(HANG)
+    assert info.value.__cause__ is loss
+    assert isinstance(info.value.__context__, RuntimeError)
+    assert "another command is already in progress" in str(info.value)
+
+
+def test_the_interrupt_never_lands_in_a_finalizer() -> None:
+    """A ``__del__`` (run by a garbage collection anywhere, a ``compile()`` included) swallows an
+    exception raised in it: the handler leaves the interrupt to the next send there."""
+    seen: list[bool] = []
+
+    class Finalized:
+        def __del__(self) -> None:
+            seen.append(interrupts._in_protected(sys._getframe()))
+
+    Finalized()
+    assert seen == [True]
+    assert not interrupts._in_protected(sys._getframe())
