@@ -64,6 +64,13 @@ ORPHAN_CHECK_INTERVAL = 1.0
 #: ``batch.renewing()``, ``item.renewing()``) is interrupted with ``LeaseLostInterrupt`` when its
 #: background renewer finds the lease lost or expired. Each of those takes ``interrupt=`` to opt out.
 INTERRUPT_ON_LEASE_LOSS = True
+#: The signal that interrupts a main thread blocked in a sleep, a socket wait, a statement or a
+#: subprocess when its lease is lost (``controltable.interrupt``). Our handler is installed only
+#: while a block is armed, and a signal we did not send goes to the handler it replaced; name
+#: another (e.g. ``"SIGUSR2"``) if the process gives SIGUSR1 a meaning of its own.
+INTERRUPT_SIGNAL = "SIGUSR1"
+#: Seconds ``controltable run`` gives its command between SIGTERM and SIGKILL when the lease is lost.
+RUN_STOP_GRACE = 10.0
 
 # -- statements per dialect ----------------------------------------------------------------------
 #: The most rows one claim or completion statement touches on SQL Server. A statement that takes

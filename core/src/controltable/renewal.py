@@ -8,38 +8,26 @@ batch or item comes back to others within one lease instead of when the orphan f
 
 The other way round, work must not outlive its lease: when the renewer finds the lease lost
 (taken over, reaped, let go) or expired (renewals kept failing until the lease ran out), it
-interrupts the work: :class:`~controltable.errors.LeaseLostInterrupt` is raised asynchronously
-in the thread that holds the lease (``PyThreadState_SetAsyncExc``), but only while that thread is
-inside the ``with`` block that armed it (:meth:`BackgroundRenewal.interrupting`). Arming, the
-interrupt and disarming take one lock, and disarming cancels an interrupt not yet delivered, so
-no exception ever lands after the block was left. A thread blocked in C (a ``time.sleep``, a
-socket read) receives it when the call returns to Python.
+interrupts the work, but only while the work is inside a ``with`` block that armed the interrupt
+(:meth:`BackgroundRenewal.interrupting`, :meth:`BackgroundRenewal.renewing`, ``with lease:``): its
+running statements are cancelled in the server and :class:`~controltable.errors.LeaseLostInterrupt`
+is raised in its thread, a blocked main thread included (:mod:`controltable.interrupt` says how).
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import threading
 import time
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional
+from types import TracebackType
+from typing import Any, Callable, Optional
 
+from . import interrupt as interrupts
 from .defaults import INTERRUPT_ON_LEASE_LOSS, ORPHAN_CHECK_INTERVAL, STOP_RENEWING_WHEN_ORPHANED
 from .errors import LeaseLost, LeaseLostInterrupt
 
 log = logging.getLogger("controltable")
-
-#: Guards every arm, interrupt and disarm: the renewer raises only into an armed thread, and a
-#: disarmed one has any undelivered interrupt cancelled before the lock is let go.
-_GUARD = threading.Lock()
-
-
-def _raise_in_thread(ident: int, exc: Optional[type[BaseException]]) -> int:
-    """Schedule ``exc`` in thread ``ident`` (``None``: cancel a scheduled one); threads affected."""
-    return int(ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(ident), ctypes.py_object(exc) if exc is not None else None))
 
 
 def parent_gone(original_ppid: int) -> bool:
@@ -104,7 +92,7 @@ class Renewer(threading.Thread):
     def _lose(self, exc: LeaseLost) -> None:
         """Record the loss for the owner's next call, and interrupt its work if it armed that."""
         self.target.lost = exc
-        self.target._interrupt_owner()
+        self.target._interrupt_owner(self._stop_event)
 
     def run(self) -> None:
         watching = self.parent_pid is not None or self.alive is not None
@@ -155,10 +143,8 @@ class BackgroundRenewal:
     #: Whether :meth:`interrupting` (``with lease:``, ``slot()``, :meth:`renewing`) arms the
     #: interrupt by default; ``slot(interrupt=...)`` sets it for a lease.
     interrupt: bool = INTERRUPT_ON_LEASE_LOSS
-    #: The thread inside the armed block (``threading.get_ident()``), if any; under ``_GUARD``.
-    _armed_thread: Optional[int] = None
-    #: Whether the renewer scheduled the interrupt in that thread; under ``_GUARD``.
-    _interrupt_sent: bool = False
+    #: The armed block (its thread, and whether the interrupt was sent or delivered), if any.
+    _arming: Optional[interrupts.Arming] = None
 
     def renew(self, lease: Optional[float] = None) -> Any:  # pragma: no cover - implemented by subclasses
         raise NotImplementedError
@@ -203,67 +189,48 @@ class BackgroundRenewal:
             self._renewer = None
 
     # -- interrupting the work when the lease is gone ------------------------------------------
-    def _interrupt_owner(self) -> None:
-        """From the renewer: raise :class:`LeaseLostInterrupt` in the armed thread, once."""
-        with _GUARD:
-            ident = self._armed_thread
-            if ident is None or self._interrupt_sent:
-                return
-            self._interrupt_sent = True
-            _raise_in_thread(ident, LeaseLostInterrupt)
-        log.warning("controltable: interrupting the work of %s: its lease is gone (%s)", type(self).__name__, self.lost)
+    def _interrupt_owner(self, stopping: Optional[threading.Event] = None) -> None:
+        """From the renewer: cancel the armed block's statements and interrupt its thread, once."""
+        interrupts.interrupt(self._arming, stopping)
 
+    @interrupts.protected
     def _arm(self) -> bool:
-        """Arm the interrupt for the calling thread; False if a block of this thread already did."""
+        """Arm the interrupt for the calling thread; False if a block already did (it is shared)."""
         if self.lost is not None:  # lost before the work began: do not begin it
             raise LeaseLostInterrupt(f"the lease was already lost before the work began: {self.lost}",
                                      self.lost.keys) from self.lost
-        with _GUARD:
-            if self._armed_thread is not None:
-                return False
-            self._armed_thread = threading.get_ident()
-            self._interrupt_sent = False
+        if self._arming is not None:
+            return False
+        self._arming = interrupts.arm(self)
         return True
 
+    @interrupts.protected
     def _disarm(self) -> bool:
-        """Disarm, cancelling an interrupt scheduled but not yet delivered; whether one was sent."""
-        with _GUARD:
-            ident, sent = self._armed_thread, self._interrupt_sent
-            self._armed_thread = None
-            self._interrupt_sent = False
-            if ident is not None and sent:
-                _raise_in_thread(ident, None)
-        return sent
+        """Disarm: no interrupt reaches the block after this; whether one was sent."""
+        block, self._arming = self._arming, None
+        return interrupts.disarm(block) if block is not None else False
 
-    @contextmanager
-    def interrupting(self, interrupt: Optional[bool] = None) -> Iterator[Any]:
+    @interrupts.protected
+    def _leave_armed(self, exc: Optional[BaseException]) -> Optional[BaseException]:
+        """Disarm at the block's end; what it raises instead of ``exc`` (see :func:`interrupt.outcome`)."""
+        block, self._arming = self._arming, None
+        return interrupts.outcome(block, exc) if block is not None else None
+
+    def interrupting(self, interrupt: Optional[bool] = None) -> Interrupting:
         """While the block runs, a lease found lost or expired by the renewer interrupts it.
 
         The block gets :class:`~controltable.errors.LeaseLostInterrupt` (a ``LeaseLost``) in
-        this thread. ``interrupt``: ``False`` turns it off for this block (default:
-        :attr:`interrupt`, i.e. :data:`~controltable.defaults.INTERRUPT_ON_LEASE_LOSS`). Nested
-        blocks of the same thread share the outer one's arming. Only a background renewer
+        this thread, also while it waits in a sleep, a socket read, a running statement or a
+        subprocess (main thread; see :mod:`controltable.interrupt`), and its running statements
+        are cancelled in the server. Whatever the block raises once the interrupt was sent
+        reaches the caller as ``LeaseLostInterrupt`` (that error chained), and a block that ends
+        normally after it raises one on exit. ``interrupt``: ``False`` turns it off for this block
+        (default: :attr:`interrupt`, i.e. :data:`~controltable.defaults.INTERRUPT_ON_LEASE_LOSS`).
+        Nested blocks of the same thread share the outer one's arming. Only a background renewer
         (:meth:`start_renewing`) interrupts; without one the block runs as before.
         """
-        if not (self.interrupt if interrupt is None else bool(interrupt)):
-            yield self
-            return
-        armed = self._arm()
-        try:
-            yield self
-        except LeaseLostInterrupt as exc:
-            if armed:
-                self._disarm()
-            lost = self.lost
-            if lost is not None and exc.__cause__ is None and lost is not exc:
-                raise LeaseLostInterrupt(f"the work was interrupted because its lease is gone: {lost}",
-                                         lost.keys) from lost
-            raise
-        finally:
-            if armed:
-                self._disarm()
+        return Interrupting(self, self.interrupt if interrupt is None else bool(interrupt))
 
-    @contextmanager
     def renewing(
         self,
         interval: Optional[float] = None,
@@ -271,7 +238,7 @@ class BackgroundRenewal:
         stop_when_orphaned: Optional[bool] = None,
         alive: Optional[Callable[[], bool]] = None,
         interrupt: Optional[bool] = None,
-    ) -> Iterator[Any]:
+    ) -> Renewing:
         """Renew in the background while the block runs, and interrupt the block if the lease is gone.
 
         ``with item.renewing(): work(item.payload)`` then ``item.complete()`` (inside or after the
@@ -280,11 +247,61 @@ class BackgroundRenewal:
         on after a loss (it then learns of it at exit or from its next complete/check).
         Arguments as :meth:`start_renewing`.
         """
-        self.start_renewing(interval, stop_when_orphaned=stop_when_orphaned, alive=alive)
+        return Renewing(self, interval, stop_when_orphaned, alive,
+                        self.interrupt if interrupt is None else bool(interrupt))
+
+
+class Interrupting:
+    """The context manager of :meth:`BackgroundRenewal.interrupting` (a class: its entry and exit
+    are code the interrupt never lands in, see :func:`controltable.interrupt.protected`)."""
+
+    def __init__(self, owner: BackgroundRenewal, enabled: bool) -> None:
+        self.owner = owner
+        self.enabled = enabled
+        self.armed = False
+
+    @interrupts.protected
+    def __enter__(self) -> Any:
+        if self.enabled:
+            self.armed = self.owner._arm()
+        return self.owner
+
+    @interrupts.protected
+    def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        if not self.armed:
+            return
+        self.armed = False
+        replacement = self.owner._leave_armed(exc)
+        if replacement is not None:
+            raise replacement
+
+
+class Renewing:
+    """The context manager of :meth:`BackgroundRenewal.renewing`."""
+
+    def __init__(self, owner: BackgroundRenewal, interval: Optional[float], stop_when_orphaned: Optional[bool],
+                 alive: Optional[Callable[[], bool]], enabled: bool) -> None:
+        self.owner = owner
+        self.args = (interval, stop_when_orphaned, alive)
+        self.inner = Interrupting(owner, enabled)
+
+    @interrupts.protected
+    def __enter__(self) -> Any:
+        interval, orphan, alive = self.args
+        self.owner.start_renewing(interval, stop_when_orphaned=orphan, alive=alive)
         try:
-            with self.interrupting(interrupt):
-                yield self
+            return self.inner.__enter__()
+        except BaseException:
+            self.owner.stop_renewing()
+            raise
+
+    @interrupts.protected
+    def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        try:
+            self.inner.__exit__(exc_type, exc, tb)
         finally:
-            self.stop_renewing()
-        if self.lost is not None:
-            raise self.lost
+            self.owner.stop_renewing()
+        if exc_type is None and self.owner.lost is not None:
+            raise self.owner.lost

@@ -15,7 +15,7 @@ from rich import box
 from rich.table import Table
 
 from ..control import ControlTable
-from ..defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_SLOT_PRIORITY
+from ..defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_SLOT_PRIORITY, RUN_STOP_GRACE
 from ..errors import EXIT_LOST, EXIT_USAGE, ControlTableError, LeaseLost
 from ..holders import process_holder_id
 from .group import CT, cli, handled
@@ -336,7 +336,8 @@ def run(obj: CT, resources: tuple[str, ...], slots: int, shared: bool, attempt: 
     """Hold a slot while COMMAND runs (flock(1) for the whole fleet); exits with COMMAND's code.
 
     The lease is renewed in the background; SIGTERM/SIGINT are passed to COMMAND and the slot is
-    released when it exits. If the lease is lost while COMMAND runs, exit 6 (unless COMMAND failed).
+    released when it exits. If the lease is lost while COMMAND runs, COMMAND is stopped (SIGTERM,
+    then SIGKILL after a grace) and the exit status is 6 (unless COMMAND failed by itself).
     SIGTERM, SIGINT or SIGHUP while still waiting: the queue entry is withdrawn, exit 128 + the signal.
     """
     problem = _cannot_start(command[0])
@@ -370,8 +371,16 @@ def run(obj: CT, resources: tuple[str, ...], slots: int, shared: bool, attempt: 
         child.send_signal(signum)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    stopped = False
     try:
-        code = child.wait()
+        try:
+            # A lost lease interrupts the wait (controltable.interrupt): the child must not go on
+            # working beside the next holder, so it is stopped as `consul lock` stops its child.
+            with lease_obj.interrupting(True):
+                code = child.wait()
+        except LeaseLost:
+            stopped = True
+            code = _stop_child(child)
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
@@ -382,9 +391,21 @@ def run(obj: CT, resources: tuple[str, ...], slots: int, shared: bool, attempt: 
             lost = lost or exc
     if lost is not None:
         print_error(lost)
-        if code == 0:
+        if code == 0 or stopped:
             sys.exit(EXIT_LOST)
     sys.exit(code if code >= 0 else 128 - code)
+
+
+def _stop_child(child: subprocess.Popen[bytes]) -> int:
+    """Stop ``run``'s child after its lease was lost: SIGTERM, then SIGKILL after :data:`RUN_STOP_GRACE`."""
+    err.print(f"controltable: the lease was lost; stopping the command (pid {child.pid}) with SIGTERM")
+    child.terminate()
+    try:
+        return child.wait(timeout=RUN_STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        err.print(f"controltable: the command did not end within {RUN_STOP_GRACE:g} s of SIGTERM; sending SIGKILL")
+        child.kill()
+        return child.wait()
 
 
 def _cannot_start(program: str) -> Optional[str]:

@@ -17,6 +17,7 @@ from typing import Any, Optional, Protocol, Union
 from ..clock import utc
 from ..db import Database
 from ..errors import ConfigurationError, DatabaseUnavailableError, LeaseLost
+from ..interrupt import protected
 from ..leaseclock import bounded_release, local_expiry, within_lease
 from ..renewal import BackgroundRenewal
 from ..validation import check_positive_int, check_seconds
@@ -135,11 +136,18 @@ class Lease(BackgroundRenewal):
         return self
 
     def release(self) -> None:
-        """Give the slots back. Raises :class:`LeaseLost` if they were no longer held."""
+        """Give the slots back. Raises :class:`LeaseLost` if they were no longer held.
+
+        A lease the renewer already found lost (taken over, reaped, expired unrenewed, let go)
+        is not asked after again: there is nothing to give back, and the path to the database may
+        be what lost it, so its :attr:`lost` is raised at once.
+        """
         self.stop_renewing()
         if self.released:
             return
         self.released = True
+        if self.lost is not None:
+            raise self.lost
         with bounded_release(self.engine.db):
             self.engine.release(self)
 
@@ -171,6 +179,7 @@ class Lease(BackgroundRenewal):
     def _renew_interval(self) -> float:
         return self.lease_seconds / 3.0
 
+    @protected
     def __enter__(self) -> Lease:
         # With a background renewer, a lease found lost or expired interrupts the block (see
         # ``BackgroundRenewal.interrupting``; ``self.interrupt = False`` or ``slot(interrupt=False)``
@@ -178,23 +187,30 @@ class Lease(BackgroundRenewal):
         self._armed_here = self.interrupt and self._arm()
         return self
 
+    @protected
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        # Entry and exit are protected: an interrupt arriving here is reported by the exit (as
+        # ``LeaseLostInterrupt``, the block's own error chained), never raised halfway through it.
+        replacement = None
         if getattr(self, "_armed_here", False):
             self._armed_here = False
-            self._disarm()
+            replacement = self._leave_armed(exc)
         self.stop_renewing()
+        quiet = exc_type is not None or replacement is not None  # an error is already on its way
         try:
-            self.release()
+            self.release()  # a lease known lost is not asked after (see release)
         except LeaseLost:
-            if exc_type is None:
+            if not quiet:
                 raise
             log.warning("controltable: lease of %r was lost before release", self.holder)
-        except DatabaseUnavailableError as exc:
+        except DatabaseUnavailableError as err:
             # A lease already lost (e.g. the database went silent past its expiry) is the news:
             # the rows expire by themselves; the block's own exception is not masked either.
-            if exc_type is None and self.lost is None:
+            if not quiet and self.lost is None:
                 raise
-            log.warning("controltable: lease of %r could not be released: %s", self.holder, exc)
+            log.warning("controltable: lease of %r could not be released: %s", self.holder, err)
+        if replacement is not None:
+            raise replacement
         if exc_type is None and self.lost is not None:
             raise self.lost
 
