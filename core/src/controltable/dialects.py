@@ -24,14 +24,19 @@ from sqlalchemy.types import TypeDecorator
 
 from .defaults import TOKEN_EPOCH_BITS
 from .dialect_ddl import (  # noqa: F401 - re-exported: the DDL half of this module
+    CLAIM_TEXT_CHARSET,
+    CLAIM_TEXT_COLLATION,
     LOW_PRIORITY_INDEX_VERSION,
     LOW_PRIORITY_MINUTES,
     AnalyzeTable,
+    ConvertColumns,
     CreateIndexOnline,
     DisableLockEscalation,
     adds_columns_nullable,
+    column_charset,
     ddl_lock_timeout,
     online_ddl_available,
+    own_charset,
 )
 from .dialect_traits import (  # noqa: F401 - re-exported: the traits of each backend
     DRIVER_EXTRAS,

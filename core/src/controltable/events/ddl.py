@@ -11,7 +11,7 @@ import hashlib
 import time
 from typing import Any, Optional, Sequence
 
-from sqlalchemy import Column, Index, MetaData, SmallInteger, Table, and_, inspect, literal, select
+from sqlalchemy import Column, Index, MetaData, SmallInteger, String, Table, and_, inspect, literal, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, NoSuchTableError
 from sqlalchemy.ext.compiler import compiles
@@ -135,12 +135,16 @@ def qualified(name: str, schema: Optional[str]) -> str:
     return f"{schema}.{name}" if schema else name
 
 
-def reflect(db: Database, name: str, schema: Optional[str]) -> Table:
-    """The user's table as the database has it now."""
-    db.ping()
+def reflect(db: Database, name: str, schema: Optional[str], *, deadline: Optional[float] = None) -> Table:
+    """The user's table as the database has it now: one read transaction through ``Database.run``,
+    so its statements, connections and retries are bounded by ``deadline`` like any other call's."""
+    return db.run(lambda conn: reflect_in(conn, db, name, schema), deadline=deadline)
+
+
+def reflect_in(conn: Connection, db: Database, name: str, schema: Optional[str]) -> Table:
+    """:func:`reflect` inside the caller's transaction."""
     try:
-        with db.translating():
-            return Table(name, MetaData(schema=schema), autoload_with=db.engine)
+        return Table(name, MetaData(schema=schema), autoload_with=conn)
     except NoSuchTableError:
         raise ConfigurationError(
             f"event table {qualified(name, schema)!r} does not exist in {db.safe_url}; "
@@ -149,11 +153,13 @@ def reflect(db: Database, name: str, schema: Optional[str]) -> Table:
         ) from None  # the reflection error adds nothing: one message, not a chained traceback
 
 
-def key_is_unique(db: Database, table: Table, name: str, schema: Optional[str], key: str) -> bool:
+def key_is_unique(bind: Any, table: Table, name: str, schema: Optional[str], key: str) -> bool:
+    """Whether ``key`` alone is the primary key or a unique constraint or index (``bind``: the
+    connection of the caller's transaction, or an engine)."""
     pk = [c.name for c in table.primary_key.columns]
     if pk == [key]:
         return True
-    insp = inspect(db.engine)
+    insp = inspect(bind)
     for uq in insp.get_unique_constraints(name, schema=schema):
         if list(uq.get("column_names") or []) == [key]:
             return True
@@ -204,11 +210,12 @@ def refuse_control_table(table: Table, name: str, schema: Optional[str]) -> None
         )
 
 
-def check_columns(db: Database, table: Table, name: str, schema: Optional[str], key: str, order_by: str,
+def check_columns(bind: Any, table: Table, name: str, schema: Optional[str], key: str, order_by: str,
                   time_column: Optional[str]) -> None:
     """The named columns exist and the key is unique; else a :class:`ConfigurationError` saying how to fix it.
 
-    A control table (any prefix) is refused first (:func:`refuse_control_table`)."""
+    A control table (any prefix) is refused first (:func:`refuse_control_table`). ``bind``: the
+    connection of the caller's transaction (or an engine), for the catalogue's unique indexes."""
     refuse_control_table(table, name, schema)
     where = qualified(name, schema)
     for kind, col in (("key", key), ("order_by", order_by), ("time_column", time_column)):
@@ -217,7 +224,7 @@ def check_columns(db: Database, table: Table, name: str, schema: Optional[str], 
                 f"{kind} column {col!r} is not a column of {where!r}; "
                 f"its columns are {', '.join(c.name for c in table.c)}"
             )
-    if not key_is_unique(db, table, name, schema, key):
+    if not key_is_unique(bind, table, name, schema, key):
         raise ConfigurationError(
             f"key column {key!r} of {where!r} is not unique; claiming needs a primary key "
             f"or unique index on it (e.g. CREATE UNIQUE INDEX ... ON {name} ({key}))"
@@ -256,10 +263,32 @@ def check_prepared(table: Table, cols: ClaimColumns, name: str, schema: Optional
         )
 
 
-def has_seek_index(db: Database, cols: ClaimColumns, name: str, schema: Optional[str]) -> bool:
+def has_seek_index(bind: Any, cols: ClaimColumns, name: str, schema: Optional[str]) -> bool:
     """SQL Server: whether an index leads with the state column, so claims may demand a seek."""
     return any(list(ix.get("column_names") or [])[:1] == [cols.state]
-               for ix in inspect(db.engine).get_indexes(name, schema=schema))
+               for ix in inspect(bind).get_indexes(name, schema=schema))
+
+
+def load(db: Database, cols: ClaimColumns, name: str, schema: Optional[str], key: str, order_by: str,
+         time_column: Optional[str], *, prepared: bool, deadline: Optional[float]) -> tuple[Table, bool]:
+    """The event table reflected and checked, and whether claims may demand a seek (SQL Server).
+
+    One read transaction through ``Database.run`` under ``deadline``: the first call on an
+    ``EventTable`` reflects, and its wait (``claim(wait=3)``) must bound that too, connections,
+    catalogue queries and retries included; a silent network ends it like any other statement.
+    ``prepared``: the claim columns must exist (claims), or not yet (``prepare()``).
+    """
+    seeks = dialects.traits(db.dialect_name).seek_hints
+
+    def fn(conn: Connection) -> tuple[Table, bool]:
+        table = reflect_in(conn, db, name, schema)
+        check_columns(conn, table, name, schema, key, order_by, time_column)
+        if not prepared:
+            return table, False
+        check_prepared(table, cols, name, schema, key)
+        return table, bool(seeks and has_seek_index(conn, cols, name, schema))
+
+    return db.run(fn, deadline=deadline)
 
 
 def invalid_index_names(conn: Connection, name: str, schema: Optional[str]) -> set[str]:
@@ -279,11 +308,16 @@ def missing_ddl(
     stmts: list[Any] = []
     metadata_only = dialects.adds_columns_nullable(db.dialect_name)
     unset = metadata_only and cols.state in table.c and bool(table.c[cols.state].nullable)
+    convert: list[Column[Any]] = []
     for col in cols.ddl(metadata_only=metadata_only):
         if col.name not in table.c:
             stmts.append(AddColumn(table, col))
             table.append_column(col)
             unset = unset or (metadata_only and col.name == cols.state)
+        elif needs_own_charset(db, table, col.name):
+            convert.append(col)
+    if convert:
+        stmts.append(dialects.ConvertColumns(table, convert))
     existing = {ix["name"] for ix in inspect(db.engine).get_indexes(name, schema=schema)}
     if dialects.traits(db.engine.dialect.name).concurrent_index:
         with db.engine.connect() as conn:
@@ -297,6 +331,18 @@ def missing_ddl(
         cap = dialects.rows_per_statement(db.dialect_name) or DDL_BACKFILL_BATCH
         stmts.append(BackfillClaimColumns(table, cols, key, min(cap, DDL_BACKFILL_BATCH)))
     return stmts
+
+
+def needs_own_charset(db: Database, table: Table, name: str) -> bool:
+    """MySQL/MariaDB: whether the existing claim text column ``name`` lacks the character set
+    :func:`dialects.own_charset` declares (an earlier ``prepare()`` added it in the table's
+    latin1). ``prepare()`` then converts it; until then, values it cannot store are stored
+    escaped (see ``EventTable``), never refused."""
+    col = table.c[name]
+    if not isinstance(col.type, String):
+        return False
+    have = dialects.column_charset(db.dialect_name, table, col)
+    return have is not None and have.lower() != dialects.CLAIM_TEXT_CHARSET
 
 
 def _has_unset(db: Database, table: Table, cols: ClaimColumns) -> bool:

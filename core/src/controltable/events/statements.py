@@ -104,15 +104,19 @@ class ClaimColumns:
         on Standard it rewrites the whole table under a schema lock. A nullable column with a
         default (without ``WITH VALUES``) is metadata-only on every edition: existing rows read
         NULL, new rows get 0, and ``prepare()`` then sets the NULLs to 0 in short batches
-        (:func:`backfill_batch`); until a row is set no claim takes it."""
+        (:func:`backfill_batch`); until a row is set no claim takes it. The text columns carry
+        their own character set where the table's default would apply (:func:`dialects.own_charset`).
+        """
         return [
             Column(self.state, SmallInteger, nullable=metadata_only, server_default="0"),
-            Column(self.name("owner"), dialects.name_type(NAME_LENGTH), nullable=True),
+            Column(self.name("owner"), dialects.own_charset(dialects.name_type(NAME_LENGTH), NAME_LENGTH),
+                   nullable=True),
             Column(self.token, BigInteger, nullable=True),
             Column(self.expires_at, EpochSeconds, nullable=True),
             Column(self.name("available_at"), EpochSeconds, nullable=True),
             Column(self.attempts, Integer, nullable=metadata_only, server_default="0"),
-            Column(self.name("error"), dialects.message_type(ERROR_LENGTH), nullable=True),
+            Column(self.name("error"), dialects.own_charset(dialects.message_type(ERROR_LENGTH), ERROR_LENGTH),
+                   nullable=True),
             Column(self.name("done_at"), EpochSeconds, nullable=True),
         ]
 
