@@ -5,12 +5,12 @@ Part of :mod:`controltable.dialects`, which re-exports every name here.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from sqlalchemy import String
 from sqlalchemy.dialects import mysql
 from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.schema import CreateColumn, DDLElement
+from sqlalchemy.schema import CreateColumn, CreateIndex, DDLElement
 from sqlalchemy.sql.schema import Column, Table
 
 from .defaults import DDL_LOCK_TIMEOUT
@@ -172,6 +172,38 @@ def _create_index_online(element: CreateIndexOnline, compiler: Any, **kw: Any) -
     if name == "oracle":
         return text + " ONLINE"
     return text
+
+
+class RebuildIndex(DDLElement):
+    """SQL Server: ``CREATE INDEX ... WITH (DROP_EXISTING = ON[, ONLINE = ON])``, for a claim index
+    that exists under its name with another ``INCLUDE`` list (an earlier ``prepare()`` built it
+    without the claim predicates). One statement: the old index serves until the new one is built,
+    online where the edition offers it (see :class:`CreateIndexOnline`)."""
+
+    def __init__(self, index: Any, online: bool = False) -> None:
+        self.index = index
+        self.online = online
+
+
+@compiles(RebuildIndex)
+def _rebuild_index(element: RebuildIndex, compiler: Any, **kw: Any) -> str:
+    text = str(compiler.process(CreateIndex(element.index), **kw)).strip()
+    options = ["DROP_EXISTING = ON"] + (["ONLINE = ON"] if element.online else [])
+    return f"{text} WITH ({', '.join(options)})"
+
+
+def stale_includes(reflected: Sequence[Mapping[str, Any]], wanted: list[Any]) -> list[Any]:
+    """SQL Server: the ``wanted`` indexes that exist (in ``reflected``, the inspector's
+    ``get_indexes``) under their name with another ``INCLUDE`` list, to rebuild. Pure. A
+    reflection that does not report ``INCLUDE`` (SQLAlchemy 1.4) finds none."""
+    have = {ix.get("name"): (ix.get("dialect_options") or {}).get("mssql_include") for ix in reflected}
+    stale = []
+    for ix in wanted:
+        want = sorted(str(c) for c in (ix.dialect_options["mssql"]["include"] or []))
+        found = have.get(ix.name)
+        if ix.name in have and found is not None and sorted(str(c) for c in found) != want:
+            stale.append(ix)
+    return stale
 
 
 def online_ddl_available(conn: Any) -> bool:

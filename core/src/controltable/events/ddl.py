@@ -318,12 +318,16 @@ def missing_ddl(
             convert.append(col)
     if convert:
         stmts.append(dialects.ConvertColumns(table, convert))
-    existing = {ix["name"] for ix in inspect(db.engine).get_indexes(name, schema=schema)}
+    reflected = inspect(db.engine).get_indexes(name, schema=schema)
+    existing = {ix["name"] for ix in reflected}
     if dialects.traits(db.engine.dialect.name).concurrent_index:
         with db.engine.connect() as conn:
             existing -= invalid_index_names(conn, name, schema)
-    stmts.extend(ix for ix in claim_indexes(table, cols, name, key, order_by, db.dialect_name,
-                                            filtered_indexes=filtered_indexes) if ix.name not in existing)
+    wanted = claim_indexes(table, cols, name, key, order_by, db.dialect_name, filtered_indexes=filtered_indexes)
+    stmts.extend(ix for ix in wanted if ix.name not in existing)
+    if dialects.traits(db.dialect_name).claim_indexes == "included":
+        # Indexes an earlier prepare() built without the INCLUDE list claims now rely on.
+        stmts.extend(dialects.RebuildIndex(ix) for ix in dialects.stale_includes(reflected, wanted))
     if disable_lock_escalation and dialects.traits(db.dialect_name).lock_escalation:
         stmts.append(dialects.DisableLockEscalation(table))
     if unset and (stmts or _has_unset(db, table, cols)):
@@ -378,7 +382,7 @@ def run_ddl(db: Database, stmts: list[Any], name: str, schema: Optional[str], *,
     """
     engine = db.engine
     running = engine.dialect.name
-    if online is None and any(isinstance(s, Index) for s in stmts):
+    if online is None and any(isinstance(s, (Index, dialects.RebuildIndex)) for s in stmts):
         with engine.connect() as conn:
             online = dialects.online_ddl_available(conn)
     wait = max(1, min(int(lock_timeout), DDL_LOCK_RETRY_WAIT))
@@ -391,6 +395,8 @@ def run_ddl(db: Database, stmts: list[Any], name: str, schema: Optional[str], *,
             continue
         if isinstance(stmt, Index):
             ddl: Any = dialects.CreateIndexOnline(stmt) if online else CreateIndex(stmt)
+        elif isinstance(stmt, dialects.RebuildIndex):
+            ddl = dialects.RebuildIndex(stmt.index, online=bool(online))
         else:
             ddl = stmt
         text = str(ddl.compile(dialect=engine.dialect)).strip()

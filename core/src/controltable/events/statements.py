@@ -215,7 +215,8 @@ def update_keys(table: Table, key: str, keys: Sequence[Any], values: dict[str, A
     """``UPDATE <table> SET values WHERE key IN (keys) AND conditions``: a seek of the key's
     index on SQL Server (:func:`dialects.seek_keyed`), the keys bound with the key column's type
     and padded to a few list lengths (:func:`dialects.padded_keys`)."""
-    stmt = update(table).where(table.c[key].in_(dialects.padded_keys(keys)), *conditions).values(values)
+    stmt = update(table).where(dialects.key_column(table.c[key]).in_(dialects.padded_keys(keys)),
+                               *conditions).values(values)
     return dialects.seek_keyed(stmt, table)
 
 
@@ -226,7 +227,8 @@ def poisoned_values(cols: ClaimColumns) -> dict[str, Any]:
 
 def expires_of(table: Table, cols: ClaimColumns, key: str, first_key: Any) -> Any:
     """The expiry a claim stamped (read back when it was a database-clock expression)."""
-    return dialects.seek_keyed(select(cols.of(table, "expires_at")).where(table.c[key] == first_key), table)
+    return dialects.seek_keyed(select(cols.of(table, "expires_at")).where(
+        dialects.key_column(table.c[key]) == first_key), table)
 
 
 def with_token(table: Table, cols: ClaimColumns, token: int) -> Any:
@@ -238,7 +240,7 @@ def rows_by_keys(table: Table, cols: ClaimColumns, key: str, keys: Sequence[Any]
     """The user columns and the claim history (attempts, expiry, token) of ``keys``."""
     user = [c for c in table.c if not cols.is_claim_column(c.name)]
     stmt = select(*user, cols.of(table, "attempts"), cols.of(table, "expires_at"), cols.of(table, "token"))
-    return dialects.seek_keyed(stmt.where(table.c[key].in_(dialects.padded_keys(keys))), table)
+    return dialects.seek_keyed(stmt.where(dialects.key_column(table.c[key]).in_(dialects.padded_keys(keys))), table)
 
 
 # -- finishing (all fenced on the batch token) ---------------------------------------------------
@@ -246,7 +248,7 @@ def keys_where(table: Table, key: str, keys: Sequence[Any], conditions: Sequence
                *, lock: bool = False) -> Any:
     """Which of ``keys`` meet ``conditions`` now: with row locks if ``lock``, else (SQL Server)
     looked up through the key's index, never by scanning past other workers' locked rows."""
-    stmt = select(table.c[key]).where(table.c[key].in_(dialects.padded_keys(keys)), *conditions)
+    stmt = select(table.c[key]).where(dialects.key_column(table.c[key]).in_(dialects.padded_keys(keys)), *conditions)
     if lock:
         return dialects.lock_rows(stmt, table, seek=True)
     return dialects.seek_keyed(stmt, table)
@@ -331,10 +333,17 @@ def reset_values(cols: ClaimColumns) -> dict[str, Any]:
 
 
 def page_keys(table: Table, key: str, conditions: Sequence[ColumnElement[Any]], after: Any, cap: int) -> Any:
-    """The next ``cap`` keys meeting ``conditions`` after ``after``, locked (SQL Server paging)."""
+    """The next ``cap`` keys meeting ``conditions`` after ``after``, locked (SQL Server paging).
+
+    A seek (``FORCESEEK``) is demanded from the second page on, where ``key > after`` seeks the
+    key's unique index. The first page has no predicate every layout can seek: ``reset()`` has none
+    at all, and ``retry_errors()``'s ``ct_state = 3`` is in no index when the claim indexes are
+    filtered (they hold states 0 and 1); SQL Server refuses ``FORCESEEK`` without a seek predicate
+    (error 8622), so that page is left to the optimizer (a key-ordered read that stops after
+    ``cap`` rows)."""
     k = table.c[key]
-    stmt = select(k).where(*conditions, *([k > after] if after is not None else []))
-    return dialects.lock_rows(stmt.order_by(k).limit(cap), table, seek=True)
+    stmt = select(k).where(*conditions, *([dialects.key_column(k) > after] if after is not None else []))
+    return dialects.lock_rows(stmt.order_by(k).limit(cap), table, seek=after is not None)
 
 
 def unset_claim_columns(table: Table, cols: ClaimColumns) -> ColumnElement[bool]:
@@ -348,7 +357,12 @@ def backfill_batch(table: Table, cols: ClaimColumns, key: str, size: int) -> Any
     batch its own short transaction under the lock-escalation threshold."""
     k = table.c[key]
     chosen = select(k).where(unset_claim_columns(table, cols)).limit(size).scalar_subquery()
-    return update(table).where(k.in_(chosen)).values(cols.values(state=PENDING, attempts=0))
+    # The target repeats ``ct_state IS NULL``: under read committed snapshot (RCSI) the subquery
+    # reads row versions from the statement's start, so a row another prepare()'s batch set (and a
+    # claim then took) may still look unset there; the target's own predicate is evaluated on the
+    # locked current row, so a live claim is never reset to pending.
+    return update(table).where(k.in_(chosen), unset_claim_columns(table, cols)).values(
+        cols.values(state=PENDING, attempts=0))
 
 
 def any_unset(table: Table, cols: ClaimColumns) -> Any:

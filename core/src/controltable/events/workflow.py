@@ -463,11 +463,20 @@ class EventTable(EventAdministration):
         result.close()
         poisoned = poisoned_keys(rows, self.key, cols.state, cols.attempts, self.max_attempts)
         in_list = dialects.max_in_list(self.db.dialect_name)
+        # Every update by key repeats the select's condition (state, expiry or back-off): a row is
+        # marked only if it still is what the select read. The select's row locks already make it
+        # so; the fence holds even where a lock did not (Oracle locks a skip-locked row only when
+        # the cursor fetches it), and the count below says which rows this claim really took.
         for chunk in sql.chunks(poisoned, in_list):
-            conn.execute(sql.update_keys(t, self.key, chunk, sql.poisoned_values(cols)))
+            conn.execute(sql.update_keys(t, self.key, chunk, sql.poisoned_values(cols), condition))
         rows = [r for r in rows if r[self.key] not in set(poisoned)]
-        for chunk in sql.chunks([r[self.key] for r in rows], in_list):
-            conn.execute(sql.update_keys(t, self.key, chunk, values))
+        keys = [r[self.key] for r in rows]
+        marked = 0
+        for chunk in sql.chunks(keys, in_list):
+            marked += int(conn.execute(sql.update_keys(t, self.key, chunk, values, condition)).rowcount)
+        if keys and (marked != len(keys) or not dialects.trusts_rowcount(self.db.dialect_name)):
+            mine = self._keys_where(conn, keys, self._fenced(values[cols.token]))
+            rows = [r for r in rows if r[self.key] in mine]
         expires = values[cols.expires_at]
         if rows and not isinstance(expires, (int, float)):  # an expression of the database clock
             expires = conn.scalar(sql.expires_of(t, cols, self.key, rows[0][self.key]))
