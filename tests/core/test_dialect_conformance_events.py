@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import CHAR, VARCHAR, Column, Index, Integer, MetaData, Table
 from sqlalchemy.dialects import mssql, mysql, oracle, postgresql, sqlite
+from sqlalchemy.schema import CreateIndex
 
 from controltable import dialects
 from controltable.defaults import MSSQL_ROWS_PER_STATEMENT
@@ -148,3 +149,50 @@ def test_filtered_claim_indexes_compare_their_own_include_lists() -> None:
             for ix in wanted]
     assert dialects.stale_includes(have, wanted) == []
     assert isinstance(wanted[0], Index)
+
+
+# -- L7: rows inserted with explicit NULL claim columns are claimed (SQL Server) -------------------
+def test_mssql_claims_set_rows_inserted_with_null_claim_columns(tmp_path: Any) -> None:
+    """SQL Server's claim columns are nullable (a metadata-only prepare()), so a producer that
+    inserts explicit NULLs made rows that stats() counted pending and no claim ever took. The SQL
+    Server form of the engine, run for real on SQLite: claims set such rows pending and take them."""
+    from sqlalchemy import String, insert, select
+
+    from controltable import ControlTable
+
+    ct = ControlTable(f"sqlite:///{tmp_path / 'n.db'}", namespace="n")
+    ct.install()
+    ct.db.target_dialect = "mssql"
+    md = MetaData()
+    t = Table("ev", md, Column("id", Integer, primary_key=True), Column("p", String(10)))
+    md.create_all(ct.db.engine)
+    ev = ct.events("ev", key="id")
+    ev.prepare()
+    pt = Table("ev", MetaData(), autoload_with=ct.db.engine)
+    with ct.db.engine.begin() as conn:
+        conn.execute(insert(pt).values(id=1, p="x", ct_state=None, ct_attempts=None))
+        conn.execute(insert(t).values(id=2, p="y"))  # the defaults
+        conn.execute(insert(pt).values(id=3, p="z", ct_state=0, ct_attempts=None))
+    assert ev.stats().pending == 3
+    batch = ev.claim(10, owner="w")
+    assert batch is not None and batch.keys == [1, 2, 3]
+    assert batch.attempts == {1: 1, 2: 1, 3: 1}
+    assert batch.complete() == 3
+    with ct.db.engine.connect() as conn:
+        assert conn.execute(select(pt.c.ct_state).order_by(pt.c.id)).scalars().all() == [2, 2, 2]
+    ct.close()
+
+
+_SETS_UNSET = re.compile(r"UPDATE events SET ct_state=\S+, ct_attempts=\S+ WHERE")
+
+
+def test_mssql_claims_set_unset_rows_skipping_locked_ones_and_seek_them_when_filtered() -> None:
+    claim = _statements("mssql", "events claim")
+    backfill = [s for s in claim if _SETS_UNSET.match(s)]
+    assert backfill, claim
+    assert "WITH (UPDLOCK, ROWLOCK, READPAST)" in backfill[0] and "ct_state IS NULL" in backfill[0], backfill
+    filtered = claim_indexes(_table(Integer()), COLS, "ev", "k", "k", "mssql", filtered_indexes=True)
+    unset = [ix for ix in filtered if ix.name == "ct_unset_ev"]
+    assert unset and "WHERE ct_state IS NULL" in _sql(CreateIndex(unset[0]), mssql.dialect())
+    for dialect in ("postgresql", "mysql", "oracle", "sqlite"):  # NOT NULL claim columns: nothing to set
+        assert not any(_SETS_UNSET.match(s) for s in _statements(dialect, "events claim")), dialect

@@ -91,7 +91,9 @@ def claim_indexes(
       Filtered (``WHERE ct_state = 0`` / ``= 1``) only with ``filtered_indexes=True``: with a
       filtered index on a table, every INSERT, UPDATE and DELETE on it fails (error 1934) in
       a session whose ``QUOTED_IDENTIFIER`` or ``ANSI_NULLS`` is OFF, i.e. the user's own
-      writers would break if any of them runs with old session settings.
+      writers would break if any of them runs with old session settings. The filtered layout
+      adds ``(key) WHERE ct_state IS NULL`` (normally empty), through which claims find rows a
+      producer inserted with explicit NULL claim columns (see ``EventTable``).
     * Oracle: ``(ct_state, order_by, key)``, read in order under the claim's FIRST_ROWS hint.
     * MySQL/MariaDB: ``(ct_state, order_by)`` (InnoDB appends the primary key itself).
     """
@@ -119,6 +121,8 @@ def claim_indexes(
                 Index(index_name(f"{p}claimed_{name}"), state, *ordered, mssql_where=state == claimed_literal,
                       mssql_include=[cols.expires_at]),
                 Index(index_name(f"{p}token_{name}"), token, mssql_where=state == claimed_literal),
+                # Rows inserted with an explicit NULL state, which claims set pending: found by a seek.
+                Index(index_name(f"{p}unset_{name}"), k, mssql_where=state.is_(None)),
             ]
         # INCLUDE the claim's other predicates: a backed-off row or a live claim the walk passes
         # is rejected from the index leaf, with no key lookup (and no U lock held to commit).

@@ -38,7 +38,7 @@ def poisoned_keys(rows: Iterable[Mapping[str, Any]], key: str, state: str, attem
 
     ``state`` and ``attempts`` are the claim columns' names in ``rows`` (as a claim read them).
     """
-    return [r[key] for r in rows if r[state] == CLAIMED and r[attempts] >= max_attempts]
+    return [r[key] for r in rows if r[state] == CLAIMED and (r[attempts] or 0) >= max_attempts]
 
 
 @dataclass(frozen=True)

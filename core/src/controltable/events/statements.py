@@ -166,8 +166,10 @@ def claim_order(table: Table, key: str, order_by: str) -> list[Any]:
 # -- claiming --------------------------------------------------------------------------------------
 def claim_values(table: Table, cols: ClaimColumns, owner: str, token: int, now: Any, lease: float) -> dict[str, Any]:
     """What a claim writes: claimed by ``owner`` under ``token`` until ``now + lease``, one more attempt."""
+    # COALESCE: on SQL Server the counters are nullable (see ClaimColumns.ddl), and a producer may
+    # insert an explicit NULL; NULL + 1 would stay NULL.
     return cols.values(state=CLAIMED, owner=owner, token=token,
-                       attempts=cols.of(table, "attempts") + 1, expires_at=now + lease)
+                       attempts=func.coalesce(cols.of(table, "attempts"), 0) + 1, expires_at=now + lease)
 
 
 def claim_select(
@@ -351,12 +353,17 @@ def unset_claim_columns(table: Table, cols: ClaimColumns) -> ColumnElement[bool]
     return cols.of(table, "state").is_(None)
 
 
-def backfill_batch(table: Table, cols: ClaimColumns, key: str, size: int) -> Any:
+def backfill_batch(table: Table, cols: ClaimColumns, key: str, size: int, *, skip_locked: bool = False) -> Any:
     """Set up to ``size`` unset rows pending with no attempts: ``UPDATE ... WHERE key IN (SELECT
-    TOP n key ... WHERE ct_state IS NULL)``, a seek of the claim index (state leading), each
-    batch its own short transaction under the lock-escalation threshold."""
+    TOP n key ... WHERE ct_state IS NULL)``, a seek of the claim index (state leading; with
+    filtered indexes, of the ``ct_unset`` one), each batch its own short transaction under the
+    lock-escalation threshold. ``skip_locked``: inside a claim, which passes over rows a producer
+    is still inserting rather than wait for its commit."""
     k = table.c[key]
-    chosen = select(k).where(unset_claim_columns(table, cols)).limit(size).scalar_subquery()
+    found = select(k).where(unset_claim_columns(table, cols)).limit(size)
+    if skip_locked:
+        found = dialects.lock_rows(found, table, skip_locked=True)
+    chosen = found.scalar_subquery()
     # The target repeats ``ct_state IS NULL``: under read committed snapshot (RCSI) the subquery
     # reads row versions from the statement's start, so a row another prepare()'s batch set (and a
     # claim then took) may still look unset there; the target's own predicate is evaluated on the

@@ -23,7 +23,7 @@ from .. import dialects, errorcodes
 from ..clock import clock, read_now
 from ..compat import deprecated
 from ..db import Database
-from ..defaults import DDL_LOCK_TIMEOUT, DEFAULT_BATCH_LEASE, NAME_LENGTH, STATEMENT_TIMEOUT
+from ..defaults import DDL_BACKFILL_BATCH, DDL_LOCK_TIMEOUT, DEFAULT_BATCH_LEASE, NAME_LENGTH, STATEMENT_TIMEOUT
 from ..errors import (
     ConfigurationError,
     DatabaseUnavailableError,
@@ -421,6 +421,11 @@ class EventTable(EventAdministration):
         # look for EXPIRED_CHECK_INTERVAL: an abandoned claim waits at most that much longer.
         claimed: list[dict[str, Any]] = []
         if time.monotonic() >= self._next_expired_check:
+            if dialects.adds_columns_nullable(self.db.dialect_name):
+                # SQL Server's claim columns are nullable (a metadata-only prepare()): rows a producer
+                # inserted with explicit NULLs in them become pending here, or no claim would take them.
+                cap = dialects.rows_per_statement(self.db.dialect_name) or DDL_BACKFILL_BATCH
+                conn.execute(sql.backfill_batch(t, self.cols, self.key, cap, skip_locked=True))
             claimed = self._claim_by_keys(conn, self.expired_claims(now), size, values, where)
             if not claimed:
                 self._next_expired_check = time.monotonic() + EXPIRED_CHECK_INTERVAL
@@ -481,7 +486,7 @@ class EventTable(EventAdministration):
         if rows and not isinstance(expires, (int, float)):  # an expression of the database clock
             expires = conn.scalar(sql.expires_of(t, cols, self.key, rows[0][self.key]))
         for r in rows:
-            r[cols.attempts] = int(r[cols.attempts]) + 1
+            r[cols.attempts] = int(r[cols.attempts] or 0) + 1
             r[cols.expires_at] = expires
         return rows
 
