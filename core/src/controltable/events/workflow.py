@@ -23,7 +23,14 @@ from .. import dialects, errorcodes
 from ..clock import clock, read_now
 from ..compat import deprecated
 from ..db import Database
-from ..defaults import DDL_BACKFILL_BATCH, DDL_LOCK_TIMEOUT, DEFAULT_BATCH_LEASE, NAME_LENGTH, STATEMENT_TIMEOUT
+from ..defaults import (
+    DDL_BACKFILL_BATCH,
+    DDL_LOCK_TIMEOUT,
+    DEADLINE_STATEMENT_GRACE,
+    DEFAULT_BATCH_LEASE,
+    NAME_LENGTH,
+    STATEMENT_TIMEOUT,
+)
 from ..errors import (
     ConfigurationError,
     DatabaseUnavailableError,
@@ -182,7 +189,9 @@ class EventTable(EventAdministration):
         if self._table is not None:
             return self._table
         until = self._reflect_deadline(deadline)
-        if not self._reflect_lock.acquire(timeout=max(until - time.monotonic(), 0.0)):
+        # The grace every statement gets past a deadline (Database.deadline): a claim(wait=0) still
+        # waits the few milliseconds another thread's reflection needs.
+        if not self._reflect_lock.acquire(timeout=max(until + DEADLINE_STATEMENT_GRACE - time.monotonic(), 0.0)):
             raise DatabaseUnavailableError(
                 f"event table {self.qualified_name!r}: another thread of this process is still reading the "
                 "table's description from the database and did not finish within this call's timeout; the "
