@@ -164,12 +164,16 @@ def claim_order(table: Table, key: str, order_by: str) -> list[Any]:
 
 
 # -- claiming --------------------------------------------------------------------------------------
-def claim_values(table: Table, cols: ClaimColumns, owner: str, token: int, now: Any, lease: float) -> dict[str, Any]:
-    """What a claim writes: claimed by ``owner`` under ``token`` until ``now + lease``, one more attempt."""
-    # COALESCE: on SQL Server the counters are nullable (see ClaimColumns.ddl), and a producer may
-    # insert an explicit NULL; NULL + 1 would stay NULL.
-    return cols.values(state=CLAIMED, owner=owner, token=token,
-                       attempts=func.coalesce(cols.of(table, "attempts"), 0) + 1, expires_at=now + lease)
+def claim_values(table: Table, cols: ClaimColumns, owner: str, token: int, now: Any, lease: float, *,
+                 nullable_counters: bool = False) -> dict[str, Any]:
+    """What a claim writes: claimed by ``owner`` under ``token`` until ``now + lease``, one more attempt.
+
+    ``nullable_counters`` (SQL Server, see :meth:`ClaimColumns.ddl`): a producer may have inserted
+    an explicit NULL attempt count, which counts as 0 (NULL + 1 would stay NULL)."""
+    attempts: Any = cols.of(table, "attempts")
+    if nullable_counters:
+        attempts = func.coalesce(attempts, 0)
+    return cols.values(state=CLAIMED, owner=owner, token=token, attempts=attempts + 1, expires_at=now + lease)
 
 
 def claim_select(

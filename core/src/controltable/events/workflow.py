@@ -424,7 +424,8 @@ class EventTable(EventAdministration):
         # statement), except on the key-list path, which needs the value for its second step.
         one_statement = dialects.update_returning(conn.dialect, self.db.dialect_name)
         now: Any = clock() if one_statement else read_now(conn)
-        values = sql.claim_values(t, self.cols, stored_owner or owner, token, now, lease_s)
+        values = sql.claim_values(t, self.cols, stored_owner or owner, token, now, lease_s,
+                                  nullable_counters=dialects.adds_columns_nullable(self.db.dialect_name))
         # Expired claims first: they are older work, and must not starve behind new events.
         # Finding none is the normal case, so after an empty look this object skips the
         # look for EXPIRED_CHECK_INTERVAL: an abandoned claim waits at most that much longer.
