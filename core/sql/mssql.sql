@@ -383,18 +383,24 @@ CREATE INDEX ct_claim_events ON events (ct_state, event_id) INCLUDE (ct_availabl
 CREATE INDEX ct_token_events ON events (ct_token);
 UPDATE events SET ct_state=0, ct_attempts=0 WHERE events.event_id IN (SELECT TOP 1000 events.event_id 
 FROM events 
-WHERE events.ct_state IS NULL)  -- repeated, one transaction per batch, until no row has ct_state NULL;
+WHERE events.ct_state IS NULL) AND events.ct_state IS NULL  -- repeated, one transaction per batch, until no row has ct_state NULL;
 UPDATE STATISTICS events;
 
 -- ===== events claim: one short transaction that skips rows other workers hold =====
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
+UPDATE events SET ct_state=:ct_state, ct_attempts=:ct_attempts WHERE events.event_id IN (SELECT TOP 1000 events.event_id 
+FROM events WITH (UPDLOCK, ROWLOCK, READPAST) 
+WHERE events.ct_state IS NULL) AND events.ct_state IS NULL;
 SELECT TOP 5 events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events WITH (UPDLOCK, ROWLOCK, READPAST, FORCESEEK) 
 WHERE events.ct_state = 1 AND events.ct_expires_at < :ct_expires_at_1 ORDER BY events.event_id;
 SELECT TOP 5 events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events WITH (UPDLOCK, ROWLOCK, READPAST, FORCESEEK) 
 WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1) ORDER BY events.event_id;
-UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5, :event_id_1_6, :event_id_1_7, :event_id_1_8) OPTION (TABLE HINT(events, FORCESEEK));
+UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(coalesce(events.ct_attempts, :coalesce_1) + :coalesce_2) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5, :event_id_1_6, :event_id_1_7, :event_id_1_8) AND events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1) OPTION (TABLE HINT(events, FORCESEEK));
+SELECT events.event_id 
+FROM events WITH (FORCESEEK) 
+WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5, :event_id_1_6, :event_id_1_7, :event_id_1_8) AND events.ct_token = :ct_token_1 AND events.ct_state = 1;
 
 -- ===== batch complete (fenced on the batch token) =====
 UPDATE events SET ct_state=:ct_state, ct_expires_at=:ct_expires_at, ct_error=:ct_error, ct_done_at=(DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5, :event_id_1_6, :event_id_1_7, :event_id_1_8) AND events.ct_token = :ct_token_1 AND events.ct_state = 1 OPTION (TABLE HINT(events, FORCESEEK));
@@ -404,13 +410,19 @@ WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id
 
 -- ===== batch fail (back-off or error state, decided from the stored attempts) =====
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
+UPDATE events SET ct_state=:ct_state, ct_attempts=:ct_attempts WHERE events.event_id IN (SELECT TOP 1000 events.event_id 
+FROM events WITH (UPDLOCK, ROWLOCK, READPAST) 
+WHERE events.ct_state IS NULL) AND events.ct_state IS NULL;
 SELECT TOP 5 events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events WITH (UPDLOCK, ROWLOCK, READPAST, FORCESEEK) 
 WHERE events.ct_state = 1 AND events.ct_expires_at < :ct_expires_at_1 ORDER BY events.event_id;
 SELECT TOP 5 events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events WITH (UPDLOCK, ROWLOCK, READPAST, FORCESEEK) 
 WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1) ORDER BY events.event_id;
-UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5, :event_id_1_6, :event_id_1_7, :event_id_1_8) OPTION (TABLE HINT(events, FORCESEEK));
+UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(coalesce(events.ct_attempts, :coalesce_1) + :coalesce_2) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5, :event_id_1_6, :event_id_1_7, :event_id_1_8) AND events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1) OPTION (TABLE HINT(events, FORCESEEK));
+SELECT events.event_id 
+FROM events WITH (FORCESEEK) 
+WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5, :event_id_1_6, :event_id_1_7, :event_id_1_8) AND events.ct_token = :ct_token_1 AND events.ct_state = 1;
 SELECT events.event_id 
 FROM events WITH (UPDLOCK, ROWLOCK, FORCESEEK) 
 WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5, :event_id_1_6, :event_id_1_7, :event_id_1_8) AND events.ct_token = :ct_token_1 AND events.ct_state = 1;
@@ -418,13 +430,19 @@ UPDATE events SET ct_state=CASE WHEN (events.ct_attempts >= :ct_attempts_1) THEN
 
 -- ===== batch renew and release =====
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
+UPDATE events SET ct_state=:ct_state, ct_attempts=:ct_attempts WHERE events.event_id IN (SELECT TOP 1000 events.event_id 
+FROM events WITH (UPDLOCK, ROWLOCK, READPAST) 
+WHERE events.ct_state IS NULL) AND events.ct_state IS NULL;
 SELECT TOP 2 events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events WITH (UPDLOCK, ROWLOCK, READPAST, FORCESEEK) 
 WHERE events.ct_state = 1 AND events.ct_expires_at < :ct_expires_at_1 ORDER BY events.event_id;
 SELECT TOP 2 events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events WITH (UPDLOCK, ROWLOCK, READPAST, FORCESEEK) 
 WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1) ORDER BY events.event_id;
-UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) OPTION (TABLE HINT(events, FORCESEEK));
+UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(coalesce(events.ct_attempts, :coalesce_1) + :coalesce_2) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) AND events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1) OPTION (TABLE HINT(events, FORCESEEK));
+SELECT events.event_id 
+FROM events WITH (FORCESEEK) 
+WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) AND events.ct_token = :ct_token_1 AND events.ct_state = 1;
 SELECT events.event_id 
 FROM events WITH (UPDLOCK, ROWLOCK, FORCESEEK) 
 WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) AND events.ct_token = :ct_token_1 AND events.ct_state = 1 AND events.ct_expires_at >= :ct_expires_at_1;
@@ -452,7 +470,7 @@ WHERE events.ct_state = 3 ORDER BY events.event_id;
 
 -- ===== events retry_errors =====
 SELECT TOP 1000 events.event_id 
-FROM events WITH (UPDLOCK, ROWLOCK, FORCESEEK) 
+FROM events WITH (UPDLOCK, ROWLOCK) 
 WHERE events.ct_state = 3 ORDER BY events.event_id;
 
 -- ===== worklist populate =====

@@ -376,12 +376,12 @@ DELETE FROM ct_grant_history WHERE ct_grant_history.namespace = %s AND ct_grant_
 -- indexes are built online where the server offers it (PostgreSQL CONCURRENTLY, SQL Server and
 -- Oracle Enterprise Edition: WITH (ONLINE = ON) / ONLINE appended to CREATE INDEX).
 ALTER TABLE events ADD ct_state SMALLINT NOT NULL DEFAULT '0';
-ALTER TABLE events ADD ct_owner VARCHAR(200);
+ALTER TABLE events ADD ct_owner VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
 ALTER TABLE events ADD ct_token BIGINT;
 ALTER TABLE events ADD ct_expires_at FLOAT(53);
 ALTER TABLE events ADD ct_available_at FLOAT(53);
 ALTER TABLE events ADD ct_attempts INTEGER NOT NULL DEFAULT '0';
-ALTER TABLE events ADD ct_error VARCHAR(2000);
+ALTER TABLE events ADD ct_error VARCHAR(2000) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
 ALTER TABLE events ADD ct_done_at FLOAT(53);
 CREATE INDEX ct_claim_events ON events (ct_state, event_id);
 ANALYZE TABLE events;
@@ -396,7 +396,7 @@ SELECT events.event_id, events.payload, events.ct_state, events.ct_owner, events
 FROM events 
 WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= %s) ORDER BY events.event_id 
  LIMIT %s FOR UPDATE SKIP LOCKED;
-UPDATE events SET ct_state=%s, ct_owner=%s, ct_token=%s, ct_expires_at=%s, ct_attempts=(events.ct_attempts + %s) WHERE events.event_id IN (%s, %s, %s, %s, %s, %s, %s, %s);
+UPDATE events SET ct_state=%s, ct_owner=%s, ct_token=%s, ct_expires_at=%s, ct_attempts=(events.ct_attempts + %s) WHERE events.event_id IN (%s, %s, %s, %s, %s, %s, %s, %s) AND events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= %s);
 
 -- ===== batch complete (fenced on the batch token) =====
 UPDATE events SET ct_state=%s, ct_expires_at=%s, ct_error=%s, ct_done_at=(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) WHERE events.ct_token = %s AND events.ct_state = 1;
@@ -411,7 +411,7 @@ SELECT events.event_id, events.payload, events.ct_state, events.ct_owner, events
 FROM events 
 WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= %s) ORDER BY events.event_id 
  LIMIT %s FOR UPDATE SKIP LOCKED;
-UPDATE events SET ct_state=%s, ct_owner=%s, ct_token=%s, ct_expires_at=%s, ct_attempts=(events.ct_attempts + %s) WHERE events.event_id IN (%s, %s, %s, %s, %s, %s, %s, %s);
+UPDATE events SET ct_state=%s, ct_owner=%s, ct_token=%s, ct_expires_at=%s, ct_attempts=(events.ct_attempts + %s) WHERE events.event_id IN (%s, %s, %s, %s, %s, %s, %s, %s) AND events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= %s);
 SELECT events.event_id 
 FROM events 
 WHERE events.event_id IN (%s, %s, %s, %s, %s, %s, %s, %s) AND events.ct_token = %s AND events.ct_state = 1 FOR UPDATE;
@@ -427,7 +427,7 @@ SELECT events.event_id, events.payload, events.ct_state, events.ct_owner, events
 FROM events 
 WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= %s) ORDER BY events.event_id 
  LIMIT %s FOR UPDATE SKIP LOCKED;
-UPDATE events SET ct_state=%s, ct_owner=%s, ct_token=%s, ct_expires_at=%s, ct_attempts=(events.ct_attempts + %s) WHERE events.event_id IN (%s, %s);
+UPDATE events SET ct_state=%s, ct_owner=%s, ct_token=%s, ct_expires_at=%s, ct_attempts=(events.ct_attempts + %s) WHERE events.event_id IN (%s, %s) AND events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= %s);
 SELECT events.event_id 
 FROM events 
 WHERE events.event_id IN (%s, %s) AND events.ct_token = %s AND events.ct_state = 1 AND events.ct_expires_at >= %s FOR UPDATE;

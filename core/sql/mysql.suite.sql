@@ -105,6 +105,7 @@ UPDATE events SET ct_state=?, ct_available_at=?, ct_attempts=?, ct_error=? WHERE
 UPDATE events SET ct_state=?, ct_available_at=?, ct_attempts=?, ct_error=? WHERE events.ct_state = 3 AND events.col = ?;
 UPDATE events SET ct_state=?, ct_expires_at=?, ct_error=?, ct_done_at=(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) WHERE events.col IN (?*) AND events.ct_token = ? AND events.ct_state = 1;
 UPDATE events SET ct_state=?, ct_owner=?, ct_token=?, ct_expires_at=? WHERE events.ct_state = 1 AND events.ct_expires_at < (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0);
+UPDATE events SET ct_state=?, ct_owner=?, ct_token=?, ct_expires_at=?, ct_attempts=(events.ct_attempts + ?) WHERE events.col IN (?*) AND events.ct_state = 1 AND events.ct_expires_at < ?;
 UPDATE events SET ct_state=?, ct_owner=?, ct_token=?, ct_expires_at=?, ct_available_at=?, ct_attempts=?, ct_error=?, ct_done_at=?;
 UPDATE events SET ct_state=?, ct_owner=?, ct_token=?, ct_expires_at=?, ct_available_at=?, ct_attempts=?, ct_error=?, ct_done_at=? WHERE events.col IN (?*);
 UPDATE events SET ct_state=CASE WHEN (events.ct_attempts >= ?) THEN ? ELSE ? END, ct_owner=?, ct_token=?, ct_expires_at=?, ct_available_at=CASE WHEN (events.ct_attempts >= ?) THEN NULL ELSE (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) + ? END, ct_error=? WHERE events.col IN (?*) AND events.ct_token = ? AND events.ct_state = 1;

@@ -397,7 +397,7 @@ WHERE events.ct_state = 1 AND events.ct_expires_at < :ct_expires_at_1 ORDER BY e
 SELECT /*+ FIRST_ROWS(5) */ events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events 
 WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1) ORDER BY events.event_id FOR UPDATE SKIP LOCKED;
-UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5, :event_id_1_6, :event_id_1_7, :event_id_1_8);
+UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5, :event_id_1_6, :event_id_1_7, :event_id_1_8) AND events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1);
 
 -- ===== batch complete (fenced on the batch token) =====
 UPDATE events SET ct_state=:ct_state, ct_expires_at=:ct_expires_at, ct_error=:ct_error, ct_done_at=(EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) WHERE events.ct_token = :ct_token_1 AND events.ct_state = 1;
@@ -410,7 +410,7 @@ WHERE events.ct_state = 1 AND events.ct_expires_at < :ct_expires_at_1 ORDER BY e
 SELECT /*+ FIRST_ROWS(5) */ events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events 
 WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1) ORDER BY events.event_id FOR UPDATE SKIP LOCKED;
-UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5, :event_id_1_6, :event_id_1_7, :event_id_1_8);
+UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5, :event_id_1_6, :event_id_1_7, :event_id_1_8) AND events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1);
 SELECT events.event_id 
 FROM events 
 WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5, :event_id_1_6, :event_id_1_7, :event_id_1_8) AND events.ct_token = :ct_token_1 AND events.ct_state = 1 FOR UPDATE;
@@ -424,7 +424,7 @@ WHERE events.ct_state = 1 AND events.ct_expires_at < :ct_expires_at_1 ORDER BY e
 SELECT /*+ FIRST_ROWS(2) */ events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events 
 WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1) ORDER BY events.event_id FOR UPDATE SKIP LOCKED;
-UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2);
+UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) AND events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1);
 SELECT events.event_id 
 FROM events 
 WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) AND events.ct_token = :ct_token_1 AND events.ct_state = 1 AND events.ct_expires_at >= :ct_expires_at_1 FOR UPDATE;

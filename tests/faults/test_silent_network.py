@@ -145,3 +145,38 @@ def test_the_network_coming_back_brings_the_calls_back(silent: Silent) -> None:
     silent.proxy.restore()
     lease = silent.ct.acquire("r", holder="me", timeout=10)  # the broken connection was discarded
     lease.release()
+
+
+@pytest.mark.parametrize("path", ["blackhole", "drop", "dead"])
+def test_the_first_claim_on_a_new_event_table_returns_in_time(upstream: str, path: str) -> None:
+    """The first call on a new ``EventTable`` reflects the table: that is part of the call's wait
+    (issue 33, item 4). Before, ``claim(wait=3)`` ran the reflection outside its deadline, bounded
+    only by the statement timeout of each of its statements (121 s with the default) or by the
+    connect timeouts (31 s on a dead path). The statement and connect timeouts here are long, so a
+    reflection that escaped the call's deadline shows.
+
+    ``blackhole``/``drop``: the pool holds a live connection when the path goes silent; ``dead``:
+    the pool is empty and new connections are never answered.
+    """
+    s = Silent(upstream)
+    slow = ControlTable(s.ct.engine.url.render_as_string(hide_password=False), namespace=s.namespace,
+                        statement_timeout=60, connect_timeout=30)
+    try:
+        table = event_tables.create(s.direct, 3)
+        s.tables.append(table.name)
+        s.direct.events(table.name, key="id").prepare()
+        slow.ping()
+        if path == "dead":
+            slow.db.dispose()
+        s.proxy.silence("drop" if path == "dead" else path)
+        events = slow.events(table.name, key="id")  # new: its table is not reflected yet
+        started = time.monotonic()
+        with pytest.raises(DatabaseUnavailableError) as info:
+            events.claim(10, owner="me", wait=TIMEOUT)
+        took = time.monotonic() - started
+        assert took <= TIMEOUT + defaults.TIMEOUT_MARGIN, f"returned after {took:.1f} s: {info.value}"
+        if path != "dead":  # a connection that stopped answering is a silent path, not a server down
+            assert "did not answer within the call's timeout" in str(info.value)
+    finally:
+        slow.close()
+        s.close()

@@ -265,20 +265,31 @@ class Database:
             until = getattr(self._local, "deadline", None)
             self._local.fired = (fired, alarm.budget, until is not None and time.monotonic() >= until)
 
+    def _running_alarm(self) -> Optional[connect._Alarm]:
+        """The guard of the statement this thread is running, taken off (a statement begins and
+        ends in one thread, and a thread runs one statement at a time)."""
+        alarm: Optional[connect._Alarm] = getattr(self._local, "alarm", None)
+        self._local.alarm = None
+        return alarm
+
+    def _settle_alarm(self) -> None:
+        """End the guard of a statement that failed without SQLAlchemy's ``handle_error`` event, so
+        that the budget which stopped it is known (:meth:`overran`, not "server down"): the MySQL
+        dialect's reflection runs ``SHOW CREATE TABLE`` with ``skip_user_error_events``."""
+        self._guard_finish(self._guard, self._running_alarm())
+
     def _install_guard(self, guard: connect.StatementGuard) -> None:
         """Every statement, commit and rollback on this engine runs under a budget (see :meth:`deadline`)."""
-        engine, key = self.engine, "controltable_alarm"
+        engine = self.engine
 
         def before(conn: Any, cursor: Any, statement: Any, parameters: Any, context: Any, many: Any) -> None:
-            conn.info[key] = self._guard_start(guard, _driver_connection(conn.connection))
+            self._local.alarm = self._guard_start(guard, _driver_connection(conn.connection))
 
         def after(conn: Any, cursor: Any, statement: Any, parameters: Any, context: Any, many: Any) -> None:
-            self._guard_finish(guard, conn.info.pop(key, None))
+            self._guard_finish(guard, self._running_alarm())
 
         def failed(context: Any) -> None:
-            conn = context.connection
-            if conn is not None:
-                self._guard_finish(guard, conn.info.pop(key, None))
+            self._guard_finish(guard, self._running_alarm())
 
         event.listen(engine, "before_cursor_execute", before)
         event.listen(engine, "after_cursor_execute", after)
@@ -421,6 +432,7 @@ class Database:
                     try:
                         result = fn(conn)
                     except BaseException:
+                        self._settle_alarm()
                         if trans.is_active:
                             trans.rollback()
                         raise

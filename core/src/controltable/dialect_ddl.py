@@ -5,12 +5,13 @@ Part of :mod:`controltable.dialects`, which re-exports every name here.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Optional, Sequence
 
 from sqlalchemy import String
+from sqlalchemy.dialects import mysql
 from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.schema import DDLElement
-from sqlalchemy.sql.schema import Table
+from sqlalchemy.schema import CreateColumn, CreateIndex, DDLElement
+from sqlalchemy.sql.schema import Column, Table
 
 from .defaults import DDL_LOCK_TIMEOUT
 from .dialect_traits import traits
@@ -77,6 +78,54 @@ def _lock_escalation(element: DisableLockEscalation, compiler: Any, **kw: Any) -
     return f"ALTER TABLE {compiler.preparer.format_table(element.table)} SET (LOCK_ESCALATION = DISABLE)"
 
 
+#: MySQL/MariaDB: the character set and collation of the text columns ``prepare()`` adds to a
+#: user's table (the claim owner and error). utf8mb4 stores every name and reason a caller may
+#: pass; the binary collation is the control tables' own.
+CLAIM_TEXT_CHARSET, CLAIM_TEXT_COLLATION = "utf8mb4", "utf8mb4_bin"
+
+
+def own_charset(type_: Any, length: int) -> Any:
+    """``type_`` for a text column ``prepare()`` adds to the user's table, with a character set of
+    its own where the table's default would otherwise apply.
+
+    MySQL/MariaDB give a column added by ``ALTER TABLE ... ADD`` the table's default character
+    set: on a latin1 table ``claim(owner="ü名前🙂")`` was refused. There the column is declared
+    ``VARCHAR(n) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin``. SQL Server's claim text columns are
+    ``NVARCHAR`` already (Unicode whatever the collation's code page); PostgreSQL and Oracle keep
+    one character set per database (nothing to declare per column); SQLite stores any Unicode."""
+    own = mysql.VARCHAR(length, charset=CLAIM_TEXT_CHARSET, collation=CLAIM_TEXT_COLLATION)
+    return type_.with_variant(own, "mysql").with_variant(own, "mariadb")
+
+
+def column_charset(dialect_name: str, table: Table, column: Column[Any]) -> Optional[str]:
+    """MySQL/MariaDB: a reflected text column's character set (its own, else the table's
+    default: SQLAlchemy reflects a column's own only where it differs). ``None`` elsewhere."""
+    if not traits(dialect_name).utf8mb4_tables:
+        return None
+    own = getattr(column.type, "charset", None)
+    if own:
+        return str(own)
+    default = table.kwargs.get("mysql_default charset") or table.kwargs.get("mariadb_default charset")
+    return str(default) if default else None
+
+
+class ConvertColumns(DDLElement):
+    """MySQL/MariaDB: ``ALTER TABLE t MODIFY <column spec>, MODIFY ...``, giving the claim text
+    columns that an earlier ``prepare()`` added in the table's latin1 (or utf8mb3) the character
+    set :func:`own_charset` declares. One statement: the server copies the table to change a
+    column's character set, once for all of them."""
+
+    def __init__(self, table: Table, columns: list[Column[Any]]) -> None:
+        self.table = table
+        self.columns = columns
+
+
+@compiles(ConvertColumns)
+def _convert_columns(element: ConvertColumns, compiler: Any, **kw: Any) -> str:
+    specs = ", ".join(f"MODIFY {compiler.process(CreateColumn(c), **kw)}" for c in element.columns)
+    return f"ALTER TABLE {compiler.preparer.format_table(element.table)} {specs}"
+
+
 def adds_columns_nullable(dialect_name: str) -> bool:
     """Whether ``prepare()`` adds the claim counters nullable and then sets them in batches.
 
@@ -138,6 +187,38 @@ def _create_index_online(element: CreateIndexOnline, compiler: Any, **kw: Any) -
     if name == "oracle":
         return text + " ONLINE"
     return text
+
+
+class RebuildIndex(DDLElement):
+    """SQL Server: ``CREATE INDEX ... WITH (DROP_EXISTING = ON[, ONLINE = ON])``, for a claim index
+    that exists under its name with another ``INCLUDE`` list (an earlier ``prepare()`` built it
+    without the claim predicates). One statement: the old index serves until the new one is built,
+    online where the edition offers it (see :class:`CreateIndexOnline`)."""
+
+    def __init__(self, index: Any, online: bool = False) -> None:
+        self.index = index
+        self.online = online
+
+
+@compiles(RebuildIndex)
+def _rebuild_index(element: RebuildIndex, compiler: Any, **kw: Any) -> str:
+    text = str(compiler.process(CreateIndex(element.index), **kw)).strip()
+    options = ["DROP_EXISTING = ON"] + (["ONLINE = ON"] if element.online else [])
+    return f"{text} WITH ({', '.join(options)})"
+
+
+def stale_includes(reflected: Sequence[Mapping[str, Any]], wanted: list[Any]) -> list[Any]:
+    """SQL Server: the ``wanted`` indexes that exist (in ``reflected``, the inspector's
+    ``get_indexes``) under their name with another ``INCLUDE`` list, to rebuild. Pure. A
+    reflection that does not report ``INCLUDE`` (SQLAlchemy 1.4) finds none."""
+    have = {ix.get("name"): (ix.get("dialect_options") or {}).get("mssql_include") for ix in reflected}
+    stale = []
+    for ix in wanted:
+        want = sorted(str(c) for c in (ix.dialect_options["mssql"]["include"] or []))
+        found = have.get(ix.name)
+        if ix.name in have and found is not None and sorted(str(c) for c in found) != want:
+            stale.append(ix)
+    return stale
 
 
 def online_ddl_available(conn: Any) -> bool:

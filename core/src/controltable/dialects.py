@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence, TypeVar
 
-from sqlalchemy import BigInteger, Boolean, Float, Integer, String, Text, bindparam, event, select
+from sqlalchemy import BigInteger, Boolean, Float, Integer, String, Text, bindparam, event, select, type_coerce
 from sqlalchemy.dialects import mssql, oracle
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.compiler import compiles
@@ -21,18 +21,25 @@ from sqlalchemy.sql.dml import Delete, Update
 from sqlalchemy.sql.expression import FunctionElement
 from sqlalchemy.sql.schema import Table
 from sqlalchemy.sql.visitors import InternalTraversal
-from sqlalchemy.types import TypeDecorator
+from sqlalchemy.types import CHAR, TypeDecorator, Unicode, UnicodeText
 
 from .defaults import TOKEN_EPOCH_BITS
 from .dialect_ddl import (  # noqa: F401 - re-exported: the DDL half of this module
+    CLAIM_TEXT_CHARSET,
+    CLAIM_TEXT_COLLATION,
     LOW_PRIORITY_INDEX_VERSION,
     LOW_PRIORITY_MINUTES,
     AnalyzeTable,
+    ConvertColumns,
     CreateIndexOnline,
     DisableLockEscalation,
+    RebuildIndex,
     adds_columns_nullable,
+    column_charset,
     ddl_lock_timeout,
     online_ddl_available,
+    own_charset,
+    stale_includes,
 )
 from .dialect_traits import (  # noqa: F401 - re-exported: the traits of each backend
     DRIVER_EXTRAS,
@@ -219,6 +226,64 @@ def lock_rows(stmt: S, table: Table, *, skip_locked: bool = False, seek: bool = 
     hints = ["UPDLOCK", "ROWLOCK"] + (["READPAST"] if skip_locked else []) + (["FORCESEEK"] if seek else [])
     return stmt.with_for_update(skip_locked=skip_locked).with_hint(  # type: ignore[return-value]
         table, f"WITH ({', '.join(hints)})", dialect_name="mssql")
+
+
+class _key_cast(ColumnElement[Any]):
+    """A key parameter cast to its column's own type on SQL Server (see :func:`key_column`)."""
+
+    inherit_cache = True
+
+    def __init__(self, bind: Any, kind: str, length: Optional[int]) -> None:
+        self.bind = bind
+        self.kind = kind
+        self.length = length
+        self.type = bind.type
+
+
+@compiles(_key_cast)
+def _key_cast_default(element: _key_cast, compiler: Any, **kw: Any) -> str:
+    return str(compiler.process(element.bind, **kw))
+
+
+@compiles(_key_cast, "mssql")
+def _key_cast_mssql(element: _key_cast, compiler: Any, **kw: Any) -> str:
+    # The column's type without its collation (COLLATE is no part of a CAST's target type): the
+    # comparison then takes the column's collation, which outranks a cast's.
+    length = element.length if element.length else 8000
+    return f"CAST({compiler.process(element.bind, **kw)} AS {element.kind}({int(length)}))"
+
+
+class KeyBind(TypeDecorator):  # type: ignore[type-arg]
+    """The type of a key parameter compared with a single-byte string key (``VARCHAR``/``CHAR``):
+    on SQL Server the parameter is cast to the column's type in the SQL text itself."""
+
+    impl = String
+    cache_ok = True
+
+    def __init__(self, kind: str, length: Optional[int]) -> None:
+        super().__init__(length)
+        self.kind = kind
+        self.length = length
+
+    def bind_expression(self, bindvalue: Any) -> Any:
+        return _key_cast(bindvalue, self.kind, self.length)
+
+
+def key_column(column: Any) -> Any:
+    """``column`` for comparisons with key values the client sends (``IN`` lists, ``=``, ``>``).
+
+    SQL Server: a driver that sends a Python ``str`` as ``NVARCHAR`` whatever its bound type
+    (pymssql; pyodbc without ``use_setinputsizes``, SQLAlchemy 1.4's default; an engine passed in
+    with it off) makes the server convert a ``VARCHAR``/``CHAR`` key column to the parameter's
+    type (``NVARCHAR`` ranks higher): the index seek is gone, and with ``FORCESEEK`` (claims, key
+    lookups) the statement fails with error 8622. So every key parameter against such a column is
+    ``CAST(@p AS VARCHAR(n))`` in the SQL text: the parameter is converted, never the column,
+    whatever the driver sends. Other key types, and other backends, are unchanged."""
+    t = column.type
+    if not isinstance(t, String) or isinstance(t, (Unicode, UnicodeText)):
+        return column
+    length = getattr(t, "length", None)
+    return type_coerce(column, KeyBind("CHAR" if isinstance(t, CHAR) else "VARCHAR", length))
 
 
 #: The pseudo dialect name under which :func:`seek_keyed` records a seek demand on an UPDATE or

@@ -11,7 +11,7 @@ import hashlib
 import time
 from typing import Any, Optional, Sequence
 
-from sqlalchemy import Column, Index, MetaData, SmallInteger, Table, and_, inspect, literal, select
+from sqlalchemy import Column, Index, MetaData, SmallInteger, String, Table, and_, inspect, literal, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, NoSuchTableError
 from sqlalchemy.ext.compiler import compiles
@@ -91,7 +91,9 @@ def claim_indexes(
       Filtered (``WHERE ct_state = 0`` / ``= 1``) only with ``filtered_indexes=True``: with a
       filtered index on a table, every INSERT, UPDATE and DELETE on it fails (error 1934) in
       a session whose ``QUOTED_IDENTIFIER`` or ``ANSI_NULLS`` is OFF, i.e. the user's own
-      writers would break if any of them runs with old session settings.
+      writers would break if any of them runs with old session settings. The filtered layout
+      adds ``(key) WHERE ct_state IS NULL`` (normally empty), through which claims find rows a
+      producer inserted with explicit NULL claim columns (see ``EventTable``).
     * Oracle: ``(ct_state, order_by, key)``, read in order under the claim's FIRST_ROWS hint.
     * MySQL/MariaDB: ``(ct_state, order_by)`` (InnoDB appends the primary key itself).
     """
@@ -119,6 +121,8 @@ def claim_indexes(
                 Index(index_name(f"{p}claimed_{name}"), state, *ordered, mssql_where=state == claimed_literal,
                       mssql_include=[cols.expires_at]),
                 Index(index_name(f"{p}token_{name}"), token, mssql_where=state == claimed_literal),
+                # Rows inserted with an explicit NULL state, which claims set pending: found by a seek.
+                Index(index_name(f"{p}unset_{name}"), k, mssql_where=state.is_(None)),
             ]
         # INCLUDE the claim's other predicates: a backed-off row or a live claim the walk passes
         # is rejected from the index leaf, with no key lookup (and no U lock held to commit).
@@ -135,12 +139,16 @@ def qualified(name: str, schema: Optional[str]) -> str:
     return f"{schema}.{name}" if schema else name
 
 
-def reflect(db: Database, name: str, schema: Optional[str]) -> Table:
-    """The user's table as the database has it now."""
-    db.ping()
+def reflect(db: Database, name: str, schema: Optional[str], *, deadline: Optional[float] = None) -> Table:
+    """The user's table as the database has it now: one read transaction through ``Database.run``,
+    so its statements, connections and retries are bounded by ``deadline`` like any other call's."""
+    return db.run(lambda conn: reflect_in(conn, db, name, schema), deadline=deadline)
+
+
+def reflect_in(conn: Connection, db: Database, name: str, schema: Optional[str]) -> Table:
+    """:func:`reflect` inside the caller's transaction."""
     try:
-        with db.translating():
-            return Table(name, MetaData(schema=schema), autoload_with=db.engine)
+        return Table(name, MetaData(schema=schema), autoload_with=conn)
     except NoSuchTableError:
         raise ConfigurationError(
             f"event table {qualified(name, schema)!r} does not exist in {db.safe_url}; "
@@ -149,11 +157,13 @@ def reflect(db: Database, name: str, schema: Optional[str]) -> Table:
         ) from None  # the reflection error adds nothing: one message, not a chained traceback
 
 
-def key_is_unique(db: Database, table: Table, name: str, schema: Optional[str], key: str) -> bool:
+def key_is_unique(bind: Any, table: Table, name: str, schema: Optional[str], key: str) -> bool:
+    """Whether ``key`` alone is the primary key or a unique constraint or index (``bind``: the
+    connection of the caller's transaction, or an engine)."""
     pk = [c.name for c in table.primary_key.columns]
     if pk == [key]:
         return True
-    insp = inspect(db.engine)
+    insp = inspect(bind)
     for uq in insp.get_unique_constraints(name, schema=schema):
         if list(uq.get("column_names") or []) == [key]:
             return True
@@ -204,11 +214,12 @@ def refuse_control_table(table: Table, name: str, schema: Optional[str]) -> None
         )
 
 
-def check_columns(db: Database, table: Table, name: str, schema: Optional[str], key: str, order_by: str,
+def check_columns(bind: Any, table: Table, name: str, schema: Optional[str], key: str, order_by: str,
                   time_column: Optional[str]) -> None:
     """The named columns exist and the key is unique; else a :class:`ConfigurationError` saying how to fix it.
 
-    A control table (any prefix) is refused first (:func:`refuse_control_table`)."""
+    A control table (any prefix) is refused first (:func:`refuse_control_table`). ``bind``: the
+    connection of the caller's transaction (or an engine), for the catalogue's unique indexes."""
     refuse_control_table(table, name, schema)
     where = qualified(name, schema)
     for kind, col in (("key", key), ("order_by", order_by), ("time_column", time_column)):
@@ -217,7 +228,7 @@ def check_columns(db: Database, table: Table, name: str, schema: Optional[str], 
                 f"{kind} column {col!r} is not a column of {where!r}; "
                 f"its columns are {', '.join(c.name for c in table.c)}"
             )
-    if not key_is_unique(db, table, name, schema, key):
+    if not key_is_unique(bind, table, name, schema, key):
         raise ConfigurationError(
             f"key column {key!r} of {where!r} is not unique; claiming needs a primary key "
             f"or unique index on it (e.g. CREATE UNIQUE INDEX ... ON {name} ({key}))"
@@ -256,10 +267,32 @@ def check_prepared(table: Table, cols: ClaimColumns, name: str, schema: Optional
         )
 
 
-def has_seek_index(db: Database, cols: ClaimColumns, name: str, schema: Optional[str]) -> bool:
+def has_seek_index(bind: Any, cols: ClaimColumns, name: str, schema: Optional[str]) -> bool:
     """SQL Server: whether an index leads with the state column, so claims may demand a seek."""
     return any(list(ix.get("column_names") or [])[:1] == [cols.state]
-               for ix in inspect(db.engine).get_indexes(name, schema=schema))
+               for ix in inspect(bind).get_indexes(name, schema=schema))
+
+
+def load(db: Database, cols: ClaimColumns, name: str, schema: Optional[str], key: str, order_by: str,
+         time_column: Optional[str], *, prepared: bool, deadline: Optional[float]) -> tuple[Table, bool]:
+    """The event table reflected and checked, and whether claims may demand a seek (SQL Server).
+
+    One read transaction through ``Database.run`` under ``deadline``: the first call on an
+    ``EventTable`` reflects, and its wait (``claim(wait=3)``) must bound that too, connections,
+    catalogue queries and retries included; a silent network ends it like any other statement.
+    ``prepared``: the claim columns must exist (claims), or not yet (``prepare()``).
+    """
+    seeks = dialects.traits(db.dialect_name).seek_hints
+
+    def fn(conn: Connection) -> tuple[Table, bool]:
+        table = reflect_in(conn, db, name, schema)
+        check_columns(conn, table, name, schema, key, order_by, time_column)
+        if not prepared:
+            return table, False
+        check_prepared(table, cols, name, schema, key)
+        return table, bool(seeks and has_seek_index(conn, cols, name, schema))
+
+    return db.run(fn, deadline=deadline)
 
 
 def invalid_index_names(conn: Connection, name: str, schema: Optional[str]) -> set[str]:
@@ -279,17 +312,26 @@ def missing_ddl(
     stmts: list[Any] = []
     metadata_only = dialects.adds_columns_nullable(db.dialect_name)
     unset = metadata_only and cols.state in table.c and bool(table.c[cols.state].nullable)
+    convert: list[Column[Any]] = []
     for col in cols.ddl(metadata_only=metadata_only):
         if col.name not in table.c:
             stmts.append(AddColumn(table, col))
             table.append_column(col)
             unset = unset or (metadata_only and col.name == cols.state)
-    existing = {ix["name"] for ix in inspect(db.engine).get_indexes(name, schema=schema)}
+        elif needs_own_charset(db, table, col.name):
+            convert.append(col)
+    if convert:
+        stmts.append(dialects.ConvertColumns(table, convert))
+    reflected = inspect(db.engine).get_indexes(name, schema=schema)
+    existing = {ix["name"] for ix in reflected}
     if dialects.traits(db.engine.dialect.name).concurrent_index:
         with db.engine.connect() as conn:
             existing -= invalid_index_names(conn, name, schema)
-    stmts.extend(ix for ix in claim_indexes(table, cols, name, key, order_by, db.dialect_name,
-                                            filtered_indexes=filtered_indexes) if ix.name not in existing)
+    wanted = claim_indexes(table, cols, name, key, order_by, db.dialect_name, filtered_indexes=filtered_indexes)
+    stmts.extend(ix for ix in wanted if ix.name not in existing)
+    if dialects.traits(db.dialect_name).claim_indexes == "included":
+        # Indexes an earlier prepare() built without the INCLUDE list claims now rely on.
+        stmts.extend(dialects.RebuildIndex(ix) for ix in dialects.stale_includes(reflected, wanted))
     if disable_lock_escalation and dialects.traits(db.dialect_name).lock_escalation:
         stmts.append(dialects.DisableLockEscalation(table))
     if unset and (stmts or _has_unset(db, table, cols)):
@@ -297,6 +339,18 @@ def missing_ddl(
         cap = dialects.rows_per_statement(db.dialect_name) or DDL_BACKFILL_BATCH
         stmts.append(BackfillClaimColumns(table, cols, key, min(cap, DDL_BACKFILL_BATCH)))
     return stmts
+
+
+def needs_own_charset(db: Database, table: Table, name: str) -> bool:
+    """MySQL/MariaDB: whether the existing claim text column ``name`` lacks the character set
+    :func:`dialects.own_charset` declares (an earlier ``prepare()`` added it in the table's
+    latin1). ``prepare()`` then converts it; until then, values it cannot store are stored
+    escaped (see ``EventTable``), never refused."""
+    col = table.c[name]
+    if not isinstance(col.type, String):
+        return False
+    have = dialects.column_charset(db.dialect_name, table, col)
+    return have is not None and have.lower() != dialects.CLAIM_TEXT_CHARSET
 
 
 def _has_unset(db: Database, table: Table, cols: ClaimColumns) -> bool:
@@ -332,7 +386,7 @@ def run_ddl(db: Database, stmts: list[Any], name: str, schema: Optional[str], *,
     """
     engine = db.engine
     running = engine.dialect.name
-    if online is None and any(isinstance(s, Index) for s in stmts):
+    if online is None and any(isinstance(s, (Index, dialects.RebuildIndex)) for s in stmts):
         with engine.connect() as conn:
             online = dialects.online_ddl_available(conn)
     wait = max(1, min(int(lock_timeout), DDL_LOCK_RETRY_WAIT))
@@ -345,6 +399,8 @@ def run_ddl(db: Database, stmts: list[Any], name: str, schema: Optional[str], *,
             continue
         if isinstance(stmt, Index):
             ddl: Any = dialects.CreateIndexOnline(stmt) if online else CreateIndex(stmt)
+        elif isinstance(stmt, dialects.RebuildIndex):
+            ddl = dialects.RebuildIndex(stmt.index, online=bool(online))
         else:
             ddl = stmt
         text = str(ddl.compile(dialect=engine.dialect)).strip()

@@ -38,7 +38,7 @@ def poisoned_keys(rows: Iterable[Mapping[str, Any]], key: str, state: str, attem
 
     ``state`` and ``attempts`` are the claim columns' names in ``rows`` (as a claim read them).
     """
-    return [r[key] for r in rows if r[state] == CLAIMED and r[attempts] >= max_attempts]
+    return [r[key] for r in rows if r[state] == CLAIMED and (r[attempts] or 0) >= max_attempts]
 
 
 @dataclass(frozen=True)
@@ -66,3 +66,14 @@ def read_handle(handle: Mapping[str, Any], default_lease: float) -> HandleHistor
     if lease <= 0:
         lease = expires_at - claimed_at if 0 < claimed_at < expires_at else default_lease
     return HandleHistory(keys, token, owner, lease, claimed_at, expires_at)
+
+
+def storable_text(text: str, limit: int) -> str:
+    """``text`` in ASCII, other characters as Python escapes (``ü`` as ``\\xfc``), cut to ``limit``.
+
+    What a claim column gets instead of a name or reason its character set cannot hold (a latin1
+    column an earlier ``prepare()`` added on MySQL/MariaDB, a PostgreSQL database in LATIN1): every
+    character set stores ASCII, so no claim and no ``fail()`` is refused for what its owner is
+    called or its reason says. The owner and the reason are only read by people, never compared.
+    """
+    return text.encode("ascii", "backslashreplace").decode("ascii")[:limit]

@@ -104,15 +104,19 @@ class ClaimColumns:
         on Standard it rewrites the whole table under a schema lock. A nullable column with a
         default (without ``WITH VALUES``) is metadata-only on every edition: existing rows read
         NULL, new rows get 0, and ``prepare()`` then sets the NULLs to 0 in short batches
-        (:func:`backfill_batch`); until a row is set no claim takes it."""
+        (:func:`backfill_batch`); until a row is set no claim takes it. The text columns carry
+        their own character set where the table's default would apply (:func:`dialects.own_charset`).
+        """
         return [
             Column(self.state, SmallInteger, nullable=metadata_only, server_default="0"),
-            Column(self.name("owner"), dialects.name_type(NAME_LENGTH), nullable=True),
+            Column(self.name("owner"), dialects.own_charset(dialects.name_type(NAME_LENGTH), NAME_LENGTH),
+                   nullable=True),
             Column(self.token, BigInteger, nullable=True),
             Column(self.expires_at, EpochSeconds, nullable=True),
             Column(self.name("available_at"), EpochSeconds, nullable=True),
             Column(self.attempts, Integer, nullable=metadata_only, server_default="0"),
-            Column(self.name("error"), dialects.message_type(ERROR_LENGTH), nullable=True),
+            Column(self.name("error"), dialects.own_charset(dialects.message_type(ERROR_LENGTH), ERROR_LENGTH),
+                   nullable=True),
             Column(self.name("done_at"), EpochSeconds, nullable=True),
         ]
 
@@ -160,10 +164,16 @@ def claim_order(table: Table, key: str, order_by: str) -> list[Any]:
 
 
 # -- claiming --------------------------------------------------------------------------------------
-def claim_values(table: Table, cols: ClaimColumns, owner: str, token: int, now: Any, lease: float) -> dict[str, Any]:
-    """What a claim writes: claimed by ``owner`` under ``token`` until ``now + lease``, one more attempt."""
-    return cols.values(state=CLAIMED, owner=owner, token=token,
-                       attempts=cols.of(table, "attempts") + 1, expires_at=now + lease)
+def claim_values(table: Table, cols: ClaimColumns, owner: str, token: int, now: Any, lease: float, *,
+                 nullable_counters: bool = False) -> dict[str, Any]:
+    """What a claim writes: claimed by ``owner`` under ``token`` until ``now + lease``, one more attempt.
+
+    ``nullable_counters`` (SQL Server, see :meth:`ClaimColumns.ddl`): a producer may have inserted
+    an explicit NULL attempt count, which counts as 0 (NULL + 1 would stay NULL)."""
+    attempts: Any = cols.of(table, "attempts")
+    if nullable_counters:
+        attempts = func.coalesce(attempts, 0)
+    return cols.values(state=CLAIMED, owner=owner, token=token, attempts=attempts + 1, expires_at=now + lease)
 
 
 def claim_select(
@@ -211,7 +221,8 @@ def update_keys(table: Table, key: str, keys: Sequence[Any], values: dict[str, A
     """``UPDATE <table> SET values WHERE key IN (keys) AND conditions``: a seek of the key's
     index on SQL Server (:func:`dialects.seek_keyed`), the keys bound with the key column's type
     and padded to a few list lengths (:func:`dialects.padded_keys`)."""
-    stmt = update(table).where(table.c[key].in_(dialects.padded_keys(keys)), *conditions).values(values)
+    stmt = update(table).where(dialects.key_column(table.c[key]).in_(dialects.padded_keys(keys)),
+                               *conditions).values(values)
     return dialects.seek_keyed(stmt, table)
 
 
@@ -222,7 +233,8 @@ def poisoned_values(cols: ClaimColumns) -> dict[str, Any]:
 
 def expires_of(table: Table, cols: ClaimColumns, key: str, first_key: Any) -> Any:
     """The expiry a claim stamped (read back when it was a database-clock expression)."""
-    return dialects.seek_keyed(select(cols.of(table, "expires_at")).where(table.c[key] == first_key), table)
+    return dialects.seek_keyed(select(cols.of(table, "expires_at")).where(
+        dialects.key_column(table.c[key]) == first_key), table)
 
 
 def with_token(table: Table, cols: ClaimColumns, token: int) -> Any:
@@ -234,7 +246,7 @@ def rows_by_keys(table: Table, cols: ClaimColumns, key: str, keys: Sequence[Any]
     """The user columns and the claim history (attempts, expiry, token) of ``keys``."""
     user = [c for c in table.c if not cols.is_claim_column(c.name)]
     stmt = select(*user, cols.of(table, "attempts"), cols.of(table, "expires_at"), cols.of(table, "token"))
-    return dialects.seek_keyed(stmt.where(table.c[key].in_(dialects.padded_keys(keys))), table)
+    return dialects.seek_keyed(stmt.where(dialects.key_column(table.c[key]).in_(dialects.padded_keys(keys))), table)
 
 
 # -- finishing (all fenced on the batch token) ---------------------------------------------------
@@ -242,7 +254,7 @@ def keys_where(table: Table, key: str, keys: Sequence[Any], conditions: Sequence
                *, lock: bool = False) -> Any:
     """Which of ``keys`` meet ``conditions`` now: with row locks if ``lock``, else (SQL Server)
     looked up through the key's index, never by scanning past other workers' locked rows."""
-    stmt = select(table.c[key]).where(table.c[key].in_(dialects.padded_keys(keys)), *conditions)
+    stmt = select(table.c[key]).where(dialects.key_column(table.c[key]).in_(dialects.padded_keys(keys)), *conditions)
     if lock:
         return dialects.lock_rows(stmt, table, seek=True)
     return dialects.seek_keyed(stmt, table)
@@ -327,10 +339,17 @@ def reset_values(cols: ClaimColumns) -> dict[str, Any]:
 
 
 def page_keys(table: Table, key: str, conditions: Sequence[ColumnElement[Any]], after: Any, cap: int) -> Any:
-    """The next ``cap`` keys meeting ``conditions`` after ``after``, locked (SQL Server paging)."""
+    """The next ``cap`` keys meeting ``conditions`` after ``after``, locked (SQL Server paging).
+
+    A seek (``FORCESEEK``) is demanded from the second page on, where ``key > after`` seeks the
+    key's unique index. The first page has no predicate every layout can seek: ``reset()`` has none
+    at all, and ``retry_errors()``'s ``ct_state = 3`` is in no index when the claim indexes are
+    filtered (they hold states 0 and 1); SQL Server refuses ``FORCESEEK`` without a seek predicate
+    (error 8622), so that page is left to the optimizer (a key-ordered read that stops after
+    ``cap`` rows)."""
     k = table.c[key]
-    stmt = select(k).where(*conditions, *([k > after] if after is not None else []))
-    return dialects.lock_rows(stmt.order_by(k).limit(cap), table, seek=True)
+    stmt = select(k).where(*conditions, *([dialects.key_column(k) > after] if after is not None else []))
+    return dialects.lock_rows(stmt.order_by(k).limit(cap), table, seek=after is not None)
 
 
 def unset_claim_columns(table: Table, cols: ClaimColumns) -> ColumnElement[bool]:
@@ -338,13 +357,23 @@ def unset_claim_columns(table: Table, cols: ClaimColumns) -> ColumnElement[bool]
     return cols.of(table, "state").is_(None)
 
 
-def backfill_batch(table: Table, cols: ClaimColumns, key: str, size: int) -> Any:
+def backfill_batch(table: Table, cols: ClaimColumns, key: str, size: int, *, skip_locked: bool = False) -> Any:
     """Set up to ``size`` unset rows pending with no attempts: ``UPDATE ... WHERE key IN (SELECT
-    TOP n key ... WHERE ct_state IS NULL)``, a seek of the claim index (state leading), each
-    batch its own short transaction under the lock-escalation threshold."""
+    TOP n key ... WHERE ct_state IS NULL)``, a seek of the claim index (state leading; with
+    filtered indexes, of the ``ct_unset`` one), each batch its own short transaction under the
+    lock-escalation threshold. ``skip_locked``: inside a claim, which passes over rows a producer
+    is still inserting rather than wait for its commit."""
     k = table.c[key]
-    chosen = select(k).where(unset_claim_columns(table, cols)).limit(size).scalar_subquery()
-    return update(table).where(k.in_(chosen)).values(cols.values(state=PENDING, attempts=0))
+    found = select(k).where(unset_claim_columns(table, cols)).limit(size)
+    if skip_locked:
+        found = dialects.lock_rows(found, table, skip_locked=True)
+    chosen = found.scalar_subquery()
+    # The target repeats ``ct_state IS NULL``: under read committed snapshot (RCSI) the subquery
+    # reads row versions from the statement's start, so a row another prepare()'s batch set (and a
+    # claim then took) may still look unset there; the target's own predicate is evaluated on the
+    # locked current row, so a live claim is never reset to pending.
+    return update(table).where(k.in_(chosen), unset_claim_columns(table, cols)).values(
+        cols.values(state=PENDING, attempts=0))
 
 
 def any_unset(table: Table, cols: ClaimColumns) -> Any:

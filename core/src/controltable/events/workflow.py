@@ -8,22 +8,37 @@ replies, waiting (bounded, woken by the runtime's wake-ups), leases and fencing.
 
 from __future__ import annotations
 
+import logging
 import random
 import secrets
 import threading
 import time
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
 
 from sqlalchemy import Table
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-from .. import dialects
+from .. import dialects, errorcodes
 from ..clock import clock, read_now
 from ..compat import deprecated
 from ..db import Database
-from ..defaults import DDL_LOCK_TIMEOUT, DEFAULT_BATCH_LEASE
-from ..errors import ConfigurationError, LeaseLost, NotInstalledError, UnexpectedDatabaseError, describe_keys
+from ..defaults import (
+    DDL_BACKFILL_BATCH,
+    DDL_LOCK_TIMEOUT,
+    DEADLINE_STATEMENT_GRACE,
+    DEFAULT_BATCH_LEASE,
+    NAME_LENGTH,
+    STATEMENT_TIMEOUT,
+)
+from ..errors import (
+    ConfigurationError,
+    DatabaseUnavailableError,
+    LeaseLost,
+    NotInstalledError,
+    UnexpectedDatabaseError,
+    describe_keys,
+)
 from ..holders import process_holder_id
 from ..runtime import Runtime, runtime_of
 from ..validation import (
@@ -39,9 +54,12 @@ from ..validation import (
 from . import ddl
 from . import statements as sql
 from .admin import EventAdministration
-from .decisions import backoff_schedule, poisoned_keys, read_handle
+from .decisions import backoff_schedule, poisoned_keys, read_handle, storable_text
 from .statements import DONE, ERROR_LENGTH, ClaimColumns, Where
 from .values import Batch
+
+log = logging.getLogger("controltable")
+T = TypeVar("T")
 
 #: After a claim found no expired claims, the same EventTable object looks again only after this.
 EXPIRED_CHECK_INTERVAL = 1.0
@@ -143,30 +161,51 @@ class EventTable(EventAdministration):
     def reflect(self) -> Table:
         """The event table as the database describes it now, prepared or not (what ``prepare``
         and ``controltable events prepare --dry-run`` inspect); :attr:`table` is the checked one."""
-        return ddl.reflect(self.db, self.name, self.table_schema)
+        return ddl.reflect(self.db, self.name, self.table_schema, deadline=self._reflect_deadline(None))
 
     _reflect = reflect  # the name the engine used before it was public
 
-    def _check_columns(self, table: Table) -> None:
-        ddl.check_columns(self.db, table, self.name, self.table_schema, self.key, self.order_by, self.time_column)
+    def _reflect_deadline(self, deadline: Optional[float]) -> float:
+        """A reflection's deadline: the call's own, else one statement timeout for all its
+        statements (several catalogue queries must not add up to several timeouts)."""
+        if deadline is not None:
+            return deadline
+        return time.monotonic() + (self.db.statement_timeout or STATEMENT_TIMEOUT)
+
+    def _checked(self) -> Table:
+        """The table reflected and its named columns checked, claim columns or not (``prepare()``)."""
+        table, _ = ddl.load(self.db, self.cols, self.name, self.table_schema, self.key, self.order_by,
+                            self.time_column, prepared=False, deadline=self._reflect_deadline(None))
+        return table
 
     @property
     def table(self) -> Table:
         """The reflected table; raises :class:`NotInstalledError` if ``prepare()`` was not run."""
-        if self._table is None:
-            with self._reflect_lock:
-                return self._load_table()
-        return self._table
+        return self._table if self._table is not None else self._load_table(None)
 
-    def _load_table(self) -> Table:
-        if self._table is None:
-            table = self._reflect()
-            self._check_columns(table)
-            ddl.check_prepared(table, self.cols, self.name, self.table_schema, self.key)
-            if dialects.traits(self.db.dialect_name).seek_hints:
-                self._seekable = ddl.has_seek_index(self.db, self.cols, self.name, self.table_schema)
-            self._table = table
-        return self._table
+    def _load_table(self, deadline: Optional[float]) -> Table:
+        """Reflect and check the table once per object, within ``deadline`` (the caller's, else
+        one statement timeout): waiting for another thread's reflection included."""
+        if self._table is not None:
+            return self._table
+        until = self._reflect_deadline(deadline)
+        # The grace every statement gets past a deadline (Database.deadline): a claim(wait=0) still
+        # waits the few milliseconds another thread's reflection needs.
+        if not self._reflect_lock.acquire(timeout=max(until + DEADLINE_STATEMENT_GRACE - time.monotonic(), 0.0)):
+            raise DatabaseUnavailableError(
+                f"event table {self.qualified_name!r}: another thread of this process is still reading the "
+                "table's description from the database and did not finish within this call's timeout; the "
+                "database answers slowly or not at all: check the path to the server, or retry"
+            )
+        try:
+            if self._table is None:
+                table, self._seekable = ddl.load(
+                    self.db, self.cols, self.name, self.table_schema, self.key, self.order_by, self.time_column,
+                    prepared=True, deadline=until)
+                self._table = table
+            return self._table
+        finally:
+            self._reflect_lock.release()
 
     @property
     def c(self) -> Any:
@@ -194,8 +233,7 @@ class EventTable(EventAdministration):
         DISABLE)``, for tables where even chunked statements of many workers should never
         escalate. Statistics are refreshed after these (see :class:`dialects.AnalyzeTable`).
         """
-        table = self._reflect()
-        self._check_columns(table)
+        table = self._checked()
         return ddl.missing_ddl(self.db, table, self.cols, self.name, self.table_schema, self.key, self.order_by,
                                filtered_indexes=filtered_indexes, disable_lock_escalation=disable_lock_escalation)
 
@@ -301,7 +339,7 @@ class EventTable(EventAdministration):
         owner = check_name("owner", owner) if owner is not None else process_holder_id()
         lease_s = check_seconds("lease", lease) if lease is not None else self.lease
         assert lease_s is not None
-        self.table  # noqa: B018 - reflect (and check) the table before the transaction, not inside it
+        self._load_table(deadline)  # reflect (and check) before the transaction, within the call's deadline
         try:
             return self._claim_run(size, owner, lease_s, where, deadline=deadline)
         except (NotInstalledError, UnexpectedDatabaseError):
@@ -323,17 +361,38 @@ class EventTable(EventAdministration):
         token = secrets.randbits(62) + 1
         attempt = [0]
 
-        def fn(conn: Connection) -> Optional[Batch]:
-            attempt[0] += 1
-            if attempt[0] > 1:
-                already = self._batch_with_token(conn, token, owner, lease_s)
-                if already is not None:
-                    return already
-            if complete is not None:
-                self._complete(conn, complete[0], complete[1], whole=True)
-            return self._claim_in(conn, size, owner, lease_s, where, token=token)
+        def run(stored_owner: str) -> Optional[Batch]:
+            def fn(conn: Connection) -> Optional[Batch]:
+                attempt[0] += 1
+                if attempt[0] > 1:
+                    already = self._batch_with_token(conn, token, owner, lease_s)
+                    if already is not None:
+                        return already
+                if complete is not None:
+                    self._complete(conn, complete[0], complete[1], whole=True)
+                return self._claim_in(conn, size, owner, lease_s, where, token=token, stored_owner=stored_owner)
 
-        return self.db.run(fn, deadline=deadline)
+            return self.db.run(fn, deadline=deadline)
+
+        return self._storing("owner", owner, NAME_LENGTH, run)
+
+    def _storing(self, what: str, text: str, limit: int, run: Callable[[str], T]) -> T:
+        """``run(text)``; if the database refused ``text`` (a claim column whose character set
+        cannot hold it: a table an earlier ``prepare()`` left in latin1), ``run`` again with it
+        escaped to ASCII (:func:`~controltable.events.decisions.storable_text`). A refused attempt
+        changed nothing (its transaction rolled back), so running again is safe."""
+        try:
+            return run(text)
+        except ConfigurationError as exc:
+            safe = storable_text(text, limit)
+            cause = exc.__cause__
+            if safe == text or cause is None or errorcodes.classify(
+                    cause, self.db.engine.dialect.name) is not errorcodes.Kind.BAD_VALUE:
+                raise
+            log.warning("controltable: the claim columns of %r cannot store the %s %r, stored as %r; run "
+                        "prepare() (`controltable events prepare`) again to give them a Unicode character set",
+                        self.qualified_name, what, text, safe)
+            return run(safe)
 
     def _batch_with_token(self, conn: Connection, token: int, owner: str, lease_s: float) -> Optional[Batch]:
         """The batch an earlier, committed attempt of this claim made, or None if none did."""
@@ -354,21 +413,29 @@ class EventTable(EventAdministration):
         )
 
     def _claim_in(
-        self, conn: Connection, size: int, owner: str, lease_s: float, where: Where, *, token: Optional[int] = None
+        self, conn: Connection, size: int, owner: str, lease_s: float, where: Where, *, token: Optional[int] = None,
+        stored_owner: Optional[str] = None,
     ) -> Optional[Batch]:
-        """The claim itself, inside the caller's transaction."""
+        """The claim itself, inside the caller's transaction (``stored_owner``: what the owner
+        column gets, when it cannot store ``owner`` itself)."""
         t = self.table
         token = token if token is not None else secrets.randbits(62) + 1
         # The database clock goes into the statements as an expression (one value per
         # statement), except on the key-list path, which needs the value for its second step.
         one_statement = dialects.update_returning(conn.dialect, self.db.dialect_name)
         now: Any = clock() if one_statement else read_now(conn)
-        values = sql.claim_values(t, self.cols, owner, token, now, lease_s)
+        values = sql.claim_values(t, self.cols, stored_owner or owner, token, now, lease_s,
+                                  nullable_counters=dialects.adds_columns_nullable(self.db.dialect_name))
         # Expired claims first: they are older work, and must not starve behind new events.
         # Finding none is the normal case, so after an empty look this object skips the
         # look for EXPIRED_CHECK_INTERVAL: an abandoned claim waits at most that much longer.
         claimed: list[dict[str, Any]] = []
         if time.monotonic() >= self._next_expired_check:
+            if dialects.adds_columns_nullable(self.db.dialect_name):
+                # SQL Server's claim columns are nullable (a metadata-only prepare()): rows a producer
+                # inserted with explicit NULLs in them become pending here, or no claim would take them.
+                cap = dialects.rows_per_statement(self.db.dialect_name) or DDL_BACKFILL_BATCH
+                conn.execute(sql.backfill_batch(t, self.cols, self.key, cap, skip_locked=True))
             claimed = self._claim_by_keys(conn, self.expired_claims(now), size, values, where)
             if not claimed:
                 self._next_expired_check = time.monotonic() + EXPIRED_CHECK_INTERVAL
@@ -411,16 +478,25 @@ class EventTable(EventAdministration):
         result.close()
         poisoned = poisoned_keys(rows, self.key, cols.state, cols.attempts, self.max_attempts)
         in_list = dialects.max_in_list(self.db.dialect_name)
+        # Every update by key repeats the select's condition (state, expiry or back-off): a row is
+        # marked only if it still is what the select read. The select's row locks already make it
+        # so; the fence holds even where a lock did not (Oracle locks a skip-locked row only when
+        # the cursor fetches it), and the count below says which rows this claim really took.
         for chunk in sql.chunks(poisoned, in_list):
-            conn.execute(sql.update_keys(t, self.key, chunk, sql.poisoned_values(cols)))
+            conn.execute(sql.update_keys(t, self.key, chunk, sql.poisoned_values(cols), condition))
         rows = [r for r in rows if r[self.key] not in set(poisoned)]
-        for chunk in sql.chunks([r[self.key] for r in rows], in_list):
-            conn.execute(sql.update_keys(t, self.key, chunk, values))
+        keys = [r[self.key] for r in rows]
+        marked = 0
+        for chunk in sql.chunks(keys, in_list):
+            marked += int(conn.execute(sql.update_keys(t, self.key, chunk, values, condition)).rowcount)
+        if keys and (marked != len(keys) or not dialects.trusts_rowcount(self.db.dialect_name)):
+            mine = self._keys_where(conn, keys, self._fenced(values[cols.token]))
+            rows = [r for r in rows if r[self.key] in mine]
         expires = values[cols.expires_at]
         if rows and not isinstance(expires, (int, float)):  # an expression of the database clock
             expires = conn.scalar(sql.expires_of(t, cols, self.key, rows[0][self.key]))
         for r in rows:
-            r[cols.attempts] = int(r[cols.attempts]) + 1
+            r[cols.attempts] = int(r[cols.attempts] or 0) + 1
             r[cols.expires_at] = expires
         return rows
 
@@ -549,19 +625,26 @@ class EventTable(EventAdministration):
         message = dialects.fit_message(fail_reason(reason), ERROR_LENGTH)  # one rule with Item.fail()
         schedule = backoff_schedule(self.max_attempts, self.backoff, self.max_backoff)
 
-        def fn(conn: Connection) -> int:
-            held = self._keys_where(conn, keys, self._fenced(token), lock=True)
-            lost = [k for k in keys if k not in held]
-            if lost:
-                raise LeaseLost(f"cannot fail rows no longer held by this batch: {describe_keys(lost)}", keys=lost)
-            values = sql.fail_values(t, self.cols, message, max_attempts=self.max_attempts, schedule=schedule,
-                                     max_backoff=self.max_backoff)
-            for chunk in self._key_chunks(list(held)):
-                conn.execute(sql.update_keys(t, self.key, chunk, values, self._fenced(token)))
-            self.runtime.notify(conn, [self.wakeup_key])
-            return len(held)
+        def run(stored: str) -> int:
+            def fn(conn: Connection) -> int:
+                held = self._keys_where(conn, keys, self._fenced(token), lock=True)
+                lost = [k for k in keys if k not in held]
+                if lost:
+                    raise LeaseLost(f"cannot fail rows no longer held by this batch: {describe_keys(lost)}",
+                                    keys=lost)
+                values = sql.fail_values(t, self.cols, stored, max_attempts=self.max_attempts, schedule=schedule,
+                                         max_backoff=self.max_backoff)
+                for chunk in self._key_chunks(list(held)):
+                    conn.execute(sql.update_keys(t, self.key, chunk, values, self._fenced(token)))
+                self.runtime.notify(conn, [self.wakeup_key])
+                return len(held)
 
-        return self.db.run(fn, idempotent=False)
+            return self.db.run(fn, idempotent=False)
+
+        # A reason the error column cannot store is stored escaped: a refused fail() would leave
+        # the rows claimed until their lease ran out.
+        return self._storing("reason", message, ERROR_LENGTH, lambda text: run(dialects.fit_message(
+            text, ERROR_LENGTH)))
 
     def _release(self, token: int, keys: Sequence[Any]) -> int:
         t = self.table
