@@ -16,9 +16,9 @@ import time
 from typing import Any, Callable
 
 import pytest
+from support.live import wait_until
 
 from controltable import ControlTable, DatabaseUnavailableError, LeaseLost, LeaseLostInterrupt
-from support.live import wait_until
 
 LEASE = 1.5
 INTERVAL = LEASE / 3

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Optional
+from typing import Optional
 
 import pytest
+from support.live import wait_until
 
 from controltable import ControlTable
-from support.live import wait_until
 
 pytestmark = pytest.mark.backends("postgres")
 

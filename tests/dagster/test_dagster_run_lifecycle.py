@@ -21,10 +21,10 @@ from dagster import (
     job,
     op,
 )
+from support.live import wait_until
 
 from dagster_controltable import ControlTableResource, controltable_run_cleanup_sensor, pending_events_sensor
 from dagster_controltable.resource import head_retry_interval, retry_waiter_ttl
-from support.live import wait_until
 
 pytestmark = pytest.mark.backends("sqlite", "postgres", "mysql")
 
