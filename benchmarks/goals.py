@@ -12,6 +12,8 @@ measured here instead, on a machine as quiet as the run can get (``benchmarks/ru
   in the working thread, worst of the rounds, goal one renewal interval plus 0.5 s (docs/faults.md).
 - renewal: the longest gap between two background renewals, goal at most one interval late
   (two intervals): a lease lapses only when a renewal is two intervals late.
+- cancel (PostgreSQL, MariaDB): a statement stopped by its caller's 1 s deadline, from the deadline
+  to the error, goal the deadline's grace plus the cancel's (tests/core/test_connect_deadlines.py).
 
 Each figure's anchor is its goal, so the ratio is "fraction of the goal used".
 """
@@ -23,7 +25,9 @@ import time
 import uuid
 from typing import Any
 
-from controltable import ControlTable, LeaseLostInterrupt
+from sqlalchemy import text
+
+from controltable import ControlTable, ControlTableError, LeaseLostInterrupt, defaults
 from controltable.slots.waiting import MAX_POLL_INTERVAL
 
 from . import s4_handoff
@@ -35,6 +39,7 @@ LEASE = 1.5
 INTERVAL = LEASE / 3
 INTERRUPT_GOAL_S = INTERVAL + 0.5
 RENEWAL_GAP_GOAL_S = 2 * INTERVAL
+CANCEL_GOAL_S = defaults.DEADLINE_STATEMENT_GRACE + defaults.CANCEL_GRACE + 0.5
 
 
 def _row(backend: str, figure: str, value: float, unit: str, goal: float, note: str = "") -> Row:
@@ -103,6 +108,26 @@ def _renewal_gaps(url: str, seconds: float) -> tuple[list[float], list[float]]:
     return [b - a for a, b in zip(starts, starts[1:])], took
 
 
+def _cancel_delays(url: str, backend: str, rounds: int) -> list[float]:
+    """Seconds from a 1 s deadline to the error of the statement it stopped (a 60 s sleep)."""
+    sleep = "SELECT pg_sleep(60)" if backend == "postgres" else "SELECT SLEEP(60)"
+    ct = ControlTable(url)
+    out: list[float] = []
+    try:
+        ct.ping()
+        for _ in range(rounds):
+            deadline = time.monotonic() + 1.0
+            try:
+                ct.db.run(lambda c: c.execute(text(sleep)).all(), deadline=deadline)
+            except ControlTableError:
+                out.append(time.monotonic() - deadline)
+            else:
+                raise RuntimeError("the deadline did not stop the statement")
+    finally:
+        ct.close()
+    return out
+
+
 def run(cfg: Config, report: Report, url: str, backend: str) -> None:
     if backend == "postgres":
         rounds = cfg.scale(60, 20)
@@ -126,3 +151,9 @@ def run(cfg: Config, report: Report, url: str, backend: str) -> None:
     report.add(_row(backend, f"renewal, longest gap between renewals (interval {INTERVAL:g} s)",
                     max(gaps) if gaps else float("inf"), "s", RENEWAL_GAP_GOAL_S,
                     note=f"{len(took)} renewals, p50 round trip {percentile(took, 50) * 1e3:.1f} ms"))
+    if backend in ("postgres", "mysql"):
+        rounds = cfg.scale(5, 2)
+        report.log(f"goals [{backend}]: statement stopped by its caller's deadline, {rounds} rounds")
+        delays = _cancel_delays(url, backend, rounds)
+        report.add(_row(backend, f"cancel: deadline to error, worst of {rounds}", max(delays), "s", CANCEL_GOAL_S,
+                        note=f"p50 {percentile(delays, 50):.3f} s"))
