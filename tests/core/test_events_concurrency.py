@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from support import event_tables
 from support import event_workers as workers_mod
+from support.live import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -112,10 +113,11 @@ def test_killed_workers_rows_are_reclaimed_after_lease(ct: Any, backend_url: str
     # its batch once the survivors are draining.
     slow_log = tmp_path / "slow.jsonl"
     procs.start("slow", "drain", *common, "--log", slow_log, "--size", 50, "--lease", 3, "--work", 4.0)
-    deadline = time.monotonic() + 120
-    while not workers_mod.read_jsonl(slow_log):  # wait until it announced its batch
-        assert time.monotonic() < deadline and procs.procs["slow"].poll() is None, procs.stderr("slow")
-        time.sleep(0.005)
+    def announced() -> Any:  # its batch, once claimed (a dead worker fails here, not at the ceiling)
+        assert procs.procs["slow"].poll() is None, procs.stderr("slow")
+        return workers_mod.read_jsonl(slow_log)
+
+    wait_until(announced, 120, "the slow worker to announce its batch", interval=0.005)
     slow_claimed_at = time.monotonic()
     logs = [tmp_path / f"s{i}.jsonl" for i in range(4)]
     for i, log in enumerate(logs):
