@@ -96,7 +96,10 @@ def test_failed_load_still_releases_the_slot_in_the_teardown(control_url: str) -
     # A load that raised is not a killed one: its process recorded that the work ended, and the
     # teardown released without waiting Airflow's kill grace (at least 13 s).
     (release,) = [ti for ti in dr.get_task_instances() if ti.task_id == "release_warehouse"]
-    assert release.duration is not None and release.duration < 5, release.duration
+    # By cause: it released before the kill grace (at least 13 s) could have run out, which is what it
+    # would have waited without the recorded end; not "within 5 s" (a loaded machine stretches it).
+    assert release.duration is not None and release.duration < 13, (
+        f"the teardown took {release.duration:.1f} s: it waited out Airflow's kill grace")
     assert live_holders(control_url, "warehouse") == []
     with table_for(control_url) as ct:
         assert ct.status(["warehouse"])[0].last_token == 1  # it had been acquired

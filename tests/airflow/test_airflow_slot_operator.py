@@ -217,23 +217,32 @@ def test_triggers_of_one_process_share_one_listener_and_wake_on_push(conn_id: st
     triggers = [SlotTrigger(resource="warehouse", holder=f"h{i}", lease=60, waiter_ttl=120, conn_id=conn_id,
                             poll_interval=30, refresh_interval=30) for i in range(5)]
 
-    async def scenario() -> tuple[list[Any], float]:
+    async def scenario() -> tuple[list[Any], float, int]:
         tasks = [asyncio.ensure_future(first_event(t, 60)) for t in triggers]
-        await asyncio.sleep(1.5)  # all queued and listening
-        assert not any(t.done() for t in tasks)
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while len(ct.status(["warehouse"])[0].waiters) < 5:  # all queued (status shows them)
+            assert loop.time() < deadline, "hang: the five triggers did not queue within 60 s"
+            await asyncio.sleep(0.05)
+        assert not any(t.done() for t in tasks)
+        shared = ControlTableHook(conn_id).get_control_table()
+        assert shared.push_active, "the triggers' listener is not up"
+        received = shared._wakeups.received
         started = loop.time()
         await asyncio.to_thread(blocker.release)
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         elapsed = loop.time() - started
         for t in tasks:
             t.cancel()
-        return [t.result() for t in done], elapsed
+        return [t.result() for t in done], elapsed, shared._wakeups.received - received
 
-    events, elapsed = asyncio.run(scenario())
+    events, elapsed, pushes = asyncio.run(scenario())
     assert events[0].payload["status"] == "granted"
-    # Polling is every 30 s here: being granted within a few seconds means a push woke the trigger.
-    assert elapsed < 10, elapsed
+    # By cause: a push arrived, and the grant came before any trigger's next poll (30 s apart
+    # here), so the push is what woke it; how soon is printed, not asserted.
+    assert pushes > 0, "no notification reached the triggers' listener"
+    assert elapsed < 30, f"granted {elapsed:.1f} s after the release: by a poll, not by the push"
+    print(f"granted {elapsed:.2f} s after the release")
     tables = {id(t._ct) for t in triggers}
     assert len(tables) == 1 and next(iter(t._ct for t in triggers)) is ControlTableHook(conn_id).get_control_table()
 

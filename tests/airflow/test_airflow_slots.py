@@ -6,6 +6,7 @@ import asyncio
 import json
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -75,11 +76,17 @@ def test_shared_mode_and_templated_holder(conn_id: str, ct: Any) -> None:
 def test_poke_mode_execute_waits_until_released(conn_id: str, ct: Any) -> None:
     ct.set_capacity("warehouse", 1)
     ct.acquire("warehouse", holder="other-deployment", timeout=0)
-    timer = threading.Timer(0.5, ct.release, args=("warehouse", "other-deployment"))
+    released: list[float] = []
+
+    def release() -> None:
+        released.append(time.monotonic())  # before the release: the grant may follow at once
+        ct.release("warehouse", "other-deployment")
+
+    timer = threading.Timer(0.5, release)
     timer.start()
-    started = time.monotonic()
     payload = sensor(conn_id, mode="poke").execute(RUN_A)
-    assert time.monotonic() - started >= 0.4
+    returned = time.monotonic()
+    assert released and returned >= released[0], "the sensor returned before the slot was released"
     assert payload["holder"] == HOLDER_A
     timer.join()
 
@@ -251,13 +258,23 @@ class _RunTasks:
 def test_teardown_waits_the_kill_grace_only_for_work_that_may_still_run(
     state: str, run_state: str, marked: set[str], waits: bool, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from airflow_controltable.operators import slots as slots_module
     from airflow_controltable.operators.slots import ReleaseSlotOperator
 
     op = ReleaseSlotOperator(task_id="release", resource="warehouse", kill_grace=1.5, check_interval=0.1)
     monkeypatch.setattr(op, "covered_task_ids", lambda context: ["load"])
+    slept: list[float] = []  # the operator's own sleeps: it sleeps only while it waits out the grace
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        time.sleep(seconds)
+
+    monkeypatch.setattr(slots_module, "time", SimpleNamespace(monotonic=time.monotonic, sleep=sleep))
     started = time.monotonic()
     op.wait_until_work_finished({"ti": _RunTasks(state, run_state, marked)}, time.monotonic() + 60)  # type: ignore[arg-type]
-    assert (time.monotonic() - started >= 1.5) is waits
+    assert bool(slept) is waits, f"waited {sum(slept):.1f} s in {len(slept)} sleeps"
+    if waits:  # a lower bound: it waited the whole grace (load only lengthens it)
+        assert time.monotonic() - started >= 1.5
 
 
 def test_teardown_stops_waiting_once_a_killed_task_records_its_end(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -266,10 +283,20 @@ def test_teardown_stops_waiting_once_a_killed_task_records_its_end(monkeypatch: 
     op = ReleaseSlotOperator(task_id="release", resource="warehouse", kill_grace=30, check_interval=0.1)
     monkeypatch.setattr(op, "covered_task_ids", lambda context: ["load"])
     ti = _RunTasks("failed", "running", set())
-    threading.Timer(0.5, ti.marked.add, args=("load",)).start()  # on_kill stopped the work; it finalized
+    marked_at: list[float] = []
+
+    def mark() -> None:  # on_kill stopped the work; it finalized
+        ti.marked.add("load")
+        marked_at.append(time.monotonic())
+
+    threading.Timer(0.5, mark).start()
     started = time.monotonic()
     op.wait_until_work_finished({"ti": ti}, time.monotonic() + 60)  # type: ignore[arg-type]
-    assert 0.5 <= time.monotonic() - started < 5
+    returned = time.monotonic()
+    # By cause: it returned once the end was recorded (after the marker, before the 30 s grace ran
+    # out, which is what it would have waited for without the marker), not within some seconds.
+    assert marked_at and returned >= marked_at[0], "it returned before the end was recorded"
+    assert returned - started < 30, "it waited out the whole kill grace: the recorded end was not seen"
 
 
 def test_tasks_covered_by_a_teardown_stop_their_work_on_kill_and_record_its_end() -> None:

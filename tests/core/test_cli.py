@@ -7,10 +7,10 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
+from support.live import wait_until
 
 from controltable import ControlTable
 
@@ -70,9 +70,7 @@ def test_run_holds_the_slot_and_passes_the_exit_code(backend_url: str, namespace
         backend_url, namespace, "run", "--resource", "db", "--holder", "job", "--lease", "3", "--",
         sys.executable, "-c", script)))
     t.start()
-    deadline = time.monotonic() + 60
-    while not marker.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(marker.exists, 60, "the command to start under the slot", interval=0.05)
     ct = ControlTable(backend_url, namespace=namespace)
     (st,) = ct.status(["db"])
     assert [h.holder for h in st.holders] == ["job"], "the slot is held while the command runs"
@@ -88,9 +86,7 @@ def test_run_releases_when_terminated(backend_url: str, namespace: str, tmp_path
     env = dict(os.environ, CONTROLTABLE_URL=backend_url, CONTROLTABLE_NAMESPACE=namespace)
     script = f"import pathlib,time; pathlib.Path({str(marker)!r}).write_text('x'); time.sleep(60)"
     proc = subprocess.Popen([*CLI, "run", "--resource", "db", "--", sys.executable, "-c", script], env=env)
-    deadline = time.monotonic() + 60
-    while not marker.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(marker.exists, 60, "the command to start under the slot", interval=0.05)
     proc.terminate()
     assert proc.wait(30) != 0
     ct = ControlTable(backend_url, namespace=namespace)

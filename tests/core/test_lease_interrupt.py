@@ -2,8 +2,10 @@
 
 The lease is taken away from another connection (released by an operator, reset, reaped and
 taken over) while the work runs in a ``with`` block; the background renewer notices at its next
-tick and raises ``LeaseLostInterrupt`` in the working thread. Measured from the moment the lease
-was taken: within one renewal interval (plus the renewal's own round trip).
+tick and raises ``LeaseLostInterrupt`` in the working thread. Asserted by cause: the interrupt
+came after the take and names the lost lease; the work itself is the hang detector (it runs
+WORK_SECONDS, over 5x the goal, unless interrupted). The goal (one renewal interval plus the
+renewal's round trip) is measured by ``benchmarks/run --only goals``.
 """
 
 from __future__ import annotations
@@ -14,21 +16,25 @@ import time
 from typing import Any, Callable
 
 import pytest
+from support.live import wait_until
 
 from controltable import ControlTable, DatabaseUnavailableError, LeaseLost, LeaseLostInterrupt
 
 LEASE = 1.5
 INTERVAL = LEASE / 3
-#: What one renewal round trip and the delivery of the exception may add (a loaded CI machine).
-SLACK = 0.5
+#: The documented goal: one renewal interval plus the renewal's round trip and the delivery.
+GOAL = INTERVAL + 0.5
+#: The hang detector: how long the work runs unless interrupted (over 5x any goal here).
+WORK_SECONDS = 15.0
 
 
-def work_until_interrupted(taken: dict[str, float], seconds: float = 15.0) -> None:
+def work_until_interrupted(taken: dict[str, float], seconds: float = WORK_SECONDS) -> None:
     """Busy work in short Python steps (an async exception lands between bytecodes)."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         time.sleep(0.01)
-    raise AssertionError(f"the work ran {seconds} s and was never interrupted (taken at {taken})")
+    raise AssertionError(f"hang: the work ran {seconds} s (over 5x the goal) and was never interrupted "
+                         f"(taken at {taken})")
 
 
 def take_later(delay: float, take: Callable[[], None], taken: dict[str, float]) -> threading.Thread:
@@ -44,11 +50,15 @@ def take_later(delay: float, take: Callable[[], None], taken: dict[str, float]) 
     return t
 
 
-def assert_interrupted_in_time(raised: BaseException, taken: dict[str, float], caught_at: float) -> None:
+def assert_interrupted_by_the_take(raised: BaseException, taken: dict[str, float], caught_at: float,
+                                   target: Any) -> None:
+    """The interrupt was the take's doing: it came after the take began, and the renewer recorded
+    the loss on the interrupted object (so a renewal found the lease gone: nothing else raised)."""
     assert isinstance(raised, LeaseLostInterrupt) and isinstance(raised, LeaseLost), raised
     assert "at" in taken, "interrupted before the lease was taken (before the take began)"
-    late = caught_at - taken["at"]
-    assert late <= INTERVAL + SLACK, f"interrupted {late:.2f} s after the lease was taken (interval {INTERVAL} s)"
+    assert caught_at >= taken["at"]
+    assert isinstance(target.lost, LeaseLost), f"interrupted without a recorded loss: {raised}"
+    print(f"interrupted {caught_at - taken['at']:.2f} s after the lease was taken (goal {GOAL:g} s)")
 
 
 def test_slot_work_is_interrupted_when_the_lease_is_taken(ct: ControlTable, backend_url: str, namespace: str) -> None:
@@ -56,10 +66,10 @@ def test_slot_work_is_interrupted_when_the_lease_is_taken(ct: ControlTable, back
     other = ControlTable(backend_url, namespace=namespace)
     taken: dict[str, float] = {}
     try:
-        with pytest.raises(LeaseLostInterrupt) as info, ct.slot("r", holder="a", lease=LEASE):
+        with pytest.raises(LeaseLostInterrupt) as info, ct.slot("r", holder="a", lease=LEASE) as lease:
             take_later(0.3, lambda: other.release("r", "a"), taken)
             work_until_interrupted(taken)
-        assert_interrupted_in_time(info.value, taken, time.monotonic())
+        assert_interrupted_by_the_take(info.value, taken, time.monotonic(), lease)
         # the slot is free for the next holder, and this process's state is clean
         nxt = other.acquire("r", holder="b", timeout=5)
         nxt.release()
@@ -78,7 +88,7 @@ def test_work_item_is_interrupted_when_reset_elsewhere(ct: ControlTable, backend
         with pytest.raises(LeaseLostInterrupt) as info, item.renewing():
             take_later(0.3, lambda: other.worklist("interrupt").reset(), taken)
             work_until_interrupted(taken)
-        assert_interrupted_in_time(info.value, taken, time.monotonic())
+        assert_interrupted_by_the_take(info.value, taken, time.monotonic(), item)
         assert item._renewer is None
     finally:
         other.close()
@@ -93,7 +103,7 @@ def test_batch_is_interrupted_when_taken_over(ct: ControlTable, backend_url: str
     with pytest.raises(LeaseLostInterrupt) as info, batch.renewing():
         take_later(0.3, ev.reset, taken)
         work_until_interrupted(taken)
-    assert_interrupted_in_time(info.value, taken, time.monotonic())
+    assert_interrupted_by_the_take(info.value, taken, time.monotonic(), batch)
 
 
 def test_expiry_while_renewals_fail_interrupts(ct: ControlTable, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -108,10 +118,13 @@ def test_expiry_while_renewals_fail_interrupts(ct: ControlTable, monkeypatch: py
 
     monkeypatch.setattr(wl, "_renew", unreachable)
     started = time.monotonic()
-    with pytest.raises(LeaseLostInterrupt), item.renewing():
+    with pytest.raises(LeaseLostInterrupt) as info, item.renewing():
         work_until_interrupted({})
     took = time.monotonic() - started
-    assert 0.9 <= took <= 1.0 + SLACK, f"interrupted after {took:.2f} s; the lease was 1 s"
+    # By cause: the expiry (not a take), and never before the lease could have run out (a lower
+    # bound: load only makes it later). How soon after the expiry is the hang detector's concern.
+    assert "the lease expired" in str(info.value), info.value
+    assert took >= 0.9, f"interrupted after {took:.2f} s, before the 1 s lease could have expired"
 
 
 def test_opt_out_lets_the_work_finish_and_reports_the_loss_at_exit(ct: ControlTable, backend_url: str,
@@ -121,10 +134,8 @@ def test_opt_out_lets_the_work_finish_and_reports_the_loss_at_exit(ct: ControlTa
     try:
         with pytest.raises(LeaseLost) as info, ct.slot("r", holder="a", lease=LEASE, interrupt=False) as lease:
             other.release("r", "a")
-            deadline = time.monotonic() + 5
-            while lease.lost is None and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert lease.lost is not None, "the renewer never noticed the loss"
+            wait_until(lambda: lease.lost is not None, 5 * WORK_SECONDS,
+                       "the renewer to notice the loss (hang detector)", interval=0.01)
             time.sleep(0.3)  # the work runs on: nothing is raised inside the block
             finished = True
         assert finished and not isinstance(info.value, LeaseLostInterrupt)
@@ -145,9 +156,8 @@ def test_no_interrupt_after_the_block_exited(ct: ControlTable, backend_url: str,
     try:
         item.start_renewing()
         other.worklist("after").reset()
-        deadline = time.monotonic() + 5
-        while item.lost is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: item.lost is not None, 5 * WORK_SECONDS,
+                   "the renewer to notice the loss (hang detector)", interval=0.01)
         assert isinstance(item.lost, LeaseLost)
         time.sleep(0.3)  # an interrupt, had one been sent, would land in this sleep's loop
         for _ in range(30):
@@ -201,10 +211,10 @@ def test_renewal_let_go_interrupts_the_work(ct: ControlTable) -> None:
     item = wl.allocate("w", lease=30)
     assert item is not None
     ended = threading.Event()
-    started = time.monotonic()
     with pytest.raises(LeaseLostInterrupt) as info, item.renewing(alive=lambda: not ended.is_set()):
         take_later(0.2, ended.set, {})
-        work_until_interrupted({})
-    took = time.monotonic() - started
+        work_until_interrupted({}, seconds=max(WORK_SECONDS, 5 * (0.2 + ORPHAN_CHECK_INTERVAL + 0.5)))
+    # By cause: the owner's alive() turned false first, and the interrupt says so (the lease is
+    # 30 s, so neither an expiry nor a renewal could have ended the work within the detector).
+    assert ended.is_set(), "interrupted before the owner said the work ended"
     assert "owner said the work ended" in str(info.value)
-    assert took <= 0.2 + ORPHAN_CHECK_INTERVAL + SLACK, f"interrupted {took:.2f} s after the start"

@@ -15,11 +15,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
+from support.event_tables import wait_past
+from support.live import wait_until
 
 from controltable import ControlTable, LeaseLost
 
@@ -58,11 +59,11 @@ def test_orphaned_child_lets_its_slot_lease_expire(
     )
     child_pid = 0
     try:
-        deadline = time.monotonic() + 60
-        while not out.exists():
-            assert time.monotonic() < deadline, "the child never got the slot"
+        def child_has_it() -> bool:
             assert parent.poll() is None, "the parent process died"
-            time.sleep(0.05)
+            return out.exists()
+
+        wait_until(child_has_it, 60, "the child to get the slot", interval=0.05)
         info = json.loads(out.read_text())
         child_pid = int(info["pid"])
         assert info["parent"] == parent.pid
@@ -71,15 +72,15 @@ def test_orphaned_child_lets_its_slot_lease_expire(
         killed_at = ct.now()  # from here on the child's getppid() has changed
         if orphan:
             last_expiry = _child_holder(ct, "gpu", "child")
-            deadline = time.monotonic() + lease + 60
-            got = None
-            while got is None:
-                assert time.monotonic() < deadline, "the orphan's slot never came back"
+
+            def came_back() -> Any:
+                nonlocal last_expiry
                 seen = _child_holder(ct, "gpu", "child")
                 if seen is not None:
                     last_expiry = seen
-                got = ct.try_acquire("gpu", holder="next", lease=30)
-                time.sleep(0.1)
+                return ct.try_acquire("gpu", holder="next", lease=30)
+
+            got = wait_until(came_back, lease + 60, "the orphan's slot to come back", interval=0.1)
             assert last_expiry is not None and last_expiry <= killed_at + lease + 1e-3, (
                 f"the orphan renewed after its parent died: lease ran to {last_expiry - killed_at:.2f} s after the kill"
             )
@@ -88,8 +89,7 @@ def test_orphaned_child_lets_its_slot_lease_expire(
             got.release()
         else:
             # The default keeps renewing: past one lease after the kill the child still holds.
-            while ct.now() < killed_at + lease + 2.0:
-                time.sleep(0.2)
+            wait_past(ct, killed_at + lease + 2.0)
             expiry = _child_holder(ct, "gpu", "child")
             assert expiry is not None and expiry > killed_at + lease, "the default renewer stopped"
             assert ct.try_acquire("gpu", holder="next", lease=30) is None
@@ -108,16 +108,13 @@ def test_renewal_stops_when_the_owner_says_the_work_ended(ct: ControlTable) -> N
     item = wl.allocate("slow", lease=1.0)
     assert item is not None
     ended = threading.Event()
+    first_expiry = item.expires_at.timestamp()
     item.start_renewing(interval=0.2, alive=lambda: not ended.is_set())
-    time.sleep(1.5)  # renewal keeps it
+    wait_past(ct, first_expiry)  # by the database clock: only renewal keeps it
     assert wl.allocate("thief", lease=60) is None
     ended.set()
-    deadline = time.monotonic() + 30
-    taken = None
-    while taken is None:
-        assert time.monotonic() < deadline, "the item never came back after its owner ended the work"
-        time.sleep(0.2)
-        taken = wl.allocate("thief", lease=60)
+    taken = wait_until(lambda: wl.allocate("thief", lease=60), 30,
+                       "the item to come back after its owner ended the work")
     assert isinstance(item.lost, LeaseLost)
     assert item._renewer is not None and item._renewer.stopped_because == "its owner said the work ended"
     with pytest.raises(LeaseLost):

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select
+from support.event_tables import wait_past
+from support.live import wait_until
 
 from controltable import AcquireTimeout, ConfigurationError, ControlTable, LeaseLost, PermissionDeniedError
 from controltable.defaults import DEFAULT_PICKUP, FAILOVER_PICKUP, TOKEN_EPOCH_BITS
@@ -194,9 +196,10 @@ def test_release_of_lost_lease_raises(ct: ControlTable) -> None:
 
 def test_slot_context_manager_renews_in_background(ct: ControlTable) -> None:
     ct.set_capacity("w", 1)
-    # Renewed every 0.5 s: a renewal may come 1 s late on a loaded machine before the lease runs out.
-    with ct.slot("w", holder="long", lease=1.5, timeout=0) as lease:
-        time.sleep(3.5)  # more than twice the lease: only renewal keeps it
+    # Renewed every 1 s: a renewal may come 2 s late on a loaded machine before the lease runs out
+    # (a CI run saw a 1.5 s lease lost so).
+    with ct.slot("w", holder="long", lease=3.0, timeout=0) as lease:
+        wait_past(ct, lease.expires_at.timestamp())  # by the database clock: only renewal keeps it now
         assert lease.is_held()
         with pytest.raises(AcquireTimeout):
             ct.acquire("w", holder="other", timeout=0)
@@ -215,9 +218,11 @@ def test_dead_waiter_expires_and_unblocks_the_queue(ct: ControlTable) -> None:
     holder = ct.acquire("w", holder="holder", timeout=0)
     assert ct.try_acquire("w", holder="ghost", waiter_ttl=0.5) is None  # queued, then never polls again
     holder.release()
-    time.sleep(0.8)
-    alive = ct.acquire("w", holder="alive", timeout=5)
+    # No sleep for the ghost to expire first: the live waiter queues behind it and is granted once
+    # the ghost's 0.5 s ends. 30 s (60x the ttl) is the hang detector.
+    alive = ct.acquire("w", holder="alive", timeout=30)
     assert alive.is_held()
+    assert [w.holder for w in ct.status(["w"])[0].waiters] == [], "the dead waiter is still queued"
     alive.release()
 
 
@@ -227,7 +232,9 @@ def test_timeout_withdraws_the_queue_entry(ct: ControlTable) -> None:
     t0 = time.monotonic()
     with pytest.raises(AcquireTimeout, match="position 1"):
         ct.acquire("w", holder="impatient", timeout=0.5)
-    assert 0.4 < time.monotonic() - t0 < 5
+    took = time.monotonic() - t0
+    assert took > 0.4, f"gave up after {took:.2f} s, before its 0.5 s timeout"  # a lower bound: load only adds
+    assert took < 30, f"hang: acquire(timeout=0.5) returned after {took:.1f} s"
     assert ct.status(["w"])[0].waiters == []
     holder.release()
 
@@ -244,7 +251,8 @@ def test_waiter_is_granted_after_release(ct: ControlTable) -> None:
 
     t = threading.Thread(target=wait)
     t.start()
-    time.sleep(0.3)
+    # Observed queued (so it could have been granted by then, had the holder not held on): not granted.
+    wait_until(lambda: [w.holder for w in ct.status(["w"])[0].waiters] == ["waiter"], 30, "the waiter to queue")
     assert not got
     holder.release()
     t.join(30)

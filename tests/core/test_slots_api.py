@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from support.live import wait_until
 
 from controltable import AcquireTimeout, ConfigurationError, ControlTable, LeaseLost
 from controltable.defaults import DEFAULT_MODE
@@ -195,10 +196,7 @@ def test_wakeup_listener_called_on_grant(ct: ControlTable, backend_url: str) -> 
             woken.set()
 
         remove = ct.add_wakeup_listener(ct.wakeup_keys("w", holder="waiter"), callback)
-        deadline = time.monotonic() + 10
-        while not ct.push_active and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert ct.push_active
+        wait_until(lambda: ct.push_active, 30, "the listener to be up (push active)", interval=0.05)
         holder.release()
         assert woken.wait(10), "no wake-up arrived for the waiter"
         got = ct.try_acquire("w", holder="waiter", pickup=60)

@@ -123,9 +123,9 @@ def test_rate_limit_holds_the_head_and_grants_when_the_window_opens(ct: ControlT
     with pytest.raises(AcquireTimeout):
         ct.acquire("api", holder="impatient", timeout=0.2)
     # ...and a waiting acquire is granted when the window opens, without anybody else acting.
-    lease = ct.acquire("api", holder="next", timeout=10)
+    lease = ct.acquire("api", holder="next", timeout=10)  # 10 s (5x the window): the hang detector
     waited = time.monotonic() - start
-    assert 1.5 < waited < 4.0, waited
+    assert waited > 1.5, f"granted after {waited:.2f} s, before the 2 s window could open"  # a lower bound
     lease.release()
     (st,) = ct.status(["api"])
     assert st.rate_opens_in is None or st.rate_opens_in <= 2.0

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 import pytest
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import Connection
+from support.live import wait_until
 
 from controltable import LeaseLost
 
@@ -78,11 +79,11 @@ def waiters_behind(probe: Connection, backend: str, holder: Connection, item_id:
 
 def wait_for_waiters(probe: Connection, backend: str, holder: Connection, item_id: int, n: int,
                      call: Outcome) -> None:
-    deadline = time.monotonic() + 10
-    while waiters_behind(probe, backend, holder, item_id) < n:
+    def queued() -> bool:
         assert call.thread.is_alive(), f"the call did not wait on the row lock: {call.error!r} {call.value!r}"
-        assert time.monotonic() < deadline, f"fewer than {n} sessions queued behind the outside row lock"
-        time.sleep(0.02)
+        return waiters_behind(probe, backend, holder, item_id) >= n
+
+    wait_until(queued, 60, f"{n} sessions to queue behind the outside row lock", interval=0.02)
 
 
 def expired_item(ct: Any, name: str) -> tuple[Any, Any]:

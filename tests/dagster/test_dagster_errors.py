@@ -188,4 +188,4 @@ def test_hung_server_fails_within_the_connect_timeout() -> None:
     finally:
         listener.close()
     _assert_clear(error, "unreachable")
-    assert elapsed < 30, f"took {elapsed:.1f} s with connect_timeout=2"
+    assert elapsed < 30, f"hang: took {elapsed:.1f} s with connect_timeout=2 (15x)"

@@ -21,9 +21,9 @@ from dagster import (
     job,
     op,
 )
+from support.live import wait_until
 
 from dagster_controltable import ControlTableResource, controltable_run_cleanup_sensor, pending_events_sensor
-from dagster_controltable import defaults as dagster_defaults
 from dagster_controltable.resource import head_retry_interval, retry_waiter_ttl
 
 pytestmark = pytest.mark.backends("sqlite", "postgres", "mysql")
@@ -234,10 +234,8 @@ def test_wait_goes_into_the_log_and_output_metadata(ct: Any, resource: ControlTa
         report()
 
     def release_once_queued() -> None:  # let the step queue, wait a little, then free the slot
-        deadline = time.monotonic() + 60
-        while not _queue(ct, "warehouse")[1] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.6)
+        wait_until(lambda: _queue(ct, "warehouse")[1], 60, "the step to queue", interval=0.05)
+        time.sleep(0.6)  # not a synchronisation: a wait long enough for wait_seconds >= 0.5 below
         blocker.release()
 
     threading.Thread(target=release_once_queued, daemon=True).start()
@@ -340,15 +338,9 @@ def test_run_worker_withdraws_a_retry_waiter_when_its_run_is_cancelled(ct: Any, 
         resources={"controltable": resource}, instance=instance, raise_on_error=False))
     runner.start()
     try:
-        deadline = time.monotonic() + 60
-        while not _queue(ct, "warehouse")[1] or "run_id" not in seen:
-            assert time.monotonic() < deadline, "the step never queued"
-            time.sleep(0.05)
+        wait_until(lambda: _queue(ct, "warehouse")[1] and "run_id" in seen, 60, "the step to queue", interval=0.05)
         instance.report_run_canceling(instance.get_run_by_id(seen["run_id"]))
-        cancelled = time.monotonic()
-        while _queue(ct, "warehouse")[1]:
-            assert time.monotonic() - cancelled < 30, "the waiter was never withdrawn"
-            time.sleep(0.05)
+        wait_until(lambda: not _queue(ct, "warehouse")[1], 30, "the waiter to be withdrawn", interval=0.05)
         withdrawn = time.monotonic()
         runner.join(timeout=60)
         assert withdrawn < seen["retried_at"], "withdrawn only when the retry wait ended"
@@ -379,29 +371,41 @@ def test_retry_watcher_withdraws_a_place_within_moments_of_the_cancel(ct: Any, b
                     "holder": holder, "resources": ["warehouse"], "instance_ref": serialize_value(instance.get_ref())}
         assert retry_watch.ensure_watcher(settings, holder, time.time() + 60)
         assert not retry_watch.ensure_watcher(settings, holder, time.time() + 90)  # one watcher, its deadline pushed
-        time.sleep(3)  # the watcher is up and reading the run's status
+        ack = retry_watch.ack_file(holder)
+        wait_until(lambda: ack.exists() and "ready" in json.loads(ack.read_text()), 60,
+                   "the watcher to say it is ready (its ack file)")
         # A next try pauses the watcher (acknowledged) before it touches its place: nothing is withdrawn
         # under it, even when the run is cancelled meanwhile; the watcher process stays for later tries.
-        started = time.monotonic()
         watcher_pid = json.loads(retry_watch.state_file(holder).read_text())["pid"]
         retry_watch.pause_watcher(holder)
-        # Acknowledged, not timed out and stopped: the same watcher process is alive and paused.
-        assert time.monotonic() - started < dagster_defaults.WATCHER_PAUSE_TIMEOUT
+        # Acknowledged, not timed out and stopped: the ack file carries the pause's number, and the same
+        # watcher process is alive and paused (a pause that timed out would have stopped it).
+        paused = json.loads(retry_watch.state_file(holder).read_text())["paused"]
+        assert json.loads(ack.read_text()).get("paused") == paused, "the pause was not acknowledged"
         assert json.loads(retry_watch.state_file(holder).read_text())["pid"] == watcher_pid
         assert retry_watch._alive(watcher_pid)
         instance.report_run_canceling(instance.get_run_by_id(run_id))
-        time.sleep(1)
+        # The paused watcher has ticked (rewritten its ack) twice since the cancel: it had a full tick
+        # in which an unpaused watcher would have withdrawn the place, and it did not.
+        ticks: set[tuple[int, int]] = set()
+
+        def ack_rewritten() -> bool:
+            try:
+                st = ack.stat()
+            except FileNotFoundError:
+                return False
+            ticks.add((st.st_ino, st.st_mtime_ns))
+            return len(ticks) >= 3
+
+        wait_until(ack_rewritten, 60, "the paused watcher to tick after the cancel", interval=0.02)
         assert _queue(ct, "warehouse") == (["shell-job"], [holder])
-        # The try raised RetryRequested again: the same watcher resumes, and withdraws the place.
+        # The try raised RetryRequested again: the same watcher resumes, and withdraws the place (no
+        # other party releases it). How soon is not asserted: 60 s is the hang detector (the goal is a tick).
         assert not retry_watch.ensure_watcher(settings, holder, time.time() + 60)
-        started = time.monotonic()
-        deadline = started + 30
-        while _queue(ct, "warehouse")[1] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _queue(ct, "warehouse") == (["shell-job"], [])
-        assert time.monotonic() - started < 2
-        while retry_watch.state_file(holder).exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: _queue(ct, "warehouse") == (["shell-job"], []), 60,
+                   "the resumed watcher to withdraw the cancelled run's place", interval=0.05)
+        wait_until(lambda: not retry_watch.state_file(holder).exists(), 60,
+                   "the watcher to end after the withdrawal", interval=0.05)
         assert not retry_watch.state_file(holder).exists()  # it ended after the withdrawal
     ct.release("warehouse", "shell-job")
 

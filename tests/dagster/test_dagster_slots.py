@@ -16,6 +16,7 @@ from dagster import (
     materialize,
     op,
 )
+from support.live import wait_until
 
 from dagster_controltable import ControlTableResource
 
@@ -160,10 +161,8 @@ def test_retry_mode_keeps_the_queue_place_between_retries(ct: Any, resource: Con
                                                                      raise_on_error=False)))
     runner.start()
     try:
-        deadline = time.monotonic() + 30
-        while not tries or max(tries) < 1:  # queued, then retried at least once
-            assert time.monotonic() < deadline, "the step never retried"
-            time.sleep(0.05)
+        wait_until(lambda: tries and max(tries) >= 1, 30, "the step to queue, then retry at least once",
+                   interval=0.05)
         (status,) = ct.status(["warehouse"])
         assert [w.holder for w in status.waiters if not w.expired][0].startswith("dagster:")
     finally:
@@ -277,15 +276,17 @@ def test_priority_from_the_dagster_priority_tags(ct: Any, resource: ControlTable
     seen: dict[str, Any] = {}
 
     def watch() -> None:  # once the step waits, note its place and priority, then free the slot
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        def queued() -> bool:
             (st,) = ct.status(["warehouse"])
-            mine = [w for w in st.waiters if w.holder.startswith("dagster:")]
-            if mine:
+            if any(w.holder.startswith("dagster:") for w in st.waiters):
                 seen["waiters"] = [(w.holder.startswith("dagster:"), w.priority) for w in st.waiters]
-                break
-            time.sleep(0.05)
-        other.release()
+                return True
+            return False
+
+        try:
+            wait_until(queued, 30, "the step to queue", interval=0.05)
+        finally:  # released either way: the test then reports what was (not) seen
+            other.release()
 
     @op(tags={"dagster/priority": "3"})
     def urgent(controltable: ControlTableResource) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any, Optional
 
 from sqlalchemy import MetaData, Table, insert, select
 
 from support.event_workers import event_rows, event_table
+from support.live import wait_until
 
 
 def new_name(prefix: str = "ev") -> str:
@@ -43,8 +43,6 @@ def rows(ct: Any, name: str) -> dict[Any, dict[str, Any]]:
 
 
 def wait_past(ct: Any, expires_at: float, timeout: float = 30.0) -> None:
-    """Sleep until the database clock is past ``expires_at`` (leases run on the database clock)."""
-    deadline = time.monotonic() + timeout
-    while ct.now() <= expires_at + 0.05:
-        assert time.monotonic() < deadline, "the database clock did not pass the expiry in time"
-        time.sleep(0.1)
+    """Wait until the database clock is past ``expires_at`` (leases run on the database clock), not
+    for a local sleep that may end before it on a loaded machine or a clock apart from the server's."""
+    wait_until(lambda: ct.now() > expires_at + 0.05, timeout, "the database clock to pass the expiry", interval=0.1)

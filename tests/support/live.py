@@ -12,15 +12,22 @@ from sqlalchemy import create_engine, text
 from support import backends_seen
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` after ``timeout`` s."""
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2,
+               state: Optional[Callable[[], Any]] = None) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` after ``timeout`` s.
+
+    The one way tests synchronise on what happened (a waiter shown queued, a server answering)
+    instead of sleeping. ``timeout`` is a hang detector, never a speed goal: make it several times
+    what the event normally takes. ``state``, if given, is called for the failure message.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+            where = f": {state()}" if state is not None else ""
+            raise AssertionError(f"hang: timed out after {timeout:g} s waiting for {what}{where}")
         time.sleep(interval)
 
 
