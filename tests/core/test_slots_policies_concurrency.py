@@ -86,10 +86,10 @@ def test_rate_limited_resource(backend_url: str, namespace: str, tmp_path: Path)
     history = [Grant.from_record(r) for r in ct.history("rated", limit=10_000)]
     assert rate_violations(history, {"rated": (4, 1.0)}) == []
     assert rate_violations(history, {"rated": (3, 1.0)}) != []  # the rate was the binding limit
-    # The window's openings were used (waiters sleep until then), not missed by seconds: 18
-    # grants at 4 per second span about 3.5 s (processes start at different times: some slack).
+    # The rate, not a stall, paced the grants: 18 grants at 4 per second span about 3.5 s. A hang
+    # detector only (5x that goal); how close the span comes to the rate is a benchmark figure.
     span = max(g.granted_at for g in history) - min(g.granted_at for g in history)
-    assert span < (18 - 4) / 4 * 1.0 + 3.0, span
+    assert span < 5 * (18 - 4) / 4 * 1.0, f"hang: 18 rate-limited grants spread over {span:.1f} s"
     ct.close()
 
 
@@ -105,8 +105,12 @@ def test_multi_slot_request_is_not_starved_by_one_slot_stream(backend_url: str, 
     assert violations(intervals(records), {"big": 3}) == []
     bigs = [r for r in records if r["worker"].startswith("big")]
     assert len(bigs) == 3
-    # At most five 1-slot requests were ahead of it, each holding at most 0.2 s.
-    waits = [r["start"] - r["asked"] for r in bigs]
-    assert max(waits) < 3.0, waits
+    # Not starved, by cause: strict FIFO among equal priorities, so no 1-slot request queued after a
+    # 3-slot one (a higher ticket) was granted before it, on the database's own clock (the history).
+    granted = {g.holder: g.granted_at for g in ct.history("big", limit=10_000)}
+    for b in bigs:
+        overtaken = [r["worker"] for r in records if r["worker"].startswith("s") and r["ticket"] > b["ticket"]
+                     and granted[r["worker"]] < granted[b["worker"]]]
+        assert overtaken == [], f"{b['worker']} (ticket {b['ticket']}) was overtaken by later requests {overtaken}"
     assert max(r["start"] for r in records if r["worker"].startswith("s")) > max(r["end"] for r in bigs)
     ct.close()
