@@ -114,6 +114,28 @@ def ct(backend_url: str, namespace: str) -> Iterator[Any]:
     table.close()
 
 
+def _note_test(text: str) -> None:
+    """Tell the footprint sampler (``support/footprint.py``) which test this process runs now.
+
+    The sampler attributes each connection to the test whose process tree holds it, which is how a
+    peak on the shared servers names its tests. Inert unless the run is sampled.
+    """
+    folder = os.environ.get("CONTROLTABLE_FOOTPRINT_DIR")
+    if folder:
+        try:
+            Path(folder, str(os.getpid())).write_text(text, encoding="utf-8")
+        except OSError:  # the sampler has ended and removed its folder; nothing to tell
+            pass
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    _note_test(nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _note_test("")
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     ran = backends_seen.summary(BACKENDS)
     missing = [b for b in ("postgres", "mysql") if not backends_seen.used(b)]
