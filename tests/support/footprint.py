@@ -46,6 +46,7 @@ DIR_ENV = "CONTROLTABLE_FOOTPRINT_DIR"
 SERVER_ENV = {"postgres": "CONTROLTABLE_TEST_POSTGRES_URL", "mysql": "CONTROLTABLE_TEST_MYSQL_URL"}
 _DEFAULT_PORT = {"postgres": 5432, "mysql": 3306}
 OUTSIDE = "(outside any test)"
+LOOKS = "looks"
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,20 @@ class Sampler:
                 self.footprint.add(self.sample())
             except Exception as exc:  # a failed look is reported at the end, never fatal to the run
                 self.errors[f"{type(exc).__name__}: {exc}"] += 1
+            self._tell_looks()
             self._stop.wait(self.interval)
+
+    def _tell_looks(self) -> None:
+        """Write the number of looks taken to ``<tests_dir>/looks``: a process that must be seen holding
+        its connections (the sampler's own test) waits for this number to move, not for a time."""
+        if self.tests_dir:
+            path = os.path.join(self.tests_dir, LOOKS)
+            try:
+                with open(path + ".tmp", "w", encoding="utf-8") as fh:
+                    fh.write(str(self.footprint.samples))
+                os.replace(path + ".tmp", path)
+            except OSError:
+                pass
 
     def _has_marker(self, proc: psutil.Process) -> bool:
         """Whether ``proc`` carries this run's marker; cached per process (pid and start time)."""
@@ -190,6 +204,8 @@ class Sampler:
         if not self.tests_dir:
             return tests
         for name in os.listdir(self.tests_dir):
+            if not name.isdigit():
+                continue
             try:
                 with open(os.path.join(self.tests_dir, name), encoding="utf-8") as fh:
                     tests[int(name)] = fh.read().strip() or OUTSIDE
