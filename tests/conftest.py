@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from support import backends_seen
+from support import backends_seen, throwaway
 from support.required import required_names
 
 BACKENDS = ("sqlite", "postgres", "mysql")
@@ -101,58 +101,6 @@ def backend(request: pytest.FixtureRequest) -> str:
     return name
 
 
-class ThrowawayServers:
-    """One throwaway PostgreSQL and one throwaway MariaDB for the session, each started at its first use.
-
-    The shared servers allow 100 connections for everybody and the suite keeps to 40
-    (``support/footprint.py`` measures it); a test that holds more (the multi-process stress tests: a
-    fleet of 4 processes x 50 threads holds 60) runs on a server of its own, as the fault tests do
-    (``faults/servers.py``: own data directory and port, stopped by PID). Each gets a ``test`` database,
-    so the URL looks like the shared one.
-    """
-
-    def __init__(self) -> None:
-        self._servers: dict[str, Any] = {}
-        self._urls: dict[str, str] = {}
-
-    def url(self, backend: str) -> str:
-        if backend not in self._urls:
-            self._urls[backend] = self._start(backend)
-        return self._urls[backend]
-
-    def _start(self, backend: str) -> str:
-        from faults.servers import ThrowawayMariaDB, ThrowawayPostgres, mariadb_bin, postgres_bin
-        from sqlalchemy import create_engine, text
-        from sqlalchemy.engine import make_url
-        from support.required import fail_or_skip
-
-        if backend == "postgres" and postgres_bin() is None:
-            fail_or_skip("a throwaway PostgreSQL needs the server binaries (initdb, pg_ctl)", "postgres")
-        if backend == "mysql" and mariadb_bin() is None:
-            fail_or_skip("a throwaway MariaDB needs mariadbd and mariadb-install-db", "mysql")
-        server = ThrowawayPostgres() if backend == "postgres" else ThrowawayMariaDB()
-        self._servers[backend] = server
-        server.start()
-        engine = create_engine(server.url(), isolation_level="AUTOCOMMIT")
-        with engine.connect() as conn:
-            conn.execute(text("CREATE DATABASE test"))
-        engine.dispose()
-        return make_url(server.url()).set(database="test").render_as_string(hide_password=False)
-
-    def close(self) -> None:
-        for server in self._servers.values():
-            server.close()
-
-
-@pytest.fixture(scope="session")
-def throwaway_servers() -> Iterator[ThrowawayServers]:
-    servers = ThrowawayServers()
-    try:
-        yield servers
-    finally:
-        servers.close()
-
-
 @pytest.fixture
 def backend_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
     """The database of ``backend`` for one test: a file for SQLite, else the shared server, or a
@@ -160,8 +108,7 @@ def backend_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) ->
     if backend == "sqlite":
         return f"sqlite:///{tmp_path / 'controltable.db'}"
     if request.node.get_closest_marker("throwaway_server"):
-        servers: ThrowawayServers = request.getfixturevalue("throwaway_servers")
-        return servers.url(backend)
+        return throwaway.url(backend)
     url = server_url(backend)
     assert url is not None
     return url
@@ -202,6 +149,7 @@ def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _note_test("")
+    throwaway.close()
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
