@@ -19,25 +19,27 @@ _SERVERS: dict[str, Any] = {}
 _URLS: dict[str, str] = {}
 
 
-def url(backend: str) -> str:
+def url(backend: str, purpose: str = "this test") -> str:
     """The URL of this session's throwaway ``backend`` ("postgres" or "mysql"), started if need be.
 
-    A missing server binary fails when CI requires the backend (``CONTROLTABLE_TEST_REQUIRE``), else skips.
+    A missing server binary fails when CI requires the backend (``CONTROLTABLE_TEST_REQUIRE``), else
+    skips; the message names ``purpose``.
     """
     if backend not in _URLS:
-        _URLS[backend] = _start(backend)
+        _URLS[backend] = _start(backend, purpose)
     return _URLS[backend]
 
 
-def _start(backend: str) -> str:
+def _start(backend: str, purpose: str) -> str:
     from faults.servers import ThrowawayMariaDB, ThrowawayPostgres, mariadb_bin, postgres_bin
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
     if backend == "postgres" and postgres_bin() is None:
-        fail_or_skip("a throwaway PostgreSQL needs the server binaries (initdb, pg_ctl)", "postgres")
+        fail_or_skip(f"{purpose} need a throwaway PostgreSQL: its server binaries (initdb, pg_ctl) are missing",
+                     "postgres")
     if backend == "mysql" and mariadb_bin() is None:
-        fail_or_skip("a throwaway MariaDB needs mariadbd and mariadb-install-db", "mysql")
+        fail_or_skip(f"{purpose} need a throwaway MariaDB: mariadbd or mariadb-install-db is missing", "mysql")
     server = ThrowawayPostgres() if backend == "postgres" else ThrowawayMariaDB()
     _SERVERS[backend] = server
     server.start()
