@@ -53,8 +53,9 @@ test: $(VENV)/.all-installed $(VENV_SA14)/.installed
 
 # The quick loop before a commit: lint, then what needs no deployment, throwaway server or browser, on SQLite
 # and PostgreSQL (required: a local server at 127.0.0.1:5432/test, or CONTROLTABLE_TEST_POSTGRES_URL).
+# PYTEST_ARGS go to pytest, e.g. make check PYTEST_ARGS="--durations=20 -x".
 check: lint
-	VENV=$(VENV) VENV_SA14=$(VENV_SA14) scripts/run-tests --check
+	VENV=$(VENV) VENV_SA14=$(VENV_SA14) scripts/run-tests --check $(PYTEST_ARGS)
 
 # The fault suite alone (part of `make test` too), printing its figures: throwaway servers, restarts, cut COMMITs.
 faults: $(VENV)/.all-installed
