@@ -1,10 +1,11 @@
 """Throwaway database servers for the tests that hold more connections than the shared servers can spare.
 
 The shared PostgreSQL and MariaDB allow 100 connections for everybody on the machine and the suite
-keeps to 40 (``support/footprint.py`` measures it). A test that holds more (the multi-process stress
-tests: a fleet of 4 processes x 50 threads holds 60; a running Airflow or Dagster with its daemons)
+keeps to 40 (``support/footprint.py`` measures it). A test that holds more, or holds many for long,
 runs on a server of its own, as the fault tests do (``faults/servers.py``: own data directory and
-port, stopped by PID). One PostgreSQL and one MariaDB per pytest process, each started at its first
+port, stopped by PID): the multi-process stress tests (a fleet of 4 processes x 50 threads was
+measured at 72 connections, the others at 8 to 25) and the running Airflow and Dagster deployments
+(15 to 18 for their whole module). One PostgreSQL and one MariaDB per pytest process, each started at its first
 use and stopped when the session ends (the root conftest calls :func:`close`); each gets a ``test``
 database, so its URL looks like the shared one.
 """
