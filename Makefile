@@ -2,6 +2,8 @@
 #   make demo   - the main job: worker processes contend for a slot and drain events on SQLite
 #   make test   - the whole suite (SQLite always; PostgreSQL/MariaDB when reachable, see README)
 # Both create their own virtual environments and install what they need.
+#   make check  - the contributors' quick loop, under 5 minutes: make lint, then the core, web and repository
+#                 tests on SQLite and PostgreSQL without the multi-process stress tests (scripts/run-tests --check)
 #   make lint   - ruff check . and mypy over the three packages (CI runs it before the tests)
 #   make docs   - the documentation site, mkdocs build --strict into site/ (CI runs it too)
 #   make dist   - the three wheels and sdists in dist/, twine-checked, installed into a clean venv and tried
@@ -12,7 +14,7 @@ VENV ?= .venv
 VENV_SA14 ?= .venv-sa14
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-airflow-live faults soak lint docs docs-serve sql bench dist clean
+.PHONY: demo test check test-airflow-live faults soak lint docs docs-serve sql bench dist clean
 
 $(VENV)/.core-installed: core/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +49,12 @@ demo: $(VENV)/.core-installed
 
 test: $(VENV)/.all-installed $(VENV_SA14)/.installed
 	VENV=$(VENV) VENV_SA14=$(VENV_SA14) scripts/run-tests
+
+# The quick loop before a commit: lint, then what needs no deployment, throwaway server or browser, on SQLite
+# and PostgreSQL (required: a local server at 127.0.0.1:5432/test, or CONTROLTABLE_TEST_POSTGRES_URL).
+# PYTEST_ARGS go to pytest, e.g. make check PYTEST_ARGS="--durations=20 -x".
+check: lint
+	VENV=$(VENV) VENV_SA14=$(VENV_SA14) scripts/run-tests --check $(PYTEST_ARGS)
 
 # The fault suite alone (part of `make test` too), printing its figures: throwaway servers, restarts, cut COMMITs.
 faults: $(VENV)/.all-installed

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from support import backends_seen
+from support import backends_seen, throwaway
 from support.required import required_names
 
 BACKENDS = ("sqlite", "postgres", "mysql")
@@ -49,7 +49,11 @@ def _check_reachable(backend: str, url: str) -> str | None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "backends(*names): run only on these backends")
-    config.addinivalue_line("markers", "slow: multi-process stress tests")
+    config.addinivalue_line("markers", "slow: multi-process stress tests (they run on throwaway servers)")
+    config.addinivalue_line(
+        "markers", "throwaway_server: holds more connections than the shared servers can spare; its "
+        "backend_url is a throwaway PostgreSQL/MariaDB of the session's (every slow test has it)"
+    )
     config.pluginmanager.import_plugin("support.sqlcapture")  # inert unless CONTROLTABLE_CAPTURE_SQL is set
     for backend in ("postgres", "mysql"):
         url = server_url(backend)
@@ -68,6 +72,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def live_backends() -> list[str]:
     return ["sqlite"] + [b for b in ("postgres", "mysql") if server_url(b) and b not in _UNREACHABLE]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A multi-process stress test holds tens of connections: it runs on throwaway servers."""
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("throwaway_server"):
+            item.add_marker(pytest.mark.throwaway_server)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -91,9 +102,13 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def backend_url(backend: str, tmp_path: Path) -> str:
+def backend_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """The database of ``backend`` for one test: a file for SQLite, else the shared server, or a
+    throwaway one for a test marked ``throwaway_server`` (every ``slow`` one is)."""
     if backend == "sqlite":
         return f"sqlite:///{tmp_path / 'controltable.db'}"
+    if request.node.get_closest_marker("throwaway_server"):
+        return throwaway.url(backend)
     url = server_url(backend)
     assert url is not None
     return url
@@ -112,6 +127,29 @@ def ct(backend_url: str, namespace: str) -> Iterator[Any]:
     table.install()
     yield table
     table.close()
+
+
+def _note_test(text: str) -> None:
+    """Tell the footprint sampler (``support/footprint.py``) which test this process runs now.
+
+    The sampler attributes each connection to the test whose process tree holds it, which is how a
+    peak on the shared servers names its tests. Inert unless the run is sampled.
+    """
+    folder = os.environ.get("CONTROLTABLE_FOOTPRINT_DIR")
+    if folder:
+        try:
+            Path(folder, str(os.getpid())).write_text(text, encoding="utf-8")
+        except OSError:  # the sampler has ended and removed its folder; nothing to tell
+            pass
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    _note_test(nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _note_test("")
+    throwaway.close()
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -1,9 +1,12 @@
 """The provider in a running Airflow 3: scheduler, triggerer, dag-processor and api-server, LocalExecutor.
 
-One deployment for the module (a throwaway PostgreSQL metadata database, see ``live_airflow.py``).
+One deployment for the module (a throwaway metadata database, see ``live_airflow.py``, on a throwaway
+PostgreSQL server with the control table, ``support/throwaway.py``: the daemons' connections stay off
+the shared server).
 Runs are triggered through the REST API; exclusion is checked from the intervals the loads record
 themselves, task states from the metadata database, tokens and queues from the control table.
-PostgreSQL is needed; when CI requires it (``CONTROLTABLE_TEST_REQUIRE``), its absence fails.
+PostgreSQL's server binaries are needed; when CI requires PostgreSQL (``CONTROLTABLE_TEST_REQUIRE``),
+their absence fails.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import pytest
 from live_airflow import LiveAirflow, live_intervals, state_mismatches
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select
 from sqlalchemy.exc import OperationalError
-from support.live import postgres_url
+from support.live import deployment_postgres_url
 
 from controltable import ControlTable
 from controltable.checks import Interval, violations
@@ -31,7 +34,7 @@ DAGS = Path(__file__).resolve().parent / "dags" / "ct_live_dags.py"
 
 @pytest.fixture(scope="module")
 def live() -> Iterator[tuple[LiveAirflow, ControlTable]]:
-    url = postgres_url("the live Airflow tests (metadata database)")
+    url = deployment_postgres_url("the live Airflow tests (metadata database)")
     namespace = f"live_{uuid.uuid4().hex[:10]}"
     ct = ControlTable(url, namespace=namespace)
     ct.install()

@@ -1,7 +1,8 @@
 """The status page mounted in a running Airflow api-server, behind Airflow's own authentication.
 
 One deployment for the module (``live_airflow.py``: scheduler, triggerer, dag-processor, api-server on
-a throwaway PostgreSQL metadata database); the control table is the PostgreSQL one the harness's
+a throwaway PostgreSQL metadata database, on a throwaway server: ``support/throwaway.py``); the control
+table is the PostgreSQL one the harness's
 ``controltable_default`` connection names. Checked: the provider's plugin mounts the page at
 ``/controltable`` and adds the navigation entry; nothing under ``/controltable`` answers without a
 token Airflow accepts; with one, the page in headless Chromium shows the live holders and waiters,
@@ -26,7 +27,7 @@ from typing import Optional
 import pytest
 from live_airflow import SCHEDULER_DEFAULTS, LiveAirflow, live_intervals, state_mismatches
 from support.browser import launch_chromium, screenshot
-from support.live import postgres_url
+from support.live import deployment_postgres_url
 
 from controltable import ControlTable
 
@@ -44,7 +45,7 @@ ADMIN_PASSWORD = uuid.uuid4().hex
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveAirflow, ControlTable]]:
     pytest.importorskip("starlette", reason="the web extra is not installed")
-    url = postgres_url("the live Airflow status-page test (metadata database)")
+    url = deployment_postgres_url("the live Airflow status-page test (metadata database)")
     namespace = f"web_{uuid.uuid4().hex[:10]}"
     ct = ControlTable(url, namespace=namespace)
     ct.install()

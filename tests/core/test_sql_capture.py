@@ -105,3 +105,45 @@ def test_a_write_run_writes_suite_files_for_the_live_dialects_only(tmp_path: Pat
     assert not (golden / "mssql.suite.sql").exists()
     assert novel in (tmp_path / "out" / "mssql.missing.sql").read_text(encoding="utf-8")
     assert session.exitstatus == 0
+
+
+def test_the_capture_can_be_limited_to_some_test_files(tmp_path: Path) -> None:
+    """``CONTROLTABLE_CAPTURE_SQL_ONLY``: the suite's main run captures the golden-SQL files' tests as it
+    runs them; another file's statements are not captured (so they cannot fail the check)."""
+    import os
+    import subprocess
+    import sys
+
+    tests = Path(__file__).resolve().parents[1]
+    (tmp_path / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
+    (tmp_path / "test_a.py").write_text(
+        "from controltable import ControlTable\n\n"
+        "def test_a(tmp_path):\n"
+        "    ct = ControlTable(f'sqlite:///{tmp_path}/a.db', namespace='a')\n"
+        "    ct.install()\n"
+        "    ct.close()\n", encoding="utf-8")
+    (tmp_path / "test_b.py").write_text(
+        "from controltable import ControlTable\n\n"
+        "def test_b(tmp_path):\n"
+        "    ct = ControlTable(f'sqlite:///{tmp_path}/b.db', namespace='b')\n"
+        "    ct.install()\n"
+        "    ct.set_capacity('warehouse', 2)\n"
+        "    ct.acquire('warehouse', holder='h', timeout=0).release()\n"
+        "    ct.close()\n", encoding="utf-8")
+
+    def shapes(only: str | None) -> set[str]:
+        out = tmp_path / f"capture-{only}"
+        env = dict(os.environ, CONTROLTABLE_CAPTURE_SQL=str(out),
+                   PYTHONPATH=os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]))
+        env.pop("CONTROLTABLE_CAPTURE_SQL_ONLY", None)
+        if only is not None:
+            env["CONTROLTABLE_CAPTURE_SQL_ONLY"] = only
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "support.sqlcapture",
+                   "test_a.py", "test_b.py"]
+        run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert "2 passed" in run.stdout, run.stdout + run.stderr
+        return set((out / "sqlite.shapes").read_text(encoding="utf-8").splitlines())
+
+    everything, only_a = shapes(None), shapes("test_a.py")
+    assert only_a, "the listed file's statements were not captured"
+    assert only_a < everything, "the other file's statements were captured too"

@@ -13,8 +13,9 @@ inside the hold) and the control table:
 - the events sensor with producers inserting: every event done exactly once, one run per backlog;
 - the second instance's runs and the first's never overlap on the shared slot.
 
-Needs PostgreSQL (CONTROLTABLE_TEST_POSTGRES_URL): skipped without it, a failure when
-CONTROLTABLE_TEST_REQUIRE names postgres (the root conftest checks that). Bounded to a few minutes.
+Runs on a throwaway PostgreSQL (``support/throwaway.py``: the daemons' connections stay off the shared
+server): skipped without its binaries, a failure when CONTROLTABLE_TEST_REQUIRE names postgres.
+Bounded to a few minutes.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 import pytest
 from ct_dagster_live.harness import STORAGE_SCHEME, Deployment, ThrowawayDatabase, create_event_tables, wait_until
 from sqlalchemy import MetaData, Table, func, insert, select
-from support.live import postgres_url
+from support.live import deployment_postgres_url
 
 from controltable import ControlTable
 from controltable.checks import Interval, violations
@@ -46,7 +47,7 @@ WITHDRAW_BOUND = 2.0
 
 @pytest.fixture(scope="module")
 def live_url() -> str:
-    return postgres_url("the live Dagster tests (run storage)")
+    return deployment_postgres_url("the live Dagster tests (run storage)")
 
 
 @pytest.fixture(scope="module")

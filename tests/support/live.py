@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 import pytest
 from sqlalchemy import create_engine, text
 
-from support import backends_seen
+from support import backends_seen, throwaway
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2,
@@ -57,5 +57,19 @@ def postgres_url(purpose: str) -> str:
             pytest.fail(message)
         pytest.skip(message)
     assert url is not None
+    backends_seen.DEPLOYMENTS["postgres"] += 1
+    return url
+
+
+def deployment_postgres_url(purpose: str) -> str:
+    """A throwaway PostgreSQL for a running Airflow or Dagster and its control table.
+
+    A deployment's daemons (scheduler, triggerer, dag-processor, api-server; a Dagster daemon and
+    webserver) and its tasks hold 15 to 20 connections for the whole module, nearly half of what the
+    suite may hold on the shared server (``support/footprint.py``): they get a PostgreSQL of their own
+    (``support/throwaway.py``), the same server binaries on a free port. Its binaries missing fail the
+    run when CI requires PostgreSQL, and skip ``purpose`` elsewhere.
+    """
+    url = throwaway.url("postgres", purpose)
     backends_seen.DEPLOYMENTS["postgres"] += 1
     return url

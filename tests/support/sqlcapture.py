@@ -18,6 +18,10 @@ reviewer SQL that is never sent (and could not be enforced). What is enforced fo
 scripted session of ``controltable sql``, which runs each dialect's own branches and is compared
 exactly by ``tests/core/test_dialect_conformance.py``.
 
+``CONTROLTABLE_CAPTURE_SQL_ONLY`` (test files, comma-separated, as pytest names them:
+``tests/core/test_events.py,...``) limits the capture to those files' tests, so the suite's main run
+captures them as it goes instead of running them a second time for the capture (``scripts/run-tests``).
+
 ``CONTROLTABLE_CAPTURE_SQL_WRITE=1`` rewrites ``core/sql/<dialect>.suite.sql`` of the live dialects
 from the run instead (every shape the suite sent that the scripted golden file lacks), to review
 with ``git diff``.
@@ -36,6 +40,7 @@ import pytest
 
 ENV = "CONTROLTABLE_CAPTURE_SQL"
 WRITE_ENV = "CONTROLTABLE_CAPTURE_SQL_WRITE"
+ONLY_ENV = "CONTROLTABLE_CAPTURE_SQL_ONLY"
 GOLDEN = Path(__file__).resolve().parents[2] / "core" / "sql"
 LIVE = ("sqlite", "postgresql", "mysql")
 COMPILED = ("mssql", "oracle")
@@ -43,6 +48,26 @@ COMPILED = ("mssql", "oracle")
 #: dialect -> shape -> one full statement of that shape
 _SEEN: dict[str, dict[str, str]] = {}
 _ERRORS: dict[str, int] = {}
+#: Whether the running test is one whose statements are captured (always, without CONTROLTABLE_CAPTURE_SQL_ONLY).
+_CAPTURING = True
+
+
+def _only() -> Optional[set[str]]:
+    value = os.environ.get(ONLY_ENV)
+    return {f.strip() for f in value.split(",") if f.strip()} if value else None
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, Optional[int], str]) -> None:
+    global _CAPTURING
+    only = _only()
+    if only is not None:
+        _CAPTURING = nodeid.split("::")[0] in only
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, Optional[int], str]) -> None:
+    global _CAPTURING
+    if _only() is not None:
+        _CAPTURING = False
 
 
 def _from_controltable() -> bool:
@@ -81,7 +106,7 @@ def _on_execute(conn: Any, clauseelement: Any, multiparams: Any, params: Any, ex
 
     from controltable.sqlscript import _column_keys, compile_sql, dialect_for
 
-    if not isinstance(clauseelement, ClauseElement) or not _from_controltable():
+    if not _CAPTURING or not isinstance(clauseelement, ClauseElement) or not _from_controltable():
         return
     keys = _column_keys(clauseelement, multiparams, params)
     running = conn.dialect.name
@@ -104,8 +129,10 @@ def enabled() -> Optional[Path]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    global _CAPTURING
     if enabled() is None:
         return
+    _CAPTURING = _only() is None
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
