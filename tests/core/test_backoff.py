@@ -16,7 +16,16 @@ def test_backoff_schedule_doubles_up_to_the_cap() -> None:
     assert backoff_schedule(5, 30.0, 3600.0) == [(1, 30.0), (2, 60.0), (3, 120.0), (4, 240.0)]
     assert backoff_schedule(50, 10.0, 25.0) == [(1, 10.0), (2, 20.0), (3, 25.0)], "stops at the cap"
     assert backoff_schedule(1, 10.0, 25.0) == [], "one attempt: straight to error"
-    assert backoff_schedule(3, 0.0, 0.0) == [(1, 0.0)]
+    assert backoff_schedule(3, 0.0, 0.0) == [(2, 0.0)], "no back-off: one entry, every attempt before error"
+
+
+def test_a_zero_or_tiny_backoff_with_many_attempts_never_overflows() -> None:
+    """Found by the generated histories: backoff=0 with max_attempts above 1024 made every fail()
+    raise OverflowError (0.0 * 2**1024), and no back-off must not mean max_backoff past the list."""
+    assert backoff_schedule(10_000, 0.0, 60.0) == [(9_999, 0.0)]
+    tiny = backoff_schedule(10_000, 5e-324, 60.0)
+    assert tiny[-1][1] == 60.0 and len(tiny) < 1_100, "doubles in floats up to the cap, then stops"
+    assert all(a[1] <= b[1] for a, b in zip(tiny, tiny[1:]))
 
 
 def _sql(value: object) -> str:

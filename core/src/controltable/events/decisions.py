@@ -23,12 +23,19 @@ def backoff_schedule(max_attempts: int, backoff: float, max_backoff: float) -> l
     :func:`controltable.events.statements.fail_values`). The list stops at the first delay
     that reaches ``max_backoff``, so it stays short however large ``max_attempts`` is.
     """
+    if backoff <= 0:
+        # No back-off: one entry covers every attempt before the error state. (Doubling zero never
+        # reaches max_backoff, and 0 * 2**1024 overflowed: fail() raised OverflowError for
+        # max_attempts above 1024; "past the last entry" must not mean max_backoff here.)
+        return [(max_attempts - 1, 0.0)] if max_attempts > 1 else []
     schedule: list[tuple[int, float]] = []
+    delay = float(backoff)
     for attempt in range(1, max_attempts):
-        delay = min(backoff * (2 ** (attempt - 1)), max_backoff)
+        delay = min(delay, max_backoff)  # doubling in floats: a tiny backoff reaches inf, never OverflowError
         schedule.append((attempt, delay))
         if delay >= max_backoff:
             break
+        delay *= 2
     return schedule
 
 
