@@ -105,7 +105,7 @@ def measure(
         }
         idle = [r["started"] - queued[r["run_id"]] for r in rows if r["run_id"] in queued]
     return {
-        "pattern": pattern, "runs": runs, "seconds": seconds, "wall": wall,
+        "pattern": pattern, "runs": runs, "seconds": seconds, "wall": wall, "gaps": end_to_start,
         "ideal": runs * seconds / capacity,
         "end_to_start_p50": _p50(end_to_start), "release_to_grant_p50": _p50(release_to_grant),
         "release_to_grant_max": max(release_to_grant) if release_to_grant else float("nan"),
@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--long-seconds", type=float, default=30.0)
     p.add_argument("--queues", default="",
                    help="comma-separated queue lengths (runs of 1 s loads) measured instead of --short/--long-runs")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="measure the plan this many times (p50s below pool the gaps of all repeats)")
     p.add_argument("--capacity", type=int, default=CAPACITY, help="the resource's slots and the pool's (default 2)")
     p.add_argument("--postgres-url", default=os.environ.get("CONTROLTABLE_BENCH_POSTGRES_URL", DEFAULT_PG))
     p.add_argument("--min-heartbeat-interval", type=float, default=5.0,
@@ -156,7 +158,9 @@ def main(argv: list[str] | None = None) -> None:
         airflow.api("POST", "/pools", {"name": "live_pool", "slots": a.capacity})
         print(f"deployment up in {time.monotonic() - started:.0f} s (home {airflow.home})", flush=True)
         plan = ([(int(n), 1.0) for n in a.queues.split(",") if n.strip()] if a.queues
-                else [(a.short_runs, 1.0), (a.long_runs, a.long_seconds)])
+                else [(a.short_runs, 1.0), (a.long_runs, a.long_seconds)]) * max(a.repeat, 1)
+        for pattern in ("controltable", "pool"):  # warm-up, not recorded: the first task of a DAG starts cold
+            measure(airflow, ct, pattern, 1, 0.1, a.capacity)
         for runs, seconds in plan:
             if runs <= 0:
                 continue
@@ -180,9 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     print("\n| loads | pattern | runs | wall s | wall / pool | load end -> next start p50 s | next start / pool | "
           "release -> next grant p50 (max) s | slot idle per grant s | waited deferred | failed runs |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        pool = next(x for x in results
-                    if x["pattern"] == "pool" and x["seconds"] == r["seconds"] and x["runs"] == r["runs"])
+    for i, r in enumerate(results):
+        pool = results[i + 1] if r["pattern"] == "controltable" else r  # measured right after, same plan item
         rtg = (f"{r['release_to_grant_p50']:.3f} ({r['release_to_grant_max']:.3f})"
                if r["pattern"] == "controltable" else "-")
         print(f"| {r['seconds']:.0f} s | {r['pattern']} | {r['runs']} | {r['wall']:.1f} | "
@@ -190,6 +193,15 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['end_to_start_p50'] / pool['end_to_start_p50']:.2f} | {rtg} | "
               f"{r['idle_per_grant']:.2f} | {r['deferred'] if r['pattern'] == 'controltable' else '-'} | "
               f"{r['failed']} |")
+    print("\n| loads | runs | repeats | controltable: load end -> next start p50 s (gaps) | pool | ratio |")
+    print("|---|---|---|---|---|---|")
+    for key in dict.fromkeys((r["seconds"], r["runs"]) for r in results):
+        gaps = {pattern: [g for r in results if (r["seconds"], r["runs"]) == key and r["pattern"] == pattern
+                          for g in r["gaps"]] for pattern in ("controltable", "pool")}
+        repeats = sum(1 for r in results if (r["seconds"], r["runs"]) == key and r["pattern"] == "pool")
+        ct_p50, pool_p50 = _p50(gaps["controltable"]), _p50(gaps["pool"])
+        print(f"| {key[0]:.0f} s | {key[1]} | {repeats} | {ct_p50:.2f} ({len(gaps['controltable'])}) | "
+              f"{pool_p50:.2f} ({len(gaps['pool'])}) | {ct_p50 / pool_p50:.2f} |")
     print("\n| loads | pattern | trigger N runs s | API call p50 (max) s | first trigger -> first load start s |")
     print("|---|---|---|---|---|")
     for r in results:
