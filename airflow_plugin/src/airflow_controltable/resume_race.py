@@ -81,9 +81,10 @@ def deferral_facts() -> Optional[dict[str, Any]]:
     """What a trigger needs to know about the process that is deferring now, to fire only when that is safe.
 
     The time, the settle (:func:`resume_settle`), how long Airflow lets a finished task process
-    linger before killing it, and the process itself (host, pid, start time) so that a triggerer on
-    the same host can watch it exit. JSON-serialisable: it travels in the trigger's kwargs. None
-    when ``[controltable] resume_settle`` is 0: the protection is off and the trigger fires at once.
+    linger before killing it, the process itself (host, pid, start time) so that a triggerer on
+    the same host can watch it exit, and the worker that will report that exit (:func:`exit_reporter`).
+    JSON-serialisable: it travels in the trigger's kwargs. None when ``[controltable] resume_settle``
+    is 0: the protection is off and the trigger fires at once.
     """
     settle = resume_settle()
     if settle <= 0:
@@ -486,7 +487,11 @@ class SettleBeforeFiring:
         exited: Optional[float] = None
         if self.deferral is not None and not in_deferring_process(self.deferral):
             if watcher is not None:
+                started = time.time()
                 await watcher  # bounded by the deferral's linger
+                if time.time() - started > 1.0:
+                    log.info("controltable: waited %.1f s for the deferring process to exit%s", time.time() - started,
+                             " and its worker to report it" if self._reported_seen is not None else "")
             exited = self._exited()
         if self._reported_seen is not None and observer is not None:
             # The report was seen queued: the scheduler seen reading it, or heartbeating twice after
