@@ -614,3 +614,32 @@ def test_trigger_fires_once_the_scheduler_read_the_exit_report_off_the_workers_p
             os.close(fd)
     assert event.payload["status"] == "granted"
     assert read_at and fired >= read_at[0], "fired before the scheduler read the exit report off the worker's pipe"
+
+
+def test_pipe_looks_are_shared_by_all_triggers_and_never_older_than_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hundred triggers waiting on the workers' one result pipe look at it once per interval, not a hundred times;
+    a look that began before a trigger saw its report queued does not count for that trigger."""
+    from airflow_controltable import resume_race
+
+    looks: list[float] = []
+
+    def unread(pipe: str, path: str) -> int:
+        looks.append(time.time())
+        return 0
+
+    monkeypatch.setattr(resume_race, "pipe_unread", unread)
+
+    async def scenario() -> tuple[int, int]:
+        shared = resume_race.pipe_looks()
+        assert resume_race.pipe_looks() is shared
+        pipes = {"pipe:[7]": "/proc/1/fd/3"}
+        since = time.time()
+        answers = await asyncio.gather(*(shared.look(pipes, since) for _ in range(100)))
+        assert all(a == {"pipe:[7]": 0} for a in answers)
+        together = len(looks)
+        await shared.look(pipes, time.time() + 0.001)  # a report seen after the last look began: look again
+        return together, len(looks)
+
+    together, after = asyncio.run(scenario())
+    assert together <= 3, f"{together} looks for 100 triggers"
+    assert after == together + 1

@@ -411,6 +411,43 @@ def scheduler_beats(url: str) -> SchedulerBeats:
     return beats
 
 
+class PipeLooks:
+    """The reporters' pipes as this triggerer's event loop has looked at them: one look per pipe per interval.
+
+    Every LocalExecutor worker writes to the same result pipe, so a hundred triggers that wait for
+    the scheduler to read it would otherwise look at it a hundred times per interval.
+    """
+
+    def __init__(self) -> None:
+        self.seen: dict[str, tuple[float, Optional[int]]] = {}  # pipe -> (when the look began, unread bytes)
+        self._lock = asyncio.Lock()  # one look at a time: the triggers behind it reuse its answer
+
+    async def look(self, pipes: dict[str, str], since: float) -> dict[str, Optional[int]]:
+        """Unread bytes per pipe, from looks that began after ``since`` and less than an interval ago."""
+        async with self._lock:
+            fresh_from = max(since, time.time() - DRAIN_WATCH_INTERVAL)
+            stale = {pipe: path for pipe, path in pipes.items() if self.seen.get(pipe, (0.0, None))[0] < fresh_from}
+            if stale:
+                began = time.time()
+                counts = await asyncio.to_thread(
+                    lambda: {pipe: pipe_unread(pipe, path) for pipe, path in stale.items()})
+                for pipe, count in counts.items():
+                    self.seen[pipe] = (began, count)
+            return {pipe: self.seen[pipe][1] for pipe in pipes}
+
+
+_LOOKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PipeLooks] = weakref.WeakKeyDictionary()
+
+
+def pipe_looks() -> PipeLooks:
+    """The running event loop's :class:`PipeLooks`."""
+    loop = asyncio.get_running_loop()
+    looks = _LOOKS.get(loop)
+    if looks is None:
+        looks = _LOOKS[loop] = PipeLooks()
+    return looks
+
+
 class SettleBeforeFiring:
     """The triggers' side of the workaround: hold an event until firing cannot fail the resumed task.
 
@@ -553,10 +590,10 @@ class SettleBeforeFiring:
         if not pipes:
             return
         drained: set[str] = set()
+        since = self._reported_seen or time.time()
         deadline = time.time() + SCHEDULER_CATCH_UP_LIMIT
         while time.time() < deadline:
-            look = await asyncio.to_thread(lambda: {pipe: pipe_unread(pipe, path) for pipe, path in pipes.items()})
-            verdict = pipes_drained(look, drained)
+            verdict = pipes_drained(await pipe_looks().look(pipes, since), drained)
             if verdict is None:
                 return
             if verdict:
