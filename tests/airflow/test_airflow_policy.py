@@ -417,19 +417,26 @@ def test_scheduler_beats_without_a_health_endpoint_leave_the_settle_alone(monkey
 def test_exit_reporter_is_the_parent_that_names_the_task_instance() -> None:
     """The deferring process names the LocalExecutor worker above it only when its title carries the task instance."""
     # The ids travel in the environment: the parent's title (its command line) carries only the one given.
+    # The parent titles itself as a LocalExecutor worker supervising that task instance; then as another
+    # executor's supervisor (Celery's), whose pipes say nothing about the scheduler: no reporter.
     code = ("import json, subprocess, sys; print(subprocess.run([sys.executable, '-c', "
             "'import json, os; from airflow_controltable.resume_race import exit_reporter; "
             "print(json.dumps([exit_reporter(os.environ[\"NAMED\"]), exit_reporter(os.environ[\"OTHER\"])]))'], "
             "capture_output=True, text=True, check=True).stdout)")
     env = {**os.environ, "NAMED": "wid-4711", "OTHER": "wid-" + "other"}
-    parent = subprocess.run([sys.executable, "-c", f"import os; print(os.getpid()); {code}", "wid-4711"],
-                            capture_output=True, text=True, check=True, timeout=120, env=env)
-    pid, answer = parent.stdout.split("\n", 1)
     import json
 
-    named, other = json.loads(answer)
-    assert named["pid"] == int(pid) and named["workload"] == "wid-4711" and named["created"] > 0
+    answers = {}
+    for title in ("airflow worker -- LocalExecutor: wid-4711", "airflow supervisor: wid-4711"):
+        parent = subprocess.run(
+            [sys.executable, "-c", f"import os, setproctitle; setproctitle.setproctitle({title!r}); "
+             f"print(os.getpid()); {code}"], capture_output=True, text=True, check=True, timeout=120, env=env)
+        printed_pid, answer = parent.stdout.split("\n", 1)
+        answers[title] = (int(printed_pid), json.loads(answer))
+    worker_pid, (named, other) = answers["airflow worker -- LocalExecutor: wid-4711"]
+    assert named["pid"] == worker_pid and named["workload"] == "wid-4711" and named["created"] > 0
     assert other is None  # a parent whose title does not name the task instance reports nothing we can see
+    assert answers["airflow supervisor: wid-4711"][1] == [None, None], "another executor's supervisor is no reporter"
 
 
 @pytest.mark.usefixtures("airflow_db")

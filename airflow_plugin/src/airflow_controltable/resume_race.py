@@ -108,6 +108,10 @@ def deferral_facts() -> Optional[dict[str, Any]]:
     }
 
 
+#: How Airflow's LocalExecutor titles its worker processes (``local_executor._get_executor_process_title_prefix``).
+LOCAL_EXECUTOR_WORKER_TITLE = "airflow worker -- LocalExecutor"
+
+
 def _current_ti_id() -> Optional[str]:
     """The running task instance's id (what the LocalExecutor names its worker after), or None outside a task."""
     try:
@@ -138,7 +142,11 @@ def exit_reporter(workload: Optional[str] = None) -> Optional[dict[str, Any]]:
         import psutil
 
         parent = psutil.Process().parent()
-        if parent is None or workload not in " ".join(parent.cmdline()):
+        title = " ".join(parent.cmdline()) if parent is not None else ""
+        # Only a LocalExecutor worker queues the report on the scheduler's own result pipe; other
+        # executors' supervisors are titled after the task too ("airflow supervisor: <ti id>"), but
+        # report through a broker, and their pipes prove nothing about the scheduler.
+        if parent is None or not title.startswith(LOCAL_EXECUTOR_WORKER_TITLE) or workload not in title:
             return None
         return {"pid": parent.pid, "created": float(parent.create_time()), "workload": workload}
     except Exception:  # no psutil, or the parent is not ours to see
