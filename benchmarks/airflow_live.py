@@ -1,10 +1,12 @@
 """Airflow benchmark: the recommended slot pattern against a plain Airflow pool, in one real deployment.
 
 ``.venv/bin/python -m benchmarks.airflow_live [--short-runs 100] [--long-runs 20]``
+``.venv/bin/python -m benchmarks.airflow_live --queues 2,3 --capacity 1`` (short queues: issue 35 item 8)
 
 Starts scheduler, triggerer, dag-processor and api-server (LocalExecutor, a throwaway PostgreSQL
 metadata database; the harness of ``tests/airflow/live_airflow.py``), then for 1 s loads and for
-30 s loads triggers N runs on a capacity-2 resource twice: with ``@task.controltable_slot`` (wait
+30 s loads (or, with ``--queues``, for each queue length given, with 1 s loads) triggers N runs on
+a capacity-2 (``--capacity``) resource twice: with ``@task.controltable_slot`` (wait
 deferred, hold while working) and with a plain Airflow pool of 2 slots. Same deployment, same DAG
 file, same load code, one after the other. Prints per pattern:
 
@@ -60,10 +62,12 @@ def _intervals(ct: ControlTable, run_ids: list[str]) -> list[dict[str, Any]]:
         return [dict(r._mapping) for r in rows]
 
 
-def measure(airflow: LiveAirflow, ct: ControlTable, pattern: str, runs: int, seconds: float) -> dict[str, Any]:
+def measure(
+    airflow: LiveAirflow, ct: ControlTable, pattern: str, runs: int, seconds: float, capacity: int = CAPACITY,
+) -> dict[str, Any]:
     dag_id = {"controltable": "ct_live_slot", "pool": "ct_live_pool"}[pattern]
     resource = f"bench_{uuid.uuid4().hex[:6]}"
-    ct.set_capacity(resource, CAPACITY)
+    ct.set_capacity(resource, capacity)
     t0 = time.time()
     run_ids: list[str] = []
     trigger_calls: list[float] = []
@@ -83,13 +87,13 @@ def measure(airflow: LiveAirflow, ct: ControlTable, pattern: str, runs: int, sec
     starts = sorted(r["started"] for r in rows)
     ends = sorted(r["finished"] for r in rows)
     # With capacity C, load k (k >= C, in start order) can only start after the (k-C)-th end.
-    end_to_start = [s - e for s, e in zip(starts[CAPACITY:], ends) if s >= e]
+    end_to_start = [s - e for s, e in zip(starts[capacity:], ends) if s >= e]
     idle: list[float] = []
     release_to_grant: list[float] = []
     if pattern == "controltable":
         idle = [r["started"] - r["granted"] for r in rows if r["granted"] is not None]
         grants = sorted(r["granted"] for r in rows if r["granted"] is not None)
-        release_to_grant = [g - e for g, e in zip(grants[CAPACITY:], ends) if g >= e]
+        release_to_grant = [g - e for g, e in zip(grants[capacity:], ends) if g >= e]
     else:
         queued = {
             row["run_id"]: row["queued_dttm"].timestamp()
@@ -101,8 +105,8 @@ def measure(airflow: LiveAirflow, ct: ControlTable, pattern: str, runs: int, sec
         }
         idle = [r["started"] - queued[r["run_id"]] for r in rows if r["run_id"] in queued]
     return {
-        "pattern": pattern, "runs": runs, "seconds": seconds, "wall": wall,
-        "ideal": runs * seconds / CAPACITY,
+        "pattern": pattern, "runs": runs, "seconds": seconds, "wall": wall, "gaps": end_to_start,
+        "ideal": runs * seconds / capacity,
         "end_to_start_p50": _p50(end_to_start), "release_to_grant_p50": _p50(release_to_grant),
         "release_to_grant_max": max(release_to_grant) if release_to_grant else float("nan"),
         "idle_per_grant": statistics.fmean(idle) if idle else float("nan"),
@@ -120,6 +124,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--short-runs", type=int, default=100, help="runs with 1 s loads (issue: 100)")
     p.add_argument("--long-runs", type=int, default=20, help="runs with 30 s loads (issue: 20)")
     p.add_argument("--long-seconds", type=float, default=30.0)
+    p.add_argument("--queues", default="",
+                   help="comma-separated queue lengths (runs of 1 s loads) measured instead of --short/--long-runs")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="measure the plan this many times (p50s below pool the gaps of all repeats)")
+    p.add_argument("--capacity", type=int, default=CAPACITY, help="the resource's slots and the pool's (default 2)")
     p.add_argument("--postgres-url", default=os.environ.get("CONTROLTABLE_BENCH_POSTGRES_URL", DEFAULT_PG))
     p.add_argument("--min-heartbeat-interval", type=float, default=5.0,
                    help="[workers] min_heartbeat_interval of the deployment (Airflow's default: 5)")
@@ -140,39 +149,59 @@ def main(argv: list[str] | None = None) -> None:
                           extra_env=env)
     results: list[dict[str, Any]] = []
     mismatches: list[str] = []
+    waits: list[str] = []
     lags: list[float] = []
     try:
         started = time.monotonic()
         airflow.start()
         airflow.wait_for_dags(["ct_live_slot", "ct_live_pool"])
-        airflow.api("POST", "/pools", {"name": "live_pool", "slots": CAPACITY})
+        airflow.api("POST", "/pools", {"name": "live_pool", "slots": a.capacity})
         print(f"deployment up in {time.monotonic() - started:.0f} s (home {airflow.home})", flush=True)
-        for runs, seconds in ((a.short_runs, 1.0), (a.long_runs, a.long_seconds)):
+        plan = ([(int(n), 1.0) for n in a.queues.split(",") if n.strip()] if a.queues
+                else [(a.short_runs, 1.0), (a.long_runs, a.long_seconds)]) * max(a.repeat, 1)
+        for pattern in ("controltable", "pool"):  # warm-up, not recorded: the first task of a DAG starts cold
+            measure(airflow, ct, pattern, 1, 0.1, a.capacity)
+        for runs, seconds in plan:
             if runs <= 0:
                 continue
             for pattern in ("controltable", "pool"):
-                print(f"-- {pattern}: {runs} runs x {seconds:.0f} s loads, capacity {CAPACITY}", flush=True)
-                results.append(measure(airflow, ct, pattern, runs, seconds))
+                print(f"-- {pattern}: {runs} runs x {seconds:.0f} s loads, capacity {a.capacity}", flush=True)
+                results.append(measure(airflow, ct, pattern, runs, seconds, a.capacity))
                 r = results[-1]
                 print(f"   wall {r['wall']:.1f} s (ideal {r['ideal']:.0f} s), failed runs {r['failed']}", flush=True)
         mismatches = state_mismatches(airflow.logs("scheduler", 500_000_000))
+        # What the triggers waited for before firing (resume_race's log lines), as they said it.
+        texts = [airflow.logs("triggerer", 500_000_000)]
+        texts += [p.read_text(errors="replace") for p in airflow.home.glob("logs/**/*") if p.is_file()]
+        waits = [line[:200] for text in texts for line in text.splitlines()
+                 if "controltable: firing in" in line or "controltable: waited" in line]
         lags = airflow.resume_lags()
     finally:
         airflow.stop()
         table.drop(ct.engine, checkfirst=True)
         ct.close()
 
-    print("\n| loads | pattern | runs | wall s | wall / pool | load end -> next start p50 s | "
+    print("\n| loads | pattern | runs | wall s | wall / pool | load end -> next start p50 s | next start / pool | "
           "release -> next grant p50 (max) s | slot idle per grant s | waited deferred | failed runs |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        pool = next(x for x in results if x["pattern"] == "pool" and x["seconds"] == r["seconds"])
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for i, r in enumerate(results):
+        pool = results[i + 1] if r["pattern"] == "controltable" else r  # measured right after, same plan item
         rtg = (f"{r['release_to_grant_p50']:.3f} ({r['release_to_grant_max']:.3f})"
                if r["pattern"] == "controltable" else "-")
         print(f"| {r['seconds']:.0f} s | {r['pattern']} | {r['runs']} | {r['wall']:.1f} | "
-              f"{r['wall'] / pool['wall']:.2f} | {r['end_to_start_p50']:.2f} | {rtg} | "
+              f"{r['wall'] / pool['wall']:.2f} | {r['end_to_start_p50']:.2f} | "
+              f"{r['end_to_start_p50'] / pool['end_to_start_p50']:.2f} | {rtg} | "
               f"{r['idle_per_grant']:.2f} | {r['deferred'] if r['pattern'] == 'controltable' else '-'} | "
               f"{r['failed']} |")
+    print("\n| loads | runs | repeats | controltable: load end -> next start p50 s (gaps) | pool | ratio |")
+    print("|---|---|---|---|---|---|")
+    for key in dict.fromkeys((r["seconds"], r["runs"]) for r in results):
+        gaps = {pattern: [g for r in results if (r["seconds"], r["runs"]) == key and r["pattern"] == pattern
+                          for g in r["gaps"]] for pattern in ("controltable", "pool")}
+        repeats = sum(1 for r in results if (r["seconds"], r["runs"]) == key and r["pattern"] == "pool")
+        ct_p50, pool_p50 = _p50(gaps["controltable"]), _p50(gaps["pool"])
+        print(f"| {key[0]:.0f} s | {key[1]} | {repeats} | {ct_p50:.2f} ({len(gaps['controltable'])}) | "
+              f"{pool_p50:.2f} ({len(gaps['pool'])}) | {ct_p50 / pool_p50:.2f} |")
     print("\n| loads | pattern | trigger N runs s | API call p50 (max) s | first trigger -> first load start s |")
     print("|---|---|---|---|---|")
     for r in results:
@@ -183,6 +212,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\ntasks the scheduler failed as ended but queued/running (the deferral race): {len(mismatches)}")
     for line in mismatches[:5]:
         print("  ", line[:300])
+    print(f"trigger waits before firing ({len(waits)} lines):")
+    for line in waits[:12]:
+        print("  ", line)
     if lags:
         print(f"deferral -> scheduler received the deferring process's exit: {len(lags)} deferrals, "
               f"p50 {_p50(lags):.2f} s, max {max(lags):.2f} s")

@@ -421,3 +421,241 @@ def test_scheduler_beats_without_a_health_endpoint_leave_the_settle_alone(monkey
         return await triggers.scheduler_beats("http://nowhere/health").caught_up(100.0, 5)
 
     assert asyncio.run(ask()) is None
+
+
+def test_exit_reporter_is_the_parent_that_names_the_task_instance() -> None:
+    """The deferring process names the LocalExecutor worker above it only when its title carries the task instance."""
+    # The ids travel in the environment: the parent's title (its command line) carries only the one given.
+    # The parent titles itself as a LocalExecutor worker supervising that task instance; then as another
+    # executor's supervisor (Celery's), whose pipes say nothing about the scheduler: no reporter.
+    code = ("import json, subprocess, sys; print(subprocess.run([sys.executable, '-c', "
+            "'import json, os; from airflow_controltable.resume_race import exit_reporter; "
+            "print(json.dumps([exit_reporter(os.environ[\"NAMED\"]), exit_reporter(os.environ[\"OTHER\"])]))'], "
+            "capture_output=True, text=True, check=True).stdout)")
+    env = {**os.environ, "NAMED": "wid-4711", "OTHER": "wid-" + "other"}
+    import json
+
+    answers = {}
+    for title in ("airflow worker -- LocalExecutor: wid-4711", "airflow supervisor: wid-4711"):
+        parent = subprocess.run(
+            [sys.executable, "-c", f"import os, setproctitle; setproctitle.setproctitle({title!r}); "
+             f"print(os.getpid()); {code}"], capture_output=True, text=True, check=True, timeout=120, env=env)
+        printed_pid, answer = parent.stdout.split("\n", 1)
+        answers[title] = (int(printed_pid), json.loads(answer))
+    worker_pid, (named, other) = answers["airflow worker -- LocalExecutor: wid-4711"]
+    assert named["pid"] == worker_pid and named["workload"] == "wid-4711" and named["created"] > 0
+    assert other is None  # a parent whose title does not name the task instance reports nothing we can see
+    assert answers["airflow supervisor: wid-4711"][1] == [None, None], "another executor's supervisor is no reporter"
+
+
+@pytest.mark.usefixtures("airflow_db")
+@pytest.mark.backends("sqlite")
+def test_trigger_fires_two_heartbeats_after_the_report_is_queued_not_after_the_settle(
+    conn_id: str, ct: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
+) -> None:
+    """A reporter in view (no pipes to watch): the event waits for the worker to queue the exit report, then
+    for the scheduler's second heartbeat after that, and no longer for the fixed settle (60 s here)."""
+    import json
+    import threading
+    from datetime import datetime, timezone
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import psutil
+
+    from airflow_controltable.triggers.controltable import SlotTrigger
+
+    beats: list[float] = []
+
+    class Health(BaseHTTPRequestHandler):  # a scheduler that heartbeats every 0.3 s
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            beat = int(time.time() / 0.3) * 0.3
+            beats.append(beat)
+            body = json.dumps({"scheduler": {"status": "healthy", "latest_scheduler_heartbeat":
+                                             datetime.fromtimestamp(beat, timezone.utc).isoformat()}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTION_API_SERVER_URL", f"http://127.0.0.1:{server.server_port}/execution/")
+    reported_at = tmp_path / "reported"
+    go = tmp_path / "go"
+    # The worker: titled after the task instance until it has queued the report, then "<idle>".
+    worker = subprocess.Popen([sys.executable, "-c", (
+        "import pathlib, sys, time, setproctitle\n"
+        "go, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])\n"
+        "setproctitle.setproctitle('airflow worker -- LocalExecutor: wid-0815')\n"
+        "while not go.exists(): time.sleep(0.05)\n"
+        "time.sleep(1.0)\n"
+        "setproctitle.setproctitle('airflow worker -- LocalExecutor: <idle>')\n"
+        "out.write_text(repr(time.time()))\n"
+        "time.sleep(120)\n"), str(go), str(reported_at)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # no pipe: heartbeats prove it
+    task = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
+    try:
+        from support.live import wait_until
+
+        wait_until(lambda: "wid-0815" in " ".join(psutil.Process(worker.pid).cmdline()), 60,
+                   "the worker never titled itself (hang)")
+        reporter = {"pid": worker.pid, "created": psutil.Process(worker.pid).create_time(), "workload": "wid-0815"}
+        deferral = facts(at=time.time(), settle=60.0, wake=0.0, pid=task.pid,
+                         created=psutil.Process(task.pid).create_time(), reporter=reporter)
+        ct.set_capacity("warehouse", 1)
+        trigger = SlotTrigger(resource="warehouse", holder="h", lease=60, waiter_ttl=60, conn_id=conn_id,
+                              poll_interval=0.1, deferral=deferral)
+        trigger = SlotTrigger(**trigger.serialize()[1])  # the reporter travels in the stored kwargs
+
+        async def first() -> Any:
+            async def release_worker_after_exit() -> None:
+                while task.poll() is None:
+                    await asyncio.sleep(0.05)
+                go.write_text("")  # the worker reports only after the task process exited, as Airflow's does
+
+            helper = asyncio.ensure_future(release_worker_after_exit())
+            async for event in trigger.run():
+                fired = time.time()
+                await helper
+                return event, fired
+
+        event, fired = asyncio.run(asyncio.wait_for(first(), 45))  # > 45 s: the 60 s settle was waited (a hang)
+    finally:
+        server.shutdown()
+        for proc in (task, worker):
+            proc.kill()
+            proc.wait(10)
+    assert event.payload["status"] == "granted"
+    reported = float(reported_at.read_text())
+    assert fired >= reported, "fired before the worker queued the deferring process's exit report"
+    later = sorted({b for b in beats if reported < b <= fired})
+    assert len(later) >= 2, f"fired before the scheduler heartbeated twice after the report: {later}"
+
+
+def test_pipes_drained_decisions() -> None:
+    from airflow_controltable.resume_race import pipes_drained
+
+    drained: set[str] = set()
+    assert pipes_drained({"pipe:[1]": 40, "pipe:[2]": 0}, drained) is False  # the report may sit in pipe 1
+    assert pipes_drained({"pipe:[1]": 0, "pipe:[2]": 12}, drained) is True  # each seen empty once since the report
+    assert pipes_drained({"pipe:[1]": 0, "pipe:[3]": None}, set()) is None  # one cannot be looked at: no proof
+
+
+@pytest.mark.usefixtures("airflow_db")
+@pytest.mark.backends("sqlite")
+def test_trigger_fires_once_the_scheduler_read_the_exit_report_off_the_workers_pipe(
+    conn_id: str, ct: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker writes the exit report to a pipe only the scheduler reads (LocalExecutor's result queue), then
+    titles itself idle; the event comes once that pipe was read, with no heartbeat after the report at all."""
+    import json
+    import threading
+    from datetime import datetime, timezone
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import psutil
+    from support.live import wait_until
+
+    from airflow_controltable.triggers.controltable import SlotTrigger
+
+    stale = time.time() - 5.0
+
+    class Health(BaseHTTPRequestHandler):  # a scheduler whose heartbeat never moves (a long loop)
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = json.dumps({"scheduler": {"status": "healthy", "latest_scheduler_heartbeat":
+                                             datetime.fromtimestamp(stale, timezone.utc).isoformat()}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTION_API_SERVER_URL", f"http://127.0.0.1:{server.server_port}/execution/")
+    read_end, write_end = os.pipe()
+    go_read, go_write = os.pipe()
+    worker = subprocess.Popen([sys.executable, "-c", (
+        "import os, sys, time, setproctitle\n"
+        "out, go = int(sys.argv[1]), int(sys.argv[2])\n"
+        "setproctitle.setproctitle('airflow worker -- LocalExecutor: wid-0816')\n"
+        "os.read(go, 1); os.close(go)\n"
+        "os.write(out, b'report')  # the executor event, put before the worker titles itself idle\n"
+        "setproctitle.setproctitle('airflow worker -- LocalExecutor: <idle>')\n"
+        "time.sleep(120)\n"), str(write_end), str(go_read)],
+        pass_fds=(write_end, go_read), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    os.close(go_read)
+    task = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
+    read_at: list[float] = []
+    try:
+        wait_until(lambda: "wid-0816" in " ".join(psutil.Process(worker.pid).cmdline()), 60,
+                   "the worker never titled itself (hang)")
+        reporter = {"pid": worker.pid, "created": psutil.Process(worker.pid).create_time(), "workload": "wid-0816"}
+        deferral = facts(at=time.time(), settle=60.0, wake=0.0, pid=task.pid,
+                         created=psutil.Process(task.pid).create_time(), reporter=reporter)
+        ct.set_capacity("warehouse", 1)
+        trigger = SlotTrigger(resource="warehouse", holder="h", lease=60, waiter_ttl=60, conn_id=conn_id,
+                              poll_interval=0.1, deferral=deferral)
+
+        async def scheduler() -> None:
+            while task.poll() is None:
+                await asyncio.sleep(0.05)
+            os.write(go_write, b"g")  # the worker reports after the task process exited
+            while "wid-0816" in " ".join(psutil.Process(worker.pid).cmdline()):
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)  # a scheduler loop that reads its executor's results a moment later
+            read_at.append(time.time())
+            assert os.read(read_end, 64) == b"report"
+
+        async def first() -> Any:
+            reader = asyncio.ensure_future(scheduler())
+            async for event in trigger.run():
+                fired = time.time()
+                await reader
+                return event, fired
+
+        event, fired = asyncio.run(asyncio.wait_for(first(), 45))  # > 45 s: it waited for a settle or beats (hang)
+    finally:
+        server.shutdown()
+        for proc in (task, worker):
+            proc.kill()
+            proc.wait(10)
+        for fd in (read_end, write_end, go_write):
+            os.close(fd)
+    assert event.payload["status"] == "granted"
+    assert read_at and fired >= read_at[0], "fired before the scheduler read the exit report off the worker's pipe"
+
+
+def test_pipe_looks_are_shared_by_all_triggers_and_never_older_than_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hundred triggers waiting on the workers' one result pipe look at it once per interval, not a hundred times;
+    a look that began before a trigger saw its report queued does not count for that trigger."""
+    from airflow_controltable import resume_race
+
+    looks: list[float] = []
+
+    def unread(pipe: str, path: str) -> int:
+        looks.append(time.time())
+        return 0
+
+    monkeypatch.setattr(resume_race, "pipe_unread", unread)
+
+    async def scenario() -> tuple[int, int]:
+        shared = resume_race.pipe_looks()
+        assert resume_race.pipe_looks() is shared
+        pipes = {"pipe:[7]": "/proc/1/fd/3"}
+        since = time.time()
+        answers = await asyncio.gather(*(shared.look(pipes, since) for _ in range(100)))
+        assert all(a == {"pipe:[7]": 0} for a in answers)
+        together = len(looks)
+        await shared.look(pipes, time.time() + 0.001)  # a report seen after the last look began: look again
+        return together, len(looks)
+
+    together, after = asyncio.run(scenario())
+    assert together <= 3, f"{together} looks for 100 triggers"
+    assert after == together + 1

@@ -26,6 +26,7 @@ __all__ = [
     "DEFER_TIMEOUT_MARGIN",
     "INTERRUPT_ON_LEASE_LOSS",
     "MAX_ID",
+    "RESUME_GUARD_AIRFLOW",
     "SCHEDULER_CATCH_UP_LIMIT",
     "SCHEDULER_HEARTBEAT_POLL",
     "SENSOR_MIN_PICKUP",
@@ -129,6 +130,12 @@ DEFAULT_EXIT_ALLOWANCE = 3.0
 SCHEDULER_CATCH_UP_LIMIT = 120.0
 #: How often the trigger reads the scheduler's heartbeat meanwhile (seconds).
 SCHEDULER_HEARTBEAT_POLL = 0.5
+
+#: The first Airflow whose scheduler is known (its source read) not to fail a *scheduled* task
+#: instance resumed from deferral over the stale event (``process_executor_events``: "Resume-after-defer"):
+#: from it on, a trigger may fire as soon as the scheduler has read the exit report, since it handles
+#: the report in the same loop, before any later loop queues the task. Older: heartbeats only.
+RESUME_GUARD_AIRFLOW = "3.3.2"
 
 #: Deprecated: the settle used to be a fixed 10 s after the deferral; it is now computed from the
 #: worker's heartbeat interval (``[controltable] resume_settle`` still overrides it).
