@@ -47,6 +47,8 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+import sqlalchemy
+
 from . import defaults
 from .errors import ConfigurationError, safe_url
 
@@ -78,28 +80,36 @@ _PREPARES_REFUSED: set[str] = set()
 #: PostgreSQL; ``mariadb://`` is the MySQL dialect, which detects MariaDB on connecting.
 URL_BACKENDS = {"postgres": "postgresql", "postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql"}
 #: Per backend, the drivers a URL without one gets, in order of preference: (the module to find,
-#: the SQLAlchemy driver name). psycopg 3 and PyMySQL are what the extras install; psycopg2 and
-#: mysqlclient (SQLAlchemy's own defaults) are used when they are what is installed.
+#: the SQLAlchemy driver name, the SQLAlchemy major version that has its dialect). psycopg 3 and
+#: PyMySQL are what the extras install; psycopg2 and mysqlclient (SQLAlchemy's own defaults) are
+#: used when they are what is installed, and psycopg2 always on SQLAlchemy 1.4, which has no
+#: psycopg-3 dialect (``postgresql+psycopg`` came with 2.0; Airflow 2 pins 1.4).
 URL_DRIVERS = {
-    "postgresql": (("psycopg", "psycopg"), ("psycopg2", "psycopg2")),
-    "mysql": (("MySQLdb", "mysqldb"), ("pymysql", "pymysql")),
+    "postgresql": (("psycopg", "psycopg", 2), ("psycopg2", "psycopg2", 1)),
+    "mysql": (("MySQLdb", "mysqldb", 1), ("pymysql", "pymysql", 1)),
 }
 #: The extra that installs a backend's preferred driver, and the URL to type with it.
 URL_EXTRAS = {
     "postgresql": ("postgres", "postgresql+psycopg://user:password@host:5432/db"),
     "mysql": ("mysql", "mysql+pymysql://user:password@host:3306/db"),
 }
+#: On SQLAlchemy 1.4, where the extra's driver has no dialect: the package to install instead,
+#: and the URL to type with it.
+URL_SQLALCHEMY_1 = {"postgresql": ("psycopg2-binary", "postgresql+psycopg2://user:password@host:5432/db")}
+#: Whether the running SQLAlchemy is 2.x (it has the psycopg-3 dialect).
+SQLALCHEMY_2 = int(sqlalchemy.__version__.split(".")[0]) >= 2
 
 
 def _importable(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def typed_url(url: Any, have: Callable[[str], bool] = _importable) -> Any:
+def typed_url(url: Any, have: Callable[[str], bool] = _importable, *, sqlalchemy_2: bool = SQLALCHEMY_2) -> Any:
     """``url`` (a SQLAlchemy ``URL``) with the common spellings people type made explicit.
 
     ``postgres://`` and ``postgresql://`` become ``postgresql+psycopg://`` (psycopg 3, what the
-    ``postgres`` extra installs; ``+psycopg2`` when only that is installed); ``mysql://`` and
+    ``postgres`` extra installs; ``+psycopg2`` when only that is installed, and on SQLAlchemy 1.4,
+    which has no psycopg-3 dialect: there psycopg 3 alone is refused, naming the conflict); ``mysql://`` and
     ``mariadb://`` become ``mysql+pymysql://`` when PyMySQL is installed and mysqlclient is not
     (SQLAlchemy would otherwise ask for ``MySQLdb``). A URL naming its driver keeps it (only the
     backend's spelling is made explicit). When no driver for the backend is installed, a
@@ -112,9 +122,18 @@ def typed_url(url: Any, have: Callable[[str], bool] = _importable) -> Any:
         return url
     if driver:
         return url if spelled == backend else url.set(drivername=f"{backend}+{driver}")
-    for module, found in URL_DRIVERS[backend]:
-        if have(module):
+    for module, found, since in URL_DRIVERS[backend]:
+        if have(module) and (since < 2 or sqlalchemy_2):
             return url.set(drivername=f"{backend}+{found}")
+    if not sqlalchemy_2 and backend in URL_SQLALCHEMY_1:
+        package, example = URL_SQLALCHEMY_1[backend]
+        newer = [f"{module} is installed, but SQLAlchemy {sqlalchemy.__version__} has no dialect for it "
+                 f"({backend}+{found} needs SQLAlchemy 2); "
+                 for module, found, since in URL_DRIVERS[backend] if since >= 2 and have(module)]
+        raise ConfigurationError(
+            f"no driver this SQLAlchemy can use for {safe_url(url)!r}: {''.join(newer)}install one it has: "
+            f"pip install {package}, and use a URL that names it, e.g. {example} (or upgrade SQLAlchemy to 2)"
+        )
     extra, example = URL_EXTRAS[backend]
     raise ConfigurationError(
         f"no driver for {safe_url(url)!r} is installed; install one with: pip install 'controltable[{extra}]', "
