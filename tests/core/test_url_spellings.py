@@ -6,6 +6,7 @@ with a ``ConfigurationError`` that says what to install and what to type, its pa
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Callable
 
 import pytest
@@ -88,6 +89,17 @@ def test_without_a_driver_the_error_says_what_to_install_and_type(typed: str, ex
     text = str(caught.value)
     assert f"pip install 'controltable[{extra}]'" in text and example in text, text
     assert SECRET not in text and "db-host" in text
+
+
+@pytest.mark.skipif(importlib.util.find_spec("MySQLdb") is not None, reason="mysqlclient is installed here")
+def test_a_named_driver_that_is_missing_names_its_own_package() -> None:
+    """``mysql+mysqldb://`` needs mysqlclient, which no extra installs: the advice names that
+    package (it named every extra at once), from the same driver table ``typed_url`` reads."""
+    with pytest.raises(ConfigurationError) as caught:
+        controltable.ControlTable(f"mysql+mysqldb://user:{SECRET}@db-host/db")
+    text = str(caught.value)
+    assert "pip install mysqlclient" in text and "controltable[" not in text, text
+    assert SECRET not in text
 
 
 def test_an_unknown_scheme_still_names_the_url_without_its_password() -> None:

@@ -50,6 +50,7 @@ from typing import Any, Callable, Optional
 import sqlalchemy
 
 from . import defaults
+from .dialect_traits import URL_BACKENDS, backend_drivers
 from .errors import ConfigurationError, safe_url
 
 log = logging.getLogger("controltable")
@@ -75,27 +76,7 @@ SERVER_PID = "SELECT pg_backend_pid()"
 _PREPARES_REFUSED: set[str] = set()
 
 
-# -- URL spellings people type --------------------------------------------------------------------
-#: The backend each common spelling means: ``postgres://`` (libpq, Heroku, most PaaS) is
-#: PostgreSQL; ``mariadb://`` is the MySQL dialect, which detects MariaDB on connecting.
-URL_BACKENDS = {"postgres": "postgresql", "postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql"}
-#: Per backend, the drivers a URL without one gets, in order of preference: (the module to find,
-#: the SQLAlchemy driver name, the SQLAlchemy major version that has its dialect). psycopg 3 and
-#: PyMySQL are what the extras install; psycopg2 and mysqlclient (SQLAlchemy's own defaults) are
-#: used when they are what is installed, and psycopg2 always on SQLAlchemy 1.4, which has no
-#: psycopg-3 dialect (``postgresql+psycopg`` came with 2.0; Airflow 2 pins 1.4).
-URL_DRIVERS = {
-    "postgresql": (("psycopg", "psycopg", 2), ("psycopg2", "psycopg2", 1)),
-    "mysql": (("MySQLdb", "mysqldb", 1), ("pymysql", "pymysql", 1)),
-}
-#: The extra that installs a backend's preferred driver, and the URL to type with it.
-URL_EXTRAS = {
-    "postgresql": ("postgres", "postgresql+psycopg://user:password@host:5432/db"),
-    "mysql": ("mysql", "mysql+pymysql://user:password@host:3306/db"),
-}
-#: On SQLAlchemy 1.4, where the extra's driver has no dialect: the package to install instead,
-#: and the URL to type with it.
-URL_SQLALCHEMY_1 = {"postgresql": ("psycopg2-binary", "postgresql+psycopg2://user:password@host:5432/db")}
+# -- URL spellings people type (the drivers are the dialect layer's one table, DRIVERS) -----------
 #: Whether the running SQLAlchemy is 2.x (it has the psycopg-3 dialect).
 SQLALCHEMY_2 = int(sqlalchemy.__version__.split(".")[0]) >= 2
 
@@ -116,28 +97,27 @@ def typed_url(url: Any, have: Callable[[str], bool] = _importable, *, sqlalchemy
     :class:`ConfigurationError` says what to install and what to type. Messages mask the password.
     """
     name = str(url.drivername)
-    spelled, _, driver = name.partition("+")
+    spelled, _, named = name.partition("+")
     backend = URL_BACKENDS.get(spelled.lower())
     if backend is None:
         return url
-    if driver:
-        return url if spelled == backend else url.set(drivername=f"{backend}+{driver}")
-    for module, found, since in URL_DRIVERS[backend]:
-        if have(module) and (since < 2 or sqlalchemy_2):
-            return url.set(drivername=f"{backend}+{found}")
-    if not sqlalchemy_2 and backend in URL_SQLALCHEMY_1:
-        package, example = URL_SQLALCHEMY_1[backend]
-        newer = [f"{module} is installed, but SQLAlchemy {sqlalchemy.__version__} has no dialect for it "
-                 f"({backend}+{found} needs SQLAlchemy 2); "
-                 for module, found, since in URL_DRIVERS[backend] if since >= 2 and have(module)]
-        raise ConfigurationError(
-            f"no driver this SQLAlchemy can use for {safe_url(url)!r}: {''.join(newer)}install one it has: "
-            f"pip install {package}, and use a URL that names it, e.g. {example} (or upgrade SQLAlchemy to 2)"
-        )
-    extra, example = URL_EXTRAS[backend]
+    if named:
+        return url if spelled == backend else url.set(drivername=f"{backend}+{named}")
+    major = 2 if sqlalchemy_2 else 1
+    usable = [d for d in backend_drivers(backend) if d.sqlalchemy <= major]
+    for found in usable:
+        if have(found.module):
+            return url.set(drivername=f"{backend}+{found.name}")
+    # What to install: the extra's driver if this SQLAlchemy has its dialect, else one it has.
+    advice = next((d for d in usable if d.package.startswith("'controltable[")), usable[0])
+    newer = [d for d in backend_drivers(backend) if d.sqlalchemy > major and have(d.module)]
+    conflict = "".join(
+        f"{d.module} is installed, but SQLAlchemy {sqlalchemy.__version__} has no dialect for it "
+        f"({backend}+{d.name} needs SQLAlchemy {d.sqlalchemy}); " for d in newer)
     raise ConfigurationError(
-        f"no driver for {safe_url(url)!r} is installed; install one with: pip install 'controltable[{extra}]', "
-        f"and use a URL that names it, e.g. {example}"
+        f"no driver for {safe_url(url)!r} is installed{' that this SQLAlchemy can use' if newer else ''}; "
+        f"{conflict}install one with: pip install {advice.package}, and use a URL that names it, "
+        f"e.g. {advice.example}{' (or upgrade SQLAlchemy to 2)' if newer else ''}"
     )
 
 
