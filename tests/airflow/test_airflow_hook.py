@@ -155,6 +155,29 @@ def test_controltable_connection_without_url(airflow_db: Path, monkeypatch: pyte
         ControlTableHook(conn).get_control_table()
 
 
+@pytest.mark.parametrize("url", [
+    "://user:s3cr3t-pw@db-host/db",  # no scheme
+    "postgres ql://user:s3cr3t-pw@db-host/db",  # a typo in the scheme
+    "postgresql://user:s3cr3t-pw@db-host:port/db",  # a port that is not a number
+])
+def test_a_url_that_does_not_parse_is_named_without_its_password(
+    airflow_db: Path, monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    from airflow_controltable.exceptions import ControlTableConnectionError
+    from airflow_controltable.hooks.controltable import ControlTableHook
+
+    conn = set_connection(monkeypatch, "ct_bad_url", conn_type="controltable", extra={"url": url})
+    with pytest.raises(ControlTableConnectionError, match="is not a SQLAlchemy URL") as info:
+        ControlTableHook(conn).get_control_table()
+    text = str(info.value)
+    assert "s3cr3t-pw" not in text and "db-host" in text, text  # the URL is still recognisable
+    listen = set_connection(monkeypatch, "ct_bad_listen", conn_type="controltable", password="pw-field",
+                            extra={"url": "sqlite://", "listen_url": url})
+    with pytest.raises(ControlTableConnectionError, match="listen_url .* is not a SQLAlchemy URL") as info:
+        ControlTableHook(listen).get_control_table()
+    assert "s3cr3t-pw" not in str(info.value) and "db-host" in str(info.value), str(info.value)
+
+
 def test_provider_info_is_registered() -> None:
     from importlib.metadata import entry_points
 

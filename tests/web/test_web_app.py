@@ -306,6 +306,45 @@ def test_with_a_token_every_request_needs_it(backend_url: str, monkeypatch: Any)
     assert c.get("/api/status", headers={"Authorization": "Basic !!notbase64"}).status_code == 401
 
 
+def test_actions_take_the_bearer_token_and_json_only(busy: Busy) -> None:
+    """A cross-site form can post ``text/plain`` with the browser's cached Basic login, never an
+    ``Authorization: Bearer`` header nor ``application/json`` (that needs a CORS preflight): an
+    action accepts neither Basic nor another content type, so such a form changes nothing."""
+    import base64
+
+    ct = busy.ct
+    c = client(ct, actions=True, token=TOKEN, private=True)
+    basic = {"Authorization": "Basic " + base64.b64encode(f"anyone:{TOKEN}".encode()).decode()}
+    assert c.get("/api/status", headers=basic).status_code == 200  # reads still take the browser's login
+    body = '{"resource": "wh", "holder": "load-a"}'
+    forged = c.post("/api/release", content=body, headers={**basic, "Content-Type": "text/plain"})
+    assert forged.status_code == 401, forged.text
+    assert "Bearer" in forged.json()["error"]
+    as_json = c.post("/api/release", content=body, headers={**basic, "Content-Type": "application/json"})
+    assert as_json.status_code == 401, as_json.text
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    plain = c.post("/api/release", content=body, headers={**bearer, "Content-Type": "text/plain"})
+    assert plain.status_code == 415 and "application/json" in plain.json()["error"], plain.text
+    assert c.post("/api/capacity", content='{"resource": "wh", "capacity": 7}',
+                  headers={**bearer, "Content-Type": "text/plain"}).status_code == 415
+    assert "load-a" in [h.holder for h in ct.status(["wh"])[0].holders]
+    assert ct.status(["wh"])[0].capacity == 2  # nothing changed so far
+    ok = c.post("/api/release", content=body, headers={**bearer, "Content-Type": "application/json; charset=utf-8"})
+    assert ok.json() == {"ok": True, "released": 1}
+
+
+@pytest.mark.backends("sqlite")
+def test_the_page_sends_actions_with_the_bearer_token_it_was_given(ct: ControlTable) -> None:
+    """Actions refuse the browser's Basic login, so the page must send the token typed into its
+    field as a Bearer header, as JSON, and never post without one."""
+    script = client(ct).get("/static/app.js").text
+    act = script[script.index("async function act("):]
+    act = act[:act.index("\n  }\n")]
+    assert '"Authorization"] = "Bearer " + token' in act
+    assert '"Content-Type": "application/json"' in act
+    assert act.index("if (!token)") < act.index("fetch(")  # no request without the token
+
+
 def test_idle_resources_follow_the_active_ones_without_chart_series(busy: Busy) -> None:
     """`idle` (nobody holding or waiting, no grant in the last hour) comes after the active ones and
     gets no chart series; a resource granted within the hour stays active after its release."""

@@ -47,7 +47,10 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+import sqlalchemy
+
 from . import defaults
+from .dialect_traits import URL_BACKENDS, backend_drivers
 from .errors import ConfigurationError, safe_url
 
 log = logging.getLogger("controltable")
@@ -73,52 +76,48 @@ SERVER_PID = "SELECT pg_backend_pid()"
 _PREPARES_REFUSED: set[str] = set()
 
 
-# -- URL spellings people type --------------------------------------------------------------------
-#: The backend each common spelling means: ``postgres://`` (libpq, Heroku, most PaaS) is
-#: PostgreSQL; ``mariadb://`` is the MySQL dialect, which detects MariaDB on connecting.
-URL_BACKENDS = {"postgres": "postgresql", "postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql"}
-#: Per backend, the drivers a URL without one gets, in order of preference: (the module to find,
-#: the SQLAlchemy driver name). psycopg 3 and PyMySQL are what the extras install; psycopg2 and
-#: mysqlclient (SQLAlchemy's own defaults) are used when they are what is installed.
-URL_DRIVERS = {
-    "postgresql": (("psycopg", "psycopg"), ("psycopg2", "psycopg2")),
-    "mysql": (("MySQLdb", "mysqldb"), ("pymysql", "pymysql")),
-}
-#: The extra that installs a backend's preferred driver, and the URL to type with it.
-URL_EXTRAS = {
-    "postgresql": ("postgres", "postgresql+psycopg://user:password@host:5432/db"),
-    "mysql": ("mysql", "mysql+pymysql://user:password@host:3306/db"),
-}
+# -- URL spellings people type (the drivers are the dialect layer's one table, DRIVERS) -----------
+#: Whether the running SQLAlchemy is 2.x (it has the psycopg-3 dialect).
+SQLALCHEMY_2 = int(sqlalchemy.__version__.split(".")[0]) >= 2
 
 
 def _importable(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def typed_url(url: Any, have: Callable[[str], bool] = _importable) -> Any:
+def typed_url(url: Any, have: Callable[[str], bool] = _importable, *, sqlalchemy_2: bool = SQLALCHEMY_2) -> Any:
     """``url`` (a SQLAlchemy ``URL``) with the common spellings people type made explicit.
 
     ``postgres://`` and ``postgresql://`` become ``postgresql+psycopg://`` (psycopg 3, what the
-    ``postgres`` extra installs; ``+psycopg2`` when only that is installed); ``mysql://`` and
+    ``postgres`` extra installs; ``+psycopg2`` when only that is installed, and on SQLAlchemy 1.4,
+    which has no psycopg-3 dialect: there psycopg 3 alone is refused, naming the conflict); ``mysql://`` and
     ``mariadb://`` become ``mysql+pymysql://`` when PyMySQL is installed and mysqlclient is not
     (SQLAlchemy would otherwise ask for ``MySQLdb``). A URL naming its driver keeps it (only the
     backend's spelling is made explicit). When no driver for the backend is installed, a
     :class:`ConfigurationError` says what to install and what to type. Messages mask the password.
     """
     name = str(url.drivername)
-    spelled, _, driver = name.partition("+")
+    spelled, _, named = name.partition("+")
     backend = URL_BACKENDS.get(spelled.lower())
     if backend is None:
         return url
-    if driver:
-        return url if spelled == backend else url.set(drivername=f"{backend}+{driver}")
-    for module, found in URL_DRIVERS[backend]:
-        if have(module):
-            return url.set(drivername=f"{backend}+{found}")
-    extra, example = URL_EXTRAS[backend]
+    if named:
+        return url if spelled == backend else url.set(drivername=f"{backend}+{named}")
+    major = 2 if sqlalchemy_2 else 1
+    usable = [d for d in backend_drivers(backend) if d.sqlalchemy <= major]
+    for found in usable:
+        if have(found.module):
+            return url.set(drivername=f"{backend}+{found.name}")
+    # What to install: the extra's driver if this SQLAlchemy has its dialect, else one it has.
+    advice = next((d for d in usable if d.package.startswith("'controltable[")), usable[0])
+    newer = [d for d in backend_drivers(backend) if d.sqlalchemy > major and have(d.module)]
+    conflict = "".join(
+        f"{d.module} is installed, but SQLAlchemy {sqlalchemy.__version__} has no dialect for it "
+        f"({backend}+{d.name} needs SQLAlchemy {d.sqlalchemy}); " for d in newer)
     raise ConfigurationError(
-        f"no driver for {safe_url(url)!r} is installed; install one with: pip install 'controltable[{extra}]', "
-        f"and use a URL that names it, e.g. {example}"
+        f"no driver for {safe_url(url)!r} is installed{' that this SQLAlchemy can use' if newer else ''}; "
+        f"{conflict}install one with: pip install {advice.package}, and use a URL that names it, "
+        f"e.g. {advice.example}{' (or upgrade SQLAlchemy to 2)' if newer else ''}"
     )
 
 

@@ -62,9 +62,6 @@ log.addHandler(logging.NullHandler())
 T = TypeVar("T")
 
 
-_DRIVER_EXTRAS = dialects.DRIVER_EXTRAS
-
-
 def make_engine(
     url_or_engine: Union[str, Engine, Any],
     *,
@@ -126,10 +123,10 @@ def _server_engine(
     except NoSuchModuleError as exc:
         raise ConfigurationError(f"unknown database in URL {safe_url(url)!r}: {redact(exc)}") from None
     except ImportError as exc:
-        extra = _DRIVER_EXTRAS.get(url.get_driver_name(), "postgres|mysql|mssql|oracle")
+        known = dialects.known_driver(url.get_backend_name(), url.get_driver_name())
+        package = known.package if known else "'controltable[postgres|mysql|mssql|oracle]'"
         raise ConfigurationError(
-            f"the driver for {url.drivername!r} is not installed ({exc}); "
-            f"install it with: pip install 'controltable[{extra}]'"
+            f"the driver for {url.drivername!r} is not installed ({exc}); install it with: pip install {package}"
         ) from exc
     except (ArgumentError, TypeError, ValueError) as exc:
         raise ConfigurationError(f"the URL {safe_url(url)!r} cannot be used: {redact(exc, [url.password])}") from None

@@ -165,14 +165,53 @@ def is_sqlite_url(url: Any) -> bool:
     return str(getattr(url, "drivername", "")).startswith("sqlite")
 
 
-#: The package extra (``pip install 'controltable[<extra>]'``) that installs each driver.
-DRIVER_EXTRAS = {
-    "psycopg": "postgres",
-    "psycopg2": "postgres",
-    "pymysql": "mysql",
-    "pyodbc": "mssql",
-    "oracledb": "oracle",
-}
+@dataclass(frozen=True)
+class Driver:
+    """A DBAPI driver as a URL names it (``<dialect>+<name>://``): the module it needs, what
+    installs it, and which SQLAlchemy has its dialect. The one table behind the URL spellings
+    people type (:func:`controltable.connect.typed_url`) and the "driver not installed" advice."""
+
+    dialect: str
+    name: str
+    #: The module that must import.
+    module: str
+    #: What ``pip install`` takes: a controltable extra, or the driver's own package.
+    package: str
+    #: The first SQLAlchemy major version with its dialect (psycopg 3's came with 2.0).
+    sqlalchemy: int = 1
+
+    @property
+    def example(self) -> str:
+        """A URL to type with this driver."""
+        return f"{self.dialect}+{self.name}://user:password@host/db"
+
+
+#: Every driver controltable knows, per dialect in the order a URL that names none prefers them:
+#: psycopg 3 and PyMySQL are what the extras install; psycopg2 and mysqlclient (SQLAlchemy's own
+#: defaults) are used when they are what is installed, and psycopg2 always on SQLAlchemy 1.4,
+#: which has no psycopg-3 dialect (Airflow 2 pins 1.4).
+DRIVERS = (
+    Driver("postgresql", "psycopg", "psycopg", "'controltable[postgres]'", sqlalchemy=2),
+    Driver("postgresql", "psycopg2", "psycopg2", "psycopg2-binary"),
+    Driver("mysql", "mysqldb", "MySQLdb", "mysqlclient"),
+    Driver("mysql", "pymysql", "pymysql", "'controltable[mysql]'"),
+    Driver("mssql", "pyodbc", "pyodbc", "'controltable[mssql]'"),
+    Driver("oracle", "oracledb", "oracledb", "'controltable[oracle]'"),
+)
+
+#: The backend each common spelling of a URL's scheme means: ``postgres://`` (libpq, Heroku, most
+#: PaaS) is PostgreSQL; ``mariadb://`` is the MySQL dialect, which detects MariaDB on connecting.
+URL_BACKENDS = {"postgres": "postgresql", "postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql"}
+
+
+def backend_drivers(dialect: str) -> tuple[Driver, ...]:
+    """The drivers of ``dialect``, preferred first (none for SQLite or an unknown dialect)."""
+    return tuple(d for d in DRIVERS if d.dialect == dialect)
+
+
+def known_driver(dialect: str, name: str) -> Optional[Driver]:
+    """The driver ``<dialect>+<name>`` names, if controltable knows it."""
+    return next((d for d in DRIVERS if d.dialect == dialect and d.name == name), None)
 
 #: The server versions ``controltable sql`` compiles for when none is given, per dialect.
 SQL_SERVER_VERSIONS = {name: traits(name).script_version for name in SUPPORTED_DIALECTS}

@@ -42,11 +42,15 @@ from .dialect_ddl import (  # noqa: F401 - re-exported: the DDL half of this mod
     stale_includes,
 )
 from .dialect_traits import (  # noqa: F401 - re-exported: the traits of each backend
-    DRIVER_EXTRAS,
+    DRIVERS,
     SQL_SERVER_VERSIONS,
     SUPPORTED_DIALECTS,
+    URL_BACKENDS,
+    Driver,
     Traits,
+    backend_drivers,
     is_sqlite_url,
+    known_driver,
     offline_dialect,
     server_label,
     traits,

@@ -26,6 +26,7 @@ from sqlalchemy.engine import make_url  # URL parsing only: the plugin builds no
 from airflow_controltable.exceptions import ControlTableConnectionError, ControlTableConnectionNotFound
 from airflow_controltable.utils import translate
 from controltable import ControlTable, ControlTableError
+from controltable.errors import redact, safe_url
 
 DEFAULT_CONN_ID = "controltable_default"
 CONN_TYPE = "controltable"
@@ -118,22 +119,28 @@ class ControlTableHook(BaseHook):
                     "extra or its Host field, e.g. postgresql+psycopg://user@host:5432/db or "
                     "sqlite:////var/lib/airflow/controltable.db"
                 )
-            try:
-                parsed = make_url(str(url))
-            except Exception as exc:  # SQLAlchemy's ArgumentError: not a URL
-                raise ControlTableConnectionError(
-                    f"connection {self.conn_id!r}: {url!r} is not a SQLAlchemy URL ({exc})"
-                ) from exc
+            parsed = self._parse(url, conn.password)
             if conn.password and not parsed.password:
                 parsed = parsed.set(password=conn.password)
             listen = extras.get("listen_url")
             if listen and conn.password and "://" in str(listen):
                 # The listener's direct URL logs in as the same user: the Password field fills it too.
-                direct = make_url(str(listen))
+                direct = self._parse(listen, conn.password, field="listen_url")
                 if not direct.password:
                     extras["listen_url"] = direct.set(password=conn.password).render_as_string(hide_password=False)
             return parsed.render_as_string(hide_password=False), extras
         return self._url_from_sql_hook(conn), {}
+
+    def _parse(self, url: object, password: Optional[str], field: str = "url") -> Any:
+        """``url`` as a SQLAlchemy URL, or the connection error naming it with its password masked
+        (SQLAlchemy 1.4's own parse error quotes the whole string, password included)."""
+        try:
+            return make_url(str(url))
+        except Exception as exc:  # SQLAlchemy's ArgumentError (not a URL), ValueError (a bad port)
+            raise ControlTableConnectionError(
+                f"connection {self.conn_id!r}: its {field} {safe_url(str(url))!r} is not a SQLAlchemy URL "
+                f"({redact(exc, [password])})"
+            ) from None
 
     def _url_from_sql_hook(self, conn: Any) -> str:
         from airflow.providers.common.sql.hooks.sql import DbApiHook
@@ -145,7 +152,8 @@ class ControlTableHook(BaseHook):
                 # The sqlite provider is optional; its connections keep the file path in Host.
                 return f"sqlite:///{conn.host}"
             raise ControlTableConnectionError(
-                f"connection {self.conn_id!r} has type {conn.conn_type!r}, which has no usable hook here ({exc}); "
+                f"connection {self.conn_id!r} has type {conn.conn_type!r}, which has no usable hook here "
+                f"({redact(exc, [conn.password])}); "
                 "use a connection of type 'controltable' or of a SQL type whose provider is installed "
                 "(postgres, mysql, mssql, odbc, sqlite)"
             ) from exc

@@ -9,11 +9,16 @@ Routes (relative to wherever the app is mounted, so the same app serves ``contro
 * ``GET /metrics`` the Prometheus text format (``controltable_push_active`` says whether push
   wake-ups arrive, ``controltable_doctor_findings`` counts doctor's findings per level);
 * ``POST /api/release`` and ``POST /api/capacity`` only when built with ``actions=True``, which
-  needs a token: every action request must carry ``Authorization: Bearer <token>``.
+  needs a token: every action request must carry ``Authorization: Bearer <token>`` (HTTP Basic is
+  refused there) and ``Content-Type: application/json``. A browser sends its cached Basic login with
+  any site's form, and a form can post JSON as ``text/plain``; it can never add a Bearer header, nor
+  send ``application/json`` to another origin without a CORS preflight this app never answers. So no
+  other site can release holders or change capacities through a logged-in browser (CSRF).
 
 Built with ``private=True`` (``controltable serve`` with a token set), every route needs the token:
 ``Authorization: Bearer <token>`` (Prometheus' ``authorization`` block, curl), or HTTP Basic with
-the token as the password (a browser asks for it once and sends it with the page's requests).
+the token as the password (a browser asks for it once and sends it with the page's requests;
+reads only: the page sends actions with the token typed into its field, as a Bearer header).
 
 Reading the control table is blocking database work, so it runs in Starlette's thread pool and the
 event loop stays free for other requests (in Airflow's api-server too).
@@ -108,12 +113,14 @@ def create_app(
             return Response(f"# controltable: {exc}\n", status_code=503, media_type="text/plain")
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    def authorized(request: Request) -> bool:
-        return _carries(request, token)
-
     async def action(request: Request, run: Any) -> Response:
-        if not authorized(request):
-            return _json({"error": "an action needs the header 'Authorization: Bearer <token>'"}, 401)
+        if not _carries(request, token, basic=False):
+            return _json({"error": "an action needs the header 'Authorization: Bearer <token>' (a browser's "
+                                   "login is not enough: type the token into the page's token field)"}, 401)
+        media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media_type != "application/json":
+            return _json({"error": f"an action's body must be sent as 'Content-Type: application/json', "
+                                   f"not {media_type or 'none'!r}"}, 415)
         try:
             body = await request.json()
             if not isinstance(body, dict):
@@ -157,12 +164,14 @@ def create_app(
     return app
 
 
-def _carries(request: Request, token: Optional[str]) -> bool:
-    """Whether ``request`` carries ``token``: as a bearer token, or as the password of HTTP Basic."""
+def _carries(request: Request, token: Optional[str], *, basic: bool = True) -> bool:
+    """Whether ``request`` carries ``token``: as a bearer token, or (``basic``) as the password of
+    HTTP Basic. Actions pass ``basic=False``: a browser attaches a cached Basic login to any site's
+    request, a Bearer header only to its own page's."""
     if not token:
         return False
     scheme, _, value = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "basic":
+    if scheme.lower() == "basic" and basic:
         try:
             value = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")[2]
         except (binascii.Error, UnicodeDecodeError):

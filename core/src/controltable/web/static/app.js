@@ -62,9 +62,11 @@
   async function act(path, payload) {
     const token = document.getElementById("token").value;
     sessionStorage.setItem("ct-token", token);
-    // An empty field leaves the browser's own login (HTTP Basic, the token as the password) to send.
+    // Actions take the token only as a Bearer header: the browser's own login (HTTP Basic) is refused
+    // there, since a browser would attach it to another site's forged form as well.
+    if (!token) { alert("type the action token into the 'action token' field first"); return; }
     const headers = {"Content-Type": "application/json"};
-    if (token) headers["Authorization"] = "Bearer " + token;
+    headers["Authorization"] = "Bearer " + token;
     const resp = await fetch(path, {method: "POST", headers: headers, body: JSON.stringify(payload)});
     const data = await resp.json().catch(() => ({}));
     if (!resp.ok) alert(data.error || resp.statusText); else refresh(true);
