@@ -51,6 +51,7 @@ def _until_lost(call: Callable[[], Any], asked: float) -> tuple[LeaseLost, float
     the lease) must say ``DatabaseUnavailableError``: the lease may outlive the outage.
     """
     while True:
+        began = time.monotonic() - asked
         try:
             call()
         except LeaseLost as exc:
@@ -58,7 +59,11 @@ def _until_lost(call: Callable[[], Any], asked: float) -> tuple[LeaseLost, float
         except DatabaseUnavailableError as exc:
             took = time.monotonic() - asked
             print(f"  DatabaseUnavailableError after {took:.2f} s (lease {LEASE:g} s): {type(exc).__name__}")
-            assert took < LEASE + 0.5, f"DatabaseUnavailableError after the lease expired ({took:.1f} s): {exc}"
+            # By cause, not by when the error reached us (a loaded machine may hold the process up
+            # between the product's decision and this line: a CI run saw 6.77 s): the product
+            # decides after the failure, so a call begun after the lease had certainly expired
+            # (``asked`` is after the renewal was sent) can never say unavailable.
+            assert began < LEASE, f"a call begun {began:.1f} s after the renewal, past the lease, said: {exc}"
         else:
             raise AssertionError("the call succeeded on a silent path")
 
