@@ -376,7 +376,8 @@ def run(obj: CT, resources: tuple[str, ...], slots: int, shared: bool, attempt: 
 
     The lease is renewed in the background; SIGTERM/SIGINT are passed to COMMAND and the slot is
     released when it exits. If the lease is lost while COMMAND runs, COMMAND is stopped (SIGTERM,
-    then SIGKILL after a grace) and the exit status is 6 (unless COMMAND failed by itself).
+    then SIGKILL after a grace) and the exit status is 6 (unless COMMAND had already failed by itself:
+    its code is kept). Only COMMAND itself is signalled, not its process group (docs/cli.md).
     SIGTERM, SIGINT or SIGHUP while still waiting: the queue entry is withdrawn, exit 128 + the signal.
     """
     problem = _cannot_start(command[0])
@@ -424,8 +425,7 @@ def run(obj: CT, resources: tuple[str, ...], slots: int, shared: bool, attempt: 
                 with lease_obj.interrupting(True):
                     code = child.wait()
             except LeaseLost:
-                stopped = True
-                code = _stop_child(child)
+                code, stopped = _stop_child(child)
         finally:
             lost = lease_obj.lost
             try:
@@ -439,16 +439,26 @@ def run(obj: CT, resources: tuple[str, ...], slots: int, shared: bool, attempt: 
     sys.exit(code if code >= 0 else 128 - code)
 
 
-def _stop_child(child: subprocess.Popen[bytes]) -> int:
-    """Stop ``run``'s child after its lease was lost: SIGTERM, then SIGKILL after :data:`RUN_STOP_GRACE`."""
+def _stop_child(child: subprocess.Popen[bytes]) -> tuple[int, bool]:
+    """Stop ``run``'s child after its lease was lost: SIGTERM, then SIGKILL after :data:`RUN_STOP_GRACE`.
+
+    Returns its exit code and whether it was stopped: a child that had already exited by itself
+    (the loss came as it ended) is not signalled, and its own code stands (``run`` exits 6 only
+    for a child it stopped or one that succeeded). Only the child is signalled, not a process
+    group: it shares ``run``'s group, so the terminal's Ctrl-C and an orchestrator's kill of the
+    task's group (SIGKILL included) reach it as before; a shell COMMAND passes SIGTERM on itself
+    (``exec``, or ``trap 'kill 0' TERM``)."""
+    code = child.poll()
+    if code is not None:
+        return code, False
     err.print(f"controltable: the lease was lost; stopping the command (pid {child.pid}) with SIGTERM")
     child.terminate()
     try:
-        return child.wait(timeout=RUN_STOP_GRACE)
+        return child.wait(timeout=RUN_STOP_GRACE), True
     except subprocess.TimeoutExpired:
         err.print(f"controltable: the command did not end within {RUN_STOP_GRACE:g} s of SIGTERM; sending SIGKILL")
         child.kill()
-        return child.wait()
+        return child.wait(), True
 
 
 def _cannot_start(program: str) -> Optional[str]:
