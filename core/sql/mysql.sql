@@ -169,8 +169,8 @@ WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
 SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
 SELECT ct_request.id, ct_request.resource, ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
-WHERE ct_request.request_key = %s;
-DELETE FROM ct_request WHERE ct_request.request_key = %s;
+WHERE ct_request.request_key = %s AND ct_request.attempt <=> %s;
+DELETE FROM ct_request WHERE ct_request.request_key = %s AND ct_request.attempt <=> %s;
 UPDATE ct_grant_history SET ended_at=%s, outcome=%s WHERE ct_grant_history.namespace = %s AND ct_grant_history.resource = %s AND ct_grant_history.token = %s AND ct_grant_history.outcome = 'held';
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
@@ -190,7 +190,7 @@ WHERE ct_resource.namespace = %s AND ct_resource.name = %s FOR UPDATE;
 SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
 SELECT ct_request.id, ct_request.resource, ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
-WHERE ct_request.request_key = %s;
+WHERE ct_request.request_key = %s AND ct_request.attempt <=> %s;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = %s AND ct_request.resource IN (%s) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -311,8 +311,8 @@ INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, p
 UPDATE ct_resource SET last_token=%s, last_ticket=%s WHERE ct_resource.namespace = %s AND ct_resource.name = %s;
 SELECT ct_request.id, ct_request.resource, ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
-WHERE ct_request.request_key = %s;
-DELETE FROM ct_request WHERE ct_request.request_key = %s;
+WHERE ct_request.request_key = %s AND ct_request.attempt <=> %s;
+DELETE FROM ct_request WHERE ct_request.request_key = %s AND ct_request.attempt <=> %s;
 UPDATE ct_grant_history SET ended_at=%s, outcome=%s WHERE ct_grant_history.namespace = %s AND ct_grant_history.resource = %s AND ct_grant_history.token = %s AND ct_grant_history.outcome = 'held';
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS now, (SELECT wq.ticket 
 FROM ct_request AS wq 

@@ -24,7 +24,7 @@ DELETE FROM ct_grant_history WHERE ct_grant_history.namespace = ? AND ct_grant_h
 DELETE FROM ct_request WHERE ct_request.id = ? AND ct_request.expires_at < ? RETURNING ct_request.id;
 DELETE FROM ct_request WHERE ct_request.namespace = ? AND ct_request.resource = ?;
 DELETE FROM ct_request WHERE ct_request.namespace = ? AND ct_request.resource IN (?*) AND ct_request.state = 'waiting' AND ct_request.expires_at < ? RETURNING ct_request.id;
-DELETE FROM ct_request WHERE ct_request.request_key = ? RETURNING ct_request.id, ct_request.resource, ct_request.state, ct_request.token, ct_request.expires_at;
+DELETE FROM ct_request WHERE ct_request.request_key = ? AND ct_request.attempt <=> ? RETURNING ct_request.id, ct_request.resource, ct_request.state, ct_request.token, ct_request.expires_at;
 DELETE FROM ct_request WHERE ct_request.request_key IN (?*);
 DELETE FROM ct_resource WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 DELETE FROM ct_work_item WHERE ct_work_item.namespace = ? AND ct_work_item.worklist = ?;

@@ -169,8 +169,8 @@ WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name FOR 
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
 SELECT ct_request.id, ct_request."resource", ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
-WHERE ct_request.request_key = :request_key_1;
-DELETE FROM ct_request WHERE ct_request.request_key = :request_key_1;
+WHERE ct_request.request_key = :ct_key AND DECODE(ct_request.attempt, :ct_attempt, 0, 1) = 0;
+DELETE FROM ct_request WHERE ct_request.request_key = :ct_key AND DECODE(ct_request.attempt, :ct_attempt, 0, 1) = 0;
 UPDATE ct_grant_history SET ended_at=:ended_at, outcome=:outcome WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.token = :token_1 AND ct_grant_history.outcome = 'held';
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
@@ -190,7 +190,7 @@ WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name FOR 
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
 SELECT ct_request.id, ct_request."resource", ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
-WHERE ct_request.request_key = :request_key_1;
+WHERE ct_request.request_key = :ct_key AND DECODE(ct_request.attempt, :ct_attempt, 0, 1) = 0;
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -311,8 +311,8 @@ INSERT INTO ct_grant_history (namespace, "resource", token, holder, "mode", slot
 UPDATE ct_resource SET last_token=:ct_c_last_token, last_ticket=:ct_c_last_ticket WHERE ct_resource.namespace = :ct_c_namespace AND ct_resource.name = :ct_c_name;
 SELECT ct_request.id, ct_request."resource", ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
-WHERE ct_request.request_key = :request_key_1;
-DELETE FROM ct_request WHERE ct_request.request_key = :request_key_1;
+WHERE ct_request.request_key = :ct_key AND DECODE(ct_request.attempt, :ct_attempt, 0, 1) = 0;
+DELETE FROM ct_request WHERE ct_request.request_key = :ct_key AND DECODE(ct_request.attempt, :ct_attempt, 0, 1) = 0;
 UPDATE ct_grant_history SET ended_at=:ended_at, outcome=:outcome WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.token = :token_1 AND ct_grant_history.outcome = 'held';
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now, (SELECT wq.ticket 
 FROM ct_request wq 

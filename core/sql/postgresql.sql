@@ -169,8 +169,8 @@ FROM ct_resource
 WHERE ct_resource.namespace = %(ct_namespace)s::VARCHAR AND ct_resource.name = %(ct_name)s::VARCHAR FOR UPDATE) AS locked;
 SELECT ct_request.id, ct_request.resource, ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
-WHERE ct_request.request_key = %(request_key_1)s::VARCHAR;
-DELETE FROM ct_request WHERE ct_request.request_key = %(request_key_1)s::VARCHAR;
+WHERE ct_request.request_key = %(ct_key)s::VARCHAR AND ct_request.attempt IS NOT DISTINCT FROM %(ct_attempt)s::INTEGER;
+DELETE FROM ct_request WHERE ct_request.request_key = %(ct_key)s::VARCHAR AND ct_request.attempt IS NOT DISTINCT FROM %(ct_attempt)s::INTEGER;
 UPDATE ct_grant_history SET ended_at=%(ended_at)s, outcome=%(outcome)s::VARCHAR WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.resource = %(resource_1)s::VARCHAR AND ct_grant_history.token = %(token_1)s::BIGINT AND ct_grant_history.outcome = 'held';
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
@@ -190,7 +190,7 @@ FROM ct_resource
 WHERE ct_resource.namespace = %(ct_namespace)s::VARCHAR AND ct_resource.name = %(ct_name)s::VARCHAR FOR UPDATE) AS locked;
 SELECT ct_request.id, ct_request.resource, ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
-WHERE ct_request.request_key = %(request_key_1)s::VARCHAR;
+WHERE ct_request.request_key = %(ct_key)s::VARCHAR AND ct_request.attempt IS NOT DISTINCT FROM %(ct_attempt)s::INTEGER;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -311,8 +311,8 @@ INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, p
 UPDATE ct_resource SET last_token=%(ct_c_last_token)s::BIGINT, last_ticket=%(ct_c_last_ticket)s::BIGINT WHERE ct_resource.namespace = %(ct_c_namespace)s::VARCHAR AND ct_resource.name = %(ct_c_name)s::VARCHAR;
 SELECT ct_request.id, ct_request.resource, ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
-WHERE ct_request.request_key = %(request_key_1)s::VARCHAR;
-DELETE FROM ct_request WHERE ct_request.request_key = %(request_key_1)s::VARCHAR;
+WHERE ct_request.request_key = %(ct_key)s::VARCHAR AND ct_request.attempt IS NOT DISTINCT FROM %(ct_attempt)s::INTEGER;
+DELETE FROM ct_request WHERE ct_request.request_key = %(ct_key)s::VARCHAR AND ct_request.attempt IS NOT DISTINCT FROM %(ct_attempt)s::INTEGER;
 UPDATE ct_grant_history SET ended_at=%(ended_at)s, outcome=%(outcome)s::VARCHAR WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.resource = %(resource_1)s::VARCHAR AND ct_grant_history.token = %(token_1)s::BIGINT AND ct_grant_history.outcome = 'held';
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS now, (SELECT wq.ticket 
 FROM ct_request AS wq 

@@ -161,7 +161,7 @@ UPDATE ct_request SET lease_seconds=?, expires_at=? WHERE ct_request.request_key
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch, ((julianday('now') - 2440587.5) * 86400.0) AS now 
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
-DELETE FROM ct_request WHERE ct_request.request_key = ? RETURNING id, resource, state, token, expires_at;
+DELETE FROM ct_request WHERE ct_request.request_key = ? AND ct_request.attempt IS ? RETURNING id, resource, state, token, expires_at;
 UPDATE ct_grant_history SET ended_at=?, outcome=? WHERE ct_grant_history.namespace = ? AND ct_grant_history.resource = ? AND ct_grant_history.token = ? AND ct_grant_history.outcome = 'held';
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
@@ -178,7 +178,7 @@ UPDATE ct_resource SET last_token=?, last_ticket=? WHERE ct_resource.namespace =
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch, ((julianday('now') - 2440587.5) * 86400.0) AS now 
 FROM ct_resource 
 WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
-DELETE FROM ct_request WHERE ct_request.request_key = ? RETURNING id, resource, state, token, expires_at;
+DELETE FROM ct_request WHERE ct_request.request_key = ? AND ct_request.attempt IS ? RETURNING id, resource, state, token, expires_at;
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = ? AND ct_request.resource IN (?) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -294,7 +294,7 @@ WHERE ct_grant_history.namespace = ? AND ct_grant_history.resource = ? AND ct_gr
 UPDATE ct_request SET state=?, token=?, lease_seconds=?, granted_at=?, expires_at=? WHERE ct_request.id = ? AND ct_request.state = 'waiting';
 INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
 UPDATE ct_resource SET last_token=?, last_ticket=? WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
-DELETE FROM ct_request WHERE ct_request.request_key = ? RETURNING id, resource, state, token, expires_at;
+DELETE FROM ct_request WHERE ct_request.request_key = ? AND ct_request.attempt IS ? RETURNING id, resource, state, token, expires_at;
 UPDATE ct_grant_history SET ended_at=?, outcome=? WHERE ct_grant_history.namespace = ? AND ct_grant_history.resource = ? AND ct_grant_history.token = ? AND ct_grant_history.outcome = 'held';
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, ((julianday('now') - 2440587.5) * 86400.0) AS now, (SELECT wq.ticket 
 FROM ct_request AS wq 

@@ -73,3 +73,56 @@ def test_a_signal_while_queued_withdraws_the_entry_and_the_release_grants_the_ne
     lease = ct.try_acquire("r", holder="B", waiter_ttl=60)
     assert lease is not None and lease.token > holder.token
     lease.release()
+
+
+#: Scripts that run the CLI with a signal sent to itself at a chosen instant after the grant.
+#: ``run``: as the lease's renewal starts (granted, COMMAND not started yet). ``acquire``: as the
+#: first handler is put back (the wait has returned the grant, the block is ending).
+_AFTER_GRANT = {
+    "run": """
+import os, runpy, signal
+from controltable.renewal import BackgroundRenewal
+real = BackgroundRenewal.start_renewing
+def start_renewing(self, *a, **k):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return real(self, *a, **k)
+BackgroundRenewal.start_renewing = start_renewing
+runpy.run_module("controltable.cli", run_name="__main__")
+""",
+    "acquire": """
+import os, runpy, signal
+from controltable.cli import slot_commands
+real = signal.signal
+sent = []
+def put_back(s, handler):
+    if not sent and s in slot_commands.QUEUE_SIGNALS and getattr(handler, "__name__", "") != "_end":
+        sent.append(s)
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real(s, handler)
+signal.signal = put_back
+runpy.run_module("controltable.cli", run_name="__main__")
+""",
+}
+
+
+@pytest.mark.parametrize("command", ["run", "acquire"])
+def test_a_signal_right_after_the_grant_releases_it_and_exits_128_plus_n(
+        ct: ControlTable, backend_url: str, namespace: str, tmp_path: Path, command: str) -> None:
+    """Before: ``run`` put the default handlers back before COMMAND started (SIGTERM there killed
+    it with the grant held until its lease ran out), and ``acquire``'s handler, still in place
+    while the old ones were put back, raised out of ``__exit__`` (a traceback, exit 1, the grant held)."""
+    ct.set_capacity("r", 1)
+    args = {"run": ["run", "--resource", "r", "--holder", "W", "true"],
+            "acquire": ["acquire", "r", "--holder", "W"]}[command]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLTABLE_")}
+    env.update(CONTROLTABLE_URL=backend_url, CONTROLTABLE_NAMESPACE=namespace)
+    script = tmp_path / "cli.py"
+    script.write_text(_AFTER_GRANT[command])
+    proc = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=START_HANG)
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, proc.stdout, proc.stderr)
+    assert "SIGTERM" in proc.stderr and "released the grant" in proc.stderr, proc.stderr
+    assert _holders(ct) == [] and _waiters(ct) == [], "the grant was left held"
+    lease = ct.try_acquire("r", holder="B")
+    assert lease is not None
+    lease.release()

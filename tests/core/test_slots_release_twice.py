@@ -68,3 +68,26 @@ def test_a_grant_taken_over_by_a_newer_attempt_reports_lease_lost_saying_so(ct: 
     new.release()
     with pytest.raises(LeaseLost, match="taken over by a newer attempt"):
         old.release()
+
+
+@pytest.mark.parametrize("parts", ["r", {"a": 1, "b": 1}], ids=["one", "two"])
+def test_an_older_attempts_release_leaves_the_newer_attempts_grant_held(ct: ControlTable, parts: object) -> None:
+    """A newer attempt takes the grant over in place (same request key, new tokens): the older
+    Lease's release must not free it (before: the rows went, the next waiter was granted while
+    attempt 2 still worked, and attempt 2's renew said "expired and was reaped")."""
+    names = ["r"] if parts == "r" else ["a", "b"]
+    for name in names:
+        ct.set_capacity(name, 1)
+    old = ct.try_acquire(parts, holder="task", attempt=1)  # type: ignore[arg-type]
+    new = ct.try_acquire(parts, holder="task", attempt=2)  # type: ignore[arg-type]
+    assert old is not None and new is not None and new.tokens != old.tokens
+    with pytest.raises(LeaseLost, match="taken over by a newer attempt"):
+        old.release()
+    for name in names:
+        assert _holders(ct, name) == ["task"], f"attempt 2 still holds {name!r}"
+    assert ct.try_acquire(parts, holder="other") is None, "nobody else is granted while attempt 2 holds"  # type: ignore[arg-type]
+    new.renew()
+    new.release()
+    got = ct.try_acquire(parts, holder="other")  # type: ignore[arg-type]
+    assert got is not None and all(got.tokens[n] > new.tokens[n] for n in names)
+    got.release()

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, NoReturn, Optional, TypeVar
 
 import click
 from rich import box
@@ -210,19 +210,33 @@ class _Ended(BaseException):
 
 
 class _QueueSignals:
-    """While the command waits in the queue, every one of :data:`QUEUE_SIGNALS` ends the wait the
-    same way: :class:`_Ended` is raised in the main thread, once (a second signal while the entry
-    is being withdrawn is ignored, so the withdrawal is not cut short; the process is ending
-    anyway). The handlers that were there before are back once the block ends."""
+    """Every one of :data:`QUEUE_SIGNALS`, from the wait in the queue to the end of the held phase,
+    handled in three phases (one handler throughout, so no signal falls between two of them):
+
+    - waiting: :class:`_Ended` is raised in the main thread, once (a second signal while the entry
+      is being withdrawn is ignored, so the withdrawal is not cut short; the process is ending
+      anyway);
+    - granted (``granted`` set, no ``child`` yet): the signal is recorded in ``signum``, never
+      raised, and the caller acts on it (releases the grant and exits 128 + the signal, or hands
+      it to the child it just started) - an exception there would escape with the grant held;
+    - ``child`` set (``run``'s COMMAND): the signal is passed on to the child.
+
+    The handlers that were there before are back once the block ends; the signals are blocked
+    while they are put back, and one that arrived meanwhile is taken as in the phase it came in."""
 
     def __init__(self) -> None:
         self.signum: Optional[int] = None
+        self.granted = False
+        self.child: Optional[subprocess.Popen[bytes]] = None
         self._old: dict[int, Any] = {}
 
     def _end(self, signum: int, frame: Any) -> None:
-        if self.signum is None:
+        if self.child is not None:
+            self.child.send_signal(signum)
+        elif self.signum is None:
             self.signum = signum
-            raise _Ended(signum)
+            if not self.granted:
+                raise _Ended(signum)
 
     def __enter__(self) -> _QueueSignals:
         # Handlers can be set only in the main thread (the command's own; a caller running the CLI
@@ -232,30 +246,52 @@ class _QueueSignals:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for s, handler in self._old.items():
-            signal.signal(s, handler)
+        if not self._old:
+            return
+        self.granted = True  # from here a signal is only recorded: nothing may raise out of __exit__
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, QUEUE_SIGNALS)
+        try:
+            for s, handler in self._old.items():
+                signal.signal(s, handler)
+            # Taken here, not by the handlers just put back (a default SIGTERM would end the
+            # process with the grant held until its lease ran out).
+            for s in sorted(signal.sigpending() & set(QUEUE_SIGNALS)):
+                if signal.sigtimedwait([s], 0) is not None:
+                    self._end(s, None)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def _queued(ct: ControlTable, request: dict[str, int], holder: str, wait: Callable[[], T]) -> T:
-    """``wait()`` (an acquire of ``request`` for ``holder``), ended cleanly by a signal.
+def _queued(signals: _QueueSignals, ct: ControlTable, request: dict[str, int], holder: str,
+            wait: Callable[[], T]) -> T:
+    """``wait()`` (an acquire of ``request`` for ``holder``) inside ``signals``, ended cleanly by a signal.
 
     On one of :data:`QUEUE_SIGNALS` the acquire withdraws its entry as it unwinds; then, for the
-    instant between the grant and the end of this call (or a withdrawal that could not finish),
-    whatever ``holder`` still has on the resources is released too. The command exits
-    128 + the signal's number, as a shell reports a process ended by it."""
-    with _QueueSignals():  # still in place while withdrawing: a second signal does not cut it short
+    instant between the grant and ``signals.granted``, whatever ``holder`` still has on the
+    resources is released too (:func:`_ended`). Once granted, a signal is only recorded: the
+    caller checks ``signals.signum``."""
+    try:
+        got = wait()
+        signals.granted = True
+        return got
+    except _Ended as ended:
+        _ended(ct, request, holder, ended.signum, queued=True)
+
+
+def _ended(ct: ControlTable, request: dict[str, int], holder: str, signum: int, *, queued: bool) -> NoReturn:
+    """Release whatever ``holder`` has on ``request``'s resources (its queue entry or a grant) and
+    exit 128 + ``signum``, as a shell reports a process ended by that signal."""
+    left = 0
+    for name in sorted(request):
         try:
-            return wait()
-        except _Ended as ended:
-            left = 0
-            for name in sorted(request):
-                try:
-                    left += ct.release(name, holder)
-                except ControlTableError as exc:
-                    print_error(f"could not withdraw {holder!r} from {name!r} ({exc}); its entry expires by itself")
-            what = signal.Signals(ended.signum).name
-            fail(f"{what} while {holder!r} waited for {request!r}: left the queue"
-                 + (" (released the grant made meanwhile)" if left else ""), 128 + ended.signum)
+            left += ct.release(name, holder)
+        except ControlTableError as exc:
+            print_error(f"could not withdraw {holder!r} from {name!r} ({exc}); its entry expires by itself")
+    name = signal.Signals(signum).name
+    if queued:
+        fail(f"{name} while {holder!r} waited for {request!r}: left the queue"
+             + (" (released the grant made meanwhile)" if left else ""), 128 + signum)
+    fail(f"{name} right after {holder!r} was granted {request!r}: released the grant", 128 + signum)
 
 
 @cli.command()
@@ -281,9 +317,12 @@ def acquire(obj: CT, resource: str, holder: str, slots: int, shared: bool, attem
     SIGTERM, SIGINT or SIGHUP while waiting: the queue entry is withdrawn, exit 128 + the signal.
     """
     ct = obj.get()
-    got = _queued(ct, {resource: slots}, holder, lambda: ct.acquire(
-        resource, holder=holder, slots=slots, mode="shared" if shared else "exclusive", timeout=timeout,
-        lease=lease, attempt=attempt, priority=priority))
+    with _QueueSignals() as signals:
+        got = _queued(signals, ct, {resource: slots}, holder, lambda: ct.acquire(
+            resource, holder=holder, slots=slots, mode="shared" if shared else "exclusive", timeout=timeout,
+            lease=lease, attempt=attempt, priority=priority))
+    if signals.signum is not None:  # came after the grant, before the handlers were put back
+        _ended(ct, {resource: slots}, holder, signals.signum, queued=False)
     click.echo(got.token)
 
 
@@ -337,7 +376,8 @@ def run(obj: CT, resources: tuple[str, ...], slots: int, shared: bool, attempt: 
 
     The lease is renewed in the background; SIGTERM/SIGINT are passed to COMMAND and the slot is
     released when it exits. If the lease is lost while COMMAND runs, COMMAND is stopped (SIGTERM,
-    then SIGKILL after a grace) and the exit status is 6 (unless COMMAND failed by itself).
+    then SIGKILL after a grace) and the exit status is 6 (unless COMMAND had already failed by itself:
+    its code is kept). Only COMMAND itself is signalled, not its process group (docs/cli.md).
     SIGTERM, SIGINT or SIGHUP while still waiting: the queue entry is withdrawn, exit 128 + the signal.
     """
     problem = _cannot_start(command[0])
@@ -356,39 +396,42 @@ def run(obj: CT, resources: tuple[str, ...], slots: int, shared: bool, attempt: 
                 fail(f"--resource {spec!r}: slots after ':' must be a whole number", EXIT_USAGE)
     ct = obj.get()
     who = holder if holder is not None else process_holder_id()  # known here: a signal withdraws it
-    lease_obj = _queued(ct, request, who, lambda: ct.acquire(
-        request, holder=who, mode="shared" if shared else "exclusive", timeout=timeout, lease=lease,
-        attempt=attempt, priority=priority))
-    lease_obj.start_renewing()
-    env = dict(os.environ, CONTROLTABLE_TOKEN=str(lease_obj.token), CONTROLTABLE_HOLDER=lease_obj.holder)
-    try:
-        child = subprocess.Popen(list(command), env=env)
-    except OSError as exc:
-        lease_obj.release()
-        fail(f"cannot run {command[0]!r}: {exc}", 127)
-
-    def forward(signum: int, frame: Any) -> None:
-        child.send_signal(signum)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    stopped = False
-    try:
+    # One handler from the queue to the child's end (_QueueSignals): a signal between the grant and
+    # the child's start releases the grant (exit 128 + n); once the child runs it is passed on.
+    with _QueueSignals() as signals:
+        lease_obj = _queued(signals, ct, request, who, lambda: ct.acquire(
+            request, holder=who, mode="shared" if shared else "exclusive", timeout=timeout, lease=lease,
+            attempt=attempt, priority=priority))
+        lease_obj.start_renewing()
+        env = dict(os.environ, CONTROLTABLE_TOKEN=str(lease_obj.token), CONTROLTABLE_HOLDER=lease_obj.holder)
+        child: Optional[subprocess.Popen[bytes]] = None
         try:
-            # A lost lease interrupts the wait (controltable.interrupt): the child must not go on
-            # working beside the next holder, so it is stopped as `consul lock` stops its child.
-            with lease_obj.interrupting(True):
-                code = child.wait()
-        except LeaseLost:
-            stopped = True
-            code = _stop_child(child)
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-        lost = lease_obj.lost
-        try:
+            if signals.signum is None:
+                child = subprocess.Popen(list(command), env=env)
+        except OSError as exc:
             lease_obj.release()
-        except LeaseLost as exc:
-            lost = lost or exc
+            fail(f"cannot run {command[0]!r}: {exc}", 127)
+        if child is None:
+            lease_obj.release()
+            _ended(ct, request, who, int(signals.signum or 0), queued=False)
+        signals.child = child
+        if signals.signum is not None:  # came while the child started: it is the child's now
+            child.send_signal(signals.signum)
+        stopped = False
+        try:
+            try:
+                # A lost lease interrupts the wait (controltable.interrupt): the child must not go on
+                # working beside the next holder, so it is stopped as `consul lock` stops its child.
+                with lease_obj.interrupting(True):
+                    code = child.wait()
+            except LeaseLost:
+                code, stopped = _stop_child(child)
+        finally:
+            lost = lease_obj.lost
+            try:
+                lease_obj.release()
+            except LeaseLost as exc:
+                lost = lost or exc
     if lost is not None:
         print_error(lost)
         if code == 0 or stopped:
@@ -396,16 +439,26 @@ def run(obj: CT, resources: tuple[str, ...], slots: int, shared: bool, attempt: 
     sys.exit(code if code >= 0 else 128 - code)
 
 
-def _stop_child(child: subprocess.Popen[bytes]) -> int:
-    """Stop ``run``'s child after its lease was lost: SIGTERM, then SIGKILL after :data:`RUN_STOP_GRACE`."""
+def _stop_child(child: subprocess.Popen[bytes]) -> tuple[int, bool]:
+    """Stop ``run``'s child after its lease was lost: SIGTERM, then SIGKILL after :data:`RUN_STOP_GRACE`.
+
+    Returns its exit code and whether it was stopped: a child that had already exited by itself
+    (the loss came as it ended) is not signalled, and its own code stands (``run`` exits 6 only
+    for a child it stopped or one that succeeded). Only the child is signalled, not a process
+    group: it shares ``run``'s group, so the terminal's Ctrl-C and an orchestrator's kill of the
+    task's group (SIGKILL included) reach it as before; a shell COMMAND passes SIGTERM on itself
+    (``exec``, or ``trap 'kill 0' TERM``)."""
+    code = child.poll()
+    if code is not None:
+        return code, False
     err.print(f"controltable: the lease was lost; stopping the command (pid {child.pid}) with SIGTERM")
     child.terminate()
     try:
-        return child.wait(timeout=RUN_STOP_GRACE)
+        return child.wait(timeout=RUN_STOP_GRACE), True
     except subprocess.TimeoutExpired:
         err.print(f"controltable: the command did not end within {RUN_STOP_GRACE:g} s of SIGTERM; sending SIGKILL")
         child.kill()
-        return child.wait()
+        return child.wait(), True
 
 
 def _cannot_start(program: str) -> Optional[str]:

@@ -238,14 +238,16 @@ def _enter_and_snapshot(t: ControlSchema, limits: tuple[int, ...]) -> Any:
     return union_all(new, *_snapshot_parts(t, limits, SNAPSHOT_PART))
 
 
-def remove_and_snapshot(t: ControlSchema, namespace: str, key: str, now: float, heads: Mapping[str, int]) -> Bound:
+def remove_and_snapshot(t: ControlSchema, namespace: str, key: str, attempt: Optional[int], now: float,
+                        heads: Mapping[str, int]) -> Bound:
     """:func:`remove_request` and :func:`snapshot` in one statement (dialects where
     :func:`controltable.dialects.writes_in_one_statement` holds): the removed rows with ``part`` =
     ``'gone'``, then the snapshot's rows with ``part`` = :data:`SNAPSHOT_PART`.
 
     The snapshot is read as the statement starts, so it still shows the removed rows; the caller
     drops them (:func:`controltable.slots.grants.after_removal`). Built once per (tables, head sizes)."""
-    return _with_snapshot(t, namespace, heads, remove_request(t, namespace, key, now)[1], _remove_and_snapshot)
+    return _with_snapshot(t, namespace, heads, remove_request(t, namespace, key, attempt, now)[1],
+                          _remove_and_snapshot)
 
 
 def _with_snapshot(t: ControlSchema, namespace: str, heads: Mapping[str, int], change: dict[str, Any],
@@ -308,11 +310,51 @@ def request_rows(t: ControlSchema, keys: Keys) -> Select:  # type: ignore[type-a
     return select(q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at).where(_keyed(t, keys))
 
 
-def delete_request_rows(t: ControlSchema, keys: Keys) -> Any:  # a Delete with RETURNING
-    """Remove whole requests and return their rows as :func:`request_rows` reads them (for dialects
-    where :func:`controltable.dialects.deletes_returning` holds: the read and the delete in one)."""
+def _this_attempt(t: ControlSchema) -> ColumnElement[bool]:
+    """The fence of a release: only the rows of the lease's own attempt (bind ``ct_attempt``, None
+    for a lease taken without one). A newer attempt of the same holder takes the grant over in
+    place (same request key, new tokens, its attempt written on the rows), so a release by the
+    request key alone would free the newer attempt's grant. The attempt changes exactly when the
+    tokens do, on every row of the request at once, so it tells the two generations apart on all
+    resources with one comparison (a token comparison would need each resource's own token)."""
     q = t.request
-    return delete(q).where(_keyed(t, keys)).returning(q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at)
+    return q.c.attempt.is_not_distinct_from(_typed("ct_attempt", q.c.attempt))
+
+
+def release_rows(t: ControlSchema, key: str, attempt: Optional[int]) -> Bound:
+    """The rows a release of (request ``key``, ``attempt``) removes, as :func:`request_rows` reads
+    them (fenced: :func:`_this_attempt`)."""
+    return _release_rows(t), {"ct_key": key, "ct_attempt": attempt}
+
+
+@functools.lru_cache(maxsize=64)
+def _release_rows(t: ControlSchema) -> Select:  # type: ignore[type-arg]
+    q = t.request
+    return (select(q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at)
+            .where(q.c.request_key == _bind("ct_key"), _this_attempt(t)))
+
+
+def delete_release_rows(t: ControlSchema, key: str, attempt: Optional[int]) -> Bound:
+    """Remove the rows of :func:`release_rows`."""
+    return _delete_release_rows(t), {"ct_key": key, "ct_attempt": attempt}
+
+
+@functools.lru_cache(maxsize=64)
+def _delete_release_rows(t: ControlSchema) -> Any:
+    return delete(t.request).where(t.request.c.request_key == _bind("ct_key"), _this_attempt(t))
+
+
+def delete_request_rows(t: ControlSchema, key: str, attempt: Optional[int]) -> Bound:  # a Delete with RETURNING
+    """Remove the rows of :func:`release_rows` and return them (for dialects where
+    :func:`controltable.dialects.deletes_returning` holds: the read and the delete in one)."""
+    return _delete_request_rows(t), {"ct_key": key, "ct_attempt": attempt}
+
+
+@functools.lru_cache(maxsize=64)
+def _delete_request_rows(t: ControlSchema) -> Any:
+    q = t.request
+    return (delete(q).where(q.c.request_key == _bind("ct_key"), _this_attempt(t))
+            .returning(q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at))
 
 
 def request_spans(t: ControlSchema, keys: Sequence[str]) -> Select:  # type: ignore[type-arg]
@@ -583,15 +625,15 @@ def _all_at_once(writes: tuple[Union[Insert, Update, Delete], ...]) -> Select:  
     return combined
 
 
-def remove_request(t: ControlSchema, namespace: str, key: str, now: float) -> Bound:
+def remove_request(t: ControlSchema, namespace: str, key: str, attempt: Optional[int], now: float) -> Bound:
     """Delete a request's rows and close the history rows of its grants in one statement (for
     dialects where :func:`controltable.dialects.writes_in_one_statement` holds), returning the
     deleted rows as :func:`request_rows` reads them.
 
     Same outcome as :func:`request_rows`, :func:`delete_requests` and one :func:`end_grant` per
-    granted row: released while the lease was live at ``now``, expired otherwise. Built once per
-    tables (see :data:`Bound`)."""
-    return _remove_request(t), {"ct_namespace": namespace, "ct_key": key, "ct_now": now}
+    granted row: released while the lease was live at ``now``, expired otherwise. Only the rows of
+    ``attempt`` go (:func:`_this_attempt`). Built once per tables (see :data:`Bound`)."""
+    return _remove_request(t), {"ct_namespace": namespace, "ct_key": key, "ct_attempt": attempt, "ct_now": now}
 
 
 @functools.lru_cache(maxsize=64)
@@ -607,7 +649,7 @@ def _removal(t: ControlSchema, full: bool = True) -> tuple[Any, Any]:
     q, h = t.request, t.history
     now = _bind("ct_now", type_=h.c.ended_at.type)
     returned = request_columns(t) if full else [q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at]
-    gone = delete(q).where(q.c.request_key == _bind("ct_key")).returning(*returned).cte("gone")
+    gone = delete(q).where(q.c.request_key == _bind("ct_key"), _this_attempt(t)).returning(*returned).cte("gone")
     ended = (
         update(h)
         .where(h.c.namespace == _bind("ct_namespace"), h.c.resource == gone.c.resource,

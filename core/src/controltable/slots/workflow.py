@@ -290,7 +290,8 @@ class SlotEngine(Waiting, Reports):
         COMMIT is what removed them and the release succeeded. Releasing a grant that was
         released already (another :class:`Lease` of the same grant) is a no-op; one that expired,
         was reaped or was taken over raises :class:`LeaseLost` saying which
-        (:meth:`_released_before`).
+        (:meth:`_released_before`). Only the rows of the lease's own attempt are removed: a newer
+        attempt re-tokens the same rows in place, and an older attempt's release must not free it.
         """
         n = len(lease.resources)
         completed = 0
@@ -300,8 +301,8 @@ class SlotEngine(Waiting, Reports):
             if self._snapshot_in_change(conn, res):
                 # The rows, their removal, their history closed and the snapshot the grant pass
                 # starts from, in one statement.
-                both = conn.execute(*sql.remove_and_snapshot(self.t, self.ns, lease.request_key, now,
-                                                             self._heads(res))).all()
+                both = conn.execute(*sql.remove_and_snapshot(self.t, self.ns, lease.request_key, lease.attempt,
+                                                             now, self._heads(res))).all()
                 rows: Sequence[Any] = [row for row in both if row.part != sql.SNAPSHOT_PART]
                 live = sum(1 for row in rows if row.state == GRANTED and float(row.expires_at) >= now)
                 completed += 1
@@ -309,14 +310,14 @@ class SlotEngine(Waiting, Reports):
                     [row for row in both if row.part == sql.SNAPSHOT_PART], rows))
             if dialects.writes_in_one_statement(conn, self.db.dialect_name):
                 # The rows, their removal and their history closed, in one statement.
-                rows = conn.execute(*sql.remove_request(self.t, self.ns, lease.request_key, now)).all()
+                rows = conn.execute(*sql.remove_request(self.t, self.ns, lease.request_key, lease.attempt, now)).all()
             elif dialects.deletes_returning(conn, self.db.dialect_name):
-                rows = conn.execute(sql.delete_request_rows(self.t, lease.request_key)).all()
+                rows = conn.execute(*sql.delete_request_rows(self.t, lease.request_key, lease.attempt)).all()
                 self._end_grants(conn, list(rows), now)
             else:
-                rows = conn.execute(sql.request_rows(self.t, lease.request_key)).all()
+                rows = conn.execute(*sql.release_rows(self.t, lease.request_key, lease.attempt)).all()
                 if rows:
-                    conn.execute(sql.delete_requests(self.t, lease.request_key))
+                    conn.execute(*sql.delete_release_rows(self.t, lease.request_key, lease.attempt))
                     self._end_grants(conn, list(rows), now)
             live = sum(1 for row in rows if row.state == GRANTED and float(row.expires_at) >= now)
             completed += 1
