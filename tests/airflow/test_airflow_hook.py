@@ -289,10 +289,10 @@ def test_the_documented_connections_add_gives_a_working_connection(airflow_db: P
     args = [a for a in re.split(r"\s+", command.replace("\\\n", " ")) if a]
     assert args[:5] == ["airflow", "connections", "add", "controltable_default", "--conn-type"], args
     url = f"sqlite:///{tmp_path}/added.db"
-    conn_id = "ct_documented_add"
+    conn_id = f"ct_documented_add_{tmp_path.name}"  # unique: a metadata database kept from an earlier run
     got = subprocess.run([airflow_bin(), "connections", "add", conn_id, "--conn-type", "controltable",
                           "--conn-host", url, "--conn-extra", '{"namespace": "prod", "install": true}'],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=600)  # hang detector: the CLI starts Airflow
     assert got.returncode == 0, got.stderr[-2000:]
     monkeypatch.setenv("_AIRFLOW_PROCESS_CONTEXT", "server")  # the metadata database's reader
     clear_cache()
