@@ -138,18 +138,22 @@ class Lease(BackgroundRenewal):
     def release(self) -> None:
         """Give the slots back. Raises :class:`LeaseLost` if they were no longer held.
 
-        A lease the renewer already found lost (taken over, reaped, expired unrenewed, let go)
-        is not asked after again: there is nothing to give back, and the path to the database may
-        be what lost it, so its :attr:`lost` is raised at once.
+        A lease the renewer already found gone (taken over, reaped, expired unrenewed) is not
+        asked after again: there is nothing to give back, and the path to the database may be
+        what lost it, so its :attr:`lost` is raised at once. One whose renewal only stopped on
+        purpose (orphaned, ``alive()`` false: ``lost.gone`` is false) still holds its rows: they
+        are given back first (bounded), then the stop is reported.
         """
         self.stop_renewing()
         if self.released:
             return
         self.released = True
-        if self.lost is not None:
+        if self.lost is not None and self.lost.gone:
             raise self.lost
         with bounded_release(self.engine.db):
             self.engine.release(self)
+        if self.lost is not None:
+            raise self.lost
 
     def is_held(self) -> bool:
         """Ask the database whether this lease still holds all its slots."""
