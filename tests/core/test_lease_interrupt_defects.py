@@ -5,6 +5,10 @@ Times here are hang detectors only (several times the goal), never assertions of
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from support.live import wait_until
 
@@ -31,3 +35,66 @@ def test_release_after_renewal_stopped_on_purpose_gives_the_slot_back(ct: Contro
         lease.release()
     assert info.value is lease.lost
     assert holders(ct, "r") == [], "the slot stays held until its lease expires"
+
+
+#: Run in a child process: forces the renewer's "count the send, then send it" to be split by the
+#: handler of an earlier send (the signal is held blocked meanwhile, so the ordering is certain). A
+#: signal then taken as foreign goes to SIGUSR1's default action, which ends the child.
+FORCED_ORDER = r"""
+import signal, sys
+from controltable import interrupt as interrupts
+from controltable.errors import LeaseLost, LeaseLostInterrupt
+from controltable.renewal import BackgroundRenewal
+
+class Held(BackgroundRenewal):
+    def _renew_interval(self):
+        return 300.0
+
+unblock_inside = sys.argv[1] == "inside"
+signum = interrupts.interrupt_signal()
+real_kill = signal.pthread_kill
+sends = []
+
+def kill(thread, number):
+    sends.append(number)
+    if len(sends) == 2:  # the first send's handler runs between the second's count and its kill
+        try:
+            interrupts._handler(number, None)
+        except LeaseLostInterrupt:
+            pass
+    real_kill(thread, number)
+
+signal.pthread_kill = kill
+item = Held()
+signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+try:
+    with item.interrupting(True):
+        item.lost = LeaseLost("test: taken over")
+        block = item._arming
+        with interrupts._GUARD:
+            block.sent = True
+            assert interrupts._send(block)
+        with interrupts._GUARD:
+            interrupts._send(block)
+        if unblock_inside:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+            sum(range(1000))  # the pending signal's handler runs here
+except LeaseLostInterrupt as exc:
+    assert exc.__cause__ is item.lost
+else:
+    raise AssertionError("the block's exit did not report the loss")
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+assert len(sends) == 2, sends
+assert interrupts.main_thread_blocks() == 0
+print("survived")
+"""
+
+
+@pytest.mark.parametrize("where", ["inside", "at_exit"])
+def test_a_signal_of_ours_is_never_taken_for_a_foreign_one(where: str) -> None:
+    """Two sends, the first one's handler run between the second's bookkeeping and its signal: the
+    second signal must still be recognised as ours, in the block (handler) and when the last block
+    disarms (``_uninstall``), never passed to SIGUSR1's default action (which ended the process)."""
+    proc = subprocess.run([sys.executable, "-c", FORCED_ORDER, where], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ))
+    assert proc.returncode == 0 and "survived" in proc.stdout, (proc.returncode, proc.stdout, proc.stderr)

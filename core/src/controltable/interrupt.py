@@ -101,8 +101,13 @@ _MAIN_BLOCKS: list[Arming] = []
 #: The signal our handler is installed for, and the handler it replaced (restored when the last
 #: main-thread block disarms).
 _installed: Optional[tuple[int, Any]] = None
-#: A signal of ours was sent and the handler has not run since (set under ``_GUARD``).
-_outstanding = False
+#: Signals of ours sent and not yet seen by the handler (raised under ``_GUARD``, lowered by the
+#: handler). A count, not a flag: the renewer counts a send and then sends it, and the handler of
+#: an earlier send may run in between; a flag it cleared would make the next signal look foreign
+#: (and SIGUSR1's default ends the process). Sends the kernel merged into one delivery leave it too
+#: high while blocks are armed, which only makes a foreign signal look like ours: it is reset when
+#: the last block disarms.
+_outstanding = 0
 
 
 def interrupt_signal() -> int:
@@ -134,7 +139,10 @@ def _in_protected(frame: Optional[FrameType]) -> bool:
 def _handler(signum: int, frame: Optional[FrameType]) -> None:
     """In the main thread: raise the interrupt into the innermost armed block whose lease is gone."""
     global _outstanding
-    ours, _outstanding = _outstanding, False
+    # Ours while a send is counted, or while any block was sent an interrupt: never passed on
+    # then, for the handler we replaced may be the default action that ends the process.
+    ours = _outstanding > 0 or any(block.sent for block in _MAIN_BLOCKS)
+    _outstanding = max(_outstanding - 1, 0)
     if not ours:
         _chain(signum, frame)
         return
@@ -192,10 +200,10 @@ def _uninstall() -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
     try:
         while signal.sigtimedwait([signum], 0) is not None:
-            foreign = foreign or not _outstanding
-            _outstanding = False
+            foreign = foreign or _outstanding == 0
+            _outstanding = max(_outstanding - 1, 0)
         _run_pending()
-        _outstanding = False
+        _outstanding = 0
         if signal.getsignal(signum) is _handler:
             signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
         _installed = None
@@ -253,7 +261,7 @@ def _send(block: Arming) -> bool:
         block.delivered = True
         _raise_in_thread(block.thread, LeaseLostInterrupt)
         return False
-    _outstanding = True
+    _outstanding += 1
     signal.pthread_kill(block.thread, _installed[0])
     return True
 
