@@ -6,13 +6,17 @@ Times here are hang detectors only (several times the goal), never assertions of
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 from support.live import wait_until
 
-from controltable import ControlTable, LeaseLost
+from controltable import ControlTable, LeaseLost, LeaseLostInterrupt
+from controltable import interrupt as interrupts
+from controltable.renewal import BackgroundRenewal
 
 #: Hang detector for the renewer's first look at ``alive()`` (goal: one orphan-check interval).
 HANG = 15.0
@@ -98,3 +102,37 @@ def test_a_signal_of_ours_is_never_taken_for_a_foreign_one(where: str) -> None:
     proc = subprocess.run([sys.executable, "-c", FORCED_ORDER, where], capture_output=True, text=True,
                           timeout=60, env=dict(os.environ))
     assert proc.returncode == 0 and "survived" in proc.stdout, (proc.returncode, proc.stdout, proc.stderr)
+
+
+def test_a_block_that_fell_back_to_the_async_exception_still_leaves_the_signal_list() -> None:
+    """The work replaced our handler inside the block, so the interrupt came as an asynchronous
+    exception: the block must still leave the main thread's list, so the handler is uninstalled and
+    the next block is interrupted by the signal again (not by the best-effort fallback for good)."""
+    signum = interrupts.interrupt_signal()
+    before = signal.getsignal(signum)
+    item = Held()
+    done = threading.Event()
+    with pytest.raises(LeaseLostInterrupt) as info, item.interrupting(True):
+        block = item._arming
+        assert block is not None and block.by_signal
+        signal.signal(signum, lambda number, frame: None)  # the work takes the signal for itself
+        item.lost = LeaseLost("test: taken over")
+        threading.Thread(target=lambda: (interrupts.interrupt(block), done.set()), daemon=True).start()
+        wait_until(done.is_set, HANG, "the interrupt to be sent (a hang)")
+        wait_until(lambda: False, HANG, "the asynchronous exception (a hang)", interval=0.01)
+    assert isinstance(info.value.__context__, LeaseLostInterrupt), "the asynchronous exception never came"
+    assert not block.by_signal, "the interrupt did not take the fallback path"
+    signal.signal(signum, before)
+    assert interrupts.main_thread_blocks() == 0
+    again = Held()
+    with again.interrupting(True):
+        assert again._arming is not None and again._arming.by_signal, "the next block fell back too"
+    assert interrupts.main_thread_blocks() == 0
+    assert signal.getsignal(signum) is before
+
+
+class Held(BackgroundRenewal):
+    """A lease holder with no database behind it: only the interrupt's own bookkeeping is exercised."""
+
+    def _renew_interval(self) -> float:
+        return 300.0

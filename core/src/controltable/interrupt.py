@@ -68,13 +68,16 @@ def protected(fn: F) -> F:
 class Arming:
     """One armed block: whose lease, which thread, and what happened to its interrupt."""
 
-    __slots__ = ("owner", "thread", "by_signal", "armed", "sent", "delivered", "statements", "ended")
+    __slots__ = ("owner", "thread", "by_signal", "on_list", "armed", "sent", "delivered", "statements", "ended")
 
     def __init__(self, owner: Any, thread: int, by_signal: bool) -> None:
         self.owner = owner
         self.thread = thread
         #: Whether the interrupt reaches the thread by a signal (else an asynchronous exception).
         self.by_signal = by_signal
+        #: Whether it is on ``_MAIN_BLOCKS`` (kept apart from ``by_signal``, which the fallback
+        #: clears: the block must still leave the list, or the handler is never uninstalled).
+        self.on_list = by_signal
         self.armed = True
         #: The renewer decided to interrupt (under ``_GUARD``); the exit then reports the loss.
         self.sent = False
@@ -233,12 +236,13 @@ def disarm(block: Arming) -> bool:
     untrack_thread(block.statements)
     with _GUARD:
         block.armed = False
-        if block.by_signal:
+        if block.on_list:
+            block.on_list = False
             if block in _MAIN_BLOCKS:
                 _MAIN_BLOCKS.remove(block)
             if not _MAIN_BLOCKS:
                 _uninstall()
-        elif block.sent:
+        if block.sent and not block.by_signal:
             _raise_in_thread(block.thread, None)  # cancel it if not delivered yet
     block.ended.set()
     return block.sent
