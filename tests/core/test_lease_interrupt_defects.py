@@ -136,3 +136,20 @@ class Held(BackgroundRenewal):
 
     def _renew_interval(self) -> float:
         return 300.0
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit, GeneratorExit])
+def test_a_decision_to_stop_passes_through_an_interrupted_block(stop: type[BaseException]) -> None:
+    """After an interrupt was sent, an ``Exception`` becomes ``LeaseLostInterrupt``, but Ctrl-C, an exit
+    or an orchestrator's cancellation (``BaseException`` only) must reach the caller as itself."""
+    item = Held()
+    loss = LeaseLost("test: taken over")
+    with pytest.raises(stop) as info, item.interrupting(True):
+        block = item._arming
+        assert block is not None
+        item.lost = loss
+        with interrupts._GUARD:
+            block.sent = block.delivered = True  # as if sent: the handler then leaves it alone
+        raise stop()
+    assert type(info.value) is stop
+    assert getattr(info.value, "lease_lost", None) is loss

@@ -24,10 +24,12 @@ background renewer finds the lease lost it calls :func:`interrupt`, which
      call), and it can land anywhere, in a library's bookkeeping too. The same fallback serves the
      main thread where handlers cannot be installed (a sub-interpreter, or the signal taken).
 
-Whatever the block raises after an interrupt was sent (a driver's "query cancelled", an error of a
-connection the interrupt left mid-statement) reaches the caller as ``LeaseLostInterrupt``: its
-``__cause__`` is the loss and its ``__context__`` (and message) that error, for the lease's loss is
-the news and the driver's error only its effect.
+Whatever ``Exception`` the block raises after an interrupt was sent (a driver's "query cancelled",
+an error of a connection the interrupt left mid-statement) reaches the caller as
+``LeaseLostInterrupt``: its ``__cause__`` is the loss and its ``__context__`` (and message) that
+error, for the lease's loss is the news and the driver's error only its effect. A decision to stop
+(``KeyboardInterrupt``, ``SystemExit``, an orchestrator's ``BaseException`` cancellation) passes
+unchanged, the loss attached.
 """
 
 from __future__ import annotations
@@ -309,8 +311,20 @@ def outcome(block: Arming, exc: Optional[BaseException]) -> Optional[BaseExcepti
     ``__cause__`` is the loss: the block's own interrupt, or in place of any other exception (a
     driver's error the cancel caused: kept as ``__context__`` and named in the message), or when
     the block ended normally (the loss came as it finished, or the work swallowed the interrupt).
+    A ``BaseException`` that is not an ``Exception`` (``KeyboardInterrupt``, ``SystemExit``,
+    ``GeneratorExit``, an orchestrator's cancellation) is a decision to stop that outranks the
+    loss: it passes unchanged, the loss attached as :attr:`lease_lost` and in a note.
     """
     if not disarm(block):
+        return None
+    if exc is not None and not isinstance(exc, Exception):
+        lost = getattr(block.owner, "lost", None)
+        try:
+            exc.lease_lost = lost  # type: ignore[attr-defined]
+        except AttributeError:  # a class with __slots__: the note is what is left
+            pass
+        if hasattr(exc, "add_note"):  # Python 3.11+
+            exc.add_note(f"controltable: the lease was lost while the work ran: {lost}")
         return None
     if isinstance(exc, LeaseLostInterrupt):
         lost = getattr(block.owner, "lost", None)
