@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Any
 
 import pytest
 from support.live import wait_until
@@ -156,32 +155,51 @@ def test_a_decision_to_stop_passes_through_an_interrupted_block(stop: type[BaseE
     assert getattr(info.value, "lease_lost", None) is loss
 
 
-def test_an_interrupt_as_the_slot_block_exits_still_releases(ct: ControlTable) -> None:
+#: Run in a child process (a fresh interpreter: tracing is what places the handler, and an earlier
+#: test's asynchronous exception must not be around): the handler runs as ``ct.slot()``'s exit
+#: begins, as a signal arriving there would run it.
+EXIT_RACE = r"""
+import sys
+from controltable import ControlTable, LeaseLost, LeaseLostInterrupt
+from controltable import interrupt as interrupts
+
+ct = ControlTable(sys.argv[1], namespace=sys.argv[2])
+block_cm = ct.slot("r", holder="a", lease=60)
+exit_code = type(block_cm).__exit__.__code__
+lease = block_cm.__enter__()
+block = lease._arming
+assert block is not None and block.by_signal
+lease.lost = LeaseLost("test: renewal stopped", gone=False)
+with interrupts._GUARD:
+    block.sent = True
+
+def tracer(frame, event, arg):
+    if event == "call" and frame.f_code is exit_code:
+        sys.settrace(None)
+        interrupts._handler(interrupts.interrupt_signal(), frame)  # the signal lands here
+
+raised = []
+sys.settrace(tracer)
+try:
+    block_cm.__exit__(None, None, None)
+except LeaseLostInterrupt as exc:
+    raised.append(exc)
+finally:
+    sys.settrace(None)
+assert raised and raised[0].__cause__ is lease.lost, ("the exit did not report the loss", raised)
+assert interrupts.main_thread_blocks() == 0, "the block is still armed after its exit"
+print("armed blocks: 0")
+"""
+
+
+def test_an_interrupt_as_the_slot_block_exits_still_releases(ct: ControlTable, backend_url: str,
+                                                             namespace: str) -> None:
     """The handler runs as ``ct.slot()``'s exit begins (the loss came as the work finished). The
     exit must report it and give the slot back there and then: with a generator-based context
     manager it raised in contextlib's exit, before the generator resumed, and the release waited
     for the generator's finalisation (the slot stayed held, the block armed)."""
     ct.set_capacity("r", 1)
-    block_cm = ct.slot("r", holder="a", lease=60)
-    exit_code = type(block_cm).__exit__.__code__
-    lease = block_cm.__enter__()
-    block = lease._arming
-    assert block is not None and block.by_signal
-    lease.lost = LeaseLost("test: renewal stopped", gone=False)
-    with interrupts._GUARD:
-        block.sent = True
-
-    def tracer(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code is exit_code:
-            sys.settrace(None)
-            interrupts._handler(interrupts.interrupt_signal(), frame)  # the signal lands here
-
-    sys.settrace(tracer)
-    try:
-        with pytest.raises(LeaseLostInterrupt) as info:
-            block_cm.__exit__(None, None, None)
-    finally:
-        sys.settrace(None)
-    assert info.value.__cause__ is lease.lost
-    assert interrupts.main_thread_blocks() == 0, "the block is still armed after its exit"
+    proc = subprocess.run([sys.executable, "-c", EXIT_RACE, backend_url, namespace], capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ))
+    assert proc.returncode == 0 and "armed blocks: 0" in proc.stdout, (proc.returncode, proc.stdout, proc.stderr)
     assert holders(ct, "r") == [], "the slot was not given back by the exit"
