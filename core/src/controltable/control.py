@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
 from sqlalchemy import insert, inspect, select, update
 from sqlalchemy.engine import Connection, Engine, make_url
@@ -39,6 +38,7 @@ from .slots import (
     Rate,
     ResourceStats,
     ResourceStatus,
+    SlotBlock,
     SlotEngine,
     WaitInfo,
     check_rate,
@@ -294,7 +294,6 @@ class ControlTable:
             attempt=attempt, pickup=pickup, priority=check_priority(priority),
         )
 
-    @contextmanager
     def slot(
         self,
         resource: Union[str, Mapping[str, int]],
@@ -309,7 +308,7 @@ class ControlTable:
         pickup: float = DEFAULT_PICKUP,
         priority: int = DEFAULT_SLOT_PRIORITY,
         interrupt: Optional[bool] = None,
-    ) -> Iterator[Lease]:
+    ) -> SlotBlock:
         """Hold a slot for the duration of a ``with`` block, renewing its lease in the background.
 
         When the renewer finds the lease lost or expired, the block is interrupted with
@@ -319,14 +318,9 @@ class ControlTable:
         if the lease was lost while the block ran (the block's own exception, if any, takes
         precedence).
         """
-        lease_obj = self.acquire(resource, holder=holder, slots=slots, mode=mode, timeout=timeout,
-                                 lease=lease, waiter_ttl=waiter_ttl, attempt=attempt, pickup=pickup,
-                                 priority=priority)
-        if interrupt is not None:
-            lease_obj.interrupt = bool(interrupt)
-        lease_obj.start_renewing()
-        with lease_obj:
-            yield lease_obj
+        return SlotBlock(lambda: self.acquire(resource, holder=holder, slots=slots, mode=mode, timeout=timeout,
+                                              lease=lease, waiter_ttl=waiter_ttl, attempt=attempt, pickup=pickup,
+                                              priority=priority), interrupt)
 
     def find_lease(self, resource: str, holder: str) -> Optional[Lease]:
         """The lease ``holder`` currently has on ``resource``, e.g. to release it from another process."""

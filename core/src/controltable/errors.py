@@ -113,10 +113,14 @@ class LeaseLost(ControlTableError):
     protected system should reject writes carrying the stale fencing token.
     """
 
-    def __init__(self, message: str, keys: Sequence[object] = ()) -> None:
+    def __init__(self, message: str, keys: Sequence[object] = (), *, gone: bool = True) -> None:
         super().__init__(message)
         #: For event batches: the keys that were no longer held by this batch.
         self.keys: list[object] = list(keys)
+        #: Whether the grant is gone from the database (taken over, reaped, expired). False when
+        #: renewal only stopped on purpose (orphaned, ``alive()`` false): the rows are still live,
+        #: so a release must still give them back rather than leave them to expire.
+        self.gone = gone
 
 
 class LeaseLostInterrupt(LeaseLost):

@@ -24,10 +24,12 @@ background renewer finds the lease lost it calls :func:`interrupt`, which
      call), and it can land anywhere, in a library's bookkeeping too. The same fallback serves the
      main thread where handlers cannot be installed (a sub-interpreter, or the signal taken).
 
-Whatever the block raises after an interrupt was sent (a driver's "query cancelled", an error of a
-connection the interrupt left mid-statement) reaches the caller as ``LeaseLostInterrupt``: its
-``__cause__`` is the loss and its ``__context__`` (and message) that error, for the lease's loss is
-the news and the driver's error only its effect.
+Whatever ``Exception`` the block raises after an interrupt was sent (a driver's "query cancelled",
+an error of a connection the interrupt left mid-statement) reaches the caller as
+``LeaseLostInterrupt``: its ``__cause__`` is the loss and its ``__context__`` (and message) that
+error, for the lease's loss is the news and the driver's error only its effect. A decision to stop
+(``KeyboardInterrupt``, ``SystemExit``, an orchestrator's ``BaseException`` cancellation) passes
+unchanged, the loss attached.
 """
 
 from __future__ import annotations
@@ -68,13 +70,16 @@ def protected(fn: F) -> F:
 class Arming:
     """One armed block: whose lease, which thread, and what happened to its interrupt."""
 
-    __slots__ = ("owner", "thread", "by_signal", "armed", "sent", "delivered", "statements", "ended")
+    __slots__ = ("owner", "thread", "by_signal", "on_list", "armed", "sent", "delivered", "statements", "ended")
 
     def __init__(self, owner: Any, thread: int, by_signal: bool) -> None:
         self.owner = owner
         self.thread = thread
         #: Whether the interrupt reaches the thread by a signal (else an asynchronous exception).
         self.by_signal = by_signal
+        #: Whether it is on ``_MAIN_BLOCKS`` (kept apart from ``by_signal``, which the fallback
+        #: clears: the block must still leave the list, or the handler is never uninstalled).
+        self.on_list = by_signal
         self.armed = True
         #: The renewer decided to interrupt (under ``_GUARD``); the exit then reports the loss.
         self.sent = False
@@ -101,8 +106,13 @@ _MAIN_BLOCKS: list[Arming] = []
 #: The signal our handler is installed for, and the handler it replaced (restored when the last
 #: main-thread block disarms).
 _installed: Optional[tuple[int, Any]] = None
-#: A signal of ours was sent and the handler has not run since (set under ``_GUARD``).
-_outstanding = False
+#: Signals of ours sent and not yet seen by the handler (raised under ``_GUARD``, lowered by the
+#: handler). A count, not a flag: the renewer counts a send and then sends it, and the handler of
+#: an earlier send may run in between; a flag it cleared would make the next signal look foreign
+#: (and SIGUSR1's default ends the process). Sends the kernel merged into one delivery leave it too
+#: high while blocks are armed, which only makes a foreign signal look like ours: it is reset when
+#: the last block disarms.
+_outstanding = 0
 
 
 def interrupt_signal() -> int:
@@ -134,7 +144,10 @@ def _in_protected(frame: Optional[FrameType]) -> bool:
 def _handler(signum: int, frame: Optional[FrameType]) -> None:
     """In the main thread: raise the interrupt into the innermost armed block whose lease is gone."""
     global _outstanding
-    ours, _outstanding = _outstanding, False
+    # Ours while a send is counted, or while any block was sent an interrupt: never passed on
+    # then, for the handler we replaced may be the default action that ends the process.
+    ours = _outstanding > 0 or any(block.sent for block in _MAIN_BLOCKS)
+    _outstanding = max(_outstanding - 1, 0)
     if not ours:
         _chain(signum, frame)
         return
@@ -192,10 +205,10 @@ def _uninstall() -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
     try:
         while signal.sigtimedwait([signum], 0) is not None:
-            foreign = foreign or not _outstanding
-            _outstanding = False
+            foreign = foreign or _outstanding == 0
+            _outstanding = max(_outstanding - 1, 0)
         _run_pending()
-        _outstanding = False
+        _outstanding = 0
         if signal.getsignal(signum) is _handler:
             signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
         _installed = None
@@ -225,12 +238,13 @@ def disarm(block: Arming) -> bool:
     untrack_thread(block.statements)
     with _GUARD:
         block.armed = False
-        if block.by_signal:
+        if block.on_list:
+            block.on_list = False
             if block in _MAIN_BLOCKS:
                 _MAIN_BLOCKS.remove(block)
             if not _MAIN_BLOCKS:
                 _uninstall()
-        elif block.sent:
+        if block.sent and not block.by_signal:
             _raise_in_thread(block.thread, None)  # cancel it if not delivered yet
     block.ended.set()
     return block.sent
@@ -253,7 +267,7 @@ def _send(block: Arming) -> bool:
         block.delivered = True
         _raise_in_thread(block.thread, LeaseLostInterrupt)
         return False
-    _outstanding = True
+    _outstanding += 1
     signal.pthread_kill(block.thread, _installed[0])
     return True
 
@@ -297,8 +311,20 @@ def outcome(block: Arming, exc: Optional[BaseException]) -> Optional[BaseExcepti
     ``__cause__`` is the loss: the block's own interrupt, or in place of any other exception (a
     driver's error the cancel caused: kept as ``__context__`` and named in the message), or when
     the block ended normally (the loss came as it finished, or the work swallowed the interrupt).
+    A ``BaseException`` that is not an ``Exception`` (``KeyboardInterrupt``, ``SystemExit``,
+    ``GeneratorExit``, an orchestrator's cancellation) is a decision to stop that outranks the
+    loss: it passes unchanged, the loss attached as :attr:`lease_lost` and in a note.
     """
     if not disarm(block):
+        return None
+    if exc is not None and not isinstance(exc, Exception):
+        lost = getattr(block.owner, "lost", None)
+        try:
+            exc.lease_lost = lost  # type: ignore[attr-defined]
+        except AttributeError:  # a class with __slots__: the note is what is left
+            pass
+        if hasattr(exc, "add_note"):  # Python 3.11+
+            exc.add_note(f"controltable: the lease was lost while the work ran: {lost}")
         return None
     if isinstance(exc, LeaseLostInterrupt):
         lost = getattr(block.owner, "lost", None)

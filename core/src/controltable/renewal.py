@@ -108,7 +108,7 @@ class Renewer(threading.Thread):
             if reason is not None:
                 self.stopped_because = reason
                 log.warning("controltable: stopped renewing %s: %s; the lease will expire", self.name, reason)
-                self._lose(LeaseLost(f"renewal stopped because {reason}; the lease was left to expire"))
+                self._lose(LeaseLost(f"renewal stopped because {reason}; the lease was left to expire", gone=False))
                 return
             if time.monotonic() < next_renewal:
                 continue

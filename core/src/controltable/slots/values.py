@@ -12,7 +12,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Optional, Protocol, Union
+from typing import Any, Callable, Optional, Protocol, Union
 
 from ..clock import utc
 from ..db import Database
@@ -138,18 +138,22 @@ class Lease(BackgroundRenewal):
     def release(self) -> None:
         """Give the slots back. Raises :class:`LeaseLost` if they were no longer held.
 
-        A lease the renewer already found lost (taken over, reaped, expired unrenewed, let go)
-        is not asked after again: there is nothing to give back, and the path to the database may
-        be what lost it, so its :attr:`lost` is raised at once.
+        A lease the renewer already found gone (taken over, reaped, expired unrenewed) is not
+        asked after again: there is nothing to give back, and the path to the database may be
+        what lost it, so its :attr:`lost` is raised at once. One whose renewal only stopped on
+        purpose (orphaned, ``alive()`` false: ``lost.gone`` is false) still holds its rows: they
+        are given back first (bounded), then the stop is reported.
         """
         self.stop_renewing()
         if self.released:
             return
         self.released = True
-        if self.lost is not None:
+        if self.lost is not None and self.lost.gone:
             raise self.lost
         with bounded_release(self.engine.db):
             self.engine.release(self)
+        if self.lost is not None:
+            raise self.lost
 
     def is_held(self) -> bool:
         """Ask the database whether this lease still holds all its slots."""
@@ -213,6 +217,36 @@ class Lease(BackgroundRenewal):
             raise replacement
         if exc_type is None and self.lost is not None:
             raise self.lost
+
+
+class SlotBlock:
+    """The context manager of :meth:`ControlTable.slot`: acquire, renew in the background, release.
+
+    A class, not a ``@contextmanager`` generator: its entry and exit are code the lease-loss
+    interrupt never lands in (:func:`~controltable.interrupt.protected`). A generator's exit runs
+    in contextlib first, where an interrupt arriving as the work finished would be raised before
+    the generator resumed, leaving the block armed and the release to the generator's finalisation.
+    """
+
+    def __init__(self, acquire: Callable[[], Lease], interrupt: Optional[bool]) -> None:
+        self._acquire = acquire
+        self._interrupt = interrupt
+        self.lease: Optional[Lease] = None
+
+    @protected
+    def __enter__(self) -> Lease:
+        lease = self._acquire()
+        if self._interrupt is not None:
+            lease.interrupt = bool(self._interrupt)
+        lease.start_renewing()
+        self.lease = lease.__enter__()
+        return self.lease
+
+    @protected
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            lease.__exit__(exc_type, exc, tb)
 
 
 @dataclass
