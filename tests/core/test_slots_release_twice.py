@@ -91,3 +91,32 @@ def test_an_older_attempts_release_leaves_the_newer_attempts_grant_held(ct: Cont
     got = ct.try_acquire(parts, holder="other")  # type: ignore[arg-type]
     assert got is not None and all(got.tokens[n] > new.tokens[n] for n in names)
     got.release()
+
+
+@pytest.mark.parametrize("parts", ["r", {"a": 1, "b": 1}], ids=["one", "two"])
+def test_an_older_attempts_renew_and_look_leave_the_newer_attempts_grant_alone(ct: ControlTable, parts: object) -> None:
+    """A newer attempt takes the grant over in place (same request key, new tokens): the older
+    Lease's renew must neither extend nor remove the newer attempt's rows, and must raise LeaseLost
+    saying it was taken over; its is_held()/check() must not call the newer grant its own (before:
+    renew matched by request key alone, extended attempt 2's rows and returned, is_held() said True)."""
+    names = ["r"] if parts == "r" else ["a", "b"]
+    for name in names:
+        ct.set_capacity(name, 1)
+    old = ct.try_acquire(parts, holder="task", attempt=1, lease=60)  # type: ignore[arg-type]
+    new = ct.try_acquire(parts, holder="task", attempt=2, lease=60)  # type: ignore[arg-type]
+    assert old is not None and new is not None and new.tokens != old.tokens
+    assert not old.is_held(), "the older attempt's lease is not held: its rows are attempt 2's now"
+    with pytest.raises(LeaseLost, match="no longer held"):
+        old.check()
+    assert new.is_held()
+    before = new.expires_at
+    with pytest.raises(LeaseLost, match="taken over by a newer attempt"):
+        old.renew(3600)  # an hour: an extension of attempt 2's rows would show in its expiry
+    for st in ct.status(names):
+        assert [(h.holder, h.token, h.expires_at) for h in st.holders] == [("task", new.tokens[st.name], before)], (
+            f"attempt 2 still holds {st.name!r} alone, its expiry unchanged")
+    assert new.is_held()
+    assert new.renew(120).expires_at > before, "the newer attempt renews its own rows"
+    assert new.is_held()
+    new.release()
+    assert ct.try_acquire(parts, holder="other") is not None  # type: ignore[arg-type]

@@ -162,7 +162,7 @@ def captured_statements(
                 acquire)
         section("try_acquire while held: read its own entry without locks, then enqueue as a waiter (ticketed FIFO)",
                 lambda: ct.try_acquire("warehouse", holder="b", lease=60))
-        section("renew a lease: extend on the database clock while still granted and unexpired (fenced by request key)",
+        section("renew a lease: extend on the database clock while granted and unexpired (fenced by key and attempt)",
                 lambda: holder["a"].renew())
         section("release a lease: lock the resource row, delete the entry, grant pass for the next in line",
                 lambda: holder["a"].release())

@@ -310,15 +310,19 @@ def request_rows(t: ControlSchema, keys: Keys) -> Select:  # type: ignore[type-a
     return select(q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at).where(_keyed(t, keys))
 
 
-def _this_attempt(t: ControlSchema) -> ColumnElement[bool]:
-    """The fence of a release: only the rows of the lease's own attempt (bind ``ct_attempt``, None
-    for a lease taken without one). A newer attempt of the same holder takes the grant over in
-    place (same request key, new tokens, its attempt written on the rows), so a release by the
-    request key alone would free the newer attempt's grant. The attempt changes exactly when the
-    tokens do, on every row of the request at once, so it tells the two generations apart on all
-    resources with one comparison (a token comparison would need each resource's own token)."""
+def _this_attempt(t: ControlSchema, attempt: Optional[int] = None) -> ColumnElement[bool]:
+    """The fence of a release, a renewal and a look at a lease: only the rows of the lease's own
+    attempt (bind ``ct_attempt``, None for a lease taken without one). A newer attempt of the same
+    holder takes the grant over in place (same request key, new tokens, its attempt written on the
+    rows), so a release by the request key alone would free the newer attempt's grant, a renewal
+    would extend it and a look would call it the older lease's. The attempt changes exactly when
+    the tokens do, on every row of the request at once, so it tells the two generations apart on
+    all resources with one comparison (a token comparison would need each resource's own token).
+
+    A :data:`Bound` statement passes ``ct_attempt`` at execution (``attempt`` stays None, the
+    placeholder); a statement built per call carries it as ``attempt``."""
     q = t.request
-    return q.c.attempt.is_not_distinct_from(_typed("ct_attempt", q.c.attempt))
+    return q.c.attempt.is_not_distinct_from(_bind("ct_attempt", attempt, type_=q.c.attempt.type))
 
 
 def release_rows(t: ControlSchema, key: str, attempt: Optional[int]) -> Bound:
@@ -403,11 +407,12 @@ def _peek(t: ControlSchema) -> Select:  # type: ignore[type-arg]
     )
 
 
-def held_count(t: ControlSchema, key: str) -> Select:  # type: ignore[type-arg]
-    """How many of a request's rows are granted with a live lease (the database clock judges)."""
+def held_count(t: ControlSchema, key: str, attempt: Optional[int]) -> Select:  # type: ignore[type-arg]
+    """How many of a request's rows of ``attempt`` are granted with a live lease (the database
+    clock judges; fenced: :func:`_this_attempt`, a newer attempt's rows are not the older lease's)."""
     q = t.request
     return select(func.count()).select_from(q).where(
-        and_(q.c.request_key == key, q.c.state == GRANTED, q.c.expires_at >= clock()))
+        and_(q.c.request_key == key, _this_attempt(t, attempt), q.c.state == GRANTED, q.c.expires_at >= clock()))
 
 
 def own_entry(t: ControlSchema, namespace: str, resource: str, holder: str) -> Select:  # type: ignore[type-arg]
@@ -581,19 +586,22 @@ def reorder_queue(t: ControlSchema, namespace: str, name: str, aging: Optional[f
 
 
 def _fenced_extend(t: ControlSchema, key: str, state: str, now: float, expires_at: float,
-                   values: Mapping[str, Any]) -> Fenced:
+                   values: Mapping[str, Any], *fence: ColumnElement[bool]) -> Fenced:
     q = t.request
     return (
-        update(q).where(q.c.request_key == key, q.c.state == state, q.c.expires_at >= now).values(**values),
+        update(q).where(q.c.request_key == key, *fence, q.c.state == state, q.c.expires_at >= now).values(**values),
         select(func.count()).select_from(q).where(
-            q.c.request_key == key, q.c.state == state, q.c.expires_at == expires_at),
+            q.c.request_key == key, *fence, q.c.state == state, q.c.expires_at == expires_at),
     )
 
 
-def extend_lease(t: ControlSchema, key: str, now: float, lease: float) -> Fenced:
-    """A granted request's rows get ``lease`` seconds from ``now``, unless they already ran out (the
-    database clock judges): a holder renewing, or a waiter taking up a grant made on its behalf."""
-    return _fenced_extend(t, key, GRANTED, now, now + lease, {"expires_at": now + lease, "lease_seconds": lease})
+def extend_lease(t: ControlSchema, key: str, attempt: Optional[int], now: float, lease: float) -> Fenced:
+    """A granted request's rows of ``attempt`` get ``lease`` seconds from ``now``, unless they
+    already ran out (the database clock judges): a holder renewing, or a waiter taking up a grant
+    made on its behalf. Fenced (:func:`_this_attempt`): an older attempt's renewal must not extend
+    the grant a newer attempt took over, nor report it as its own."""
+    return _fenced_extend(t, key, GRANTED, now, now + lease, {"expires_at": now + lease, "lease_seconds": lease},
+                          _this_attempt(t, attempt))
 
 
 def refresh_waiter(t: ControlSchema, key: str, now: float, ttl: float, pickup: float) -> Fenced:

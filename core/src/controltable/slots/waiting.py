@@ -351,7 +351,7 @@ class Waiting(PassEngine):
         if all(row.state == GRANTED for row in rows):
             if req.attempt is not None and req.attempt != recorded:
                 return _Peek("granted", recorded_attempt=recorded)  # the caller re-enters for the attempt
-            picked = dialects.confirmed_count(conn, *sql.extend_lease(self.t, key, now, req.lease),
+            picked = dialects.confirmed_count(conn, *sql.extend_lease(self.t, key, recorded, now, req.lease),
                                               self.db.dialect_name)
             if picked != len(rows):
                 return _Peek("lapsed", recorded_attempt=recorded)

@@ -260,20 +260,35 @@ class SlotEngine(Waiting, Reports):
 
     # -- holding -----------------------------------------------------------------------------
     def renew(self, lease: Lease, seconds: float) -> float:
+        """Extend the lease's rows of its own attempt; a lapsed lease's rows go (its history closed
+        ``expired``). Fenced on the lease's attempt like :meth:`release`: when a newer attempt took
+        the grant over (same request key, new tokens), nothing is changed and :class:`LeaseLost`
+        says so: the newer attempt's rows are neither extended nor removed."""
         n = len(lease.resources)
+        taken_over = -2.0
 
         def fn(conn: Connection) -> float:
             now = read_now(conn)
-            renewed = dialects.confirmed_count(conn, *sql.extend_lease(self.t, lease.request_key, now, seconds),
-                                               self.db.dialect_name)
+            renewed = dialects.confirmed_count(
+                conn, *sql.extend_lease(self.t, lease.request_key, lease.attempt, now, seconds), self.db.dialect_name)
             if renewed != n:
-                left = conn.execute(sql.request_rows(self.t, lease.request_key)).all()
-                conn.execute(sql.delete_requests(self.t, lease.request_key))
-                self._end_grants(conn, list(left), now, EXPIRED)
+                left = conn.execute(*sql.release_rows(self.t, lease.request_key, lease.attempt)).all()
+                if not left and conn.execute(sql.request_rows(self.t, lease.request_key)).first() is not None:
+                    return taken_over  # the rows are another attempt's now
+                if left:
+                    conn.execute(*sql.delete_release_rows(self.t, lease.request_key, lease.attempt))
+                    self._end_grants(conn, list(left), now, EXPIRED)
                 return -1.0
             return now + seconds
 
         expires = self.db.run(fn)
+        if expires == taken_over:
+            lease.released = True
+            raise LeaseLost(
+                f"lease of {lease.holder!r} on {lease._names()} was taken over by a newer attempt of the same holder "
+                "(a new fencing token) before it was renewed; this attempt must stop: its work may overlap with "
+                "the newer one's"
+            )
         if expires < 0:
             lease.released = True
             raise LeaseLost(
@@ -366,7 +381,7 @@ class SlotEngine(Waiting, Reports):
         )
 
     def is_held(self, lease: Lease) -> bool:
-        count = self.db.run(lambda c: c.scalar(sql.held_count(self.t, lease.request_key)))
+        count = self.db.run(lambda c: c.scalar(sql.held_count(self.t, lease.request_key, lease.attempt)))
         return int(count or 0) == len(lease.resources)
 
     def release_holder(self, resource: str, holder: str) -> int:
