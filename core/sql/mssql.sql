@@ -153,12 +153,12 @@ SELECT TOP 1 ct_request.ticket
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 AND ct_request.resource = :resource_1 AND ct_request.state = 'waiting' AND ct_request.expires_at >= (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) ORDER BY ct_request.queue_key, ct_request.ticket;
 
--- ===== renew a lease: extend on the database clock while still granted and unexpired (fenced by request key) =====
+-- ===== renew a lease: extend on the database clock while granted and unexpired (fenced by key and attempt) =====
 SELECT (DATEDIFF_BIG(MICROSECOND, '19700101', SYSUTCDATETIME()) / 1000000.0) AS db_now_1;
-UPDATE ct_request SET lease_seconds=:lease_seconds, expires_at=:expires_at WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'granted' AND ct_request.expires_at >= :expires_at_1;
+UPDATE ct_request SET lease_seconds=:lease_seconds, expires_at=:expires_at WHERE ct_request.request_key = :request_key_1 AND EXISTS (SELECT ct_request.attempt INTERSECT SELECT :ct_attempt) AND ct_request.state = 'granted' AND ct_request.expires_at >= :expires_at_1;
 SELECT count(*) AS count_1 
 FROM ct_request 
-WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'granted' AND ct_request.expires_at = :expires_at_1;
+WHERE ct_request.request_key = :request_key_1 AND EXISTS (SELECT ct_request.attempt INTERSECT SELECT :ct_attempt) AND ct_request.state = 'granted' AND ct_request.expires_at = :expires_at_1;
 
 -- ===== release a lease: lock the resource row, delete the entry, grant pass for the next in line =====
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 

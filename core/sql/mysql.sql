@@ -158,9 +158,9 @@ FROM ct_request
 WHERE ct_request.namespace = %s AND ct_request.resource = %s AND ct_request.state = 'waiting' AND ct_request.expires_at >= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) ORDER BY ct_request.queue_key, ct_request.ticket 
  LIMIT %s;
 
--- ===== renew a lease: extend on the database clock while still granted and unexpired (fenced by request key) =====
+-- ===== renew a lease: extend on the database clock while granted and unexpired (fenced by key and attempt) =====
 SELECT (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000000.0) AS db_now_1;
-UPDATE ct_request SET lease_seconds=%s, expires_at=%s WHERE ct_request.request_key = %s AND ct_request.state = 'granted' AND ct_request.expires_at >= %s;
+UPDATE ct_request SET lease_seconds=%s, expires_at=%s WHERE ct_request.request_key = %s AND ct_request.attempt <=> %s AND ct_request.state = 'granted' AND ct_request.expires_at >= %s;
 
 -- ===== release a lease: lock the resource row, delete the entry, grant pass for the next in line =====
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 

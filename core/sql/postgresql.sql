@@ -158,9 +158,9 @@ FROM ct_request
 WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource = %(resource_1)s::VARCHAR AND ct_request.state = 'waiting' AND ct_request.expires_at >= CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) ORDER BY ct_request.queue_key, ct_request.ticket 
  LIMIT %(param_2)s::INTEGER;
 
--- ===== renew a lease: extend on the database clock while still granted and unexpired (fenced by request key) =====
+-- ===== renew a lease: extend on the database clock while granted and unexpired (fenced by key and attempt) =====
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
-UPDATE ct_request SET lease_seconds=%(lease_seconds)s, expires_at=%(expires_at)s WHERE ct_request.request_key = %(request_key_1)s::VARCHAR AND ct_request.state = 'granted' AND ct_request.expires_at >= %(expires_at_1)s;
+UPDATE ct_request SET lease_seconds=%(lease_seconds)s, expires_at=%(expires_at)s WHERE ct_request.request_key = %(request_key_1)s::VARCHAR AND ct_request.attempt IS NOT DISTINCT FROM %(ct_attempt)s::INTEGER AND ct_request.state = 'granted' AND ct_request.expires_at >= %(expires_at_1)s;
 
 -- ===== release a lease: lock the resource row, delete the entry, grant pass for the next in line =====
 SELECT locked.name, locked.capacity, locked.last_token, locked.last_ticket, locked.rate_count, locked.rate_per, locked.aging, locked.epoch, CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) AS now 

@@ -153,9 +153,9 @@ FROM ct_request
 WHERE ct_request.namespace = ? AND ct_request.resource = ? AND ct_request.state = 'waiting' AND ct_request.expires_at >= ((julianday('now') - 2440587.5) * 86400.0) ORDER BY ct_request.queue_key, ct_request.ticket
  LIMIT ? OFFSET ?;
 
--- ===== renew a lease: extend on the database clock while still granted and unexpired (fenced by request key) =====
+-- ===== renew a lease: extend on the database clock while granted and unexpired (fenced by key and attempt) =====
 SELECT ((julianday('now') - 2440587.5) * 86400.0) AS db_now_1;
-UPDATE ct_request SET lease_seconds=?, expires_at=? WHERE ct_request.request_key = ? AND ct_request.state = 'granted' AND ct_request.expires_at >= ?;
+UPDATE ct_request SET lease_seconds=?, expires_at=? WHERE ct_request.request_key = ? AND ct_request.attempt IS ? AND ct_request.state = 'granted' AND ct_request.expires_at >= ?;
 
 -- ===== release a lease: lock the resource row, delete the entry, grant pass for the next in line =====
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch, ((julianday('now') - 2440587.5) * 86400.0) AS now 
