@@ -273,16 +273,17 @@ def test_listen_url_extra_reaches_the_listener(airflow_db: Path, monkeypatch: py
     assert table._wakeups.listen_url == direct.set(password="pw").render_as_string(hide_password=False)
 
 
-def test_the_documented_connections_add_gives_a_working_connection(airflow_db: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                   tmp_path: Path) -> None:
+def test_the_documented_connections_add_gives_a_working_connection(airflow_db: Path, tmp_path: Path) -> None:
     """docs/airflow.md's `airflow connections add` (the URL as --conn-host), read from the metadata
-    database as Airflow's own components read it."""
+    database as Airflow's own components read it: in a process of its own with the server context (the
+    suite's process may have Airflow's settings bound to what earlier tests configured)."""
+    import json
+    import os
     import re
     import subprocess
+    import sys
 
     from airflow_helpers import airflow_bin
-
-    from airflow_controltable.hooks.controltable import ControlTableHook, clear_cache
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "airflow.md").read_text()
     (command,) = re.findall(r"^airflow connections add .*?(?<!\\)$", page, re.M | re.S)
@@ -290,14 +291,17 @@ def test_the_documented_connections_add_gives_a_working_connection(airflow_db: P
     assert args[:5] == ["airflow", "connections", "add", "controltable_default", "--conn-type"], args
     url = f"sqlite:///{tmp_path}/added.db"
     conn_id = f"ct_documented_add_{tmp_path.name}"  # unique: a metadata database kept from an earlier run
+    env = dict(os.environ)  # with the suite's AIRFLOW_HOME (tests/airflow/conftest.py sets it)
     got = subprocess.run([airflow_bin(), "connections", "add", conn_id, "--conn-type", "controltable",
                           "--conn-host", url, "--conn-extra", '{"namespace": "prod", "install": true}'],
-                         capture_output=True, text=True, timeout=600)  # hang detector: the CLI starts Airflow
+                         env=env, capture_output=True, text=True, timeout=600)  # hang detector: Airflow starts
     assert got.returncode == 0, got.stderr[-2000:]
-    monkeypatch.setenv("_AIRFLOW_PROCESS_CONTEXT", "server")  # the metadata database's reader
-    clear_cache()
-    try:
-        table = ControlTableHook(conn_id).get_control_table()
-        assert table.namespace == "prod" and table.installed_version() is not None
-    finally:
-        clear_cache()
+    reader = ("import json, sys\n"
+              "from airflow_controltable.hooks.controltable import ControlTableHook\n"
+              "table = ControlTableHook(sys.argv[1]).get_control_table()\n"
+              "print(json.dumps({'namespace': table.namespace, 'version': table.installed_version()}))\n")
+    read = subprocess.run([sys.executable, "-c", reader, conn_id], env={**env, "_AIRFLOW_PROCESS_CONTEXT": "server"},
+                          capture_output=True, text=True, timeout=600)
+    assert read.returncode == 0, read.stderr[-2000:]
+    found = json.loads(read.stdout.strip().splitlines()[-1])
+    assert found["namespace"] == "prod" and found["version"] is not None, found
