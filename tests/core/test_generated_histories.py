@@ -578,7 +578,10 @@ class SlotHistories(RuleBasedStateMachine):
             g = model_holders[h]
             for w in waiters:
                 m = next((e for e in res.entries if e.holder == w.holder), None)
-                if m is not None and (-m.priority, m.ticket) < (-g.priority, g.ticket):
+                # Only a waiter queued before the grant can have been ahead of it (one queued later
+                # with a higher priority was not there to be passed over).
+                if (m is not None and m.ticket <= g.granted_at_ticket
+                        and (-m.priority, m.ticket) < (-g.priority, g.ticket)):
                     self.fail(f"{name!r}: {h!r} (priority {g.priority}, ticket {g.ticket}) was granted while "
                               f"{w.holder!r} (priority {m.priority}, ticket {m.ticket}) waits ahead of it: FIFO")
         # -- liveness and the whole state -------------------------------------------------------------

@@ -53,6 +53,8 @@ class SlotEntry:
     token: Optional[int] = None
     #: Which grant this is (a fresh one per grant), to tell a stale ``Lease`` object from a live one.
     grant_id: Optional[int] = None
+    #: The last ticket issued when it was granted: only waiters queued by then can have been ahead of it.
+    granted_at_ticket: int = 0
 
 
 @dataclass
@@ -161,6 +163,7 @@ class SlotModel:
             w.state = GRANTED
             self._grant_ids += 1
             w.grant_id = self._grant_ids
+            w.granted_at_ticket = res.last_ticket
             res.grants += 1
             made.append(w)
         return made
@@ -179,7 +182,7 @@ class SlotModel:
                 self._grant_ids += 1
                 grant_id = self._grant_ids
             entries.append(SlotEntry(holder, slots, mode, priority, res.last_ticket, GRANTED, token=token,
-                                     grant_id=grant_id))
+                                     grant_id=grant_id, granted_at_ticket=res.last_ticket))
         for holder, slots, mode, priority in waiters:
             res.last_ticket += 1
             entries.append(SlotEntry(holder, slots, mode, priority, res.last_ticket))
