@@ -52,6 +52,32 @@ CORE_ERRORS = [
 ]
 
 
+def fake_scheduler(monkeypatch: pytest.MonkeyPatch, latest: Any) -> Any:
+    """An execution API that answers the health check with the heartbeat ``latest()`` returns; the
+    triggers read it through ``AIRFLOW__CORE__EXECUTION_API_SERVER_URL``. Shut it down when done."""
+    import json
+    import threading
+    from datetime import datetime, timezone
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = json.dumps({"scheduler": {"status": "healthy", "latest_scheduler_heartbeat":
+                                             datetime.fromtimestamp(latest(), timezone.utc).isoformat()}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTION_API_SERVER_URL", f"http://127.0.0.1:{server.server_port}/execution/")
+    return server
+
+
 # -- retry policy ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("error", CORE_ERRORS, ids=lambda e: type(e).__name__)
 def test_translate_retries_exactly_what_the_core_calls_retryable(error: ControlTableError) -> None:
@@ -310,10 +336,6 @@ def test_trigger_waits_for_a_slow_scheduler_to_heartbeat_after_the_exit(
     conn_id: str, ct: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A scheduler stuck in a long loop (no heartbeat) holds the event back until it heartbeats twice."""
-    import json
-    import threading
-    from datetime import datetime, timezone
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from airflow_controltable.defaults import DEFAULT_EXIT_ALLOWANCE
     from airflow_controltable.triggers.controltable import SlotTrigger
@@ -321,22 +343,11 @@ def test_trigger_waits_for_a_slow_scheduler_to_heartbeat_after_the_exit(
     at = time.time()
     resumes = at + DEFAULT_EXIT_ALLOWANCE + 3.0  # the scheduler heartbeats again only from here on
 
-    class Health(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            beat = time.time() if time.time() >= resumes else at - 1.0
-            body = json.dumps({"scheduler": {"status": "healthy", "latest_scheduler_heartbeat":
-                                             datetime.fromtimestamp(beat, timezone.utc).isoformat()}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
+    def latest() -> float:
+        beat = time.time() if time.time() >= resumes else at - 1.0
+        return beat
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("AIRFLOW__CORE__EXECUTION_API_SERVER_URL", f"http://127.0.0.1:{server.server_port}/execution/")
+    server = fake_scheduler(monkeypatch, latest)
     try:
         ct.set_capacity("warehouse", 1)
         trigger = SlotTrigger(resource="warehouse", holder="h", lease=60, waiter_ttl=60, conn_id=conn_id,
@@ -455,10 +466,6 @@ def test_trigger_fires_two_heartbeats_after_the_report_is_queued_not_after_the_s
 ) -> None:
     """A reporter in view (no pipes to watch): the event waits for the worker to queue the exit report, then
     for the scheduler's second heartbeat after that, and no longer for the fixed settle (60 s here)."""
-    import json
-    import threading
-    from datetime import datetime, timezone
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     import psutil
 
@@ -466,23 +473,12 @@ def test_trigger_fires_two_heartbeats_after_the_report_is_queued_not_after_the_s
 
     beats: list[float] = []
 
-    class Health(BaseHTTPRequestHandler):  # a scheduler that heartbeats every 0.3 s
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            beat = int(time.time() / 0.3) * 0.3
-            beats.append(beat)
-            body = json.dumps({"scheduler": {"status": "healthy", "latest_scheduler_heartbeat":
-                                             datetime.fromtimestamp(beat, timezone.utc).isoformat()}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
+    def latest() -> float:  # a scheduler that heartbeats every 0.3 s
+        beat = int(time.time() / 0.3) * 0.3
+        beats.append(beat)
+        return beat
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("AIRFLOW__CORE__EXECUTION_API_SERVER_URL", f"http://127.0.0.1:{server.server_port}/execution/")
+    server = fake_scheduler(monkeypatch, latest)
     reported_at = tmp_path / "reported"
     go = tmp_path / "go"
     # The worker: titled after the task instance until it has queued the report, then "<idle>".
@@ -551,10 +547,6 @@ def test_trigger_fires_once_the_scheduler_read_the_exit_report_off_the_workers_p
 ) -> None:
     """The worker writes the exit report to a pipe only the scheduler reads (LocalExecutor's result queue), then
     titles itself idle; the event comes once that pipe was read, with no heartbeat after the report at all."""
-    import json
-    import threading
-    from datetime import datetime, timezone
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     import psutil
     from support.live import wait_until
@@ -563,21 +555,7 @@ def test_trigger_fires_once_the_scheduler_read_the_exit_report_off_the_workers_p
 
     stale = time.time() - 5.0
 
-    class Health(BaseHTTPRequestHandler):  # a scheduler whose heartbeat never moves (a long loop)
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            body = json.dumps({"scheduler": {"status": "healthy", "latest_scheduler_heartbeat":
-                                             datetime.fromtimestamp(stale, timezone.utc).isoformat()}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("AIRFLOW__CORE__EXECUTION_API_SERVER_URL", f"http://127.0.0.1:{server.server_port}/execution/")
+    server = fake_scheduler(monkeypatch, lambda: stale)  # a scheduler whose heartbeat never moves (a long loop)
     read_end, write_end = os.pipe()
     go_read, go_write = os.pipe()
     worker = subprocess.Popen([sys.executable, "-c", (
