@@ -49,12 +49,12 @@ from airflow_controltable.defaults import (
 from airflow_controltable.exceptions import ControlTableAcquireTimeout, ControlTableLeaseLost
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
 from airflow_controltable.operators.base import ControlTableBaseOperator
+from airflow_controltable.resume_race import deferral_facts
 from airflow_controltable.statements import RunningStatements, tracked_statements
 from airflow_controltable.utils import (
     airflow_errors,
     check_wait_args,
     dag_run_holder,
-    deferral_facts,
     slot_priority,
     start_renewing,
     task_instance_holder,
