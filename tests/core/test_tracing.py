@@ -25,7 +25,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 from support.live import wait_until
 
-from controltable import AcquireTimeout, ControlTable, DatabaseUnavailableError, LeaseLost, LeaseLostInterrupt, tracing
+import controltable.tracing as tracing
+from controltable import AcquireTimeout, ControlTable, DatabaseUnavailableError, LeaseLost, LeaseLostInterrupt
 
 pytestmark = pytest.mark.backends("sqlite", "postgres")
 
@@ -86,7 +87,8 @@ def test_granted_wait_and_hold_nest_in_the_callers_span(ct: ControlTable, spans:
     assert wait.attributes[P + "attempt"] == 3
     assert wait.attributes[P + "outcome"] == "granted"
     assert wait.attributes[P + "queue.position"] == 0, "granted at entry: nobody was ahead"
-    assert isinstance(wait.attributes[P + "wait.seconds"], float) and wait.attributes[P + "wait.seconds"] >= 0
+    waited = wait.attributes[P + "wait.seconds"]
+    assert isinstance(waited, float) and waited >= 0
     assert wait.attributes[P + "namespace"] == ct.namespace
     assert wait.end_time is not None and hold.start_time is not None and wait.end_time <= hold.start_time
     assert hold.attributes[P + "token"] == lease.token
@@ -264,6 +266,70 @@ def test_work_list_allocation_and_completion(ct: ControlTable, spans: Spans) -> 
     assert allocations[0].attributes[P + "outcome"] == "allocated"
     assert finishes[0].attributes[P + "outcome"] == "done" and finishes[0].attributes[P + "token"] == item.token
     assert finishes[1].attributes is not None and finishes[1].attributes[P + "outcome"] == "released"
+
+
+def test_a_completion_in_the_callers_transaction(ct: ControlTable, spans: Spans,
+                                                 event_table: Callable[..., Any]) -> None:
+    ev = event_table(2)
+    batch = ev.claim(2, owner="w")
+    assert batch is not None
+    with spans.task(), batch.transaction(), spans.task("writes"):
+        pass
+    done = spans.one(f"controltable.complete {ev.name}")
+    assert done.attributes is not None
+    assert done.attributes[P + "outcome"] == "done" and done.attributes[P + "token"] == batch.token
+    assert child_of(done, spans.one("task")) and child_of(spans.one("writes"), done)
+    assert batch.finished
+
+
+def test_a_poll_says_its_position(ct: ControlTable, spans: Spans) -> None:
+    ct.set_capacity("warehouse", 1)
+    held = ct.acquire("warehouse", holder="first")
+    assert ct.try_acquire("warehouse", holder="one") is None
+    assert ct.try_acquire("warehouse", holder="two") is None
+    assert ct.try_acquire("warehouse", holder="two") is None  # looks again: still second in line
+    polls = [s.attributes for s in spans.named("controltable.wait warehouse") if s.attributes
+             and s.attributes.get(P + "poll")]
+    assert [(a[P + "holder"], a[P + "queue.position"]) for a in polls if a] == [("one", 1), ("two", 2), ("two", 2)]
+    held.release()
+    ct.release("warehouse", "one")
+    ct.release("warehouse", "two")
+
+
+@pytest.mark.backends("sqlite")
+def test_the_facade_for_other_surfaces(backend: str, spans: Spans) -> None:
+    """What an asynchronous API or a plugin uses: ``span``/``set``, and the decorators on ``async def``."""
+    import asyncio
+
+    with spans.task(), tracing.span("controltable.custom thing", resource="thing") as current:
+        assert current is not None
+        tracing.set(queue_position=4, ignored=None)
+    custom = spans.one("controltable.custom thing")
+    assert custom.attributes == {P + "resource": "thing", P + "queue.position": 4}
+    assert child_of(custom, spans.one("task"))
+
+    class AsyncEvents:
+        name = "orders"
+        qualified_name = "public.orders"
+
+        @tracing.claims
+        async def claim(self, size: int = 100, *, owner: str | None = None) -> Any:
+            await asyncio.sleep(0)
+            tracing.set(probe=True)
+            return None
+
+    assert asyncio.run(AsyncEvents().claim(5, owner="w")) is None
+    claim = spans.one("controltable.claim orders")
+    assert claim.attributes is not None
+    assert claim.attributes[P + "outcome"] == "empty" and claim.attributes[P + "batch.limit"] == 5
+    assert claim.attributes[P + "probe"] is True, "set() inside an async method reaches its span"
+
+    from opentelemetry import trace
+
+    tracing.use_provider(None)  # back to the global provider: when none is set, no span at all
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        with tracing.span("controltable.untraced") as nothing:
+            assert nothing is None
 
 
 # -- no extra, no cost ----------------------------------------------------------------------------

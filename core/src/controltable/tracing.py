@@ -159,7 +159,21 @@ def _wrap(fn: F, describe: Callable[..., tuple[str, dict[str, Any]]],
           record: Callable[[Any, Any, Any], None], cancelled: str = "cancelled", timed: bool = False) -> F:
     """``fn`` (a method, sync or ``async``) run in a span: ``describe(self, *args, **kw)`` names it
     and gives its attributes, ``record(span, self, result)`` adds what the result says; ``timed``
-    adds ``controltable.wait.seconds`` however the call ended."""
+    adds ``controltable.wait.seconds`` however the call ended. A generator function (under
+    ``@contextmanager``: ``Batch.transaction``) is one span from its start to its end."""
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def run_generator(self: Any, *args: Any, **kw: Any) -> Any:
+            made = tracer()
+            if made is None:
+                return (yield from fn(self, *args, **kw))
+            name, values = describe(self, *args, **kw)
+            with _span(made, name, cancelled, values) as current:
+                result = yield from fn(self, *args, **kw)
+                record(current, self, result)
+            return result
+
+        return run_generator  # type: ignore[return-value]
     if inspect.iscoroutinefunction(fn):
         @functools.wraps(fn)
         async def run_async(self: Any, *args: Any, **kw: Any) -> Any:

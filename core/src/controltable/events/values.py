@@ -171,6 +171,7 @@ class Batch(BackgroundRenewal):
         }
 
     @contextmanager
+    @tracing.completes("done")
     def transaction(self, keys: Optional[Sequence[Any]] = None) -> Iterator[Connection]:
         """A transaction for the caller's own writes that commits together with the completion.
 
