@@ -14,8 +14,8 @@ No extra, no cost: controltable never imports OpenTelemetry. A process that trac
 ``opentelemetry-instrument`` did), and only then, with a tracer provider configured, does a hook
 do more than look that module up in ``sys.modules``. Without a provider (the API's proxy) there
 is nothing to record, so no span is even started. The rest of the package calls this module
-through a few decorators at its public methods (sync or ``async``) and :func:`set`; nothing else
-here is used by it.
+through decorators at its public methods (sync, ``async`` or generator), :func:`set` for the one
+fact only the engine knows (the queue position) and a lease's :func:`enter_hold`/:func:`leave_hold`.
 """
 
 from __future__ import annotations
