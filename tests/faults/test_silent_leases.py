@@ -143,25 +143,25 @@ def test_the_renewer_interrupts_the_work_by_the_expiry(silent: Silent) -> None:
     silent.direct.release("r", "me")
 
 
-def test_a_batch_holder_learns_of_the_loss_by_the_expiry(silent: Silent) -> None:
-    table = event_tables.create(silent.direct, 3)
+def _claimed(silent: Silent, n: int) -> tuple[Any, float]:
+    """A batch of all ``n`` rows of a new event table, claimed through the proxy, and when it was asked for."""
+    table = event_tables.create(silent.direct, n)
     silent.tables.append(table.name)
     silent.direct.events(table.name, key="id").prepare()
     events = silent.ct.events(table.name, key="id")
     asked = time.monotonic()
-    batch = events.claim(3, owner="me", lease=LEASE)
-    assert batch is not None and len(batch) == 3
+    batch = events.claim(n, owner="me", lease=LEASE)
+    assert batch is not None and len(batch) == n
+    return batch, asked
+
+
+def test_a_batch_holder_learns_of_the_loss_by_the_expiry(silent: Silent) -> None:
+    batch, asked = _claimed(silent, 3)
     _report("batch renew() on a blackhole path, from the claim", _learns_of_the_loss(silent, batch, asked), BOUND)
 
 
 def test_a_batch_renewer_interrupts_the_work_by_the_expiry(silent: Silent) -> None:
-    table = event_tables.create(silent.direct, 2)
-    silent.tables.append(table.name)
-    silent.direct.events(table.name, key="id").prepare()
-    events = silent.ct.events(table.name, key="id")
-    asked = time.monotonic()
-    batch = events.claim(2, owner="me", lease=LEASE)
-    assert batch is not None
+    batch, asked = _claimed(silent, 2)
     interrupted = _interrupted(silent, batch.renewing(), "drop", asked)
     _report("batch work interrupted by the renewer, from the claim", interrupted, BOUND)
 
