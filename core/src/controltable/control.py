@@ -466,7 +466,7 @@ class ControlTable:
         """
         from .doctor import run_checks
 
-        return run_checks(self, event_tables=event_tables)
+        return run_checks(self, self._wakeups, event_tables=event_tables)
 
     def _notify(self, conn: Connection, keys: list[str]) -> None:
         """Inside ``conn``'s transaction: wake waiters of ``keys`` when it commits (PostgreSQL)."""
