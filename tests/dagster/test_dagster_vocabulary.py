@@ -114,7 +114,7 @@ def test_dagster_hints_name_kinds_of_the_core_table_and_dagster_places(backend: 
     assert "interrupt_on_lease_loss=False" in (as_failure(LeaseLostInterrupt("l"), "x").description or "")
 
 
-# -- renamed names: old names still work, with a DeprecationWarning ------------------------------
+# -- one name per argument: table_schema, poll_interval, control_schema ---------------------------
 def _drain_job(op_def: Any) -> Any:
     @job
     def drain_job() -> None:

@@ -19,7 +19,7 @@ from sqlalchemy import Table
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-from .. import dialects, errorcodes
+from .. import dialects, errorcodes, tracing
 from ..clock import clock, read_now
 from ..db import Database
 from ..defaults import (
@@ -266,6 +266,7 @@ class EventTable(EventAdministration):
         return sql.claim_select(self.table, self.key, self.order_by, self.db.dialect_name, size, condition,
                                 self._where_clause(where), seekable=self._seekable)
 
+    @tracing.claims
     def claim(
         self,
         size: int = 100,
