@@ -170,7 +170,7 @@ class WorkListStatements:
         return select(func.count()).select_from(t).where(after)
 
     def count_in_state(self, item_id: int, token: int, state: str) -> Any:
-        """Whether the item is in ``state`` under ``token`` already (a retried finish whose first COMMIT went through)."""
+        """Whether the item is in ``state`` under ``token`` already (a retry whose first COMMIT went through)."""
         t = self.items
         return select(func.count()).select_from(t).where(t.c.id == item_id, t.c.token == token, t.c.state == state)
 
