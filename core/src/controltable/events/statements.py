@@ -164,8 +164,11 @@ def unset_claim_columns(table: Table, cols: ClaimColumns) -> ColumnElement[bool]
     return cols.of(table, "state").is_(None)
 
 
-@sql_notes(mssql="the claim counters were added nullable (a metadata-only ADD on every edition); the NULLs "
-                 "are set in batches under the lock-escalation threshold, the target repeating IS NULL for RCSI")
+_BACKFILL = ("the claim counters were added nullable (a metadata-only ADD on every edition): NULLs are set in "
+             "batches under the lock-escalation threshold, the target repeating IS NULL for RCSI")
+
+
+@sql_notes(mssql=_BACKFILL)
 def backfill_batch(table: Table, cols: ClaimColumns, key: str, size: int, *, skip_locked: bool = False) -> Any:
     """Set up to ``size`` unset rows pending with no attempts: ``UPDATE ... WHERE key IN (SELECT
     TOP n key ... WHERE ct_state IS NULL)``, a seek of the claim index (state leading; with
@@ -301,6 +304,7 @@ class EventStatements:
               "select, or MariaDB sorts and locks every candidate",
         postgresql="expired claims only (pending rows go through claim_returning); one state per select keeps "
                    "the partial index's order",
+        sqlite="no FOR UPDATE: the transaction's BEGIN IMMEDIATE already made it the only writer",
     )
     def claim_select(self, size: int, condition: ColumnElement[bool], where: Where = None) -> Any:
         """A locking select of up to ``size`` rows meeting ``condition``, skipping rows others hold.
@@ -365,6 +369,7 @@ class EventStatements:
         stmt = select(*user, self.col("attempts"), self.col("expires_at"), self.col("token"))
         return dialects.seek_keyed(stmt.where(self._key().in_(dialects.padded_keys(keys))), self.table)
 
+    @sql_notes(mssql=_BACKFILL + "; READPAST passes over rows a producer is still inserting")
     def backfill_batch(self, size: int) -> Any:
         """Inside a claim (SQL Server): set up to ``size`` rows a producer inserted with NULL claim
         columns pending, passing over rows it is still inserting (see :func:`backfill_batch`)."""
