@@ -490,7 +490,7 @@ class EventTable(EventAdministration):
     def _claim_returning(
         self, conn: Connection, condition: ColumnElement[bool], size: int, values: dict[str, Any], where: Where
     ) -> list[dict[str, Any]]:
-        """Claim in one statement (see :func:`controltable.events.statements.claim_returning`)."""
+        """Claim in one statement (see :meth:`controltable.events.statements.EventStatements.claim_returning`)."""
         return [dict(r._mapping) for r in conn.execute(self.sql.claim_returning(size, condition, where, values))]
 
     def batch(self, handle: dict[str, Any]) -> Batch:
@@ -599,7 +599,7 @@ class EventTable(EventAdministration):
 
     def _fail(self, token: int, keys: Sequence[Any], reason: str) -> int:
         """Give ``keys`` back for a retry, or to the error state, deciding in SQL from each row's
-        stored attempts (see :func:`controltable.events.statements.fail_values`). The rows are
+        stored attempts (see :meth:`~controltable.events.statements.EventStatements.fail_values`). The rows are
         locked and checked first, so the outcome never depends on a reported row count."""
         q = self.sql
         message = dialects.fit_message(fail_reason(reason), ERROR_LENGTH)  # one rule with Item.fail()
