@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from controltable.errors import ConfigurationError
 from controltable.events import EventStatements
 from controltable.sqlnotes import notes_of, sql_notes
 from controltable.sqlscript import (
@@ -158,7 +159,7 @@ def test_the_golden_file_holds_each_statement_under_its_name(dialect: str) -> No
 
 
 def test_notes_name_a_backend_in_one_line() -> None:
-    with pytest.raises(TypeError, match="not a backend"):
+    with pytest.raises(ConfigurationError, match="not a backend"):
         sql_notes(sqlserver="hints")
-    with pytest.raises(TypeError, match="one line"):
+    with pytest.raises(ConfigurationError, match="one line"):
         sql_notes(mssql="two\nlines")

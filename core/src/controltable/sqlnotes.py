@@ -12,23 +12,25 @@ from __future__ import annotations
 from types import CodeType
 from typing import Any, Callable, TypeVar
 
+from .dialect_traits import SUPPORTED_DIALECTS
+from .errors import ConfigurationError
+
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: The backends a note may name (the dialect names of :data:`controltable.dialects.SUPPORTED_DIALECTS`;
-#: not imported from there, so this module stays a leaf every builder module may import).
-BACKENDS = ("postgresql", "mssql", "mysql", "oracle", "sqlite")
-
+#: builder code -> {backend: why}
 _NOTES: dict[CodeType, dict[str, str]] = {}
 
 
 def sql_notes(**why: str) -> Callable[[F], F]:
     """Record, per backend, one line on why ``fn``'s statement is shaped so there."""
-    unknown = sorted(set(why) - set(BACKENDS))
+    unknown = sorted(set(why) - set(SUPPORTED_DIALECTS))
     if unknown:
-        raise TypeError(f"sql_notes: {', '.join(unknown)} is not a backend; name one of {', '.join(BACKENDS)}")
+        raise ConfigurationError(f"sql_notes: {', '.join(unknown)} is not a backend; name one of "
+                                 f"{', '.join(SUPPORTED_DIALECTS)}")
     for backend, line in why.items():
         if not line.strip() or "\n" in line:
-            raise TypeError(f"sql_notes: the note for {backend} must be one line of text")
+            raise ConfigurationError(f"sql_notes: the note for {backend} must be one line of text (the golden "
+                                     "files print one line per backend)")
 
     def record(fn: F) -> F:
         _NOTES[fn.__code__] = dict(why)
