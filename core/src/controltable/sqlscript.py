@@ -148,14 +148,15 @@ class _Names:
                 value.__dict__[_BUILT_BY] = frame.f_code
 
     def __enter__(self) -> _Names:
-        self._saved = (sys.getprofile(), threading.getprofile())
+        # threading.getprofile() is Python 3.10+; on 3.9 no hook for new threads is set outside this one.
+        self._saved = (sys.getprofile(), getattr(threading, "getprofile", lambda: None)())
         sys.setprofile(self._hook)
         threading.setprofile(self._hook)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         sys.setprofile(self._saved[0])
-        threading.setprofile(self._saved[1])  # type: ignore[arg-type]
+        threading.setprofile(self._saved[1])  # type: ignore[arg-type]  # None clears it
 
 
 def _in_package(path: str) -> bool:
