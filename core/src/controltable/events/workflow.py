@@ -19,7 +19,7 @@ from sqlalchemy import Table
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-from .. import dialects, errorcodes
+from .. import dialects, errorcodes, tracing
 from ..clock import clock, read_now
 from ..compat import deprecated
 from ..db import Database
@@ -276,6 +276,7 @@ class EventTable(EventAdministration):
         return done
 
     # -- claiming ----------------------------------------------------------------------------
+    @tracing.claims
     def claim(
         self,
         size: int = 100,
