@@ -308,13 +308,11 @@ def test_allocation_reads_the_next_item_in_index_order_without_a_sort(ct: Any, w
     statement is served in index order by the (namespace, worklist, state, exec_order, priority
     DESC, id) index, so it never sorts every new item of the order. Checked in the plans the
     three live backends choose (PostgreSQL told to prefer indexes: a small table is scanned)."""
-    from controltable.worklist import statements as wsql
-
     wl.populate([{"n": i} for i in range(300)], order=1, priority=0)
     wl.populate([{"n": i} for i in range(300)], order=1, priority=5)
     first = wl.allocate(owner="w")
     assert first is not None and first.priority == 5 and first.payload == {"n": 0}
-    stmt = wsql.next_item(ct.tables.item, ct.namespace, wl.name, 1, ct.now())
+    stmt = wl.sql.next_item(1, ct.now())
     with ct.engine.begin() as conn:
         sql_text = str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
         if backend == "sqlite":
