@@ -107,7 +107,7 @@ def test_pending_events_sensor_poke_and_deferrable(conn_id: str, events: Any) ->
     from airflow.sdk.exceptions import TaskDeferred
 
     from airflow_controltable.sensors.events import PendingEventsSensor
-    from airflow_controltable.triggers.controltable import PendingEventsTrigger
+    from airflow_controltable.triggers.events import PendingEventsTrigger
 
     def sensor(n: int, **kw: Any) -> Any:
         return PendingEventsSensor(task_id="wait", table=events.name, key="id", min_events=n, conn_id=conn_id,

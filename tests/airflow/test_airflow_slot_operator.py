@@ -68,7 +68,7 @@ def test_granted_at_once_runs_under_the_slot_and_releases(conn_id: str, ct: Any)
 def test_waits_deferred_then_resumes_with_the_grant(conn_id: str, ct: Any) -> None:
     from airflow.sdk.exceptions import TaskDeferred
 
-    from airflow_controltable.triggers.controltable import SlotTrigger
+    from airflow_controltable.triggers.slot import SlotTrigger
 
     ct.set_capacity("warehouse", 1)
     other = ct.acquire("warehouse", holder="other", timeout=0)
@@ -215,7 +215,7 @@ def test_wait_timeout_withdraws_from_the_queue(conn_id: str, ct: Any) -> None:
     from airflow.sdk.exceptions import TaskDeferred
 
     from airflow_controltable.exceptions import ControlTableAirflowError
-    from airflow_controltable.triggers.controltable import SlotTrigger
+    from airflow_controltable.triggers.slot import SlotTrigger
 
     ct.set_capacity("warehouse", 1)
     ct.acquire("warehouse", holder="other", timeout=0)
@@ -233,7 +233,7 @@ def test_wait_timeout_withdraws_from_the_queue(conn_id: str, ct: Any) -> None:
 def test_triggers_of_one_process_share_one_listener_and_wake_on_push(conn_id: str, ct: Any) -> None:
     """Five waiting triggers: one ControlTable (one listening connection); a release wakes the next at once."""
     from airflow_controltable.hooks.controltable import ControlTableHook
-    from airflow_controltable.triggers.controltable import SlotTrigger
+    from airflow_controltable.triggers.slot import SlotTrigger
 
     ct.set_capacity("warehouse", 1)
     blocker = ct.acquire("warehouse", holder="blocker", timeout=0)
@@ -274,7 +274,7 @@ def test_use_priority_weight_queues_by_the_tasks_weight(conn_id: str, ct: Any) -
     """Opt-in: the task's priority_weight is the slot request's priority, through the trigger too."""
     from airflow.sdk.exceptions import TaskDeferred
 
-    from airflow_controltable.triggers.controltable import SlotTrigger
+    from airflow_controltable.triggers.slot import SlotTrigger
 
     ct.set_capacity("warehouse", 1)
     other = ct.acquire("warehouse", holder="other", timeout=0)

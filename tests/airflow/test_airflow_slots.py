@@ -109,7 +109,7 @@ def test_missing_resource_and_bad_slot_mode_are_clear_errors(conn_id: str, ct: A
 def test_deferrable_sensor_defers_then_resumes_with_the_lease(conn_id: str, ct: Any) -> None:
     from airflow.sdk.exceptions import TaskDeferred
 
-    from airflow_controltable.triggers.controltable import SlotTrigger
+    from airflow_controltable.triggers.slot import SlotTrigger
 
     ct.set_capacity("warehouse", 1)
     ct.acquire("warehouse", holder="other", timeout=0)
@@ -121,7 +121,7 @@ def test_deferrable_sensor_defers_then_resumes_with_the_lease(conn_id: str, ct: 
     assert deferred.value.method_name == "execute_complete"
     assert waiters(ct, "warehouse") == [HOLDER_A]  # queued before deferring
     classpath, kwargs = trigger.serialize()
-    assert classpath == "airflow_controltable.triggers.controltable.SlotTrigger"
+    assert classpath == "airflow_controltable.triggers.slot.SlotTrigger"
     json.dumps(kwargs)
     rebuilt = SlotTrigger(**kwargs)  # what the triggerer does
 
@@ -160,7 +160,7 @@ async def _first_event(trigger: Any, timeout: float) -> Any:
 
 
 def _trigger(conn_id: str, holder: str, **kwargs: Any) -> Any:
-    from airflow_controltable.triggers.controltable import SlotTrigger
+    from airflow_controltable.triggers.slot import SlotTrigger
 
     return SlotTrigger(resource="warehouse", holder=holder, lease=60, waiter_ttl=30, conn_id=conn_id,
                        poll_interval=0.05, **kwargs)

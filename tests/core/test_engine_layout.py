@@ -89,15 +89,10 @@ def test_engines_do_not_import_the_control_table_or_its_private_members(package:
             assert private not in path.read_text(), f"{path.name} uses {private}"
 
 
-def test_engines_take_the_runtime_or_the_control_table(tmp_path: Path) -> None:
+def test_engines_take_the_runtime_and_refuse_the_control_table(tmp_path: Path) -> None:
     with controltable.ControlTable(f"sqlite:///{tmp_path / 'c.db'}") as ct:
-        by_runtime = EventTable(ct.runtime, "ev", key="id")
-        by_ct = EventTable(ct, "ev", key="id")
-        assert by_runtime.runtime is by_ct.runtime is ct.runtime
-        assert ct.events("ev", key="id").runtime is ct.runtime
-        assert WorkList(ct, "w").runtime is ct.worklist("w").runtime is ct.runtime
-        with pytest.raises(ConfigurationError, match="ControlTable or its Runtime"):
-            EventTable(object(), "ev", key="id")
-        with pytest.warns(DeprecationWarning, match="runtime"):
-            assert by_ct.ct is ct.runtime
-        assert by_ct.ct.engine is ct.engine  # old code reading events.ct.engine keeps working
+        assert EventTable(ct.runtime, "ev", key="id").runtime is ct.events("ev", key="id").runtime is ct.runtime
+        assert WorkList(ct.runtime, "w").runtime is ct.worklist("w").runtime is ct.runtime
+        for engine in (lambda: EventTable(ct, "ev", key="id"), lambda: WorkList(ct, "w")):  # type: ignore[arg-type]
+            with pytest.raises(ConfigurationError, match=r"not ControlTable: build engines with ct\.events"):
+                engine()

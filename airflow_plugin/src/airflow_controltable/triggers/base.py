@@ -34,11 +34,7 @@ from airflow_controltable.resume_race import SettleBeforeFiring, in_deferring_pr
 from controltable import DatabaseUnavailableError
 from controltable.errors import is_retryable
 
-log = logging.getLogger("airflow_controltable.triggers.controltable")  # the triggers' logger, as before
-
-#: Where a trigger class's ``serialize()`` says it lives: the module Airflow has stored in its
-#: database since the first release (it re-exports every trigger), so stored triggers keep loading.
-CLASSPATH_MODULE = "airflow_controltable.triggers.controltable"
+log = logging.getLogger("airflow_controltable.triggers")  # one logger for the triggers' wait
 
 
 class _ControlTableTrigger(SettleBeforeFiring, UsesControlTable, BaseTrigger):

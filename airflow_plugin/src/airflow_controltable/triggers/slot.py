@@ -10,10 +10,10 @@ from airflow.triggers.base import TriggerEvent
 
 from airflow_controltable.defaults import DEFAULT_MODE, DEFAULT_REFRESH_INTERVAL, DEFAULT_TRIGGER_POLL_INTERVAL
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID
-from airflow_controltable.triggers.base import CLASSPATH_MODULE, _ControlTableTrigger
+from airflow_controltable.triggers.base import _ControlTableTrigger
 from airflow_controltable.utils import check_wait_args
 
-log = logging.getLogger("airflow_controltable.triggers.controltable")  # the triggers' logger, as before
+log = logging.getLogger("airflow_controltable.triggers")  # one logger for the triggers' wait
 
 
 def lease_payload(lease: Any) -> dict[str, Any]:
@@ -81,7 +81,7 @@ class SlotTrigger(_ControlTableTrigger):
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
-            f"{CLASSPATH_MODULE}.SlotTrigger",
+            f"{__name__}.SlotTrigger",
             {
                 "resource": self.resource,
                 "holder": self.holder,

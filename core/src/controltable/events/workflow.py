@@ -21,7 +21,6 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from .. import dialects, errorcodes, tracing
 from ..clock import clock, read_now
-from ..compat import deprecated
 from ..db import Database
 from ..defaults import (
     DDL_BACKFILL_BATCH,
@@ -40,7 +39,7 @@ from ..errors import (
     describe_keys,
 )
 from ..holders import process_holder_id
-from ..runtime import Runtime, runtime_of
+from ..runtime import Runtime, check_runtime
 from ..validation import (
     check_batch_size,
     check_identifier,
@@ -80,16 +79,16 @@ class EventTable(EventAdministration):
     """Batch claiming over one of the user's tables.
 
     ``key`` must be unique (primary key or unique index). ``order_by`` (default: ``key``) sets
-    claim order. ``table_schema`` is the event table's schema (not the control tables'; the
-    older name ``schema`` still works, deprecated). ``where`` narrows what is claimable: an
-    expression over ``events.table`` or a callable that receives the table. ``time_column``
-    (optional) is the column holding each event's time, used by ``stats()`` for the oldest
-    pending age. The first argument is the ``ControlTable`` or its :class:`Runtime`.
+    claim order. ``table_schema`` is the event table's schema (not the control tables').
+    ``where`` narrows what is claimable: an expression over ``events.table`` or a callable that
+    receives the table. ``time_column`` (optional) is the column holding each event's time, used
+    by ``stats()`` for the oldest pending age. The first argument is the ``ControlTable``'s
+    :class:`Runtime` (``ct.events(...)`` passes it).
     """
 
     def __init__(
         self,
-        runtime: Any,
+        runtime: Runtime,
         table: str,
         *,
         key: str,
@@ -102,14 +101,8 @@ class EventTable(EventAdministration):
         lease: float = DEFAULT_BATCH_LEASE,
         time_column: Optional[str] = None,
         column_prefix: str = "ct_",
-        schema: Optional[str] = None,
     ) -> None:
-        if schema is not None:
-            deprecated("EventTable(schema=...)", "table_schema=")
-            if table_schema is not None and table_schema != schema:
-                raise ConfigurationError("give the event table's schema once, as table_schema")
-            table_schema = schema
-        self.runtime: Runtime = runtime_of(runtime)
+        self.runtime: Runtime = check_runtime(runtime)
         self.db: Database = self.runtime.db
         self.name = check_identifier("table", table)
         self.key = check_identifier("key column", key)
@@ -136,18 +129,6 @@ class EventTable(EventAdministration):
         return f"EventTable({self.qualified_name!r}, key={self.key!r}, order_by={self.order_by!r})"
 
     @property
-    def schema(self) -> Optional[str]:
-        """Deprecated: the event table's schema is :attr:`table_schema`."""
-        deprecated("EventTable.schema", "EventTable.table_schema")
-        return self.table_schema
-
-    @property
-    def ct(self) -> Runtime:
-        """Deprecated: the engine works through :attr:`runtime` (database, tables, wake-ups)."""
-        deprecated("EventTable.ct", "EventTable.runtime")
-        return self.runtime
-
-    @property
     def engine(self) -> Any:
         """The SQLAlchemy engine of the database the event table lives in."""
         return self.db.engine
@@ -170,8 +151,6 @@ class EventTable(EventAdministration):
         """The event table as the database describes it now, prepared or not (what ``prepare``
         and ``controltable events prepare --dry-run`` inspect); :attr:`table` is the checked one."""
         return ddl.reflect(self.db, self.name, self.table_schema, deadline=self._reflect_deadline(None))
-
-    _reflect = reflect  # the name the engine used before it was public
 
     def _reflect_deadline(self, deadline: Optional[float]) -> float:
         """A reflection's deadline: the call's own, else one statement timeout for all its
@@ -270,7 +249,7 @@ class EventTable(EventAdministration):
         stmts = self.prepare_statements(
             filtered_indexes=filtered_indexes, disable_lock_escalation=disable_lock_escalation)
         if stmts and analyze:
-            stmts.append(dialects.AnalyzeTable(self._reflect(), histograms=(self.cols.state,)))
+            stmts.append(dialects.AnalyzeTable(self.reflect(), histograms=(self.cols.state,)))
         done = ddl.run_ddl(self.db, stmts, self.name, self.table_schema, online=online, lock_timeout=lock_timeout)
         self._sql = None
         return done

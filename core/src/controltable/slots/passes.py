@@ -20,7 +20,7 @@ from .. import dialects
 from ..clock import read_now
 from ..defaults import DEFAULT_PICKUP, FAILOVER_PICKUP
 from ..errors import AcquireTimeout, ConfigurationError, UnknownResourceError
-from ..runtime import Runtime, runtime_of
+from ..runtime import Runtime, check_runtime
 from . import grants
 from . import statements as sql
 from .keys import head_key, holder_key, slot_key
@@ -229,8 +229,8 @@ class PassEngine(ABC):
     :func:`grants.decide`). Waiters only read their own entry and pick the grant up.
     """
 
-    def __init__(self, runtime: Any) -> None:
-        rt: Runtime = runtime_of(runtime)
+    def __init__(self, runtime: Runtime) -> None:
+        rt: Runtime = check_runtime(runtime)
         self.runtime = rt
         self.db = rt.db
         self.t = rt.tables

@@ -24,12 +24,11 @@ from sqlalchemy.exc import IntegrityError
 
 from .. import dialects, tracing
 from ..clock import read_now
-from ..compat import deprecated
 from ..db import Database
 from ..defaults import DEFAULT_ITEM_LEASE, RESUME_CALL_GRACE
 from ..errors import ConfigurationError, ControlTableError, LeaseLost
 from ..holders import process_holder_id
-from ..runtime import Runtime, runtime_of
+from ..runtime import Runtime, check_runtime
 from ..validation import check_name, check_order, check_poll_interval, check_priority, check_seconds
 from .statements import ACTIVE, INSERT_CHUNK, NEW, WorkListStatements, allocation_order, finish_values
 from .values import Item, WorkListBlocked, WorkListStatus, status_from_counts
@@ -40,11 +39,11 @@ T = TypeVar("T")
 class WorkList:
     """An ordered list of tasks with JSON payloads, kept in the namespace's control tables.
 
-    The first argument is the ``ControlTable`` or its :class:`Runtime`.
+    The first argument is the ``ControlTable``'s :class:`Runtime` (``ct.worklist(name)`` passes it).
     """
 
-    def __init__(self, runtime: Any, name: str, *, lease: float = DEFAULT_ITEM_LEASE) -> None:
-        self.runtime: Runtime = runtime_of(runtime)
+    def __init__(self, runtime: Runtime, name: str, *, lease: float = DEFAULT_ITEM_LEASE) -> None:
+        self.runtime: Runtime = check_runtime(runtime)
         self.db: Database = self.runtime.db
         self.name = name
         self.lease = check_seconds("lease", lease) or DEFAULT_ITEM_LEASE
@@ -54,12 +53,6 @@ class WorkList:
 
     def __repr__(self) -> str:
         return f"WorkList({self.name!r}, namespace={self.ns!r})"
-
-    @property
-    def ct(self) -> Runtime:
-        """Deprecated: the engine works through :attr:`runtime` (database, tables, wake-ups)."""
-        deprecated("WorkList.ct", "WorkList.runtime")
-        return self.runtime
 
     @property
     def wakeup_key(self) -> str:
@@ -199,12 +192,12 @@ class WorkList:
 
     def items(
         self, owner: Optional[str] = None, *, lease: Optional[float] = None, poll_interval: float = 0.5,
-        timeout: Optional[float] = None, poll: Optional[float] = None,
+        timeout: Optional[float] = None,
     ) -> Iterator[Item]:
         """Allocate items until the list is finished, waiting while the current order is busy.
 
         Between attempts it waits up to ``poll_interval`` seconds (less when woken: finished or
-        new items push on PostgreSQL); ``poll`` is the deprecated older name. Raises
+        new items push on PostgreSQL). Raises
         :class:`WorkListBlocked` when only errored items stand in the way.
 
         With a ``timeout`` every statement runs under a client-side deadline (see
@@ -213,9 +206,6 @@ class WorkList:
         :class:`~controltable.errors.DatabaseUnavailableError` on a silent network) within its
         timeout plus :data:`~controltable.defaults.TIMEOUT_MARGIN`, whatever the network does.
         """
-        if poll is not None:
-            deprecated("WorkList.items(poll=...)", "poll_interval=")
-            poll_interval = poll
         wait = check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
         interval = check_poll_interval("poll_interval", poll_interval)
         deadline = None if wait is None else time.monotonic() + wait
@@ -310,11 +300,6 @@ class WorkList:
     def reset(self) -> int:
         """Every item back to new, attempts cleared (as ``EventTable.reset`` does for its rows)."""
         return self._update(self.sql.reset())
-
-    def reset_all(self) -> int:
-        """Deprecated alias of :meth:`reset`."""
-        deprecated("WorkList.reset_all()", "WorkList.reset()")
-        return self.reset()
 
     def clear_error(self, item_id: int) -> int:
         """One errored item back to new."""
