@@ -74,6 +74,9 @@ class Wakeups:
         #: A direct URL to the server for the listener only (the work goes through ``db``'s URL).
         self.listen_url = _check_listen_url(listen_url) if listen_url else None
         self.probe_timeout = probe_timeout
+        #: Replaces :meth:`wait`'s blocking sleep when set: :mod:`controltable.aio` awaits the
+        #: event loop there, so the engines' own wait loops run unchanged in its greenlets.
+        self.waiter: Optional[Callable[[list[str], float, Optional[tuple[int, ...]]], bool]] = None
         self._probe_failed = False
         self._warned = False
         #: The server's port when the work URL leads to another (a pooler in the way): no LISTEN there.
@@ -174,6 +177,8 @@ class Wakeups:
 
     def wait(self, keys: list[str], seconds: float, since: Optional[tuple[int, ...]] = None) -> bool:
         """Sleep up to ``seconds`` or until a wake-up for one of ``keys``; True if woken."""
+        if self.waiter is not None:
+            return self.waiter(keys, seconds, since)
         if not self.active:
             time.sleep(seconds)
             return False
@@ -240,6 +245,8 @@ class Wakeups:
     def _connect(self) -> Any:
         dialect = self.db.engine.dialect
         url = make_url(self.listen_url) if self.listen_url else self.db.engine.url
+        if getattr(dialect, "is_async", False):  # this thread has no event loop: plain psycopg
+            dialect = url.set(drivername="postgresql+psycopg").get_dialect()()
         cargs, cparams = dialect.create_connect_args(url)
         # The pool's connect timeout and keepalives (a silent network ends this connection too);
         # no statement timeout: LISTEN waits by design. What the URL's query sets wins.
