@@ -160,12 +160,25 @@ class Wakeups:
         remove = self.add_listener([key], arrived.set)
         try:
             start = time.monotonic()
-            self.db.run(lambda conn: self._send_probe(conn, key))
+            self._send_probe_now(key)
             if arrived.wait(self.probe_timeout if timeout is None else timeout):
                 return time.monotonic() - start
             return None
         finally:
             remove()
+
+    def _send_probe_now(self, key: str) -> None:
+        """Notify ``key`` through the work URL, committed."""
+        if getattr(self.db.engine.dialect, "is_async", False):
+            # This thread has no event loop for the async pool: the same URL, a plain connection.
+            sender = self._plain_connect(self.db.engine.url)
+            try:
+                sender.autocommit = True
+                sender.execute("SELECT pg_notify(%s, %s)", (self.channel, f"{self.namespace}\x1f{key}"))
+            finally:
+                sender.close()
+        else:
+            self.db.run(lambda conn: self._send_probe(conn, key))
 
     def _send_probe(self, conn: Connection, key: str) -> None:
         conn.execute(select(func.pg_notify(self.channel, f"{self.namespace}\x1f{key}")))
@@ -245,13 +258,7 @@ class Wakeups:
     def _connect(self) -> Any:
         dialect = self.db.engine.dialect
         url = make_url(self.listen_url) if self.listen_url else self.db.engine.url
-        if getattr(dialect, "is_async", False):  # this thread has no event loop: plain psycopg
-            dialect = url.set(drivername="postgresql+psycopg").get_dialect()()
-        cargs, cparams = dialect.create_connect_args(url)
-        # The pool's connect timeout and keepalives (a silent network ends this connection too);
-        # no statement timeout: LISTEN waits by design. What the URL's query sets wins.
-        cparams.update(connect_args(url, connect_timeout=self.db.connect_timeout, statement_timeout=None))
-        raw = dialect.connect(*cargs, **cparams)
+        raw = self._plain_connect(url)
         raw.autocommit = True
         if not self.listen_url:
             server_port = raw.execute("SELECT inet_server_port()").fetchone()[0]
@@ -261,6 +268,18 @@ class Wakeups:
         quoted = dialect.identifier_preparer.quote_identifier(self.channel)
         raw.execute(f"LISTEN {quoted}")  # the channel is a validated identifier, quoted by the dialect
         return raw
+
+    def _plain_connect(self, url: Any) -> Any:
+        """A psycopg connection of this thread's own to ``url``, outside the pool."""
+        dialect = self.db.engine.dialect
+        if getattr(dialect, "is_async", False):  # this thread has no event loop: plain psycopg
+            plain = url.set(drivername="postgresql+psycopg").get_dialect()
+            dialect = plain(dbapi=plain.import_dbapi())
+        cargs, cparams = dialect.create_connect_args(url)
+        # The pool's connect timeout and keepalives (a silent network ends this connection too);
+        # no statement timeout: LISTEN waits by design. What the URL's query sets wins.
+        cparams.update(connect_args(url, connect_timeout=self.db.connect_timeout, statement_timeout=None))
+        return dialect.connect(*cargs, **cparams)
 
     def _listen_forever(self) -> None:
         backoff = 0.5
@@ -329,7 +348,7 @@ class Wakeups:
         payload = f"{self.namespace}\x1f{key}"
         prefix = f"{self.namespace}\x1f"
         start = time.monotonic()
-        self.db.run(lambda conn: self._send_probe(conn, key))
+        self._send_probe_now(key)
         # The wait starts once the notification is committed: opening a pooled connection for the
         # send can take a while on a loaded machine, and says nothing about delivery.
         deadline = time.monotonic() + self.probe_timeout
