@@ -485,12 +485,29 @@ class AsyncEventTable(_Wrapped):
 
     sync: EventTable
 
+    def __init__(self, inner: EventTable) -> None:
+        super().__init__(inner)
+        self._described = False
+        self._describing = asyncio.Lock()
+
+    async def _describe(self) -> None:
+        """Reflect the table once, one task at a time: the core guards its reflection with a thread
+        lock, which a second task's greenlet (same thread) would wait on while blocking the loop."""
+        if self._described:
+            return
+        async with self._describing:
+            if not self._described:
+                await _spawn(lambda: self.sync.table)
+                self._described = True
+
     async def prepare(self, **kwargs: Any) -> Any:
+        await self._describe()
         return await _spawn(self.sync.prepare, **kwargs)
 
     async def claim(self, size: int = 100, *, owner: Optional[str] = None, lease: Optional[float] = None,
                     **kwargs: Any) -> Optional[AsyncBatch]:
         """Claim up to ``size`` rows (``wait=`` seconds awaits claimable rows, waking on a push)."""
+        await self._describe()
         found = await _spawn(self.sync.claim, size, owner=owner, lease=lease, **kwargs)
         return None if found is None else AsyncBatch(found)
 
