@@ -1,0 +1,67 @@
+"""A thousand tasks waiting in one event loop are all served, in queue order, over a bounded pool.
+
+The footprint promise: one ``AsyncControlTable`` holds at most its pool (5 + 10 overflow) plus the
+push listener's connection on the server, however many tasks wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import pytest
+
+from controltable.aio import AsyncControlTable
+
+pytest.importorskip("greenlet")
+
+WAITERS = int(os.environ.get("CONTROLTABLE_TEST_AIO_WAITERS", "1000"))
+HANG = 600.0
+POOL_LIMIT = 15
+
+
+def test_a_thousand_waiters_in_one_loop_are_served_fifo(ct: Any) -> None:
+    if ct.db.dialect_name == "mysql":
+        pytest.skip("run on SQLite and PostgreSQL: the shared MariaDB server is spared the load")
+    ct.set_capacity("fleet", 1)
+    held = ct.acquire("fleet", holder="sync-holder")
+
+    async def main() -> tuple[list[tuple[int, str]], int]:
+        async with AsyncControlTable.from_control_table(ct) as act:
+            pool: Any = act.sync.db.engine.pool
+            served: list[tuple[int, str]] = []
+            peak = 0
+            stop = asyncio.Event()
+
+            async def sample() -> None:
+                nonlocal peak
+                while not stop.is_set():
+                    peak = max(peak, pool.checkedout())
+                    await asyncio.sleep(0.01)
+
+            async def waiter(name: str) -> None:
+                lease = await act.acquire("fleet", holder=name, timeout=HANG, waiter_ttl=120)
+                served.append((lease.ticket, name))
+                await lease.release()
+
+            sampler = asyncio.create_task(sample())
+            tasks = [asyncio.create_task(waiter(f"w{i:04d}")) for i in range(WAITERS)]
+            for _ in range(60000):
+                (st,) = await act.status("fleet")
+                if len(st.waiters) == WAITERS:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("hang: the waiters never all entered the queue")
+            await asyncio.to_thread(held.release)
+            await asyncio.wait_for(asyncio.gather(*tasks), HANG)
+            stop.set()
+            await sampler
+            return served, peak
+
+    served, peak = asyncio.run(main())
+    assert len(served) == WAITERS and len({n for _, n in served}) == WAITERS
+    tickets = [t for t, _ in served]
+    assert tickets == sorted(tickets), "grants did not follow queue order"
+    assert peak <= POOL_LIMIT, f"{peak} connections checked out at once, more than the pool's {POOL_LIMIT}"
