@@ -514,6 +514,11 @@ class AsyncEventTable(_Wrapped):
     async def notify(self) -> None:
         await _spawn(self.sync.notify)
 
+    async def pending_count(self) -> int:
+        """Rows claimable now (:meth:`EventTable.pending_count <controltable.EventTable.pending_count>`)."""
+        await self._describe()
+        return await _spawn(self.sync.pending_count)
+
     def batch(self, handle: dict[str, Any]) -> AsyncBatch:
         return AsyncBatch(self.sync.batch(handle))
 
