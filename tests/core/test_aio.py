@@ -14,12 +14,13 @@ import textwrap
 from typing import Any, Awaitable, Callable, TypeVar
 
 import pytest
+
+pytest.importorskip("greenlet")
+pytest.importorskip("aiosqlite")
 from sqlalchemy import Column, Integer, MetaData, Table, func, insert, select
 
 from controltable.aio import AsyncControlTable, AsyncLease, async_url
 from controltable.errors import AcquireTimeout, ConfigurationError, LeaseLost, LeaseLostInterrupt, UnknownResourceError
-
-pytest.importorskip("greenlet")
 
 T = TypeVar("T")
 HANG = 120.0

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from controltable.aio import AsyncControlTable
-
 pytest.importorskip("greenlet")
+pytest.importorskip("aiosqlite")
+
+from controltable.aio import AsyncControlTable
 
 #: PostgreSQL (push) serves 1,000 waiters in about half a minute here; SQLite, whose waiters poll and
 #: whose writers take turns, proves the same with fewer (1,000 take minutes: set the variable to see).
