@@ -1,4 +1,4 @@
-"""``AsyncControlTable``: the public API for asyncio code, over native async drivers, with no second copy of any decision.
+"""``AsyncControlTable``: the public API for asyncio code, over native async drivers, with no second copy of a decision.
 
 How: SQLAlchemy's asyncio extension runs sync code over an async driver in greenlets
 (``greenlet_spawn``): every statement's I/O awaits the event loop. So each call here runs the
@@ -332,7 +332,7 @@ class AsyncControlTable:
         return await _spawn(self.sync.wait_info, resource, holder)
 
     async def status(self, resources: Union[list[str], str, None] = None) -> list[ResourceStatus]:
-        """Resources with capacity, holders and waiters (:meth:`ControlTable.status <controltable.ControlTable.status>`)."""
+        """Resources with capacity, holders and waiters (:meth:`controltable.ControlTable.status`)."""
         return await _spawn(self.sync.status, resources)
 
     async def reap(self) -> int:
