@@ -501,7 +501,7 @@ class AsyncEventTable(_Wrapped):
                 self._described = True
 
     async def prepare(self, **kwargs: Any) -> Any:
-        await self._describe()
+        """Add the claim columns and index (:meth:`EventTable.prepare <controltable.EventTable.prepare>`)."""
         return await _spawn(self.sync.prepare, **kwargs)
 
     async def claim(self, size: int = 100, *, owner: Optional[str] = None, lease: Optional[float] = None,
