@@ -304,3 +304,29 @@ def test_worklist_allocate_complete_across_tasks(ct: Any) -> None:
 
     done = run(main())
     assert len(done) == 12 and len(set(done)) == 12
+
+
+def test_a_statement_deadline_belongs_to_its_task(tmp_path: Any) -> None:
+    """Tasks of one loop run their statements in one thread: each keeps its own deadline (a
+    ``threading.local`` would hand one task's deadline to the other)."""
+    from controltable.db import Database
+
+    db = Database(f"sqlite:///{tmp_path / 'd.db'}")
+
+    async def task(until: float, seen: list[Any], gate: asyncio.Event, other: asyncio.Event) -> None:
+        with db.deadline(until):
+            gate.set()
+            await other.wait()  # the other task has set its deadline meanwhile
+            seen.append(db._local.deadline)
+        seen.append(getattr(db._local, "deadline", None))
+
+    async def main() -> tuple[list[Any], list[Any]]:
+        a_seen: list[Any] = []
+        b_seen: list[Any] = []
+        a_in, b_in = asyncio.Event(), asyncio.Event()
+        await asyncio.gather(task(100.0, a_seen, a_in, b_in), task(200.0, b_seen, b_in, a_in))
+        return a_seen, b_seen
+
+    a_seen, b_seen = run(main())
+    assert a_seen == [100.0, None] and b_seen == [200.0, None]
+    db.dispose()
