@@ -195,9 +195,10 @@ def test_push_wakeup_ends_the_wait(ct: Any) -> None:
             assert inner is not None
             outcomes: list[bool] = []
 
-            def recording(keys: list[str], seconds: float, since: Any = None) -> bool:
+            def recording(keys: list[str], seconds: float, since: Any = None) -> Any:
                 woken = inner(keys, seconds, since)
-                outcomes.append(woken)
+                if woken is not None:
+                    outcomes.append(woken)
                 return woken
 
             wakeups.waiter = recording

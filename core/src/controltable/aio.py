@@ -111,15 +111,15 @@ class _LoopWaiter:
     With push (PostgreSQL), the wait ends when the listener thread delivers a wake-up for one of
     the keys (it calls back through ``loop.call_soon_threadsafe``), or a reconnect of the listener
     (which may have missed some) wakes everyone; without push it is a plain ``asyncio.sleep``.
-    Outside a greenlet (a thread of the core's own) it falls back to the blocking wait.
+    Outside a greenlet (a thread of the core's own) it declines, and the core waits as usual.
     """
 
     def __init__(self, wakeups: Wakeups) -> None:
         self.wakeups = wakeups
 
-    def __call__(self, keys: list[str], seconds: float, since: Optional[tuple[int, ...]] = None) -> bool:
+    def __call__(self, keys: list[str], seconds: float, since: Optional[tuple[int, ...]] = None) -> Optional[bool]:
         if not in_greenlet():
-            return _blocking_wait(self.wakeups, keys, seconds, since)
+            return None  # a thread of the core's own: its blocking wait
         return bool(await_only(self.wait(keys, seconds, since)))
 
     async def wait(self, keys: list[str], seconds: float, since: Optional[tuple[int, ...]] = None) -> bool:
@@ -151,14 +151,6 @@ class _LoopWaiter:
             return True
         finally:
             remove()
-
-
-def _blocking_wait(wakeups: Wakeups, keys: list[str], seconds: float, since: Optional[tuple[int, ...]]) -> bool:
-    waiter, wakeups.waiter = wakeups.waiter, None
-    try:
-        return wakeups.wait(keys, seconds, since)
-    finally:
-        wakeups.waiter = waiter
 
 
 def _sleep(seconds: float) -> None:

@@ -74,9 +74,10 @@ class Wakeups:
         #: A direct URL to the server for the listener only (the work goes through ``db``'s URL).
         self.listen_url = _check_listen_url(listen_url) if listen_url else None
         self.probe_timeout = probe_timeout
-        #: Replaces :meth:`wait`'s blocking sleep when set: :mod:`controltable.aio` awaits the
-        #: event loop there, so the engines' own wait loops run unchanged in its greenlets.
-        self.waiter: Optional[Callable[[list[str], float, Optional[tuple[int, ...]]], bool]] = None
+        #: Replaces :meth:`wait`'s blocking sleep when set and it answers (None: "not here", e.g.
+        #: a thread outside the event loop): :mod:`controltable.aio` awaits the event loop there,
+        #: so the engines' own wait loops run unchanged in its greenlets.
+        self.waiter: Optional[Callable[[list[str], float, Optional[tuple[int, ...]]], Optional[bool]]] = None
         self._probe_failed = False
         self._warned = False
         #: The server's port when the work URL leads to another (a pooler in the way): no LISTEN there.
@@ -191,7 +192,9 @@ class Wakeups:
     def wait(self, keys: list[str], seconds: float, since: Optional[tuple[int, ...]] = None) -> bool:
         """Sleep up to ``seconds`` or until a wake-up for one of ``keys``; True if woken."""
         if self.waiter is not None:
-            return self.waiter(keys, seconds, since)
+            woken = self.waiter(keys, seconds, since)
+            if woken is not None:
+                return woken
         if not self.active:
             time.sleep(seconds)
             return False
