@@ -63,6 +63,15 @@ def test_async_url_swaps_the_driver() -> None:
         async_url("mssql+pyodbc://u@h/d")
 
 
+def test_a_backend_without_an_async_driver_runs_in_threads() -> None:
+    """SQL Server and Oracle keep the API (the Airflow triggers use it): calls go to threads."""
+    from controltable.aio import _target
+
+    assert _target("mssql+pyodbc://u@h/d") == "mssql+pyodbc://u@h/d"
+    assert _target("oracle+oracledb://u@h/d") == "oracle+oracledb://u@h/d"
+    assert str(_target("sqlite:///x.db")).startswith("sqlite+aiosqlite:")
+
+
 def test_fifo_behind_a_sync_holder_in_another_process(ct: Any, namespace: str) -> None:
     """Async waiters queued one after another are granted in that order once the holder in
     another process (the sync API) lets go."""

@@ -30,7 +30,7 @@ import contextlib
 import logging
 import time
 from types import TracebackType
-from typing import Any, AsyncIterator, Callable, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional, Sequence, TypeVar, Union
 
 from sqlalchemy.engine import make_url
 
@@ -100,9 +100,17 @@ def async_url(url: Union[str, Any]) -> str:
     return str(parsed.set(drivername=found).render_as_string(hide_password=False))
 
 
-async def _spawn(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run sync core code in a greenlet whose statements await the event loop."""
+async def _in_greenlet(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run sync core code in a greenlet whose statements await the event loop (native async drivers)."""
     return await greenlet_spawn(fn, *args, **kwargs)  # type: ignore[no-any-return]
+
+
+async def _in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run sync core code in the loop's default thread pool (a backend without an async driver)."""
+    return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+Runner = Callable[..., Awaitable[Any]]
 
 
 class _LoopWaiter:
@@ -161,6 +169,32 @@ def _sleep(seconds: float) -> None:
         time.sleep(seconds)
 
 
+def _is_async(url: Union[str, Any]) -> bool:
+    try:
+        return bool(getattr(make_url(url).get_dialect(), "is_async", False))
+    except Exception:
+        return False
+
+
+def _target(url: Union[str, Any]) -> Union[str, Any]:
+    """The URL to open: its async form, or ``url`` itself for a backend with no async driver here
+    (SQL Server, Oracle: their calls then run in threads, with the same semantics but no native I/O)."""
+    try:
+        found = async_url(url)
+    except ConfigurationError as exc:
+        if "no asyncio driver" not in str(exc):
+            raise
+        return url
+    if greenlet_spawn is None:  # pragma: no cover - SQLAlchemy without its asyncio support
+        raise ConfigurationError(
+            "the asyncio API needs SQLAlchemy's asyncio support: pip install 'controltable[async]'")
+    try:
+        import greenlet  # noqa: F401
+    except ImportError:
+        raise ConfigurationError("the asyncio API needs greenlet: pip install 'controltable[async]'") from None
+    return found
+
+
 class AsyncControlTable:
     """The asyncio face of :class:`~controltable.ControlTable`: same arguments, same semantics and errors.
 
@@ -182,20 +216,18 @@ class AsyncControlTable:
         statement_timeout: Optional[float] = STATEMENT_TIMEOUT,
         listen_url: Optional[str] = None,
     ) -> None:
-        if greenlet_spawn is None:  # pragma: no cover
-            raise ConfigurationError("the asyncio API needs SQLAlchemy's asyncio support: "
-                                     "pip install 'controltable[async]'")
-        try:
-            import greenlet  # noqa: F401
-        except ImportError:
-            raise ConfigurationError("the asyncio API needs greenlet: pip install 'controltable[async]'") from None
-        #: The sync core this object runs in greenlets (its engine is an async engine's sync face).
-        self.sync = ControlTable(async_url(url), namespace=namespace, schema=schema, prefix=prefix,
+        target = _target(url)
+        #: Whether calls run over a native async driver (else in threads: SQL Server, Oracle).
+        self.native = target != url or _is_async(target)
+        self._run: Runner = _in_greenlet if self.native else _in_thread
+        #: The sync core this object runs (in greenlets, its engine an async engine's sync face).
+        self.sync = ControlTable(target, namespace=namespace, schema=schema, prefix=prefix,
                                  connect_timeout=connect_timeout, statement_timeout=statement_timeout,
                                  listen_url=listen_url)
-        wakeups = self.sync.runtime.wakeups
-        wakeups.waiter = _LoopWaiter(wakeups)
-        self.sync.db.sleep = _sleep
+        if self.native:
+            wakeups = self.sync.runtime.wakeups
+            wakeups.waiter = _LoopWaiter(wakeups)
+            self.sync.db.sleep = _sleep
         self.namespace = self.sync.namespace
 
     @classmethod
@@ -211,7 +243,7 @@ class AsyncControlTable:
     async def close(self) -> None:
         """Stop the wake-up listener and close the connection pool."""
         await asyncio.to_thread(self.sync.runtime.wakeups.close)
-        await _spawn(self.sync.db.dispose)
+        await self._run(self.sync.db.dispose)
 
     async def __aenter__(self) -> AsyncControlTable:
         return self
@@ -222,19 +254,19 @@ class AsyncControlTable:
     # -- set-up -------------------------------------------------------------------------------
     async def install(self) -> int:
         """:meth:`ControlTable.install <controltable.ControlTable.install>`."""
-        return await _spawn(self.sync.install)
+        return await self._run(self.sync.install)
 
     async def set_capacity(self, name: str, capacity: int, *, rate: Union[Rate, tuple[int, float], None] = KEEP,
                            aging: Optional[float] = KEEP) -> None:
         """:meth:`ControlTable.set_capacity <controltable.ControlTable.set_capacity>`."""
-        await _spawn(self.sync.set_capacity, name, capacity, rate=rate, aging=aging)
+        await self._run(self.sync.set_capacity, name, capacity, rate=rate, aging=aging)
 
     async def delete_resource(self, name: str, *, force: bool = False) -> bool:
-        return await _spawn(self.sync.delete_resource, name, force=force)
+        return await self._run(self.sync.delete_resource, name, force=force)
 
     async def now(self) -> float:
         """The database clock as UTC epoch seconds (the clock all leases use)."""
-        return await _spawn(self.sync.now)
+        return await self._run(self.sync.now)
 
     # -- slots --------------------------------------------------------------------------------
     async def acquire(
@@ -258,10 +290,10 @@ class AsyncControlTable:
         loop. On ``timeout`` the entry is withdrawn and :class:`AcquireTimeout` raised; a cancelled
         task withdraws its entry too.
         """
-        found = await _spawn(self.sync.acquire, resource, holder=holder, slots=slots, mode=mode, timeout=timeout,
+        found = await self._run(self.sync.acquire, resource, holder=holder, slots=slots, mode=mode, timeout=timeout,
                              lease=lease, waiter_ttl=waiter_ttl, poll_interval=poll_interval, attempt=attempt,
                              pickup=pickup, priority=priority)
-        return AsyncLease(found)
+        return AsyncLease(found, self._run)
 
     async def try_acquire(
         self,
@@ -278,9 +310,9 @@ class AsyncControlTable:
     ) -> Optional[AsyncLease]:
         """Poll once, keeping the place in the queue for ``waiter_ttl`` seconds
         (:meth:`ControlTable.try_acquire <controltable.ControlTable.try_acquire>`)."""
-        found = await _spawn(self.sync.try_acquire, resource, holder=holder, slots=slots, mode=mode, lease=lease,
+        found = await self._run(self.sync.try_acquire, resource, holder=holder, slots=slots, mode=mode, lease=lease,
                              waiter_ttl=waiter_ttl, attempt=attempt, pickup=pickup, priority=priority)
-        return None if found is None else AsyncLease(found)
+        return None if found is None else AsyncLease(found, self._run)
 
     def slot(
         self,
@@ -310,36 +342,36 @@ class AsyncControlTable:
         return AsyncSlotBlock(acquire, defaults.INTERRUPT_ON_LEASE_LOSS if interrupt is None else interrupt)
 
     async def find_lease(self, resource: str, holder: str) -> Optional[AsyncLease]:
-        found = await _spawn(self.sync.find_lease, resource, holder)
-        return None if found is None else AsyncLease(found)
+        found = await self._run(self.sync.find_lease, resource, holder)
+        return None if found is None else AsyncLease(found, self._run)
 
     async def release(self, resource: str, holder: str) -> int:
         """Release (or withdraw from the queue) whatever ``holder`` has on ``resource``; rows removed."""
-        return await _spawn(self.sync.release, resource, holder)
+        return await self._run(self.sync.release, resource, holder)
 
     async def release_holders(self, prefix: str) -> int:
-        return await _spawn(self.sync.release_holders, prefix)
+        return await self._run(self.sync.release_holders, prefix)
 
     async def wait_info(self, resource: str, holder: str) -> Optional[WaitInfo]:
-        return await _spawn(self.sync.wait_info, resource, holder)
+        return await self._run(self.sync.wait_info, resource, holder)
 
     async def status(self, resources: Union[list[str], str, None] = None) -> list[ResourceStatus]:
         """Resources with capacity, holders and waiters (:meth:`controltable.ControlTable.status`)."""
-        return await _spawn(self.sync.status, resources)
+        return await self._run(self.sync.status, resources)
 
     async def reap(self) -> int:
-        return await _spawn(self.sync.reap)
+        return await self._run(self.sync.reap)
 
     # -- events and work lists ----------------------------------------------------------------
     def events(self, table: str, *, key: str, order_by: Optional[str] = None, table_schema: Optional[str] = None,
                **options: Any) -> AsyncEventTable:
         """Batch claiming on the user's own event table (see :class:`~controltable.EventTable`)."""
         return AsyncEventTable(self.sync.events(table, key=key, order_by=order_by, table_schema=table_schema,
-                                                **options))
+                                                **options), self._run)
 
     def worklist(self, name: str) -> AsyncWorkList:
         """An ordered work list kept in the control tables (see :class:`~controltable.WorkList`)."""
-        return AsyncWorkList(self.sync.worklist(name))
+        return AsyncWorkList(self.sync.worklist(name), self._run)
 
     # -- wake-ups -----------------------------------------------------------------------------
     def wakeup_keys(self, resource: Union[str, Mapping[str, int]], holder: Optional[str] = None) -> list[str]:
@@ -358,8 +390,9 @@ class AsyncControlTable:
 class _Wrapped:
     """An async view of a core value object: its attributes read through, its actions awaited."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, run: Runner) -> None:
         self.sync = inner
+        self._run = run
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.sync, name)
@@ -374,24 +407,24 @@ class AsyncLease(_Wrapped):
     sync: Lease
 
     async def renew(self, lease: Optional[float] = None) -> AsyncLease:
-        await _spawn(self.sync.renew, lease)
+        await self._run(self.sync.renew, lease)
         return self
 
     async def release(self) -> None:
-        await _spawn(self.sync.release)
+        await self._run(self.sync.release)
 
     async def check(self) -> None:
-        await _spawn(self.sync.check)
+        await self._run(self.sync.check)
 
     async def is_held(self) -> bool:
-        return await _spawn(self.sync.is_held)
+        return await self._run(self.sync.is_held)
 
     async def __aenter__(self) -> AsyncLease:
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         # The sync exit's decisions: a known loss is not asked after, the block's error wins.
-        await _spawn(self.sync.__exit__, exc_type, exc, tb)
+        await self._run(self.sync.__exit__, exc_type, exc, tb)
 
 
 class AsyncSlotBlock:
@@ -477,8 +510,8 @@ class AsyncEventTable(_Wrapped):
 
     sync: EventTable
 
-    def __init__(self, inner: EventTable) -> None:
-        super().__init__(inner)
+    def __init__(self, inner: EventTable, run: Runner) -> None:
+        super().__init__(inner, run)
         self._described = False
         self._describing = asyncio.Lock()
 
@@ -489,30 +522,30 @@ class AsyncEventTable(_Wrapped):
             return
         async with self._describing:
             if not self._described:
-                await _spawn(lambda: self.sync.table)
+                await self._run(lambda: self.sync.table)
                 self._described = True
 
     async def prepare(self, **kwargs: Any) -> Any:
         """Add the claim columns and index (:meth:`EventTable.prepare <controltable.EventTable.prepare>`)."""
-        return await _spawn(self.sync.prepare, **kwargs)
+        return await self._run(self.sync.prepare, **kwargs)
 
     async def claim(self, size: int = 100, *, owner: Optional[str] = None, lease: Optional[float] = None,
                     **kwargs: Any) -> Optional[AsyncBatch]:
         """Claim up to ``size`` rows (``wait=`` seconds awaits claimable rows, waking on a push)."""
         await self._describe()
-        found = await _spawn(self.sync.claim, size, owner=owner, lease=lease, **kwargs)
-        return None if found is None else AsyncBatch(found)
+        found = await self._run(self.sync.claim, size, owner=owner, lease=lease, **kwargs)
+        return None if found is None else AsyncBatch(found, self._run)
 
     async def notify(self) -> None:
-        await _spawn(self.sync.notify)
+        await self._run(self.sync.notify)
 
     async def pending_count(self) -> int:
         """Rows claimable now (:meth:`EventTable.pending_count <controltable.EventTable.pending_count>`)."""
         await self._describe()
-        return await _spawn(self.sync.pending_count)
+        return await self._run(self.sync.pending_count)
 
     def batch(self, handle: dict[str, Any]) -> AsyncBatch:
-        return AsyncBatch(self.sync.batch(handle))
+        return AsyncBatch(self.sync.batch(handle), self._run)
 
 
 class AsyncBatch(_Wrapped):
@@ -521,20 +554,20 @@ class AsyncBatch(_Wrapped):
     sync: Batch
 
     async def complete(self, keys: Optional[Sequence[Any]] = None) -> int:
-        return await _spawn(self.sync.complete, keys)
+        return await self._run(self.sync.complete, keys)
 
     async def fail(self, reason: str, keys: Optional[Sequence[Any]] = None) -> int:
-        return await _spawn(self.sync.fail, reason, keys)
+        return await self._run(self.sync.fail, reason, keys)
 
     async def release(self) -> int:
-        return await _spawn(self.sync.release)
+        return await self._run(self.sync.release)
 
     async def renew(self, lease: Optional[float] = None) -> AsyncBatch:
-        await _spawn(self.sync.renew, lease)
+        await self._run(self.sync.renew, lease)
         return self
 
     async def check(self) -> None:
-        await _spawn(self.sync.check)
+        await self._run(self.sync.check)
 
 
 class AsyncWorkList(_Wrapped):
@@ -543,14 +576,14 @@ class AsyncWorkList(_Wrapped):
     sync: WorkList
 
     async def populate(self, *args: Any, **kwargs: Any) -> int:
-        return await _spawn(self.sync.populate, *args, **kwargs)
+        return await self._run(self.sync.populate, *args, **kwargs)
 
     async def allocate(self, owner: Optional[str] = None, lease: Optional[float] = None) -> Optional[AsyncItem]:
-        found = await _spawn(self.sync.allocate, owner, lease)
-        return None if found is None else AsyncItem(found)
+        found = await self._run(self.sync.allocate, owner, lease)
+        return None if found is None else AsyncItem(found, self._run)
 
     async def status(self) -> Any:
-        return await _spawn(self.sync.status)
+        return await self._run(self.sync.status)
 
     async def items(self, owner: Optional[str] = None, lease: Optional[float] = None, **kwargs: Any
                     ) -> AsyncIterator[AsyncItem]:
@@ -558,10 +591,10 @@ class AsyncWorkList(_Wrapped):
         found = self.sync.items(owner, lease=lease, **kwargs)
         done = object()
         while True:
-            item = await _spawn(next, found, done)
+            item = await self._run(next, found, done)
             if item is done:
                 return
-            yield AsyncItem(item)
+            yield AsyncItem(item, self._run)
 
 
 class AsyncItem(_Wrapped):
@@ -570,17 +603,17 @@ class AsyncItem(_Wrapped):
     sync: Item
 
     async def complete(self) -> None:
-        await _spawn(self.sync.complete)
+        await self._run(self.sync.complete)
 
     async def fail(self, reason: str) -> None:
-        await _spawn(self.sync.fail, reason)
+        await self._run(self.sync.fail, reason)
 
     async def release(self) -> None:
-        await _spawn(self.sync.release)
+        await self._run(self.sync.release)
 
     async def renew(self, lease: Optional[float] = None) -> AsyncItem:
-        await _spawn(self.sync.renew, lease)
+        await self._run(self.sync.renew, lease)
         return self
 
     async def check(self) -> None:
-        await _spawn(self.sync.check)
+        await self._run(self.sync.check)
