@@ -340,3 +340,25 @@ def test_a_statement_deadline_belongs_to_its_task(tmp_path: Any) -> None:
     a_seen, b_seen = run(main())
     assert a_seen == [100.0, None] and b_seen == [200.0, None]
     db.dispose()
+
+
+def test_interrupt_false_lets_the_work_run_on_and_the_exit_reports_the_loss(ct: Any) -> None:
+    ct.set_capacity("runs-on", 1)
+
+    async def main() -> BaseException:
+        async with twin(ct) as act:
+            try:
+                async with act.slot("runs-on", holder="stubborn", lease=1.5, interrupt=False) as lease:
+                    await asyncio.to_thread(ct.release, "runs-on", "stubborn")  # taken away behind its back
+                    for _ in range(3000):  # the renewer records the loss; the work is not cancelled
+                        if lease.sync.lost is not None:
+                            break
+                        await asyncio.sleep(0.01)
+                    else:
+                        raise AssertionError("hang: the renewer never noticed the loss")
+            except LeaseLost as exc:
+                return exc
+            raise AssertionError("the exit did not report the lost lease")
+
+    exc = run(main())
+    assert type(exc) is LeaseLost, repr(exc)

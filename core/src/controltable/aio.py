@@ -437,6 +437,8 @@ class AsyncSlotBlock:
         self._renewer: Optional[asyncio.Task[None]] = None
         self._owner: Optional[asyncio.Task[Any]] = None
         self._cancelled_by_us = False
+        #: Whether the work is running (between entry and exit): only then does a loss cancel it.
+        self._in_body = False
 
     async def __aenter__(self) -> AsyncLease:
         lease = await self._acquire()
@@ -444,6 +446,7 @@ class AsyncSlotBlock:
         self._owner = asyncio.current_task()
         self._renewer = asyncio.get_running_loop().create_task(
             self._renew(lease), name=f"controltable-renew-{lease.holder}")
+        self._in_body = True
         return lease
 
     async def _renew(self, lease: AsyncLease) -> None:
@@ -477,12 +480,13 @@ class AsyncSlotBlock:
 
     def _lose(self, lease: AsyncLease, exc: LeaseLost) -> None:
         lease.sync.lost = exc
-        if self._interrupt and self._owner is not None and not self._owner.done():
+        if self._interrupt and self._in_body and self._owner is not None and not self._owner.done():
             self._cancelled_by_us = True
             self._owner.cancel(f"controltable: {exc}")
 
     async def __aexit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
                         tb: Optional[TracebackType]) -> None:
+        self._in_body = False  # the exit itself is never cancelled by a loss: it reports it
         lease, self.lease = self.lease, None
         renewer, self._renewer = self._renewer, None
         if renewer is not None:
