@@ -362,3 +362,44 @@ def test_interrupt_false_lets_the_work_run_on_and_the_exit_reports_the_loss(ct: 
 
     exc = run(main())
     assert type(exc) is LeaseLost, repr(exc)
+
+
+def test_async_wait_and_hold_are_spans_nested_in_the_tasks_span(ct: Any) -> None:
+    """The traces of issue 36 part 3 through the async API: the wait and the hold nest in the
+    caller's span, and the work inside ``async with`` is the hold's child."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import controltable.tracing as tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    ct.set_capacity("traced", 1)
+
+    async def main() -> None:
+        async with twin(ct) as act:
+            with tracer.start_as_current_span("task"):
+                async with act.slot("traced", holder="t"):
+                    with tracer.start_as_current_span("work"):
+                        await asyncio.sleep(0)
+
+    tracing.use_provider(provider)
+    try:
+        run(main())
+    finally:
+        tracing.use_provider(None)
+        provider.shutdown()
+    found = {s.name: s for s in exporter.get_finished_spans()}
+    task, wait, hold, work = (found[n] for n in ("task", "controltable.wait traced", "controltable.hold traced",
+                                                 "work"))
+
+    def child_of(span: Any, parent: Any) -> bool:
+        return span.parent is not None and span.parent.span_id == parent.context.span_id
+
+    assert child_of(wait, task) and child_of(hold, task), "the wait and the hold are the task's children"
+    assert child_of(work, hold), "the work inside the async slot is the hold's child"
+    assert hold.attributes is not None and hold.attributes["controltable.outcome"] == "released"

@@ -34,7 +34,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional, S
 
 from sqlalchemy.engine import make_url
 
-from . import defaults
+from . import defaults, tracing
 from .control import KEEP, ControlTable
 from .defaults import (
     CONNECT_TIMEOUT,
@@ -447,6 +447,7 @@ class AsyncSlotBlock:
         self._renewer = asyncio.get_running_loop().create_task(
             self._renew(lease), name=f"controltable-renew-{lease.holder}")
         self._in_body = True
+        tracing.enter_hold(lease.sync)  # the work's spans are the hold's children (in this task's context)
         return lease
 
     async def _renew(self, lease: AsyncLease) -> None:
@@ -487,6 +488,8 @@ class AsyncSlotBlock:
     async def __aexit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
                         tb: Optional[TracebackType]) -> None:
         self._in_body = False  # the exit itself is never cancelled by a loss: it reports it
+        if self.lease is not None:
+            tracing.leave_hold(self.lease.sync)
         lease, self.lease = self.lease, None
         renewer, self._renewer = self._renewer, None
         if renewer is not None:
