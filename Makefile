@@ -19,7 +19,7 @@ BIN := $(VENV)/bin
 $(VENV)/.core-installed: core/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e 'core[postgres,mysql]'
+	$(BIN)/pip install --quiet -e 'core[postgres,mysql,async]'
 	touch $@
 
 # Debian packages the tests drive as real programs (chromium, promtool, pgbouncer, galera-4, rsync):
@@ -28,7 +28,7 @@ $(VENV)/.core-installed: core/pyproject.toml
 # (one there made Airflow see the plugin's entry point twice and report a duplicate plugin).
 $(VENV)/.all-installed: $(VENV)/.core-installed pyproject.toml airflow_plugin/pyproject.toml dagster_plugin/pyproject.toml
 	scripts/system-packages
-	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/pip install --quiet -e 'core[postgres,mysql,web]' -e 'airflow_plugin[web]' \
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/pip install --quiet -e 'core[postgres,mysql,web,async]' -e 'airflow_plugin[web]' \
 		-e dagster_plugin --group dev
 	touch $@
 

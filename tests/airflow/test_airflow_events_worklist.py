@@ -129,7 +129,9 @@ def test_pending_events_sensor_poke_and_deferrable(conn_id: str, events: Any) ->
         task = asyncio.ensure_future(first())
         await asyncio.sleep(0.3)
         assert not task.done()
-        table = Table(events.name, MetaData(), autoload_with=events.engine)
+        # Off the loop: on SQLite a sync statement there would wait for the write lock the
+        # trigger's open transaction holds, which needs the loop to finish.
+        table = await asyncio.to_thread(lambda: Table(events.name, MetaData(), autoload_with=events.engine))
         await asyncio.to_thread(_insert, events.engine, table, range(26, 31))
         return await asyncio.wait_for(task, 20)
 

@@ -173,13 +173,15 @@ def test_trigger_yields_when_granted(conn_id: str, ct: Any) -> None:
     async def scenario() -> Any:
         task = asyncio.ensure_future(_first_event(_trigger(conn_id, HOLDER_A), timeout=20))
         # The trigger queues up (within seconds on a loaded machine), then keeps waiting.
+        # Sync calls leave the loop free (the trigger's own statements await it, and on SQLite a
+        # blocked loop would hold the write lock its transaction has).
         for _ in range(100):
-            if waiters(ct, "warehouse") == [HOLDER_A] or task.done():
+            if await asyncio.to_thread(waiters, ct, "warehouse") == [HOLDER_A] or task.done():
                 break
             await asyncio.sleep(0.1)
         await asyncio.sleep(0.3)
         assert not task.done()  # still waiting while "other" holds the slot
-        assert waiters(ct, "warehouse") == [HOLDER_A]
+        assert await asyncio.to_thread(waiters, ct, "warehouse") == [HOLDER_A]
         await asyncio.to_thread(ct.release, "warehouse", "other")
         return await task
 

@@ -70,8 +70,10 @@ class PendingEventsTrigger(_ControlTableTrigger):
     def _wakeup_keys(self, table: Any) -> list[str]:
         return list(self._events().wakeup_keys())
 
-    def _check(self) -> Optional[dict[str, Any]]:
-        count = self._events().pending_count()
+    async def _check(self) -> Optional[dict[str, Any]]:
+        act = await self._shared_async()
+        count = await act.events(self.table, key=self.key, order_by=self.order_by,
+                                 table_schema=self.table_schema).pending_count()
         if count < self.min_events:
             return None
         return {"status": "ready", "pending": count}
