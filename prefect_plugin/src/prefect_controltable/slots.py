@@ -93,19 +93,21 @@ class SlotScope:
         who = self.holder or run.holder
         lease_s = self.lease_seconds or block.default_lease
         started = time.monotonic()
-        granted = self._try(ct, who, lease_s, run)
         position: Optional[int] = None
-        if granted is None:
-            position = self._waiting(ct, who, run, block)
-            progress = _Progress(ct, self.resource, who, run, position)
-            try:
+        progress: Optional[_Progress] = None
+        try:
+            granted = self._try(ct, who, lease_s, run)
+            if granted is None:
+                position = self._waiting(ct, who, run, block)
+                progress = _Progress(ct, self.resource, who, run, position)
                 granted = ct.acquire(self.resource, holder=who, timeout=self.timeout, lease=lease_s,
                                      attempt=run.attempt, **self.options)  # type: ignore[arg-type]
-            except BaseException as exc:  # timed out, failed, or the run was cancelled while it waited
-                _withdraw(ct, self.resource, who)
-                run.logger.info(f"controltable: left the queue of {self.label} ({type(exc).__name__})")
-                raise
-            finally:
+        except BaseException as exc:  # timed out, failed, or the run was cancelled while it waited
+            _withdraw(ct, self.resource, who)
+            run.logger.info(f"controltable: left the queue of {self.label} ({type(exc).__name__})")
+            raise
+        finally:
+            if progress is not None:
                 progress.stop()
         self._granted(granted, run, block, position, time.monotonic() - started)
         granted.interrupt = block.interrupt_on_lease_loss if self.interrupt is None else bool(self.interrupt)
@@ -134,17 +136,17 @@ class SlotScope:
         who = self.holder or run.holder
         lease_s = self.lease_seconds or block.default_lease
         started = time.monotonic()
-        granted = await anyio.to_thread.run_sync(self._try, ct, who, lease_s, run)
         position: Optional[int] = None
-        if granted is None:
-            position = await anyio.to_thread.run_sync(self._waiting, ct, who, run, block)
-            try:
+        try:
+            granted = await anyio.to_thread.run_sync(self._try, ct, who, lease_s, run)
+            if granted is None:
+                position = await anyio.to_thread.run_sync(self._waiting, ct, who, run, block)
                 granted = await self._wait_async(ct, who, lease_s, run, position)
-            except BaseException as exc:  # cancelled or timed out: leave the queue before going on
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(_withdraw, ct, self.resource, who)
-                run.logger.info(f"controltable: left the queue of {self.label} ({type(exc).__name__})")
-                raise
+        except BaseException as exc:  # cancelled or timed out: leave the queue before going on
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_withdraw, ct, self.resource, who)
+            run.logger.info(f"controltable: left the queue of {self.label} ({type(exc).__name__})")
+            raise
         self._granted(granted, run, block, position, time.monotonic() - started)
         granted.interrupt = False  # no signal into the event loop's thread: the watchdog cancels the task
         granted.start_renewing(stop_when_orphaned=run.supervised)
@@ -163,8 +165,7 @@ class SlotScope:
         lease = held.lease
         try:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(lease.__exit__, None if held.cancelled_for_loss else exc_type,
-                                               None if held.cancelled_for_loss else exc, tb)
+                await anyio.to_thread.run_sync(lease.__exit__, exc_type, exc, tb)
         finally:
             _released(held, exc_type)
         if held.cancelled_for_loss and lease.lost is not None:
@@ -297,9 +298,9 @@ def _released(held: _Held, exc_type: Any) -> None:
 
 async def _watch_loss(held: _Held, host: asyncio.Task[Any]) -> None:
     """Cancel ``host`` once the renewer finds the lease lost: asyncio's own way of stopping awaiting work."""
-    while held.lease.lost is None and not held.lease.released:
+    while held.lease.lost is None:
         await asyncio.sleep(LOSS_CHECK)
-    if held.lease.lost is not None and not held.lease.released:
+    if not held.cancelled_for_loss:
         held.cancelled_for_loss = True
         host.cancel()
 
