@@ -75,9 +75,9 @@ class PrefectDeployment:
 
     # -- processes ---------------------------------------------------------------------------
     def _spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        log = open(self.home / f"{name}.log", "ab")
-        proc = subprocess.Popen([self.python, "-m", "prefect", *args], env=self.env, stdout=log,
-                                stderr=subprocess.STDOUT, cwd=self.home, start_new_session=True)
+        with open(self.home / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
+            proc = subprocess.Popen([self.python, "-m", "prefect", *args], env=self.env, stdout=log,
+                                    stderr=subprocess.STDOUT, cwd=self.home, start_new_session=True)
         self.procs[name] = proc
         return proc
 
@@ -123,7 +123,7 @@ class PrefectDeployment:
 
     def stop(self) -> None:
         """Stop the worker(s) and the server by their process groups (SIGTERM, then SIGKILL)."""
-        for name, proc in reversed(list(self.procs.items())):
+        for proc in reversed(list(self.procs.values())):
             if proc.poll() is None:
                 try:
                     os.killpg(proc.pid, signal.SIGTERM)

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -46,12 +48,16 @@ CANCEL_GOAL = 2.0
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def live() -> Iterator[dict[str, Any]]:
     url = deployment_postgres_url("the live Prefect tests (control table)")
     namespace = f"pf_{uuid.uuid4().hex[:10]}"
     events = f"pf_ev_{uuid.uuid4().hex[:8]}"
     work = f"pf_work_{uuid.uuid4().hex[:8]}"
-    records = tmp_path_factory.mktemp("prefect_records")
+    # Folders of its own, not pytest's basetemp: another pytest session of the same user removes old
+    # basetemps while this module's deployment still writes there.
+    scratch = Path(tempfile.mkdtemp(prefix="ct-prefect-live-"))
+    records = scratch / "records"
+    records.mkdir()
     ct = ControlTable(url, namespace=namespace)
     ct.install()
     meta = MetaData()
@@ -60,7 +66,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     Table(work, meta, Column("run_id", String(64)), Column("n", Integer), Column("at", DateTime(timezone=True)))
     meta.create_all(ct.engine)
     ct.events(events, key="id").prepare()
-    dep = PrefectDeployment(tmp_path_factory.mktemp("prefect_home"),
+    dep = PrefectDeployment(scratch / "prefect_home",
                             env={"LIVE_BLOCK": "live", "LIVE_RECORDS": str(records), "LIVE_EVENT_TABLE": events},
                             pythonpath=(str(ROOT / "core" / "src"), str(ROOT / "prefect_plugin" / "src")))
     orphans: list[int] = []
@@ -83,6 +89,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 pass
         meta.drop_all(ct.engine)
         ct.close()
+        if not os.environ.get("CT_KEEP_PREFECT_LIVE"):
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _record(live: dict[str, Any], kind: str, run_id: str) -> dict[str, Any] | None:
@@ -207,6 +215,8 @@ def test_sigkilled_worker_frees_the_slot_at_lease_expiry_and_stops_the_work(live
         return all(h.expired for h in st.holders)
 
     wait_until(expired, 5 * (lease + 2), "the orphan's lease to run out", interval=0.1)
+    if os.environ.get("CT_KEEP_PREFECT_LIVE"):
+        os.kill(holding["pid"], signal.SIGUSR2)  # its threads' stacks, in the records
     # The slot comes back: the next in line is granted (the grant pass reaps the expired holder).
     nxt = ct.acquire("killed", holder="shell:next", timeout=5 * (lease + 2), lease=30)
     back_after = time.monotonic() - killed

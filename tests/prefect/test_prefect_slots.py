@@ -17,10 +17,10 @@ import pytest
 from prefect import flow, task
 from prefect.client.orchestration import get_client
 from prefect.exceptions import TerminationSignal
+from prefect_controltable import ControlTableBlock, slot
 from support.live import wait_until
 
 from controltable import ControlTable, LeaseLostInterrupt
-from prefect_controltable import ControlTableBlock, slot
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -102,10 +102,9 @@ def test_termination_while_holding_and_while_waiting_releases(block: ControlTabl
     """Prefect turns the SIGTERM of a cancellation into TerminationSignal, a BaseException: both
     the holder's block and a waiter's queue place are freed on the way out."""
     ct.set_capacity("wh", 1)
-    with pytest.raises(TerminationSignal):
-        with slot("wh", block=block, holder="t:holder"):
-            assert _entries(ct, "wh") == (["t:holder"], [])
-            raise TerminationSignal(signal=15)
+    with pytest.raises(TerminationSignal), slot("wh", block=block, holder="t:holder"):
+        assert _entries(ct, "wh") == (["t:holder"], [])
+        raise TerminationSignal(signal=15)
     assert _entries(ct, "wh") == ([], [])
 
     ct.acquire("wh", holder="shell:blocker", lease=60)

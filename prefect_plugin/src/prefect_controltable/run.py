@@ -65,8 +65,8 @@ def current_run() -> RunIdentity:
     logger = get_run_logger(ctx)
     if isinstance(ctx, TaskRunContext):
         tr = ctx.task_run
-        return RunIdentity(holder_id("prefect", tr.flow_run_id, tr.id) if tr.flow_run_id else holder_id("prefect", tr.id),
-                           max(1, int(tr.run_count or 1)), tr.flow_run_id, tr.id, logger, supervised)
+        who = holder_id("prefect", tr.flow_run_id, tr.id) if tr.flow_run_id else holder_id("prefect", tr.id)
+        return RunIdentity(who, max(1, int(tr.run_count or 1)), tr.flow_run_id, tr.id, logger, supervised)
     assert isinstance(ctx, FlowRunContext) and ctx.flow_run is not None
     fr = ctx.flow_run
     return RunIdentity(holder_id("prefect", fr.id), max(1, int(fr.run_count or 1)), fr.id, None, logger, supervised)

@@ -46,7 +46,7 @@ def link_status_page(status_url: Optional[str], run_key: Optional[UUID], resourc
         return
     _LINKED.add(run_key)
     link = status_url.rstrip("/") + "/"
-    getattr(logger, "info")(f"controltable: status page of {', '.join(map(repr, resources))}: {link}")
+    logger.info(f"controltable: status page of {', '.join(map(repr, resources))}: {link}")
     try:
         from prefect.artifacts import create_link_artifact
 

@@ -292,7 +292,7 @@ def _released(held: _Held, exc_type: Any) -> None:
     why = "" if exc_type is None else f" ({exc_type.__name__})"
     try:
         held.run.logger.info(f"controltable: released {held.label}{why}")
-    except Exception:  # pragma: no cover - a logger failing at interpreter exit
+    except BaseException:  # noqa: BLE001 - rich's console raises SystemExit on a broken pipe (worker gone)
         pass
 
 

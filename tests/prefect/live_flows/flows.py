@@ -8,20 +8,42 @@ records), LIVE_WORK_TABLE and LIVE_EVENT_TABLE (tables in the control-table data
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import logging
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 
 from prefect import flow
 from prefect.runtime import flow_run
-from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, func, insert
-
 from prefect_controltable import ControlTableBlock, build_batch_task, slot
+from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, func, insert
 
 BLOCK = os.environ.get("LIVE_BLOCK", "live")
 RECORDS = Path(os.environ.get("LIVE_RECORDS", "."))
 EVENTS = os.environ.get("LIVE_EVENT_TABLE", "live_events")
+
+
+def _log_to_records() -> None:
+    """The core's log lines of this flow-run process in a file of the records (its output pipe dies with a worker)."""
+    handler = logging.FileHandler(RECORDS / f"controltable_{os.getpid()}.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(levelname)s %(message)s"))
+    for name in ("controltable", "prefect_controltable", "prefect"):
+        logging.getLogger(name).addHandler(handler)
+    previous = threading.excepthook
+
+    def died(args: threading.ExceptHookArgs) -> None:  # a thread's death, in the file too
+        logging.getLogger("controltable").error("thread %s died", args.thread, exc_info=(
+            args.exc_type, args.exc_value, args.exc_traceback))  # type: ignore[arg-type]
+        previous(args)
+
+    threading.excepthook = died
+    # Every thread's stack on SIGUSR2: what a test reads when this process does not do what it should.
+    faulthandler.register(signal.SIGUSR2, file=open(RECORDS / f"stacks_{os.getpid()}.txt", "w"),  # noqa: SIM115
+                          all_threads=True)
 
 
 def _write(name: str, record: dict) -> None:
@@ -34,11 +56,12 @@ def _write(name: str, record: dict) -> None:
 def hold(resource: str, seconds: float = 1.0, lease: float = 30.0, work_table: str = "") -> None:
     """Hold one slot of ``resource`` for ``hold`` seconds; for ``seconds`` seconds."""
     run_id = str(flow_run.id)
+    _log_to_records()
     with slot(resource, block=BLOCK, lease=lease) as held:
         start = time.time()
         info = {"run_id": run_id, "holder": held.holder, "resource": resource, "token": held.token,
                 "ticket": held.ticket, "mode": held.mode, "slots": held.slots, "pid": os.getpid(),
-                "ppid": os.getppid(), "start": start}
+                "ppid": os.getppid(), "start": start, "armed": held._arming is not None}
         _write(f"holding_{run_id}.json", info)
         if work_table:
             engine = ControlTableBlock.load(BLOCK).control_table().engine
