@@ -1,4 +1,4 @@
-"""ARCHITECTURE.md names every module of the three packages, so a newcomer finds each concept by name.
+"""ARCHITECTURE.md names every module of the four packages, so a newcomer finds each concept by name.
 
 A module added without a line in the map fails here, with the lines to add.
 """
@@ -12,6 +12,7 @@ PACKAGES = {
     "core": ROOT / "core" / "src" / "controltable",
     "airflow": ROOT / "airflow_plugin" / "src" / "airflow_controltable",
     "dagster": ROOT / "dagster_plugin" / "src" / "dagster_controltable",
+    "prefect": ROOT / "prefect_plugin" / "src" / "prefect_controltable",
 }
 
 
