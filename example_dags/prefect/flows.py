@@ -21,9 +21,8 @@ import os
 from typing import Any
 
 from prefect import flow, task
-from sqlalchemy import Column, Float, Integer, MetaData, Table, insert
-
 from prefect_controltable import ControlTableBlock, build_batch_task, build_worklist_task, slot
+from sqlalchemy import Column, Float, Integer, MetaData, Table, insert
 
 BLOCK_NAME = os.environ.get("CONTROLTABLE_BLOCK", "controltable-example")
 EVENTS = "demo_events"

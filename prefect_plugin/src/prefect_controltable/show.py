@@ -9,7 +9,7 @@ the outside would race it.
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Any, Optional
 from uuid import UUID
 
 log = logging.getLogger("prefect_controltable")
@@ -40,7 +40,7 @@ def set_flow_run_message(flow_run_id: Optional[UUID], message: str) -> bool:
         return False
 
 
-def link_status_page(status_url: Optional[str], run_key: Optional[UUID], resources: list[str], logger: object) -> None:
+def link_status_page(status_url: Optional[str], run_key: Optional[UUID], resources: list[str], logger: Any) -> None:
     """Once per run: a link artifact to the status page (and a log line with the URL)."""
     if not status_url or run_key is None or run_key in _LINKED:
         return
