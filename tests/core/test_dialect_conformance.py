@@ -287,7 +287,7 @@ def test_oracle_claim_cursor_fetches_no_more_than_the_batch(tmp_path: Path) -> N
     md.create_all(ct.db.engine)
     ev = ct.events("ev", key="id")
     ev.prepare()
-    stmt = ev.claim_statement(7, ev._is(PENDING))
+    stmt = ev.sql.claim_select(7, ev.sql.is_state(PENDING))
     assert stmt.get_execution_options()[dialects.FETCH_ROWS_OPTION] == 7
     cursor = SimpleNamespace(arraysize=100, prefetchrows=2)  # python-oracledb's defaults
     dialects.apply_fetch_limit(cursor, SimpleNamespace(execution_options=stmt.get_execution_options()))
@@ -445,16 +445,15 @@ def test_mssql_keys_bind_with_their_column_type() -> None:
     from sqlalchemy.dialects.mssql.pyodbc import MSDialect_pyodbc
 
     from controltable import dialects
-    from controltable.events import ClaimColumns, claim_columns
-    from controltable.events import statements as ev_sql
+    from controltable.events import ClaimColumns, EventStatements, claim_columns
     from controltable.slots import statements as slot_sql
 
     cols = ClaimColumns()
     for key_type, unicode in ((VARCHAR(40), False), (mssql.NVARCHAR(40), True)):
         t = Table("ev", MetaData(), Column("k", key_type, primary_key=True), *claim_columns())
-        built = [ev_sql.update_keys(t, "k", ["a", "b"], cols.values(state=2)),
-                 ev_sql.keys_where(t, "k", ["a"], [], lock=True), ev_sql.keys_where(t, "k", ["a"], []),
-                 ev_sql.rows_by_keys(t, cols, "k", ["a"]), ev_sql.expires_of(t, cols, "k", "a")]
+        q = EventStatements(t, cols, "k", "k", dialects.traits("mssql"))
+        built = [q.update_keys(["a", "b"], cols.values(state=2)), q.keys_where(["a"], [], lock=True),
+                 q.keys_where(["a"], []), q.rows_by_keys(["a"]), q.expires_of("a")]
         for stmt in built:
             binds = [b for b in stmt.compile(dialect=mssql.dialect()).binds.values()
                      if b.value == "a" or b.value in (["a"], ["a", "b"])]

@@ -26,7 +26,7 @@ def test_a_claim_never_takes_a_row_its_select_no_longer_describes(
     first = ev.claim(1, owner="w")
     assert first is not None and first.keys == [1] and first.complete() == 1
     monkeypatch.setattr(workflow.dialects, "update_returning", lambda running, target: False)
-    monkeypatch.setattr(ev, "claim_statement",
+    monkeypatch.setattr(ev.sql, "claim_select",
                         lambda size, condition, where=None: select(ev.table).where(ev.table.c.id.in_([1, 2])))
     batch = ev.claim(5, owner="late")
     assert batch is not None and batch.keys == [2], batch.keys if batch else None

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional, Union
 
 from sqlalchemy.engine import Connection
 
-from .. import dialects
+from .. import dialects, tracing
 from ..defaults import DEFAULT_PICKUP, WITHDRAW_GRACE, WITHDRAW_RETRY_INTERVAL
 from ..errors import AcquireTimeout
 from ..holders import process_holder_id
@@ -149,6 +149,7 @@ class Waiting(PassEngine):
         keys = [holder_key(min(req.parts), req.holder), head_key(min(req.parts), req.holder)]
         since = self.runtime.mark(keys)
         outcome = self._enqueue(req)
+        tracing.set(queue_position=max(outcome.position.values(), default=0))  # 0: granted at once
         entered.append(outcome.request_key)
         refreshed = time.monotonic()
         delay = max(min(poll_interval, HEAD_POLL_INTERVAL), 0.01)

@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 from sqlalchemy.engine import Connection
 
-from .. import dialects, errorcodes
+from .. import dialects, errorcodes, tracing
 from ..clock import read_now
 from ..defaults import DEFAULT_PICKUP
 from ..errors import ConfigurationError, LeaseLost, UnknownResourceError
@@ -144,8 +144,10 @@ class SlotEngine(Waiting, Reports):
         if peek.state == "granted" and peek.outcome is not None and not newer:
             return self._lease(req, peek.outcome)
         if peek.state == "waiting" and not peek.needs_pass and not newer:
+            tracing.set(queue_position=max(peek.outcome.position.values(), default=0) if peek.outcome else None)
             return None
         outcome = self._enqueue(req)
+        tracing.set(queue_position=max(outcome.position.values(), default=0))  # 0: granted at once
         return self._lease(req, outcome) if outcome.granted else None
 
     def _enqueue(self, req: _Request) -> _Outcome:
