@@ -57,7 +57,7 @@ def test_the_map_names_no_module_that_is_gone() -> None:
 #: (``slots/passes.py``), plugin modules from their package (``airflow_controltable/kill.py``), the rest
 #: from the repository root (``tests/faults/test_failover.py``); a bare ``statements.py``,
 #: ``workflow.py`` or ``values.py`` is the part every engine has, so it must be in each of them.
-SEARCHED = (ROOT, PACKAGES["core"], PACKAGES["airflow"].parent, PACKAGES["dagster"].parent)
+SEARCHED = (ROOT, PACKAGES["core"], PACKAGES["airflow"].parent, PACKAGES["dagster"].parent, PACKAGES["prefect"].parent)
 ENGINES = ("slots", "events", "worklist")
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import atexit
 import threading
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
+from typing import Any, Optional, Union
 
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
@@ -20,9 +20,6 @@ from pydantic import Field, SecretStr
 from controltable import ControlTable
 from controltable.defaults import DEFAULT_LEASE, DEFAULT_NAMESPACE, DEFAULT_PREFIX, INTERRUPT_ON_LEASE_LOSS
 from controltable.errors import ConfigurationError, safe_url
-
-if TYPE_CHECKING:
-    from .slots import SlotScope
 
 _OPEN: dict[tuple[Any, ...], ControlTable] = {}
 _OPEN_LOCK = threading.Lock()
@@ -114,12 +111,6 @@ def nightly():
     def safe_url(self) -> str:
         """The URL without its password, for messages."""
         return safe_url(self.url.get_secret_value())
-
-    def slot(self, resource: Union[str, Mapping[str, int]], **options: Any) -> SlotScope:
-        """``slot(resource, block=self, **options)``: see :func:`prefect_controltable.slot`."""
-        from .slots import slot
-
-        return slot(resource, block=self, **options)
 
 
 def resolve_block(block: Union[ControlTableBlock, str, None]) -> ControlTableBlock:
