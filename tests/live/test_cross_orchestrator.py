@@ -89,7 +89,10 @@ def prefect_python() -> str:
     """The interpreter Prefect is installed in: CONTROLTABLE_TEST_PREFECT_PYTHON, else ``.venv-prefect``
     beside this interpreter's venv (as ``scripts/run-tests`` lays them out)."""
     configured = os.environ.get("CONTROLTABLE_TEST_PREFECT_PYTHON")
-    path = Path(configured) if configured else Path(sys.prefix).parent / ".venv-prefect" / "bin" / "python"
+    # Absolute (the deployment runs it from its own folder), but not resolved: a venv's python is a
+    # symlink whose target is the base interpreter, without the venv's packages.
+    default = Path(sys.prefix).parent / ".venv-prefect" / "bin" / "python"
+    path = Path(os.path.abspath(configured)) if configured else default
     if not path.exists():
         fail_or_skip(f"the cross-orchestrator test needs Prefect's interpreter, and {path} is missing "
                      "(set CONTROLTABLE_TEST_PREFECT_PYTHON, or `make .venv-prefect/.installed`)", "prefect")
@@ -289,11 +292,10 @@ def test_one_resource_from_four_orchestrators_at_once(cross: Cross, capacity: in
                    interval=0.2, state=lambda: f"{queue(ct, resource)}\n{cross.diagnostics()}")
     holders, waiters = queue(ct, resource)
     assert holders == ["test:blocker"], holders
-    queued = [queued_as(i, waiters) for i in items]
-    assert len(waiters) == len(items) and all(queued), (waiters, items)
+    holder_of = {w: i for i in items for w in [queued_as(i, waiters)] if w is not None}  # holder -> item
+    assert len(waiters) == len(items) == len(holder_of), (waiters, items)
     # The queue's order: the FIFO order every grant must follow, whoever queued.
-    position = {i: waiters.index(w) for i, w in zip(items, queued) if w is not None}
-    holder_of = {w: i for i, w in zip(items, queued)}
+    position = {i: waiters.index(w) for w, i in holder_of.items()}
     queued_after = time.monotonic() - began
     print(f"\n{resource}: queue (capacity {capacity}) after {queued_after:.0f} s: "
           + ", ".join(f"{position[i]}:{i.who}" for i in sorted(items, key=position.__getitem__)))
