@@ -227,14 +227,14 @@ def test_triggers_of_one_process_share_one_listener_and_wake_on_push(conn_id: st
         assert not any(t.done() for t in tasks)
         shared = ControlTableHook(conn_id).get_control_table()
         assert shared.push_active, "the triggers' listener is not up"
-        received = shared._wakeups.received
+        received = shared.wakeups.received
         started = loop.time()
         await asyncio.to_thread(blocker.release)
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         elapsed = loop.time() - started
         for t in tasks:
             t.cancel()
-        return [t.result() for t in done], elapsed, shared._wakeups.received - received
+        return [t.result() for t in done], elapsed, shared.wakeups.received - received
 
     events, elapsed, pushes = asyncio.run(scenario())
     assert events[0].payload["status"] == "granted"

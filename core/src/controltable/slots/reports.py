@@ -1,10 +1,9 @@
-"""Reading the slots: ``status``, ``wait_info``, ``find_lease``, the grant history, its statistics and its pruning.
+"""Reading the slots: ``status``, ``wait_info``, ``find_lease``, the grant history and its statistics; pruning it.
 
-:class:`Reports` is a mixin of :class:`~controltable.slots.workflow.SlotEngine` over
-:class:`~controltable.slots.passes.PassEngine` (the engine is one object, as before the split:
-``release`` prunes through :meth:`Reports._maybe_prune`, and ``find_lease`` hands out leases that
-renew and release through the engine). Nothing here takes a resource lock except pruning's
-short deletes; the figures are computed by :mod:`.history` and :mod:`.grants`.
+:class:`Reports` reads; it takes no resource lock and needs only the database, the tables and the
+namespace, plus the :class:`~.values.LeaseEngine` that the leases ``find_lease`` rebuilds renew and
+release through. :class:`HistoryPruner` deletes old history in short batches (``prune_history``, and
+now and then after a release). The figures are computed by :mod:`.history` and :mod:`.grants`.
 """
 
 from __future__ import annotations
@@ -18,25 +17,28 @@ from sqlalchemy.engine import Connection
 
 from .. import dialects
 from ..clock import read_now, utc
+from ..db import Database
 from ..defaults import HISTORY_PRUNE_BATCH, HISTORY_PRUNE_INTERVAL, HISTORY_RETENTION
 from ..errors import UnknownResourceError
+from ..schema import ControlSchema
 from . import grants
 from . import statements as sql
 from .history import compute_stats, to_record
-from .passes import PassEngine
 from .statements import GRANTED
-from .values import Entry, GrantRecord, Lease, Rate, ResourceStats, ResourceStatus, WaitInfo
+from .values import Entry, GrantRecord, Lease, LeaseEngine, Rate, ResourceStats, ResourceStatus, WaitInfo
 
 log = logging.getLogger("controltable")
 
 
-class Reports(PassEngine):
+class Reports:
     """Where holders and waiters stand, and what the grant history says."""
 
-    def __init__(self, runtime: Any) -> None:
-        super().__init__(runtime)
-        #: When this process next prunes a batch of history (``time.monotonic()``).
-        self._next_prune = time.monotonic() + HISTORY_PRUNE_INTERVAL * random.random()
+    def __init__(self, db: Database, tables: ControlSchema, namespace: str, leases: LeaseEngine) -> None:
+        self.db = db
+        self.t = tables
+        self.ns = namespace
+        #: What the leases :meth:`find_lease` rebuilds renew and release through.
+        self.leases = leases
 
     # -- where a holder stands -----------------------------------------------------------------
     def wait_info(self, resource: str, holder: str) -> Optional[WaitInfo]:
@@ -76,7 +78,7 @@ class Reports(PassEngine):
         if not rows:
             return None
         return Lease(
-            self,
+            self.leases,
             resources={row.resource: int(row.slots) for row in rows},
             mode=rows[0].mode,
             holder=holder,
@@ -171,6 +173,23 @@ class Reports(PassEngine):
 
         return self.db.run(fn)
 
+
+class HistoryPruner:
+    """Deletes ended grants from the history in short batches, on demand and now and then after a release."""
+
+    def __init__(self, db: Database, tables: ControlSchema, namespace: str) -> None:
+        self.db = db
+        self.t = tables
+        self.ns = namespace
+        #: When this process next prunes a batch after a release (``time.monotonic()``): at a random
+        #: moment per process, so processes started together do not prune together.
+        self.next_prune = time.monotonic() + HISTORY_PRUNE_INTERVAL * random.random()
+
+    def pause(self) -> None:
+        """Never prune after a release from now on (``prune_history`` still prunes): for a session
+        whose statements must not depend on when pruning happens (``controltable sql``)."""
+        self.next_prune = float("inf")
+
     def prune_history(self, older_than: float, names: Optional[list[str]] = None,
                       max_batches: Optional[int] = None) -> int:
         """Delete ended grants made more than ``older_than`` seconds ago, in batches of
@@ -202,13 +221,13 @@ class Reports(PassEngine):
                     break
         return total
 
-    def _maybe_prune(self, names: Mapping[str, int]) -> None:
+    def maybe_prune(self, names: Mapping[str, int]) -> None:
         """Now and then (once per ``HISTORY_PRUNE_INTERVAL`` per process), after a release, prune
         one batch of the released resources' history: pruning keeps pace with the grants
         without a job to schedule, and never runs on the grant path."""
-        if time.monotonic() < self._next_prune:
+        if time.monotonic() < self.next_prune:
             return
-        self._next_prune = time.monotonic() + HISTORY_PRUNE_INTERVAL
+        self.next_prune = time.monotonic() + HISTORY_PRUNE_INTERVAL
         try:
             self.prune_history(HISTORY_RETENTION, sorted(names), max_batches=1)
         except Exception as exc:  # pruning is housekeeping: never fail a release for it

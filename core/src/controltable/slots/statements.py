@@ -15,7 +15,7 @@ misreport ``rowcount`` are answered by the count).
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, TypedDict, Union
 
 from sqlalchemy import and_, bindparam, case, delete, func, insert, literal_column, or_, select, union_all, update
 from sqlalchemy.sql import Delete, Insert, Select, Update
@@ -493,6 +493,24 @@ def prefix_match(t: ControlSchema, namespace: str, prefix: str) -> ColumnElement
 
 
 # -- requests: changing -----------------------------------------------------------------------------
+class NewEntry(TypedDict):
+    """A new request's row in one queue: :func:`insert_waiter`'s (and :func:`enter_and_snapshot`'s) keywords."""
+
+    resource: str
+    holder: str
+    key: str
+    slots: int
+    mode: str
+    lease: float
+    now: float
+    ttl: float
+    ticket: int
+    attempt: Optional[int]
+    pickup: float
+    priority: int
+    queue_key: float
+
+
 def insert_waiter(t: ControlSchema, namespace: str, *, resource: str, holder: str, key: str, slots: int,
                   mode: str, lease: float, now: float, ttl: float, ticket: int, attempt: Optional[int],
                   pickup: float, priority: int, queue_key: float) -> Bound:
