@@ -409,7 +409,7 @@ def test_mssql_counted_statements_carry_output() -> None:
 
 def test_no_workflow_reads_a_row_count_outside_the_dialect_helpers() -> None:
     """Row counts are read in :mod:`controltable.dialects` (``changed_rows``, ``confirmed_count``), or
-    by the event engine under :func:`dialects.trusts_rowcount` / the SQL Server row cap only."""
+    by the event engine under ``Traits.trusts_rowcount`` / the SQL Server row cap only."""
     import controltable
 
     root = Path(controltable.__file__).parent

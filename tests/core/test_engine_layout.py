@@ -17,6 +17,7 @@ from sqlalchemy.dialects import mssql, mysql, oracle, postgresql, sqlite
 
 import controltable
 from controltable import ConfigurationError, EventTable, WorkList
+from controltable.dialects import traits
 from controltable.events import ClaimColumns, claim_columns
 from controltable.events import statements as ev_sql
 
@@ -40,7 +41,7 @@ def test_claim_statement_builds_without_a_database(dialect: Any) -> None:
     t = Table("ev", MetaData(), Column("id", Integer, primary_key=True), Column("seq", Integer),
               Column("payload", String(20)), *claim_columns("q_"))
     cols = ClaimColumns("q_")
-    stmt = ev_sql.claim_select(t, "id", "seq", dialect.name, 10, ev_sql.due_pending(t, cols, ev_sql.clock()))
+    stmt = ev_sql.claim_select(t, "id", "seq", traits(dialect.name), 10, ev_sql.due_pending(t, cols, ev_sql.clock()))
     text = str(stmt.compile(dialect=dialect))
     assert "q_state" in text and "q_available_at" in text and "ct_" not in text
 

@@ -14,7 +14,6 @@ from sqlalchemy import Table
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-from .. import dialects
 from ..clock import clock, read_now
 from ..db import Database
 from ..validation import check_positive_int
@@ -105,10 +104,10 @@ class EventAdministration:
         One statement where the backend allows it. On SQL Server, which escalates a statement
         taking about 5,000 row locks to a table lock and whose reported row counts are not
         trusted, the rows are paged by key: each transaction locks at most
-        :func:`dialects.rows_per_statement` rows, updates them by key and counts them itself.
+        ``Traits.rows_per_statement`` rows, updates them by key and counts them itself.
         """
         t = self.table
-        cap = dialects.rows_per_statement(self.db.dialect_name)
+        cap = self.db.traits.rows_per_statement
         if cap is None:
             return self.db.run(lambda c: int(c.execute(sql.update_where(t, conditions, values)).rowcount))
         total, last = 0, None

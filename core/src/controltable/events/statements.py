@@ -30,6 +30,7 @@ from sqlalchemy.sql.elements import ColumnElement, TextClause
 from .. import dialects
 from ..clock import clock
 from ..defaults import NAME_LENGTH
+from ..dialect_traits import Traits
 from ..schema import EpochSeconds
 from ..validation import where_clause
 
@@ -177,7 +178,7 @@ def claim_values(table: Table, cols: ClaimColumns, owner: str, token: int, now: 
 
 
 def claim_select(
-    table: Table, key: str, order_by: str, dialect: str, size: int, condition: ColumnElement[bool],
+    table: Table, key: str, order_by: str, traits: Traits, size: int, condition: ColumnElement[bool],
     conditions: Sequence[ColumnElement[Any]] = (), *, seekable: bool = False,
 ) -> Any:
     """A locking select of up to ``size`` rows meeting ``condition``, skipping rows others hold.
@@ -187,18 +188,18 @@ def claim_select(
     rows already in claim order, so the database reads and locks only the rows it returns.
     (With the OR, MariaDB sorted every candidate and locked them all, so a concurrent claim
     found nothing to take.) On SQL Server the select seeks the claim index (``FORCESEEK``,
-    once ``prepare()`` made it) and is capped at :func:`dialects.rows_per_statement`; on
+    once ``prepare()`` made it) and is capped at ``Traits.rows_per_statement``; on
     Oracle it carries ``FIRST_ROWS(size)`` and the cursor fetches (and so locks) ``size``
     rows at most.
     """
-    cap = dialects.rows_per_statement(dialect)
+    cap = traits.rows_per_statement
     if cap is not None:
         size = min(size, cap)
     stmt = select(table).where(condition, *conditions).order_by(*claim_order(table, key, order_by))
     stmt = dialects.lock_rows(stmt, table, skip_locked=True, seek=seekable)
     stmt = dialects.first_rows_hint(stmt, table, size)
     stmt = dialects.limit_fetch(stmt, size)
-    return dialects.limit_locked(stmt, dialect, size)
+    return dialects.limit_locked(stmt, traits, size)
 
 
 def claim_returning(
@@ -403,7 +404,7 @@ def chunks(keys: Sequence[Any], size: int = CHUNK) -> Iterator[list[Any]]:
         yield keys[i:i + size]
 
 
-def key_chunk_size(dialect: str) -> int:
+def key_chunk_size(traits: Traits) -> int:
     """Keys per statement: short enough for one ``IN (...)`` and, on SQL Server, for one
-    statement's row cap (:func:`dialects.rows_per_statement`)."""
-    return min(dialects.max_in_list(dialect), dialects.rows_per_statement(dialect) or CHUNK, CHUNK)
+    statement's row cap (``Traits.rows_per_statement``)."""
+    return min(traits.max_in_list, traits.rows_per_statement or CHUNK, CHUNK)

@@ -284,7 +284,7 @@ class EventTable(EventAdministration):
 
     def claim_statement(self, size: int, condition: ColumnElement[bool], where: Where = None) -> Any:
         """The claim's locking select (see :func:`controltable.events.statements.claim_select`)."""
-        return sql.claim_select(self.table, self.key, self.order_by, self.db.dialect_name, size, condition,
+        return sql.claim_select(self.table, self.key, self.order_by, self.db.traits, size, condition,
                                 self._where_clause(where), seekable=self._seekable)
 
     def claim(
@@ -422,19 +422,19 @@ class EventTable(EventAdministration):
         token = token if token is not None else secrets.randbits(62) + 1
         # The database clock goes into the statements as an expression (one value per
         # statement), except on the key-list path, which needs the value for its second step.
-        one_statement = dialects.update_returning(conn.dialect, self.db.dialect_name)
+        one_statement = dialects.update_returning(conn.dialect, self.db.traits)
         now: Any = clock() if one_statement else read_now(conn)
         values = sql.claim_values(t, self.cols, stored_owner or owner, token, now, lease_s,
-                                  nullable_counters=dialects.adds_columns_nullable(self.db.dialect_name))
+                                  nullable_counters=self.db.traits.adds_columns_nullable)
         # Expired claims first: they are older work, and must not starve behind new events.
         # Finding none is the normal case, so after an empty look this object skips the
         # look for EXPIRED_CHECK_INTERVAL: an abandoned claim waits at most that much longer.
         claimed: list[dict[str, Any]] = []
         if time.monotonic() >= self._next_expired_check:
-            if dialects.adds_columns_nullable(self.db.dialect_name):
+            if self.db.traits.adds_columns_nullable:
                 # SQL Server's claim columns are nullable (a metadata-only prepare()): rows a producer
                 # inserted with explicit NULLs in them become pending here, or no claim would take them.
-                cap = dialects.rows_per_statement(self.db.dialect_name) or DDL_BACKFILL_BATCH
+                cap = self.db.traits.rows_per_statement or DDL_BACKFILL_BATCH
                 conn.execute(sql.backfill_batch(t, self.cols, self.key, cap, skip_locked=True))
             claimed = self._claim_by_keys(conn, self.expired_claims(now), size, values, where)
             if not claimed:
@@ -459,7 +459,7 @@ class EventTable(EventAdministration):
         On SQL Server this runs in chunks of :func:`dialects.rows_per_statement` rows, so no
         statement escalates to a table lock.
         """
-        cap = dialects.rows_per_statement(self.db.dialect_name) or size
+        cap = self.db.traits.rows_per_statement or size
         claimed: list[dict[str, Any]] = []
         while len(claimed) < size:
             chunk = min(size - len(claimed), cap)
@@ -477,7 +477,7 @@ class EventTable(EventAdministration):
         rows = [dict(r._mapping) for r in result.fetchmany(size)]
         result.close()
         poisoned = poisoned_keys(rows, self.key, cols.state, cols.attempts, self.max_attempts)
-        in_list = dialects.max_in_list(self.db.dialect_name)
+        in_list = self.db.traits.max_in_list
         # Every update by key repeats the select's condition (state, expiry or back-off): a row is
         # marked only if it still is what the select read. The select's row locks already make it
         # so; the fence holds even where a lock did not (Oracle locks a skip-locked row only when
@@ -489,7 +489,7 @@ class EventTable(EventAdministration):
         marked = 0
         for chunk in sql.chunks(keys, in_list):
             marked += int(conn.execute(sql.update_keys(t, self.key, chunk, values, condition)).rowcount)
-        if keys and (marked != len(keys) or not dialects.trusts_rowcount(self.db.dialect_name)):
+        if keys and (marked != len(keys) or not self.db.traits.trusts_rowcount):
             mine = self._keys_where(conn, keys, self._fenced(values[cols.token]))
             rows = [r for r in rows if r[self.key] in mine]
         expires = values[cols.expires_at]
@@ -547,7 +547,7 @@ class EventTable(EventAdministration):
 
     def _key_chunks(self, keys: Sequence[Any]) -> Iterator[list[Any]]:
         """``keys`` in lists short enough for one ``IN (...)`` and one statement's row cap."""
-        return sql.chunks(keys, sql.key_chunk_size(self.db.dialect_name))
+        return sql.chunks(keys, sql.key_chunk_size(self.db.traits))
 
     def _raise_lost(self, missing: int, keys: Sequence[Any], lost: list[Any]) -> None:
         raise LeaseLost(
@@ -594,9 +594,8 @@ class EventTable(EventAdministration):
         if not unique:
             return 0
         values = sql.done_values(self.cols)
-        dialect = self.db.dialect_name
-        trusted = dialects.trusts_rowcount(dialect)
-        by_token = whole and dialects.rows_per_statement(dialect) is None
+        trusted = self.db.traits.trusts_rowcount
+        by_token = whole and self.db.traits.rows_per_statement is None
         savepoint = None if whole else conn.begin_nested()
         n = 0
         if by_token:

@@ -105,7 +105,7 @@ class Entering:
                     # Our entry expired (a waiter that stopped looking) or our grant lapsed: it goes,
                     # and we queue again at the back. The delete re-checks: a pickup may have won.
                     gone = dialects.changed_rows(conn, sql.delete_expired_request(self.t, mine[0].request_key, now),
-                                                 self.t.request.c.id, self.db.dialect_name)
+                                                 self.t.request.c.id, self.db.traits)
                     if gone:
                         conn.execute(sql.delete_requests(self.t, mine[0].request_key))
                         self.passes.end_grants(conn, mine, now, EXPIRED)
@@ -236,7 +236,7 @@ class Entering:
             if req.attempt is not None and req.attempt != recorded:
                 return Peek("granted", recorded_attempt=recorded)  # the caller re-enters for the attempt
             picked = dialects.confirmed_count(conn, *sql.extend_lease(self.t, key, recorded, now, req.lease),
-                                              self.db.dialect_name)
+                                              self.db.traits)
             if picked != len(rows):
                 return Peek("lapsed", recorded_attempt=recorded)
             granted = Outcome.grant(key=key, tokens={row.resource: int(row.token) for row in rows}, parts=req.parts,
@@ -245,7 +245,7 @@ class Entering:
             return Peek("granted", granted, recorded_attempt=recorded)
         if refresh:
             updated = dialects.confirmed_count(conn, *sql.refresh_waiter(self.t, key, now, req.ttl, req.pickup),
-                                               self.db.dialect_name)
+                                               self.db.traits)
             if updated != len(rows):
                 return Peek("lapsed", recorded_attempt=recorded)
         position = {}

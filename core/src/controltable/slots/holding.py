@@ -49,7 +49,7 @@ class Holding:
         def fn(conn: Connection) -> float:
             now = read_now(conn)
             renewed = dialects.confirmed_count(
-                conn, *sql.extend_lease(self.t, lease.request_key, lease.attempt, now, seconds), self.db.dialect_name)
+                conn, *sql.extend_lease(self.t, lease.request_key, lease.attempt, now, seconds), self.db.traits)
             if renewed != n:
                 left = conn.execute(*sql.release_rows(self.t, lease.request_key, lease.attempt)).all()
                 if not left and conn.execute(sql.request_rows(self.t, lease.request_key)).first() is not None:
@@ -102,10 +102,10 @@ class Holding:
                 completed += 1
                 return Presnapped((live, len(rows), now), grants.after_removal(
                     [row for row in both if row.part == sql.SNAPSHOT_PART], rows))
-            if dialects.writes_in_one_statement(conn, self.db.dialect_name):
+            if dialects.writes_in_one_statement(conn, self.db.traits):
                 # The rows, their removal and their history closed, in one statement.
                 rows = conn.execute(*sql.remove_request(self.t, self.ns, lease.request_key, lease.attempt, now)).all()
-            elif dialects.deletes_returning(conn, self.db.dialect_name):
+            elif dialects.deletes_returning(conn, self.db.traits):
                 rows = conn.execute(*sql.delete_request_rows(self.t, lease.request_key, lease.attempt)).all()
                 self.passes.end_grants(conn, list(rows), now)
             else:

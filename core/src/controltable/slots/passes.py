@@ -21,6 +21,7 @@ from .. import dialects
 from ..clock import read_now
 from ..db import Database
 from ..defaults import DEFAULT_PICKUP, FAILOVER_PICKUP
+from ..dialect_traits import Traits
 from ..errors import AcquireTimeout, ConfigurationError, UnknownResourceError
 from ..runtime import Runtime
 from ..schema import ControlSchema
@@ -196,7 +197,7 @@ class NeedLocks(Exception):
 
 
 def send_grant_writes(conn: Connection, writes: Sequence[tuple[Any, Any]], counters: Sequence[Any],
-                      dialect_name: str) -> None:
+                      traits: Traits) -> None:
     """Send a grant pass's writes: each grant's :func:`.statements.grant_waiter` and
     :func:`.statements.record_grant`, then the resources' :func:`.statements.write_counters`.
 
@@ -205,7 +206,7 @@ def send_grant_writes(conn: Connection, writes: Sequence[tuple[Any, Any]], count
     counters when one resource's changed (an uncontended acquire: one statement for all three): a
     fixed set of statement shapes (2 or 3 writes), whatever the number of grants. Elsewhere one
     statement per write, in order."""
-    if not dialects.writes_in_one_statement(conn, dialect_name):
+    if not dialects.writes_in_one_statement(conn, traits):
         for grant, record in writes:
             conn.execute(*grant)
             conn.execute(*record)
@@ -327,7 +328,7 @@ class GrantPasses:
         for name in todo:
             last = clocked is not None and name == todo[-1]
             row = conn.execute(*sql.lock_resource(self.t, self.ns, name,
-                                                  self.db.dialect_name if last else None)).first()
+                                                  self.db.traits if last else None)).first()
             if last and row is not None and clocked is not None and "now" in row._mapping:
                 clocked.append(float(row.now))
             if row is None:
@@ -361,7 +362,7 @@ class GrantPasses:
         starts from (one round trip fewer): where several writes go as one statement
         (:func:`controltable.dialects.writes_in_one_statement`), and not on the first pass after a
         promotion (:meth:`_after_promotion` changes the queue before the pass reads it)."""
-        return dialects.writes_in_one_statement(conn, self.db.dialect_name) and not any(
+        return dialects.writes_in_one_statement(conn, self.db.traits) and not any(
             not r.rejoined and dialects.epoch_begins(r.last_token, r.epoch) for r in res.values())
 
     def _budget(self, conn: Connection, res: LockedResource, now: float) -> Optional[int]:
@@ -400,7 +401,7 @@ class GrantPasses:
             if float(row.expires_at) < now:
                 # The only judge of expiry: a renewal or pickup committed meanwhile keeps the row.
                 gone = dialects.changed_rows(conn, sql.delete_expired_row(self.t, row.id, now), self.t.request.c.id,
-                                             self.db.dialect_name)
+                                             self.db.traits)
                 if gone:
                     reaped += 1
                     self.end_grants(conn, [row], now, EXPIRED)
@@ -478,7 +479,7 @@ class GrantPasses:
                     counters.append(sql.write_counters(self.t, self.ns, name, res[name].last_token,
                                                        res[name].last_ticket))
                     res[name].dirty = False
-            send_grant_writes(conn, writes, counters, self.db.dialect_name)
+            send_grant_writes(conn, writes, counters, self.db.traits)
             for name, key in decision.heads.items():
                 rate_spent = queues[name].budget == 0
                 # A new head times the holders' leases; a head stopped by a spent rate budget times

@@ -210,9 +210,9 @@ class HistoryPruner:
                     edge = conn.scalar(sql.prune_edge(self.t, self.ns, name, before, HISTORY_PRUNE_BATCH))
                     if edge is None:  # fewer than a batch left: the rest
                         return dialects.changed_rows(conn, sql.delete_ended(self.t, self.ns, name, before, False),
-                                                     self.t.history.c.token, self.db.dialect_name)
+                                                     self.t.history.c.token, self.db.traits)
                     return dialects.changed_rows(conn, sql.delete_ended(self.t, self.ns, name, float(edge), True),
-                                                 self.t.history.c.token, self.db.dialect_name)
+                                                 self.t.history.c.token, self.db.traits)
 
                 n = self.db.run(fn)
                 total += n

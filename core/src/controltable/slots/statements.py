@@ -23,6 +23,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from .. import dialects
 from ..clock import clock
+from ..dialect_traits import Traits
 from ..schema import ControlSchema
 
 #: A request row's states: in the queue, or holding its slots.
@@ -34,7 +35,7 @@ HELD, RELEASED, EXPIRED = "held", "released", "expired"
 SUPERSEDED = "superseded"
 
 #: A fenced change: the UPDATE and the count that confirms it (see the module's docstring).
-Fenced = tuple[Update, Select]  # type: ignore[type-arg]
+Fenced = tuple[Update, Select[Any]]
 #: A statement built once with named binds, and the values of this call: ``conn.execute(*bound)``.
 #: For the statements of every grant: building a SQLAlchemy construct costs as much as its round
 #: trip, and the compiled cache only saves the compile.
@@ -62,13 +63,13 @@ def _resource_row(t: ControlSchema, namespace: str, name: str) -> list[ColumnEle
 
 
 def lock_resource(t: ControlSchema, namespace: str, name: str,
-                  clock_for: Optional[str] = None) -> Bound:
+                  clock_for: Optional[Traits] = None) -> Bound:
     """Lock one resource row and read its counters and policy.
 
-    With ``clock_for`` (the dialect name; for the last lock a transaction takes) the statement also
+    With ``clock_for`` (the dialect's traits; for the last lock a transaction takes) the statement also
     reads the database time as ``now`` after the lock is held, where the dialect can
     (:func:`controltable.dialects.with_lock_clock`); elsewhere the time is read by a statement of
-    its own once every lock is held (see ``SlotEngine._lock``): a clock taken when this statement
+    its own once every lock is held (see ``GrantPasses.lock_rows``): a clock taken when this statement
     starts would come from before a lock wait.
 
     On the path of every grant: built once per (tables, dialect) with named binds and returned
@@ -78,7 +79,7 @@ def lock_resource(t: ControlSchema, namespace: str, name: str,
 
 
 @functools.lru_cache(maxsize=64)
-def _lock_resource(t: ControlSchema, clock_for: Optional[str]) -> Select:  # type: ignore[type-arg]
+def _lock_resource(t: ControlSchema, clock_for: Optional[Traits]) -> Select[Any]:
     r = t.resource
     stmt = dialects.lock_rows(
         select(r.c.name, r.c.capacity, r.c.last_token, r.c.last_ticket, r.c.rate_count, r.c.rate_per, r.c.aging,
@@ -90,18 +91,18 @@ def _lock_resource(t: ControlSchema, clock_for: Optional[str]) -> Select:  # typ
     return stmt if clocked is None else clocked
 
 
-def lock_resource_name(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
+def lock_resource_name(t: ControlSchema, namespace: str, name: str) -> Select[Any]:
     """Lock one resource row, reading only its name (does it exist?)."""
     r = t.resource
     return dialects.lock_rows(select(r.c.name).where(*_resource_row(t, namespace, name)), r)
 
 
-def resource_name(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
+def resource_name(t: ControlSchema, namespace: str, name: str) -> Select[Any]:
     """The resource's name if it exists (no lock)."""
     return select(t.resource.c.name).where(*_resource_row(t, namespace, name))
 
 
-def resource_names(t: ControlSchema, namespace: str) -> Select:  # type: ignore[type-arg]
+def resource_names(t: ControlSchema, namespace: str) -> Select[Any]:
     """Every resource name of the namespace."""
     r = t.resource
     return select(r.c.name).where(r.c.namespace == namespace)
@@ -144,26 +145,26 @@ def delete_resource(t: ControlSchema, namespace: str, name: str) -> Delete:
     return delete(t.resource).where(*_resource_row(t, namespace, name))
 
 
-def resources(t: ControlSchema, namespace: str, names: Optional[Sequence[str]]) -> Select:  # type: ignore[type-arg]
+def resources(t: ControlSchema, namespace: str, names: Optional[Sequence[str]]) -> Select[Any]:
     """The resource rows of the namespace (all, or ``names``), by name."""
     r = t.resource
     query = select(r).where(r.c.namespace == namespace).order_by(r.c.name)
     return query.where(r.c.name.in_(names)) if names else query
 
 
-def capacities(t: ControlSchema, namespace: str, names: Optional[Sequence[str]]) -> Select:  # type: ignore[type-arg]
+def capacities(t: ControlSchema, namespace: str, names: Optional[Sequence[str]]) -> Select[Any]:
     """(name, capacity) of the namespace's resources (all, or ``names``), by name."""
     r = t.resource
     query = select(r.c.name, r.c.capacity).where(r.c.namespace == namespace).order_by(r.c.name)
     return query.where(r.c.name.in_(names)) if names else query
 
 
-def rate_period(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
+def rate_period(t: ControlSchema, namespace: str, name: str) -> Select[Any]:
     """The rate limit's period of a resource (NULL without a rate limit): pruning keeps that much."""
     return select(t.resource.c.rate_per).where(*_resource_row(t, namespace, name))
 
 
-def capacity_of(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
+def capacity_of(t: ControlSchema, namespace: str, name: str) -> Select[Any]:
     return select(t.resource.c.capacity).where(*_resource_row(t, namespace, name))
 
 
@@ -274,7 +275,7 @@ def holder_rows(t: ControlSchema, namespace: str, names: Sequence[str], holder: 
 
 
 @functools.lru_cache(maxsize=64)
-def _holder_rows(t: ControlSchema) -> Select:  # type: ignore[type-arg]
+def _holder_rows(t: ControlSchema) -> Select[Any]:
     return select(*request_columns(t)).where(*_own_rows(t))
 
 
@@ -290,7 +291,7 @@ def _own_row_values(namespace: str, names: Sequence[str], holder: str) -> dict[s
     return {"ct_namespace": namespace, "ct_names": list(names), "ct_holder": holder}
 
 
-def withdraw_rows(t: ControlSchema, namespace: str, names: Sequence[str], holder: str) -> Select:  # type: ignore[type-arg]
+def withdraw_rows(t: ControlSchema, namespace: str, names: Sequence[str], holder: str) -> Select[Any]:
     """What a waiter that gives up must know of its rows: granted meanwhile, or still waiting."""
     q = t.request
     return (select(q.c.resource, q.c.state, q.c.token, q.c.expires_at, q.c.granted_at, q.c.ticket, q.c.attempt,
@@ -303,7 +304,7 @@ def _keyed(t: ControlSchema, keys: Keys) -> ColumnElement[bool]:
     return q.c.request_key == keys if isinstance(keys, str) else q.c.request_key.in_(keys)
 
 
-def request_rows(t: ControlSchema, keys: Keys) -> Select:  # type: ignore[type-arg]
+def request_rows(t: ControlSchema, keys: Keys) -> Select[Any]:
     """The rows of the request ``keys`` (one key or several) as their removal needs them (to close
     their history)."""
     q = t.request
@@ -332,7 +333,7 @@ def release_rows(t: ControlSchema, key: str, attempt: Optional[int]) -> Bound:
 
 
 @functools.lru_cache(maxsize=64)
-def _release_rows(t: ControlSchema) -> Select:  # type: ignore[type-arg]
+def _release_rows(t: ControlSchema) -> Select[Any]:
     q = t.request
     return (select(q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at)
             .where(q.c.request_key == _bind("ct_key"), _this_attempt(t)))
@@ -361,13 +362,13 @@ def _delete_request_rows(t: ControlSchema) -> Any:
             .returning(q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at))
 
 
-def request_spans(t: ControlSchema, keys: Sequence[str]) -> Select:  # type: ignore[type-arg]
+def request_spans(t: ControlSchema, keys: Sequence[str]) -> Select[Any]:
     """(request key, resource) of every row of the requests ``keys``: which resources each spans."""
     q = t.request
     return select(q.c.request_key, q.c.resource).where(q.c.request_key.in_(keys))
 
 
-def head_ticket(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
+def head_ticket(t: ControlSchema, namespace: str, name: str) -> Select[Any]:
     """The ticket of the first live waiter of ``name``'s queue (an index walk past the expired
     entries before it, which the next grant pass reaps: they wait for nobody)."""
     q = t.request
@@ -386,7 +387,7 @@ def peek(t: ControlSchema, namespace: str, names: Sequence[str], holder: str) ->
 
 
 @functools.lru_cache(maxsize=64)
-def _peek(t: ControlSchema) -> Select:  # type: ignore[type-arg]
+def _peek(t: ControlSchema) -> Select[Any]:
     q, r = t.request, t.resource
     hq, wq = q.alias("hq"), q.alias("wq")
     same_h = and_(hq.c.namespace == q.c.namespace, hq.c.resource == q.c.resource, hq.c.state == GRANTED)
@@ -407,7 +408,7 @@ def _peek(t: ControlSchema) -> Select:  # type: ignore[type-arg]
     )
 
 
-def held_count(t: ControlSchema, key: str, attempt: Optional[int]) -> Select:  # type: ignore[type-arg]
+def held_count(t: ControlSchema, key: str, attempt: Optional[int]) -> Select[Any]:
     """How many of a request's rows of ``attempt`` are granted with a live lease (the database
     clock judges; fenced: :func:`_this_attempt`, a newer attempt's rows are not the older lease's)."""
     q = t.request
@@ -415,12 +416,12 @@ def held_count(t: ControlSchema, key: str, attempt: Optional[int]) -> Select:  #
         and_(q.c.request_key == key, _this_attempt(t, attempt), q.c.state == GRANTED, q.c.expires_at >= clock()))
 
 
-def own_entry(t: ControlSchema, namespace: str, resource: str, holder: str) -> Select:  # type: ignore[type-arg]
+def own_entry(t: ControlSchema, namespace: str, resource: str, holder: str) -> Select[Any]:
     q = t.request
     return select(q).where(q.c.namespace == namespace, q.c.resource == resource, q.c.holder == holder)
 
 
-def ahead_of(t: ControlSchema, namespace: str, resource: str, mine: Any) -> Select:  # type: ignore[type-arg]
+def ahead_of(t: ControlSchema, namespace: str, resource: str, mine: Any) -> Select[Any]:
     """The holders and the waiters before the request row ``mine``: holders first, then queue order."""
     q = t.request
     before = (q.c.queue_key < mine.queue_key) | ((q.c.queue_key == mine.queue_key) & (q.c.ticket < mine.ticket))
@@ -431,44 +432,44 @@ def ahead_of(t: ControlSchema, namespace: str, resource: str, mine: Any) -> Sele
     )
 
 
-def granted_key(t: ControlSchema, namespace: str, resource: str, holder: str) -> Select:  # type: ignore[type-arg]
+def granted_key(t: ControlSchema, namespace: str, resource: str, holder: str) -> Select[Any]:
     """The request key of what ``holder`` holds on ``resource``."""
     q = t.request
     return select(q.c.request_key).where(
         q.c.namespace == namespace, q.c.resource == resource, q.c.holder == holder, q.c.state == GRANTED)
 
 
-def request_by_key(t: ControlSchema, key: str) -> Select:  # type: ignore[type-arg]
+def request_by_key(t: ControlSchema, key: str) -> Select[Any]:
     """Every row of one request, by resource name."""
     q = t.request
     return select(q).where(q.c.request_key == key).order_by(q.c.resource)
 
 
-def requests(t: ControlSchema, namespace: str, names: Optional[Sequence[str]]) -> Select:  # type: ignore[type-arg]
+def requests(t: ControlSchema, namespace: str, names: Optional[Sequence[str]]) -> Select[Any]:
     """Every request row of the namespace (all resources, or ``names``), by resource and ticket."""
     q = t.request
     query = select(q).where(q.c.namespace == namespace).order_by(q.c.resource, q.c.ticket)
     return query.where(q.c.resource.in_(names)) if names else query
 
 
-def live_request(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
+def live_request(t: ControlSchema, namespace: str, name: str) -> Select[Any]:
     """Any request of ``name`` whose lease or waiter entry is still live."""
     q = t.request
     return (select(q.c.id).where(q.c.namespace == namespace, q.c.resource == name, q.c.expires_at >= clock())
             .limit(1))
 
 
-def expired_resources(t: ControlSchema, namespace: str) -> Select:  # type: ignore[type-arg]
+def expired_resources(t: ControlSchema, namespace: str) -> Select[Any]:
     """The resources that have a holder or waiter whose lease or entry ran out."""
     q = t.request
     return select(q.c.resource).where(q.c.namespace == namespace, q.c.expires_at < clock()).distinct()
 
 
-def resources_matching(t: ControlSchema, match: ColumnElement[bool]) -> Select:  # type: ignore[type-arg]
+def resources_matching(t: ControlSchema, match: ColumnElement[bool]) -> Select[Any]:
     return select(t.request.c.resource).where(match).distinct()
 
 
-def keys_matching(t: ControlSchema, match: ColumnElement[bool], names: Sequence[str]) -> Select:  # type: ignore[type-arg]
+def keys_matching(t: ControlSchema, match: ColumnElement[bool], names: Sequence[str]) -> Select[Any]:
     q = t.request
     return select(q.c.request_key).where(match, q.c.resource.in_(names))
 
@@ -644,8 +645,8 @@ def all_at_once(writes: Sequence[Bound]) -> Bound:
 
 
 @functools.lru_cache(maxsize=64)
-def _all_at_once(writes: tuple[Union[Insert, Update, Delete], ...]) -> Select:  # type: ignore[type-arg]
-    combined: Select = select(literal_column("1"))  # type: ignore[type-arg]
+def _all_at_once(writes: tuple[Union[Insert, Update, Delete], ...]) -> Select[Any]:
+    combined: Select[Any] = select(literal_column("1"))
     for i, write in enumerate(writes):
         combined = combined.add_cte(write.cte(f"w{i}"))  # one per call: SQLAlchemy 1.4 takes one
     return combined
@@ -663,7 +664,7 @@ def remove_request(t: ControlSchema, namespace: str, key: str, attempt: Optional
 
 
 @functools.lru_cache(maxsize=64)
-def _remove_request(t: ControlSchema) -> Select:  # type: ignore[type-arg]
+def _remove_request(t: ControlSchema) -> Select[Any]:
     gone, ended = _removal(t, full=False)
     return select(gone.c.id, gone.c.resource, gone.c.state, gone.c.token, gone.c.expires_at).add_cte(ended)
 
@@ -757,7 +758,7 @@ def retoken_grant(t: ControlSchema, namespace: str, resource: str, old: int, now
     return end_grant(t, namespace, resource, old, SUPERSEDED, now)
 
 
-def grant_outcomes(t: ControlSchema, namespace: str, tokens: Mapping[str, int]) -> Select:  # type: ignore[type-arg]
+def grant_outcomes(t: ControlSchema, namespace: str, tokens: Mapping[str, int]) -> Select[Any]:
     """How the grants ``tokens`` (resource -> token) ended: released, expired or superseded (what a
     release that finds its rows gone tells its caller). By the primary key's columns as two IN
     lists (one statement shape for any number of resources); the caller keeps the rows whose
@@ -767,21 +768,21 @@ def grant_outcomes(t: ControlSchema, namespace: str, tokens: Mapping[str, int]) 
         h.c.namespace == namespace, h.c.resource.in_(sorted(tokens)), h.c.token.in_(sorted(set(tokens.values()))))
 
 
-def window_count(t: ControlSchema, namespace: str, resource: str, since: float) -> Select:  # type: ignore[type-arg]
+def window_count(t: ControlSchema, namespace: str, resource: str, since: float) -> Select[Any]:
     """Grants of ``resource`` made after ``since`` (the rate window), through the time index."""
     h = t.history
     return select(func.count()).select_from(h).where(
         h.c.namespace == namespace, h.c.resource == resource, h.c.granted_at > since)
 
 
-def window_times(t: ControlSchema, namespace: str, resource: str, since: float) -> Select:  # type: ignore[type-arg]
+def window_times(t: ControlSchema, namespace: str, resource: str, since: float) -> Select[Any]:
     """The grant times of ``resource`` after ``since``, oldest first (to find the next opening)."""
     h = t.history
     return (select(h.c.granted_at).where(h.c.namespace == namespace, h.c.resource == resource,
                                          h.c.granted_at > since).order_by(h.c.granted_at))
 
 
-def last_left(t: ControlSchema, namespace: str, resource: str, before: float) -> Select:  # type: ignore[type-arg]
+def last_left(t: ControlSchema, namespace: str, resource: str, before: float) -> Select[Any]:
     """The newest grant time at or before ``before`` (the grant that last left the window)."""
     h = t.history
     return select(func.max(h.c.granted_at)).where(
@@ -789,7 +790,7 @@ def last_left(t: ControlSchema, namespace: str, resource: str, before: float) ->
 
 
 def records(t: ControlSchema, namespace: str, resource: Optional[str], since: float,
-            limit: int) -> Select:  # type: ignore[type-arg]
+            limit: int) -> Select[Any]:
     """The newest ``limit`` grants made since ``since`` (of one resource, or all)."""
     h = t.history
     query = select(h).where(h.c.namespace == namespace, h.c.granted_at >= since)
@@ -798,7 +799,7 @@ def records(t: ControlSchema, namespace: str, resource: Optional[str], since: fl
     return query.order_by(h.c.granted_at.desc(), h.c.token.desc()).limit(limit)
 
 
-def overlapping(t: ControlSchema, namespace: str, resource: str, start: float, end: float) -> Select:  # type: ignore[type-arg]
+def overlapping(t: ControlSchema, namespace: str, resource: str, start: float, end: float) -> Select[Any]:
     """Grants of ``resource`` that overlap ``[start, end)`` (made before its end, not ended before its start)."""
     h = t.history
     return select(h.c.slots, h.c.enqueued_at, h.c.granted_at, h.c.ended_at, h.c.outcome).where(
@@ -807,7 +808,7 @@ def overlapping(t: ControlSchema, namespace: str, resource: str, start: float, e
     )
 
 
-def prune_edge(t: ControlSchema, namespace: str, resource: str, before: float, batch: int) -> Select:  # type: ignore[type-arg]
+def prune_edge(t: ControlSchema, namespace: str, resource: str, before: float, batch: int) -> Select[Any]:
     """The grant time of the ``batch``-th oldest ended grant made before ``before`` (None: fewer)."""
     h = t.history
     return (

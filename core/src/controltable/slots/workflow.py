@@ -217,7 +217,7 @@ class SlotEngine:
         def action(conn: Connection, res: Locked, now: float) -> int:
             # Waiters anywhere in the queues (a pass only looks at the head); holders go in the pass.
             return dialects.changed_rows(conn, sql.delete_expired_waiters(self.t, self.ns, sorted(res), now),
-                                         self.t.request.c.id, self.db.dialect_name)
+                                         self.t.request.c.id, self.db.traits)
 
         counted: list[int] = []
 

@@ -168,7 +168,7 @@ class WorkList:
                     conn,
                     sql.allocate_item(self.t, int(row.id), owner, token, now, lease_s, str(row.state),
                                       None if row.token is None else int(row.token)),
-                    sql.count_allocated(self.t, int(row.id), token, now), self.db.dialect_name,
+                    sql.count_allocated(self.t, int(row.id), token, now), self.db.traits,
                 )
                 if stamped == 1:
                     break
@@ -253,7 +253,7 @@ class WorkList:
             # no token): that is what confirms the update where rowcount cannot be trusted.
             count = dialects.confirmed_count(
                 conn, sql.finish(t, item.id, item.token, values), sql.count_finished(t, item.id, item.token, state),
-                self.db.dialect_name,
+                self.db.traits,
             )
             if count == 0 and state != NEW:
                 # Already done by this token: the first attempt's COMMIT went through and only
@@ -279,7 +279,7 @@ class WorkList:
             now = read_now(conn)
             n = dialects.confirmed_count(
                 conn, sql.renew(t, item.id, item.token, now + seconds),
-                sql.count_renewed(t, item.id, item.token, now + seconds), self.db.dialect_name,
+                sql.count_renewed(t, item.id, item.token, now + seconds), self.db.traits,
             )
             if n != 1:
                 raise LeaseLost(f"work item {item.id} of {self.name!r} is no longer held under token {item.token}")
@@ -332,7 +332,7 @@ class WorkList:
         """Delete the work list and its items; returns items deleted."""
         def fn(conn: Connection) -> int:
             n = dialects.changed_rows(conn, sql.drop_items(self.t, self.ns, self.name), self.t.c.id,
-                                      self.db.dialect_name)
+                                      self.db.traits)
             conn.execute(sql.drop_list(self.w, self.ns, self.name))
             return n
 
@@ -340,7 +340,7 @@ class WorkList:
 
     def _update(self, stmt: Any) -> int:
         def fn(conn: Connection) -> int:
-            count = dialects.changed_rows(conn, stmt, self.t.c.id, self.db.dialect_name)
+            count = dialects.changed_rows(conn, stmt, self.t.c.id, self.db.traits)
             self.runtime.notify(conn, [self.wakeup_key])
             return count
 
