@@ -10,7 +10,7 @@ dialect names. Only this module, its two parts (:mod:`controltable.dialect_trait
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, TypeVar
+from typing import Any, Mapping, Optional, Sequence, TypeVar
 
 from sqlalchemy import BigInteger, Boolean, Float, Integer, String, Text, bindparam, event, select, type_coerce
 from sqlalchemy.dialects import mssql, oracle
@@ -385,7 +385,8 @@ def confirmed_count(conn: Any, update_stmt: Any, confirm: Any, traits: Traits) -
     return int(conn.scalar(confirm) or 0)
 
 
-def changed_rows(conn: Any, stmt: Any, id_column: Any, traits: Traits) -> int:
+def changed_rows(conn: Any, stmt: Any, id_column: Any, traits: Traits,
+                 params: Optional[Mapping[str, Any]] = None) -> int:
     """Run a ``DELETE`` or ``UPDATE`` of a control table and return how many rows it changed.
 
     Where the row count is trusted, the count; on SQL Server (:attr:`Traits.trusts_rowcount`
@@ -398,8 +399,8 @@ def changed_rows(conn: Any, stmt: Any, id_column: Any, traits: Traits) -> int:
         kind = "delete_returning" if getattr(stmt, "is_delete", False) else "update_returning"
         running = conn.dialect
         if getattr(running, kind, None) or getattr(running, "full_returning", False):
-            return len(conn.execute(stmt.returning(id_column)).all())
-    return int(conn.execute(stmt).rowcount)
+            return len(conn.execute(stmt.returning(id_column), params).all())
+    return int(conn.execute(stmt, params).rowcount)
 
 
 def writes_in_one_statement(conn: Any, traits: Traits) -> bool:

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Union
 
 from sqlalchemy.engine import Connection
-from sqlalchemy.sql.elements import ColumnElement
 
 from .. import dialects
 from ..errors import ConfigurationError, LeaseLost
@@ -68,17 +67,14 @@ class Entering:
 
     def __init__(self, passes: GrantPasses) -> None:
         self.passes = passes
+        self.sql = passes.sql
         self.db = passes.db
         self.t = passes.t
         self.ns = passes.ns
 
-    def withdrawal(self, req: Request, key: str) -> ColumnElement[bool]:
-        """What removing ``req``'s entry under request key ``key`` matches (for :meth:`.GrantPasses.remove`)."""
-        return sql.request_match(self.t, self.ns, sorted(req.parts), req.holder, key)
-
     def remove(self, req: Request, key: str, deadline: Optional[float] = None) -> int:
         """Remove ``req``'s entry under request key ``key`` whatever its state, passing capacity on."""
-        return self.passes.remove(self.withdrawal(req, key), deadline=deadline)
+        return self.passes.remove(self.sql.request_match(sorted(req.parts), req.holder, key), deadline=deadline)
 
     def enter(self, req: Request) -> Outcome:
         """Enter the queue (or find our entry), then run a grant pass; picks the grant up if made."""
@@ -91,7 +87,7 @@ class Entering:
                         f"request for {k} slots of {name!r} can never be granted: its capacity is "
                         f"{res[name].capacity}; ask for fewer slots or raise the capacity"
                     )
-            mine = list(conn.execute(*sql.holder_rows(self.t, self.ns, names, req.holder)).all())
+            mine = list(conn.execute(*self.sql.holder_rows(names, req.holder)).all())
             if mine:
                 wanted = {(n, k, req.mode) for n, k in req.parts.items()}
                 have = {(row.resource, int(row.slots), row.mode) for row in mine}
@@ -104,10 +100,10 @@ class Entering:
                 if any(float(row.expires_at) < now for row in mine):
                     # Our entry expired (a waiter that stopped looking) or our grant lapsed: it goes,
                     # and we queue again at the back. The delete re-checks: a pickup may have won.
-                    gone = dialects.changed_rows(conn, sql.delete_expired_request(self.t, mine[0].request_key, now),
-                                                 self.t.request.c.id, self.db.traits)
+                    stmt, values = self.sql.delete_expired_request(mine[0].request_key, now)
+                    gone = dialects.changed_rows(conn, stmt, self.t.request.c.id, self.db.traits, values)
                     if gone:
-                        conn.execute(sql.delete_requests(self.t, mine[0].request_key))
+                        conn.execute(*self.sql.delete_requests(mine[0].request_key))
                         self.passes.end_grants(conn, mine, now, EXPIRED)
                         mine = []
             attempt = req.attempt
@@ -130,20 +126,20 @@ class Entering:
                     if newer:
                         for name in names:
                             new_token = res[name].next_token()
-                            conn.execute(sql.retoken_grant(self.t, self.ns, name, tokens[name], now))
+                            conn.execute(*self.sql.retoken_grant(name, tokens[name], now))
                             (row_of,) = [row for row in mine if row.resource == name]
-                            conn.execute(*sql.record_grant(self.t, self.ns, name, new_token, row_of,
+                            conn.execute(*self.sql.record_grant(name, new_token, row_of,
                                                           int(row_of.priority), now, enqueued_at=now))
                             tokens[name] = new_token
-                            conn.execute(sql.write_last_token(self.t, self.ns, name, tokens[name]))
+                            conn.execute(*self.sql.write_last_token(name, tokens[name]))
                     for row in mine:
-                        conn.execute(sql.extend_grant_row(self.t, row.id, tokens[row.resource], now + req.lease,
+                        conn.execute(*self.sql.extend_grant_row(row.id, tokens[row.resource], now + req.lease,
                                                           req.lease, attempt))
                     granted_at = float(min(row.granted_at for row in mine))
                     return Entered(key, attempt, ticket, done=Outcome.grant(
                         key=key, tokens=tokens, parts=req.parts, expires_at=now + req.lease, granted_at=granted_at,
                         ticket=ticket, attempt=attempt))
-                conn.execute(sql.requeue_waiter(self.t, key, now + req.ttl, attempt, req.pickup))
+                conn.execute(*self.sql.requeue_waiter(key, now + req.ttl, attempt, req.pickup))
                 return Entered(key, attempt, ticket)
             key = req.key
             tickets = {}
@@ -161,11 +157,11 @@ class Entering:
                     priority=req.priority, queue_key=grants.queue_key(req.priority, now, res[name].aging))
                 if together:
                     heads = self.passes.heads(res)
-                    rows = conn.execute(*sql.enter_and_snapshot(self.t, self.ns, heads, **waiter)).all()
+                    rows = conn.execute(*self.sql.enter_and_snapshot(heads, **waiter)).all()
                     snapshot = grants.merge_entered([r for r in rows if r.part == sql.SNAPSHOT_PART],
                                                     [r for r in rows if r.part != sql.SNAPSHOT_PART], heads)
                 else:
-                    conn.execute(*sql.insert_waiter(self.t, self.ns, **waiter))
+                    conn.execute(*self.sql.insert_waiter(**waiter))
             entered = Entered(key, attempt, min(tickets.values()))
             return entered if snapshot is None else Presnapped(entered, snapshot)
 
@@ -181,7 +177,7 @@ class Entering:
                                       granted_at=now, ticket=entered.ticket, attempt=entered.attempt)
             position = {}
             for name in names:
-                head = conn.scalar(sql.head_ticket(self.t, self.ns, name))
+                head = conn.scalar(*self.sql.head_ticket(name))
                 position[name] = max(entered.ticket - int(head if head is not None else entered.ticket), 0) + 1
             capacity = min(res[name].capacity for name in names)
             return Outcome.wait(key=entered.key, expires_at=now + req.ttl, position=position, ticket=entered.ticket,
@@ -193,15 +189,15 @@ class Entering:
     def withdraw(self, req: Request) -> Optional[Outcome]:
         """Leave the queue after a timeout; if we were granted meanwhile, take that grant."""
         def action(conn: Connection, res: Locked, now: float) -> Optional[Outcome]:
-            rows = conn.execute(sql.withdraw_rows(self.t, self.ns, sorted(req.parts), req.holder)).all()
+            rows = conn.execute(*self.sql.withdraw_rows(sorted(req.parts), req.holder)).all()
             if rows and all(row.state == GRANTED and float(row.expires_at) >= now for row in rows):
                 key = rows[0].request_key
-                conn.execute(sql.extend_request(self.t, key, now + req.lease, req.lease))
+                conn.execute(*self.sql.extend_request(key, now + req.lease, req.lease))
                 return Outcome.grant(key=key, tokens={row.resource: int(row.token) for row in rows}, parts=req.parts,
                                       expires_at=now + req.lease, granted_at=float(min(row.granted_at for row in rows)),
                                       ticket=min(int(row.ticket) for row in rows), attempt=rows[0].attempt)
             for key in {row.request_key for row in rows}:
-                conn.execute(sql.delete_requests(self.t, key))
+                conn.execute(*self.sql.delete_requests(key))
             self.passes.end_grants(conn, list(rows), now, EXPIRED)  # a grant made for us that lapsed
             return None
 
@@ -220,7 +216,7 @@ class Entering:
         holders' usage and first lease expiry, so that the head can time the reap of a holder
         whose lease runs out (or a grant that lapses) and run the grant pass itself.
         """
-        rows = conn.execute(*sql.peek(self.t, self.ns, sorted(req.parts), req.holder)).all()
+        rows = conn.execute(*self.sql.peek(sorted(req.parts), req.holder)).all()
         if not rows:
             return Peek("gone")
         now = float(rows[0].now)
@@ -235,7 +231,7 @@ class Entering:
         if all(row.state == GRANTED for row in rows):
             if req.attempt is not None and req.attempt != recorded:
                 return Peek("granted", recorded_attempt=recorded)  # the caller re-enters for the attempt
-            picked = dialects.confirmed_count(conn, *sql.extend_lease(self.t, key, recorded, now, req.lease),
+            picked = dialects.confirmed_count(conn, *self.sql.extend_lease(key, recorded, now, req.lease),
                                               self.db.traits)
             if picked != len(rows):
                 return Peek("lapsed", recorded_attempt=recorded)
@@ -244,7 +240,7 @@ class Entering:
                                      ticket=ticket, attempt=recorded)
             return Peek("granted", granted, recorded_attempt=recorded)
         if refresh:
-            updated = dialects.confirmed_count(conn, *sql.refresh_waiter(self.t, key, now, req.ttl, req.pickup),
+            updated = dialects.confirmed_count(conn, *self.sql.refresh_waiter(key, now, req.ttl, req.pickup),
                                                self.db.traits)
             if updated != len(rows):
                 return Peek("lapsed", recorded_attempt=recorded)
@@ -266,7 +262,7 @@ class Entering:
                 # The head (and the one behind it, should the head be gone) times the rate window:
                 # nobody else grants when it opens, so a waiter sleeps until then and runs the pass.
                 count, per = int(row.rate_count), float(row.rate_per)
-                times = [float(t) for t in conn.execute(sql.window_times(self.t, self.ns, row.resource, now - per))
+                times = [float(t) for t in conn.execute(*self.sql.window_times(row.resource, now - per))
                          .scalars()]
                 queue.budget = grants.rate_budget(count, per, times, now)
                 wait = grants.opens_in(count, per, times, now)
@@ -275,7 +271,7 @@ class Entering:
                 elif position[row.resource] == 2 and queue.budget > 0 and grants.fits(queue, 1, "shared"):
                     # Room and budget, yet the head still waits: if the window opened a while ago
                     # and nobody ran a pass since (a dead head), this waiter runs it.
-                    left_at = conn.scalar(sql.last_left(self.t, self.ns, row.resource, now - per))
+                    left_at = conn.scalar(*self.sql.last_left(row.resource, now - per))
                     rescue = grants.rate_rescue(None if left_at is None else float(left_at), per, now)
             fits_all = fits_all and grants.fits(queue, int(row.slots), row.mode)
         capacity = min(int(row.capacity) for row in rows)

@@ -33,6 +33,7 @@ class Holding:
         """``after_release`` runs after each release with the released resources (the history's
         occasional pruning, :meth:`.reports.HistoryPruner.maybe_prune`): never on the grant path."""
         self.passes = passes
+        self.sql = passes.sql
         self.after_release = after_release
         self.db = passes.db
         self.t = passes.t
@@ -49,13 +50,13 @@ class Holding:
         def fn(conn: Connection) -> float:
             now = read_now(conn)
             renewed = dialects.confirmed_count(
-                conn, *sql.extend_lease(self.t, lease.request_key, lease.attempt, now, seconds), self.db.traits)
+                conn, *self.sql.extend_lease(lease.request_key, lease.attempt, now, seconds), self.db.traits)
             if renewed != n:
-                left = conn.execute(*sql.release_rows(self.t, lease.request_key, lease.attempt)).all()
-                if not left and conn.execute(sql.request_rows(self.t, lease.request_key)).first() is not None:
+                left = conn.execute(*self.sql.release_rows(lease.request_key, lease.attempt)).all()
+                if not left and conn.execute(*self.sql.request_rows(lease.request_key)).first() is not None:
                     return taken_over  # the rows are another attempt's now
                 if left:
-                    conn.execute(*sql.delete_release_rows(self.t, lease.request_key, lease.attempt))
+                    conn.execute(*self.sql.delete_release_rows(lease.request_key, lease.attempt))
                     self.passes.end_grants(conn, list(left), now, EXPIRED)
                 return -1.0
             return now + seconds
@@ -95,7 +96,7 @@ class Holding:
             if self.passes.snapshot_in_change(conn, res):
                 # The rows, their removal, their history closed and the snapshot the grant pass
                 # starts from, in one statement.
-                both = conn.execute(*sql.remove_and_snapshot(self.t, self.ns, lease.request_key, lease.attempt,
+                both = conn.execute(*self.sql.remove_and_snapshot(lease.request_key, lease.attempt,
                                                              now, self.passes.heads(res))).all()
                 rows: Sequence[Any] = [row for row in both if row.part != sql.SNAPSHOT_PART]
                 live = sum(1 for row in rows if row.state == GRANTED and float(row.expires_at) >= now)
@@ -104,14 +105,14 @@ class Holding:
                     [row for row in both if row.part == sql.SNAPSHOT_PART], rows))
             if dialects.writes_in_one_statement(conn, self.db.traits):
                 # The rows, their removal and their history closed, in one statement.
-                rows = conn.execute(*sql.remove_request(self.t, self.ns, lease.request_key, lease.attempt, now)).all()
+                rows = conn.execute(*self.sql.remove_request(lease.request_key, lease.attempt, now)).all()
             elif dialects.deletes_returning(conn, self.db.traits):
-                rows = conn.execute(*sql.delete_request_rows(self.t, lease.request_key, lease.attempt)).all()
+                rows = conn.execute(*self.sql.delete_request_rows(lease.request_key, lease.attempt)).all()
                 self.passes.end_grants(conn, list(rows), now)
             else:
-                rows = conn.execute(*sql.release_rows(self.t, lease.request_key, lease.attempt)).all()
+                rows = conn.execute(*self.sql.release_rows(lease.request_key, lease.attempt)).all()
                 if rows:
-                    conn.execute(*sql.delete_release_rows(self.t, lease.request_key, lease.attempt))
+                    conn.execute(*self.sql.delete_release_rows(lease.request_key, lease.attempt))
                     self.passes.end_grants(conn, list(rows), now)
             live = sum(1 for row in rows if row.state == GRANTED and float(row.expires_at) >= now)
             completed += 1
@@ -137,7 +138,7 @@ class Holding:
         is a no-op), else raise :class:`LeaseLost` saying what ended it. The grant history says:
         each token's row is closed ``released`` by a release while the lease was live, ``expired``
         by a reap or a late release, ``superseded`` when a newer attempt took it over."""
-        rows = self.db.run(lambda c: c.execute(sql.grant_outcomes(self.t, self.ns, lease.tokens)).all())
+        rows = self.db.run(lambda c: c.execute(*self.sql.grant_outcomes(lease.tokens)).all())
         outcomes = {row.resource: row.outcome for row in rows if lease.tokens.get(row.resource) == int(row.token)}
         if len(outcomes) == len(lease.tokens) and set(outcomes.values()) == {RELEASED}:
             return
@@ -160,5 +161,5 @@ class Holding:
         )
 
     def is_held(self, lease: Lease) -> bool:
-        count = self.db.run(lambda c: c.scalar(sql.held_count(self.t, lease.request_key, lease.attempt)))
+        count = self.db.run(lambda c: c.scalar(*self.sql.held_count(lease.request_key, lease.attempt)))
         return int(count or 0) == len(lease.resources)

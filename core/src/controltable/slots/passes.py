@@ -24,11 +24,10 @@ from ..defaults import DEFAULT_PICKUP, FAILOVER_PICKUP
 from ..dialect_traits import Traits
 from ..errors import AcquireTimeout, ConfigurationError, UnknownResourceError
 from ..runtime import Runtime
-from ..schema import ControlSchema
 from . import grants
 from . import statements as sql
 from .keys import head_key, holder_key, slot_key
-from .statements import EXPIRED, GRANTED, RELEASED
+from .statements import EXPIRED, GRANTED, RELEASED, SlotStatements
 
 #: The shortest pickup deadline of a grant made on a waiter's behalf (its entry's own expiry
 #: shortens the deadline down to this).
@@ -99,6 +98,9 @@ class LockedResource:
 
 @dataclass
 class Entered:
+    """What entering a queue did under the locks: the request's key, attempt and first ticket, and,
+    when it found its own grant (an idempotent re-acquire), the outcome already."""
+
     key: str
     attempt: Optional[int]
     ticket: int
@@ -241,16 +243,18 @@ class GrantPasses:
     :func:`grants.decide`). Waiters only read their own entry and pick the grant up.
     """
 
-    def __init__(self, db: Database, tables: ControlSchema, namespace: str, notify: Notify) -> None:
+    def __init__(self, db: Database, statements: SlotStatements, notify: Notify) -> None:
         self.db = db
-        self.t = tables
-        self.ns = namespace
+        #: The engine's statements (shared with the collaborators built over these passes).
+        self.sql = statements
+        self.t = statements.t
+        self.ns = statements.ns
         self.notify = notify
 
     @classmethod
     def of(cls, runtime: Runtime) -> GrantPasses:
         """The grant passes of ``runtime``'s namespace, notifying through its wake-ups."""
-        return cls(runtime.db, runtime.tables, runtime.namespace, runtime.notify)
+        return cls(runtime.db, SlotStatements(runtime.tables, runtime.namespace), runtime.notify)
 
     # -- running a change followed by a grant pass ---------------------------------------------
     def with_pass(self, names: set[str],
@@ -327,7 +331,7 @@ class GrantPasses:
         todo = [name for name in sorted(names) if name not in rows]
         for name in todo:
             last = clocked is not None and name == todo[-1]
-            row = conn.execute(*sql.lock_resource(self.t, self.ns, name,
+            row = conn.execute(*self.sql.lock_resource(name,
                                                   self.db.traits if last else None)).first()
             if last and row is not None and clocked is not None and "now" in row._mapping:
                 clocked.append(float(row.now))
@@ -351,7 +355,7 @@ class GrantPasses:
         reaped and the next page read (:func:`.grants.read_again`), so expired entries before the
         first live ones never stop a pass short of them.
         """
-        return list(conn.execute(*sql.snapshot(self.t, self.ns, self.heads(res))).all())
+        return list(conn.execute(*self.sql.snapshot(self.heads(res))).all())
 
     def heads(self, res: Locked) -> dict[str, int]:
         """How many waiters a snapshot reads per queue (see :meth:`snapshot`)."""
@@ -369,7 +373,7 @@ class GrantPasses:
         """Grants the resource's rate window still allows at ``now`` (None: no rate limit)."""
         if res.rate_count is None or res.rate_per is None:
             return None
-        used = int(conn.scalar(sql.window_count(self.t, self.ns, res.name, now - res.rate_per)) or 0)
+        used = int(conn.scalar(*self.sql.window_count(res.name, now - res.rate_per)) or 0)
         return max(res.rate_count - used, 0)
 
     def end_grants(self, conn: Connection, rows: list[Any], now: float, outcome: Optional[str] = None) -> None:
@@ -379,7 +383,7 @@ class GrantPasses:
             if row.state != GRANTED or row.token is None:
                 continue
             how = outcome or (RELEASED if float(row.expires_at) >= now else EXPIRED)
-            conn.execute(sql.end_grant(self.t, self.ns, row.resource, int(row.token), how, now))
+            conn.execute(*self.sql.end_grant(row.resource, int(row.token), how, now))
 
     @staticmethod
     def _head_size(res: LockedResource) -> int:
@@ -400,8 +404,8 @@ class GrantPasses:
             seen.add(row.id)
             if float(row.expires_at) < now:
                 # The only judge of expiry: a renewal or pickup committed meanwhile keeps the row.
-                gone = dialects.changed_rows(conn, sql.delete_expired_row(self.t, row.id, now), self.t.request.c.id,
-                                             self.db.traits)
+                stmt, values = self.sql.delete_expired_row(row.id, now)
+                gone = dialects.changed_rows(conn, stmt, self.t.request.c.id, self.db.traits, values)
                 if gone:
                     reaped += 1
                     self.end_grants(conn, [row], now, EXPIRED)
@@ -435,7 +439,7 @@ class GrantPasses:
             multi = grants.waiting_multi(live)
             spans: dict[str, set[str]] = {}
             if multi:
-                for key, resource in conn.execute(sql.request_spans(self.t, multi)):
+                for key, resource in conn.execute(*self.sql.request_spans(multi)):
                     spans.setdefault(key, set()).add(locked_name(resource, res))
             heads = grants.assemble(queues, live, spans, {name: self._head_size(res[name]) for name in res},
                                     read=grants.waiting_read(rows))
@@ -460,15 +464,15 @@ class GrantPasses:
                         granted.setdefault(key, {})[row.resource] = token
                     if mine and own is not None:
                         # The caller's own request: picked up at once, with its lease.
-                        grant = sql.grant_waiter(self.t, row.id, token, now, now + own[1], own[1])
+                        grant = self.sql.grant_waiter(row.id, token, now, now + own[1], own[1])
                     else:
                         pickup = float(row.pickup_seconds) if row.pickup_seconds is not None else DEFAULT_PICKUP
                         # Never longer than the waiter promised to stay alive: a live waiter looks at
                         # its entry before that, a dead one (that stopped refreshing) lapses sooner.
-                        grant = sql.grant_waiter(self.t, row.id, token, now,
+                        grant = self.sql.grant_waiter(row.id, token, now,
                                                  now + min(pickup, max(float(row.expires_at) - now, MIN_PICKUP)))
                     # In the grant's transaction: the rate window counts these rows.
-                    writes.append((grant, sql.record_grant(self.t, self.ns, row.resource, token, row,
+                    writes.append((grant, self.sql.record_grant(row.resource, token, row,
                                                            int(row.priority), now)))
                 if not mine:
                     others = True
@@ -476,7 +480,7 @@ class GrantPasses:
                     notify.append(holder_key(first, next(x.holder for x in rows_by_key[key] if x.resource == first)))
             for name in sorted(res):
                 if res[name].dirty:
-                    counters.append(sql.write_counters(self.t, self.ns, name, res[name].last_token,
+                    counters.append(self.sql.write_counters(name, res[name].last_token,
                                                        res[name].last_ticket))
                     res[name].dirty = False
             send_grant_writes(conn, writes, counters, self.db.traits)
@@ -521,7 +525,7 @@ class GrantPasses:
         for name in sorted(res):
             r = res[name]
             if not r.rejoined and dialects.epoch_begins(r.last_token, r.epoch):
-                conn.execute(sql.shorten_pickups(self.t, self.ns, name, FAILOVER_PICKUP, own_key))
+                conn.execute(*self.sql.shorten_pickups(name, FAILOVER_PICKUP, own_key))
                 r.rejoined = True
 
     def remove(self, match: ColumnElement[bool], check: Optional[Callable[[Connection], None]] = None,
@@ -531,7 +535,7 @@ class GrantPasses:
         The resources involved are read first without locks, then locked in name order; rows of
         requests that appeared meanwhile on other resources are left for the next call.
         """
-        names = {row[0] for row in self.db.run(lambda c: c.execute(sql.resources_matching(self.t, match)).all(),
+        names = {row[0] for row in self.db.run(lambda c: c.execute(*self.sql.resources_matching(match)).all(),
                                                deadline=deadline)}
         if not names:
             if check is not None:
@@ -541,15 +545,15 @@ class GrantPasses:
         def action(conn: Connection, res: Locked, now: float) -> int:
             if check is not None:
                 check(conn)
-            keys = sorted({row[0] for row in conn.execute(sql.keys_matching(self.t, match, sorted(res)))})
+            keys = sorted({row[0] for row in conn.execute(*self.sql.keys_matching(match, sorted(res)))})
             if not keys:
                 return 0
-            spans = conn.execute(sql.request_spans(self.t, keys)).all()
+            spans = conn.execute(*self.sql.request_spans(keys)).all()
             extra = {row.resource for row in spans} - set(res)
             if extra:
                 raise NeedLocks(extra)
-            gone = conn.execute(sql.request_rows(self.t, keys)).all()
-            conn.execute(sql.delete_requests(self.t, keys))
+            gone = conn.execute(*self.sql.request_rows(keys)).all()
+            conn.execute(*self.sql.delete_requests(keys))
             self.end_grants(conn, list(gone), now)
             return len(keys)
 

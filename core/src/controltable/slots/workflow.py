@@ -24,7 +24,6 @@ from .. import dialects, errorcodes
 from ..defaults import DEFAULT_PICKUP
 from ..errors import ConfigurationError, UnknownResourceError
 from ..runtime import Runtime
-from . import statements as sql
 from .entering import Entering
 from .holding import Holding
 from .passes import GrantPasses, Locked
@@ -62,19 +61,21 @@ class SlotEngine:
         self.t = runtime.tables
         self.ns = runtime.namespace
         self.passes = passes if passes is not None else GrantPasses.of(runtime)
+        #: The engine's one statements object, bound to its tables and namespace (the passes' own).
+        self.sql = self.passes.sql
         self.entering = entering if entering is not None else Entering(self.passes)
-        self.pruner = HistoryPruner(self.db, self.t, self.ns)
+        self.pruner = HistoryPruner(self.db, self.sql)
         self.holding = Holding(self.passes, self.pruner.maybe_prune)
         self.waiter = Waiter(self.entering, runtime.wakeups, self.holding)
-        self.reports = Reports(self.db, self.t, self.ns, self.holding)
+        self.reports = Reports(self.db, self.sql, self.holding)
 
     # -- capacity ----------------------------------------------------------------------------
     def set_capacity(self, name: str, capacity: int, policy: PolicyChange = PolicyChange()) -> None:
         """Create or change a resource, and the policies ``policy`` sets (the others are kept)."""
 
         def create(conn: Connection) -> None:
-            if conn.execute(sql.lock_resource_name(self.t, self.ns, name)).first() is None:
-                conn.execute(sql.create_resource(self.t, self.ns, name, capacity))
+            if conn.execute(*self.sql.lock_resource_name(name)).first() is None:
+                conn.execute(*self.sql.create_resource(name, capacity))
 
         try:
             self.db.run(create)
@@ -94,25 +95,25 @@ class SlotEngine:
                 values["aging"] = aging
                 res[name].aging = aging
                 # The queue order's key depends on aging: rewrite it for the waiters (under the lock).
-                conn.execute(sql.reorder_queue(self.t, self.ns, name, aging))
-            conn.execute(sql.change_resource(self.t, self.ns, name, values))
+                conn.execute(*self.sql.reorder_queue(name, aging))
+            conn.execute(*self.sql.change_resource(name, values))
             res[name].capacity = capacity  # a larger capacity grants the waiters that now fit
 
         self.passes.with_pass({name}, change)
 
     def delete_resource(self, name: str, *, force: bool = False) -> bool:
         def fn(conn: Connection) -> bool:
-            if conn.execute(sql.lock_resource_name(self.t, self.ns, name)).first() is None:
+            if conn.execute(*self.sql.lock_resource_name(name)).first() is None:
                 return False
-            live = conn.scalar(sql.live_request(self.t, self.ns, name))
+            live = conn.scalar(*self.sql.live_request(name))
             if live is not None and not force:
                 raise ConfigurationError(
                     f"resource {name!r} still has holders or waiters; release them, wait for their leases "
                     "to expire, or delete with force=True (--force)"
                 )
-            conn.execute(sql.delete_resource_requests(self.t, self.ns, name))
-            conn.execute(sql.delete_history(self.t, self.ns, name))
-            conn.execute(sql.delete_resource(self.t, self.ns, name))
+            conn.execute(*self.sql.delete_resource_requests(name))
+            conn.execute(*self.sql.delete_history(name))
+            conn.execute(*self.sql.delete_resource(name))
             return True
 
         return self.db.run(fn)
@@ -193,12 +194,12 @@ class SlotEngine:
         Returns the requests removed: 0 means nothing was held. An unknown resource is an error.
         """
         def known(conn: Connection) -> None:
-            if conn.scalar(sql.resource_name(self.t, self.ns, resource)) is None:
+            if conn.scalar(*self.sql.resource_name(resource)) is None:
                 raise UnknownResourceError(
                     f"resource {resource!r} does not exist in namespace {self.ns!r}; check the name and namespace"
                 )
 
-        return self.passes.remove(sql.holder_match(self.t, self.ns, resource, holder), known)
+        return self.passes.remove(self.sql.holder_match(resource, holder), known)
 
     def release_holders(self, prefix: str) -> int:
         """Release every holder and withdraw every waiter whose holder id starts with ``prefix``.
@@ -206,18 +207,18 @@ class SlotEngine:
         For run-status sensors and teardown of a whole scope (a DAG run, a Dagster run). The
         prefix is matched literally (``%`` and ``_`` are escaped). Returns the requests removed.
         """
-        return self.passes.remove(sql.prefix_match(self.t, self.ns, prefix))
+        return self.passes.remove(self.sql.prefix_match(prefix))
 
     def reap(self) -> int:
         """Remove expired holders and waiters of this namespace, passing freed capacity on."""
-        names = {row[0] for row in self.db.run(lambda c: c.execute(sql.expired_resources(self.t, self.ns)).all())}
+        names = {row[0] for row in self.db.run(lambda c: c.execute(*self.sql.expired_resources()).all())}
         if not names:
             return 0
 
         def action(conn: Connection, res: Locked, now: float) -> int:
             # Waiters anywhere in the queues (a pass only looks at the head); holders go in the pass.
-            return dialects.changed_rows(conn, sql.delete_expired_waiters(self.t, self.ns, sorted(res), now),
-                                         self.t.request.c.id, self.db.traits)
+            stmt, values = self.sql.delete_expired_waiters(sorted(res), now)
+            return dialects.changed_rows(conn, stmt, self.t.request.c.id, self.db.traits, values)
 
         counted: list[int] = []
 
