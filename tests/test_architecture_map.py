@@ -1,10 +1,12 @@
 """ARCHITECTURE.md names every module of the three packages, so a newcomer finds each concept by name.
 
-A module added without a line in the map fails here, with the lines to add.
+A module added without a line in the map fails here, with the lines to add; a file the map's prose
+names (its paths through the code) that was moved or removed fails too.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,3 +50,25 @@ def test_the_map_names_no_module_that_is_gone() -> None:
         for cell in [line.split("`")[1]]
     }
     assert listed <= known, f"modules in ARCHITECTURE.md that no longer exist: {sorted(listed - known)}"
+
+
+#: Where a file the map names may live: the map spells core modules from the package
+#: (``slots/passes.py``), plugin modules from their package (``airflow_controltable/kill.py``), the rest
+#: from the repository root (``tests/faults/test_failover.py``); a bare ``statements.py``,
+#: ``workflow.py`` or ``values.py`` is the part every engine has, so it must be in each of them.
+SEARCHED = (ROOT, PACKAGES["core"], PACKAGES["airflow"].parent, PACKAGES["dagster"].parent)
+ENGINES = ("slots", "events", "worklist")
+
+
+def _exists(name: str) -> bool:
+    if any((base / name).is_file() for base in SEARCHED):
+        return True
+    return all((PACKAGES["core"] / engine / name).is_file() for engine in ENGINES)
+
+
+def test_every_file_the_map_names_exists() -> None:
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    named = set(re.findall(r"`([\w./-]+\.(?:py|md))`", text))
+    assert {"renewal.py", "slots/passes.py", "airflow_controltable/operators/slots.py"} <= named
+    missing = sorted(n for n in named if not _exists(n))
+    assert not missing, f"ARCHITECTURE.md names files that do not exist (moved or renamed?): {missing}"

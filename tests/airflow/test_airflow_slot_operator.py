@@ -114,7 +114,7 @@ def test_new_attempt_of_a_granted_holder_gets_a_new_token_in_place(conn_id: str,
 
 def test_on_kill_stops_the_work_before_the_release(conn_id: str, ct: Any) -> None:
     """SIGTERM during the work: on_kill raises into the work, and the slot is released after it unwound."""
-    from airflow_controltable.operators.slots import ControlTableTaskKilled
+    from airflow_controltable.kill import ControlTableTaskKilled
 
     ct.set_capacity("warehouse", 1)
     events: list[str] = []
@@ -138,15 +138,16 @@ def test_on_kill_stops_the_work_before_the_release(conn_id: str, ct: Any) -> Non
     assert holders(ct) == []
 
 
-@pytest.mark.backends("postgres")
-def test_on_kill_cancels_the_statement_the_work_has_running(conn_id: str, ct: Any, backend_url: str) -> None:
-    """A load of one long statement: the kill cancels it in the server (psycopg cancels on a
-    KeyboardInterrupt), so its write never happens, and the slot is released after that."""
+def _kill_during_one_long_statement(conn_id: str, ct: Any, backend_url: str, *, sleep: str, running: str) -> None:
+    """A load of one statement (``sleep``, then a write) killed by SIGTERM while it runs: the statement
+    is stopped in the server (``running`` counts it there), its write never happens, and the slot
+    is held until it has stopped and released after that."""
     import time
 
     from sqlalchemy import create_engine, text
+    from support.live import wait_until
 
-    from airflow_controltable.operators.slots import ControlTableTaskKilled
+    from airflow_controltable.kill import ControlTableTaskKilled
 
     ct.set_capacity("warehouse", 1)
     marker = f"ct_kill_{threading.get_ident()}_{time.monotonic_ns()}"
@@ -156,13 +157,17 @@ def test_on_kill_cancels_the_statement_the_work_has_running(conn_id: str, ct: An
     seen: list[Any] = []
 
     def work(lease: Any = None) -> None:
-        threading.Timer(0.5, signal.raise_signal, args=(signal.SIGTERM,)).start()
+        # A signal to the process, as Airflow's supervisor sends it (the main thread is interrupted).
+        threading.Timer(0.5, os.kill, args=(os.getpid(), signal.SIGTERM)).start()
         try:
             with engine.begin() as conn:  # one statement: sleep, then write
-                conn.execute(text(f"insert into {marker} select :t from (select pg_sleep(20)) s"),
-                             {"t": lease.token})
+                conn.execute(text(f"insert into {marker} select :t from (select {sleep}) s"), {"t": lease.token})
         finally:
             seen.append(holders(ct))
+
+    def still_running() -> int:
+        with engine.connect() as conn:
+            return int(conn.execute(text(running), {"q": f"insert into {marker}%"}).scalar() or 0)
 
     previous = signal.signal(signal.SIGTERM, lambda *_: op.on_kill())
     try:
@@ -174,18 +179,36 @@ def test_on_kill_cancels_the_statement_the_work_has_running(conn_id: str, ct: An
     finally:
         signal.signal(signal.SIGTERM, previous)
     try:
-        assert stopped < 10, stopped
+        # The statement sleeps 20 s: the kill ending the work sooner is the cause under test.
+        assert stopped < 10, f"hang: the kill took {stopped:.1f} s to stop a statement that sleeps 20 s"
         assert seen == [[HOLDER]] and holders(ct) == []  # held until the statement had stopped
+        # Stopped in the server, not left running after the client gave up (the server may take a
+        # moment to drop a killed statement from its process list).
+        wait_until(lambda: still_running() == 0, 10, "the killed statement to leave the server", state=still_running)
         with engine.connect() as conn:
-            running = conn.execute(text("select count(*) from pg_stat_activity where query like :q and "
-                                        "state = 'active' and pid <> pg_backend_pid()"),
-                                   {"q": f"insert into {marker}%"}).scalar()
-            assert running == 0  # cancelled in the server, not left running after the client gave up
             assert conn.execute(text(f"select count(*) from {marker}")).scalar() == 0
     finally:
         with engine.begin() as conn:
             conn.execute(text(f"drop table {marker}"))
         engine.dispose()
+
+
+@pytest.mark.backends("postgres")
+def test_on_kill_cancels_the_statement_the_work_has_running(conn_id: str, ct: Any, backend_url: str) -> None:
+    """psycopg cancels a running statement on a KeyboardInterrupt, which the kill raises into the work."""
+    _kill_during_one_long_statement(
+        conn_id, ct, backend_url, sleep="pg_sleep(20)",
+        running="select count(*) from pg_stat_activity where query like :q and state = 'active' "
+                "and pid <> pg_backend_pid()")
+
+
+@pytest.mark.backends("mysql")
+def test_on_kill_cancels_a_mysql_statement_through_the_server(conn_id: str, ct: Any, backend_url: str) -> None:
+    """PyMySQL does not cancel on an interrupt: the kill has the server stop the statement (KILL QUERY)
+    before it raises."""
+    _kill_during_one_long_statement(
+        conn_id, ct, backend_url, sleep="sleep(20)",
+        running="select count(*) from information_schema.processlist where info like :q")
 
 
 def test_wait_timeout_withdraws_from_the_queue(conn_id: str, ct: Any) -> None:
@@ -274,51 +297,3 @@ def test_use_priority_weight_queues_by_the_tasks_weight(conn_id: str, ct: Any) -
     assert plain._slot_priority() == 0
 
 
-@pytest.mark.backends("mysql")
-def test_on_kill_cancels_a_mysql_statement_through_the_server(conn_id: str, ct: Any, backend_url: str) -> None:
-    """PyMySQL does not cancel on an interrupt: the kill has the server stop the statement (KILL QUERY)
-    before it raises, so the write never happens, and the slot is released after that."""
-    import time
-
-    from sqlalchemy import create_engine, text
-
-    from airflow_controltable.operators.slots import ControlTableTaskKilled
-
-    ct.set_capacity("warehouse", 1)
-    marker = f"ct_kill_{threading.get_ident()}_{time.monotonic_ns()}"
-    engine = create_engine(backend_url)
-    with engine.begin() as conn:
-        conn.execute(text(f"create table {marker} (token int)"))
-    seen: list[Any] = []
-
-    def work(lease: Any = None) -> None:
-        # A signal to the process, as Airflow's supervisor sends it (the main thread is interrupted).
-        threading.Timer(0.5, os.kill, args=(os.getpid(), signal.SIGTERM)).start()
-        try:
-            with engine.begin() as conn:  # one statement: sleep, then write
-                conn.execute(text(f"insert into {marker} select :t from (select sleep(20)) s"), {"t": lease.token})
-        finally:
-            seen.append(holders(ct))
-
-    previous = signal.signal(signal.SIGTERM, lambda *_: op.on_kill())
-    try:
-        op = operator(conn_id, work)
-        started = time.monotonic()
-        with pytest.raises(ControlTableTaskKilled):
-            op.execute(ctx())
-        stopped = time.monotonic() - started
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    try:
-        assert stopped < 10, stopped
-        assert seen == [[HOLDER]] and holders(ct) == []
-        time.sleep(1)
-        with engine.connect() as conn:
-            running = conn.execute(text("select count(*) from information_schema.processlist where info like :q"),
-                                   {"q": f"insert into {marker}%"}).scalar()
-            assert running == 0  # stopped in the server, not left running after the client gave up
-            assert conn.execute(text(f"select count(*) from {marker}")).scalar() == 0
-    finally:
-        with engine.begin() as conn:
-            conn.execute(text(f"drop table {marker}"))
-        engine.dispose()

@@ -308,7 +308,8 @@ def test_tasks_covered_by_a_teardown_stop_their_work_on_kill_and_record_its_end(
     from airflow.sdk import DAG
     from airflow.sdk.bases.operator import BaseOperator
 
-    from airflow_controltable.operators.slots import ControlTableTaskKilled, ReleaseSlotOperator
+    from airflow_controltable.kill import ControlTableTaskKilled
+    from airflow_controltable.operators.slots import ReleaseSlotOperator
     from airflow_controltable.plugins import work_ended
 
     with DAG("covered", schedule=None, start_date=datetime(2024, 1, 1)):

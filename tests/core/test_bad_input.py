@@ -170,16 +170,39 @@ def test_unencodable_names_are_configuration_errors(ct: ControlTable, name: str)
         ControlTable("sqlite:///x.db", namespace=name)
 
 
+def _item_failed_with(ct: ControlTable, worklist: str, reason: str) -> str:
+    """The ``last_error`` stored when the one item of a new work list fails with ``reason``."""
+    wl = ct.worklist(worklist)
+    wl.populate([{"n": 1}])
+    item = wl.allocate("w1")
+    assert item is not None
+    item.fail(reason)
+    [row] = wl.items_list(state="error")
+    assert wl.items_list(state="active") == [] and wl.allocate("w2") is None  # failed, not left allocated
+    return str(row["last_error"])
+
+
+def _batch_failed_with(ct: ControlTable, backend_url: str, reason: str) -> str:
+    """The error stored when a one-row batch of a new event table fails with ``reason`` (no retries)."""
+    name = f"ev_reason_{uuid.uuid4().hex[:8]}"
+    engine, md = _event_table(backend_url, name)
+    try:
+        events = ct.events(name, key="id", max_attempts=1)
+        events.prepare()
+        batch = events.claim(1)
+        assert batch is not None
+        assert batch.fail(reason) == 1
+        [error] = events.error_rows()
+        return str(error["error"])
+    finally:
+        md.drop_all(engine)
+        engine.dispose()
+
+
 def test_unencodable_text_in_a_fail_reason_is_escaped_not_refused(ct: ControlTable) -> None:
     """A failure reason is the one text a caller cannot be asked to fix in the moment of failing:
     it is stored escaped (one rule for items and batches, see test_fail_reasons_*)."""
-    wl = ct.worklist("texts")
-    wl.populate([{"a": 1}])
-    item = wl.allocate("w1")
-    assert item is not None
-    item.fail("bad \ud800 reason")
-    [row] = wl.items_list(state="error")
-    assert row["last_error"] == "bad \\ud800 reason"
+    assert _item_failed_with(ct, "texts", "bad \ud800 reason") == "bad \\ud800 reason"
 
 
 @pytest.mark.parametrize("where", ["ct_state = 'x'; drop table x", 42, b"raw"])
@@ -341,49 +364,13 @@ def test_fail_reasons_over_64_kb_are_cut_by_one_rule_and_the_item_is_failed(ct: 
     huge = "reason: " + "ü名🙂" * 30_000  # 90,000 characters, over 64 KB in any encoding
     expected = fail_reason(huge)
     assert len(expected) <= defaults.FAIL_REASON_LENGTH and "[cut: " in expected
-    wl = ct.worklist("long_reason")
-    wl.populate([{"n": 1}])
-    item = wl.allocate("w1")
-    assert item is not None
-    item.fail(huge)
-    [row] = wl.items_list(state="error")
-    assert row["last_error"] == expected
-    assert wl.items_list(state="active") == [] and wl.allocate("w2") is None
-    name = f"ev_reason_{uuid.uuid4().hex[:8]}"
-    engine, md = _event_table(backend_url, name)
-    try:
-        events = ct.events(name, key="id", max_attempts=1)
-        events.prepare()
-        batch = events.claim(1)
-        assert batch is not None
-        batch.fail(huge)
-        [error] = events.error_rows()
-        assert error["error"] == expected  # the same rule: same text stored
-    finally:
-        md.drop_all(engine)
-        engine.dispose()
+    assert _item_failed_with(ct, "long_reason", huge) == expected
+    assert _batch_failed_with(ct, backend_url, huge) == expected  # the same rule: same text stored
 
 
 def test_a_nul_in_a_fail_reason_is_escaped_on_every_backend(ct: ControlTable, backend_url: str) -> None:
-    wl = ct.worklist("nul_reason")
-    wl.populate([{"n": 1}])
-    item = wl.allocate("w1")
-    assert item is not None
-    item.fail("bad\x00byte")
-    [row] = wl.items_list(state="error")
-    assert row["last_error"] == "bad\\x00byte"
-    name = f"ev_nul_{uuid.uuid4().hex[:8]}"
-    engine, md = _event_table(backend_url, name)
-    try:
-        events = ct.events(name, key="id", max_attempts=1)
-        events.prepare()
-        batch = events.claim(1)
-        assert batch is not None
-        assert batch.fail("nul\x00in batch") == 1
-        assert events.error_rows()[0]["error"] == "nul\\x00in batch"
-    finally:
-        md.drop_all(engine)
-        engine.dispose()
+    assert _item_failed_with(ct, "nul_reason", "bad\x00byte") == "bad\\x00byte"
+    assert _batch_failed_with(ct, backend_url, "nul\x00in batch") == "nul\\x00in batch"
 
 
 # -- issue 21 item 5: the control tables are never event tables --------------------------------------------

@@ -15,32 +15,10 @@ from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
+from support.driver_errors import oracle_error, psycopg_error, pyodbc_error
 
 from controltable import dialects, migrations
 from controltable.errorcodes import is_already_applied, is_lock_timeout
-
-
-def _driver_class(module: str, name: str = "OperationalError") -> type[Exception]:
-    return type(name, (Exception,), {"__module__": module})
-
-
-def pyodbc_error(number: int, state: str = "42000", message: str = "Something") -> Exception:
-    return _driver_class("pyodbc", "ProgrammingError")(
-        state, f"[{state}] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]{message} ({number}) (SQLExecDirectW)"
-    )
-
-
-class _OracleError:
-    def __init__(self, full_code: str) -> None:
-        self.full_code = full_code
-        self.message = f"{full_code}: something"
-
-    def __str__(self) -> str:
-        return self.message
-
-
-def oracle_error(full_code: str) -> Exception:
-    return _driver_class("oracledb.exceptions", "DatabaseError")(_OracleError(full_code))
 
 
 @pytest.mark.parametrize("number, expected", [(1222, True), (1205, False), (2705, False)])
@@ -70,9 +48,7 @@ def test_oracle_already_applied_by_code(code: str, expected: bool) -> None:
                                              ("55P03", False)])
 def test_postgresql_already_applied_by_sqlstate(state: str, expected: bool) -> None:
     # 23505: two sessions creating one index at once clash on the catalogue's unique index.
-    exc = _driver_class("psycopg.errors", "ProgrammingError")("boom")
-    exc.sqlstate = state  # type: ignore[attr-defined]
-    assert is_already_applied(exc) is expected
+    assert is_already_applied(psycopg_error(state, name="ProgrammingError")) is expected
 
 
 def test_message_wording_alone_decides_nothing() -> None:
@@ -81,9 +57,7 @@ def test_message_wording_alone_decides_nothing() -> None:
     assert not is_already_applied(plain)
     assert not is_lock_timeout(plain)
     # A PostgreSQL error whose SQLSTATE says otherwise is judged by its SQLSTATE.
-    exc = _driver_class("psycopg.errors", "ProgrammingError")('column "x" already exists')
-    exc.sqlstate = "42601"  # type: ignore[attr-defined]
-    assert not is_already_applied(exc)
+    assert not is_already_applied(psycopg_error("42601", 'column "x" already exists', name="ProgrammingError"))
 
 
 def test_dialects_keeps_its_name_for_the_same_check() -> None:

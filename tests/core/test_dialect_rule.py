@@ -121,13 +121,6 @@ def test_traits_answer_what_the_branches_asked() -> None:
     assert dialects.server_label("mssql", "15.0") == "mssql"
 
 
-def test_old_import_path_of_server_versions() -> None:
-    from controltable import defaults
-
-    assert defaults.SQL_SERVER_VERSIONS == dialects.SQL_SERVER_VERSIONS
-    assert defaults.SQL_SERVER_VERSIONS["oracle"] == (19, 0)
-
-
 @pytest.mark.parametrize("url, expected", [
     ("sqlite:///x.db", True), ("sqlite+pysqlite:///:memory:", True), ("postgresql+psycopg://u@h/db", False),
     ("mysql+pymysql://root@127.0.0.1/test", False), ("not a url", False),

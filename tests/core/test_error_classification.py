@@ -14,13 +14,14 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator
 
 import pytest
 import sqlalchemy.exc as sa_exc
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from support import pgbouncer
+from support.driver_errors import driver_class, oracle_error, psycopg2_error, psycopg_error, pyodbc_error
 
 from controltable import (
     AuthenticationError,
@@ -45,45 +46,7 @@ from controltable.errorcodes import Kind, classify, is_unique_violation
 from controltable.errors import is_retryable, redact, safe_url
 
 
-# -- fake driver exceptions that carry real codes where each driver keeps them ---------------------
-def _driver_class(module: str, name: str = "OperationalError") -> type[Exception]:
-    return type(name, (Exception,), {"__module__": module})
-
-
-def psycopg_error(sqlstate: Optional[str], message: str = "boom", name: str = "OperationalError") -> Exception:
-    exc = _driver_class("psycopg.errors", name)(message)
-    exc.sqlstate = sqlstate  # type: ignore[attr-defined]
-    return exc
-
-
-def psycopg2_error(pgcode: Optional[str], message: str = "boom") -> Exception:
-    exc = _driver_class("psycopg2.errors")(message)
-    exc.pgcode = pgcode  # type: ignore[attr-defined]
-    exc.pgerror = None if pgcode is None else message  # type: ignore[attr-defined]
-    return exc
-
-
-def pyodbc_error(state: str, number: int, name: str = "ProgrammingError") -> Exception:
-    return _driver_class("pyodbc", name)(
-        state, f"[{state}] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Something ({number}) (SQLExecDirectW)"
-    )
-
-
-class _OracleError:
-    """python-oracledb's ``_Error``: ``exc.args[0]`` with ``full_code`` and ``message``."""
-
-    def __init__(self, full_code: str) -> None:
-        self.full_code = full_code
-        self.message = f"{full_code}: something"
-
-    def __str__(self) -> str:
-        return self.message
-
-
-def oracle_error(full_code: str, name: str = "DatabaseError") -> Exception:
-    return _driver_class("oracledb.exceptions", name)(_OracleError(full_code))
-
-
+# -- fake driver exceptions: support.driver_errors -------------------------------------------------
 def wrapped(orig: Exception, invalidated: bool = False) -> sa_exc.DBAPIError:
     return sa_exc.OperationalError("SELECT 1", {}, orig, connection_invalidated=invalidated)  # type: ignore[arg-type]
 
@@ -128,7 +91,7 @@ def test_postgresql_sqlstates(state: str, kind: Kind) -> None:
 def test_psycopg_connection_failures_without_sqlstate(message: str, kind: Kind) -> None:
     assert classify(wrapped(psycopg_error(None, message)), "postgresql") is kind
     # psycopg's ConnectionTimeout is an OperationalError subclass
-    timeout_cls = type("ConnectionTimeout", (_driver_class("psycopg"),), {"__module__": "psycopg"})
+    timeout_cls = type("ConnectionTimeout", (driver_class("psycopg"),), {"__module__": "psycopg"})
     assert classify(timeout_cls("connection timeout expired"), "postgresql") is Kind.UNAVAILABLE
 
 
@@ -174,7 +137,7 @@ MSSQL_CASES = [
 
 @pytest.mark.parametrize(("state", "number", "kind"), MSSQL_CASES)
 def test_sql_server_codes(state: str, number: int, kind: Kind) -> None:
-    assert classify(wrapped(pyodbc_error(state, number)), "mssql") is kind
+    assert classify(wrapped(pyodbc_error(number, state)), "mssql") is kind
 
 
 ORACLE_CASES = [
@@ -288,10 +251,10 @@ def test_transient_and_lost_connections_are_retried(db: Database) -> None:
 def test_azure_sql_resource_limits_are_retried(db: Database, number: int) -> None:
     """Azure SQL refuses a request at its tier's worker/session limit (10928) or when too busy
     (10929): nothing ran, the capacity frees as other requests end, so the work is retried."""
-    flaky = _Flaky(pyodbc_error("42000", number), 2)
+    flaky = _Flaky(pyodbc_error(number), 2)
     assert db.run(flaky) == "ok" and flaky.calls == 3
     with pytest.raises(DatabaseBusyError) as caught:  # still refused after every retry
-        db.run(_Flaky(pyodbc_error("42000", number), 1000))
+        db.run(_Flaky(pyodbc_error(number), 1000))
     assert is_retryable(caught.value)
 
 

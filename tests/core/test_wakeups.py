@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
 
 import pytest
 from support.live import wait_until
@@ -159,19 +160,29 @@ def test_worklist_allocator_wakes_when_the_order_finishes(backend_url: str, name
     other.close()
 
 
-def test_waiting_claim_wakes_when_a_producer_notifies(backend_url: str, namespace: str,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """A claim waiting on an empty table is woken by the producer's notification (its back-off
-    stretched to HANG s: only the notification can end its sleep sooner)."""
+@contextmanager
+def _empty_event_table(ct: ControlTable, namespace: str) -> Iterator[tuple[Any, Any]]:
+    """A prepared, empty event table (``id`` only) and its ``EventTable``; dropped, and ``ct`` closed, after."""
     from sqlalchemy import Column, Integer, MetaData, Table
 
-    ct = ControlTable(backend_url, namespace=namespace)
     md = MetaData()
     t = Table(f"ev_{namespace[-8:]}", md, Column("id", Integer, primary_key=True))
     md.create_all(ct.engine)
     try:
         ev = ct.events(t.name, key="id")
         ev.prepare()
+        yield t, ev
+    finally:
+        md.drop_all(ct.engine)
+        ct.close()
+
+
+def test_waiting_claim_wakes_when_a_producer_notifies(backend_url: str, namespace: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim waiting on an empty table is woken by the producer's notification (its back-off
+    stretched to HANG s: only the notification can end its sleep sooner)."""
+    ct = ControlTable(backend_url, namespace=namespace)
+    with _empty_event_table(ct, namespace) as (t, ev):
         got: list[tuple[float, int]] = []
         other = ControlTable(backend_url, namespace=namespace)
         sleeps = Sleeps(other, monkeypatch)
@@ -195,23 +206,13 @@ def test_waiting_claim_wakes_when_a_producer_notifies(backend_url: str, namespac
         assert got and got[0][1] == 5, f"hang: the waiting claim got nothing: {got}"
         ended = sleeps.after(produced)
         assert ended and ended[0], f"the claim's sleep was not ended by the producer's notification: {ended}"
-    finally:
-        md.drop_all(ct.engine)
-        ct.close()
 
 
 @pytest.mark.backends("sqlite", "mysql")
 def test_waiting_claim_polls_where_there_is_no_push(backend_url: str, namespace: str) -> None:
-    from sqlalchemy import Column, Integer, MetaData, Table
-
     ct = ControlTable(backend_url, namespace=namespace)
     ct.install()
-    md = MetaData()
-    t = Table(f"ev_{namespace[-8:]}", md, Column("id", Integer, primary_key=True))
-    md.create_all(ct.engine)
-    try:
-        ev = ct.events(t.name, key="id")
-        ev.prepare()
+    with _empty_event_table(ct, namespace) as (t, ev):
         t0 = time.monotonic()
         assert ev.claim(5, owner="w", wait=0.5) is None
         assert time.monotonic() - t0 >= 0.45  # a lower bound (it waited): load only makes it longer
@@ -220,6 +221,3 @@ def test_waiting_claim_polls_where_there_is_no_push(backend_url: str, namespace:
         batch = ev.claim(5, owner="w", wait=5)
         assert batch is not None and batch.keys == [1]
         batch.complete()
-    finally:
-        md.drop_all(ct.engine)
-        ct.close()

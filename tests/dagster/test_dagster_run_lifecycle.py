@@ -7,7 +7,7 @@ In-process (``execute_in_process`` and sensor contexts on an ephemeral instance)
 import json
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from dagster import (
@@ -105,26 +105,36 @@ def test_cleanup_sensor_follows_a_namespace_from_run_config(ct: Any, backend_url
         resource.close()
 
 
-def test_teardown_withdraws_the_requests_of_a_cancelled_run(ct: Any, resource: ControlTableResource) -> None:
-    """In-process executor: a step waiting between retries leaves the queue when the run is cancelled."""
-    ct.set_capacity("warehouse", 1)
-    blocker = ct.acquire("warehouse", holder="shell-job")
-    instance = DagsterInstance.ephemeral()
-    seen: dict[str, Any] = {}
+def _retrying_job(seen: dict[str, Any], retry_interval: float, on_retry: Callable[[OpExecutionContext], None]) -> Any:
+    """A job of one step that finds ``warehouse`` busy and retries (``wait="retry"``); its run id goes
+    into ``seen``, and its second try only calls ``on_retry``."""
 
     @op
     def polite(context: OpExecutionContext, controltable: ControlTableResource) -> None:
         seen["run_id"] = context.run_id
-        if context.retry_number >= 1:  # the run was cancelled while the step waited between retries
-            instance.report_run_canceling(instance.get_run_by_id(context.run_id))
+        if context.retry_number >= 1:
+            on_retry(context)
             return
-        with controltable.slot("warehouse", wait="retry", retry_interval=0.2):
+        with controltable.slot("warehouse", wait="retry", retry_interval=retry_interval):
             pass
 
     @job
     def polite_job() -> None:
         polite()
 
+    return polite_job
+
+
+def test_teardown_withdraws_the_requests_of_a_cancelled_run(ct: Any, resource: ControlTableResource) -> None:
+    """In-process executor: a step waiting between retries leaves the queue when the run is cancelled."""
+    ct.set_capacity("warehouse", 1)
+    blocker = ct.acquire("warehouse", holder="shell-job")
+    instance = DagsterInstance.ephemeral()
+
+    def cancel(context: OpExecutionContext) -> None:  # the run is cancelled while the step waits between retries
+        instance.report_run_canceling(instance.get_run_by_id(context.run_id))
+
+    polite_job = _retrying_job({}, 0.2, cancel)
     try:
         polite_job.execute_in_process(resources={"controltable": resource}, instance=instance, raise_on_error=False)
         assert _queue(ct, "warehouse") == (["shell-job"], [])
@@ -320,20 +330,8 @@ def test_run_worker_withdraws_a_retry_waiter_when_its_run_is_cancelled(ct: Any, 
     blocker = ct.acquire("warehouse", holder="shell-job")
     instance = DagsterInstance.ephemeral()
     seen: dict[str, Any] = {}
-
-    @op
-    def polite(context: OpExecutionContext, controltable: ControlTableResource) -> None:
-        seen["run_id"] = context.run_id
-        if context.retry_number >= 1:
-            seen["retried_at"] = time.monotonic()
-            return
-        with controltable.slot("warehouse", wait="retry", retry_interval=60):  # at the head: retry in 5 s
-            pass
-
-    @job
-    def polite_job() -> None:
-        polite()
-
+    # At the head of the queue the step retries in 5 s, not the 60 s asked for.
+    polite_job = _retrying_job(seen, 60, lambda context: seen.update(retried_at=time.monotonic()))
     runner = threading.Thread(target=lambda: polite_job.execute_in_process(
         resources={"controltable": resource}, instance=instance, raise_on_error=False))
     runner.start()

@@ -4,9 +4,12 @@
       claim batches and complete them until STOP exists or nothing is left; log JSON lines
       {"p": keys, "tok": t} when a batch is processed and {"c": keys, "tok": t} once its
       completion returned (the batch is recorded done).
-  slots URL NAMESPACE NAME SEED LOG STOP
+  slots URL NAMESPACE NAME SEED LOG STOP [--lease S --grants]
       random shared/exclusive requests on cap1/cap3 with short holds until STOP exists; one line
-      per hold whose lease was confirmed held at its end: {"iv": Interval fields}.
+      per hold whose lease was confirmed held at its end: {"iv": Interval fields}. With --grants
+      (the failover test) also one line per grant the moment ``acquire`` returned,
+      {"g": resource, "tok": token, "t": time, "worker": name}: every token a caller was handed,
+      including those in commits a promoted standby never received.
 
 Every exception a worker sees is logged as {"err": class, "ct": is-a-ControlTableError, "op": ...}
 and the worker carries on (after a short pause), as a production worker that catches
@@ -106,12 +109,15 @@ def slots(args: argparse.Namespace) -> int:
             time.sleep(0.2)
             continue
         request = None
+        if args.grants:
+            log.write(g=resource, tok=lease.token, t=time.time(), worker=args.name)
         try:
             start = time.time()  # after acquire returned
             time.sleep(rng.uniform(0.02, 0.1) if mode == "shared" else rng.uniform(0.001, 0.03))
             end = time.time()  # before the lease is checked and released
-            # Only a hold confirmed at its end is recorded: a lease that expired during an outage
-            # may have been granted to someone else, and that is reported (LeaseLost), not a violation.
+            # Only a hold confirmed at its end is recorded: a lease that expired during an outage (or
+            # a grant a failover lost) may have been granted to someone else, and that is reported
+            # (LeaseLost), not a violation.
             lease.check()
             log.write(iv=dict(worker=args.name, resource=resource, mode=mode, slots=n, start=start, end=end,
                               ticket=lease.ticket, token=lease.token))
@@ -137,6 +143,7 @@ def main() -> int:
     for name in ("url", "namespace", "name", "seed", "log", "stop"):
         s.add_argument(name)
     s.add_argument("--lease", type=float, default=4.0)
+    s.add_argument("--grants", action="store_true")
     s.set_defaults(fn=slots)
     args = p.parse_args()
     try:

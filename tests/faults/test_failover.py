@@ -128,7 +128,8 @@ def test_failover_keeps_tokens_increasing_and_completions_once(pair: ReplicatedP
     stop = tmp_path / "stop"
     slot_logs = [tmp_path / f"slots-{i}.jsonl" for i in range(3)]
     drain_logs = [tmp_path / f"drain-{i}.jsonl" for i in range(2)]
-    procs = [_spawn("failover_workers.py", "slots", url, namespace, f"s{i}", str(100 + i), str(log), str(stop))
+    procs = [_spawn("fault_workers.py", "slots", url, namespace, f"s{i}", str(100 + i), str(log), str(stop),
+                    "--lease", "3", "--grants")
              for i, log in enumerate(slot_logs)]
 
     def grants() -> list[dict[str, Any]]:

@@ -94,6 +94,13 @@ def _read(logs: list[Path]) -> list[dict[str, Any]]:
     return records
 
 
+def _drained(records: list[dict[str, Any]]) -> tuple[Counter[Any], Counter[Any]]:
+    """Per event key, from the drain workers' lines: how often its completion returned (``c``) and
+    how often it was processed (``p``)."""
+    return (Counter(k for r in records if "c" in r for k in r["c"]),
+            Counter(k for r in records if "p" in r for k in r["p"]))
+
+
 def _error_summary(records: list[dict[str, Any]]) -> tuple[Counter[str], list[dict[str, Any]]]:
     errors = [r for r in records if "err" in r]
     return Counter(r["err"] for r in errors), [r for r in errors if not r["ct"]]
@@ -154,8 +161,7 @@ def test_drain_survives_restarts_and_cut_commits(server: ThrowawayServer, proxy:
     elapsed = time.monotonic() - started
 
     records = _read(logs)
-    completed = Counter(k for r in records if "c" in r for k in r["c"])
-    processed = Counter(k for r in records if "p" in r for k in r["p"])
+    completed, processed = _drained(records)
     errors, foreign = _error_summary(records)
     final = _retry(ev.stats)
     twice = sum(1 for n in processed.values() if n > 1)

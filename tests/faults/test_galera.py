@@ -35,7 +35,7 @@ from controltable import ControlTable, checks
 
 from .galera import GaleraCluster, galera_missing
 from .servers import ThrowawayMariaDB
-from .test_faults import _error_summary, _finish, _read, _report, _retry
+from .test_faults import _drained, _error_summary, _finish, _read, _report, _retry
 
 pytestmark = [pytest.mark.faults]
 
@@ -167,8 +167,7 @@ def test_galera_drain_completes_each_event_once_across_a_node_kill(cluster: Gale
         tails = _finish(procs, stop)
     elapsed = time.monotonic() - started
     records = _read(logs)
-    completed = Counter(k for r in records if "c" in r for k in r["c"])
-    processed = Counter(k for r in records if "p" in r for k in r["p"])
+    completed, processed = _drained(records)
     errors, foreign = _error_summary(records)
     final = _retry(ev.stats)
     conflicts = cluster.conflicts(cluster.nodes[:2]) - conflicts_before

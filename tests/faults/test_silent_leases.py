@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import pytest
 from support import event_tables
@@ -108,11 +108,12 @@ def test_a_slot_renewal_before_the_expiry_stays_unavailable(silent: Silent, mode
     silent.direct.release("r", "me")
 
 
-def test_the_renewer_interrupts_the_work_by_the_expiry(silent: Silent) -> None:
-    asked = time.monotonic()
+def _interrupted(silent: Silent, block: ContextManager[Any], mode: str, asked: float) -> float:
+    """Seconds from ``asked`` until work inside ``block`` (holding a renewed lease) was interrupted,
+    the path to the database silenced (``mode``) as the work began."""
     interrupted = None
-    with pytest.raises(LeaseLost), silent.ct.slot("r", holder="me", timeout=5, lease=LEASE):
-        silent.proxy.silence("blackhole")
+    with pytest.raises(LeaseLost), block:
+        silent.proxy.silence(mode)
         try:
             while time.monotonic() - asked < 60:
                 time.sleep(0.05)
@@ -120,45 +121,48 @@ def test_the_renewer_interrupts_the_work_by_the_expiry(silent: Silent) -> None:
             interrupted = time.monotonic() - asked
             raise
     assert interrupted is not None, "the work was never interrupted"
+    return interrupted
+
+
+def _learns_of_the_loss(silent: Silent, held: Any, asked: float) -> float:
+    """Seconds from ``asked`` until ``held`` (a batch or an item) renewing on a blackholed path hears
+    ``LeaseLost``: it stays ours within the lease, and a check after the loss says so too."""
+    silent.proxy.silence("blackhole")
+    held.check()  # within the lease: still ours
+    lost, took = _until_lost(held.renew, asked)
+    assert "could not be reached before the lease expired" in str(lost)
+    with pytest.raises(LeaseLost):
+        held.check()
+    return took
+
+
+def test_the_renewer_interrupts_the_work_by_the_expiry(silent: Silent) -> None:
+    asked = time.monotonic()
+    interrupted = _interrupted(silent, silent.ct.slot("r", holder="me", timeout=5, lease=LEASE), "blackhole", asked)
     _report("slot work interrupted by the renewer, from the grant", interrupted, BOUND)
     silent.direct.release("r", "me")
 
 
-def test_a_batch_holder_learns_of_the_loss_by_the_expiry(silent: Silent) -> None:
-    table = event_tables.create(silent.direct, 3)
+def _claimed(silent: Silent, n: int) -> tuple[Any, float]:
+    """A batch of all ``n`` rows of a new event table, claimed through the proxy, and when it was asked for."""
+    table = event_tables.create(silent.direct, n)
     silent.tables.append(table.name)
     silent.direct.events(table.name, key="id").prepare()
     events = silent.ct.events(table.name, key="id")
     asked = time.monotonic()
-    batch = events.claim(3, owner="me", lease=LEASE)
-    assert batch is not None and len(batch) == 3
-    silent.proxy.silence("blackhole")
-    batch.check()  # within the lease: still ours
-    lost, took = _until_lost(batch.renew, asked)
-    assert "could not be reached before the lease expired" in str(lost)
-    _report("batch renew() on a blackhole path, from the claim", took, BOUND)
-    with pytest.raises(LeaseLost):
-        batch.check()
+    batch = events.claim(n, owner="me", lease=LEASE)
+    assert batch is not None and len(batch) == n
+    return batch, asked
+
+
+def test_a_batch_holder_learns_of_the_loss_by_the_expiry(silent: Silent) -> None:
+    batch, asked = _claimed(silent, 3)
+    _report("batch renew() on a blackhole path, from the claim", _learns_of_the_loss(silent, batch, asked), BOUND)
 
 
 def test_a_batch_renewer_interrupts_the_work_by_the_expiry(silent: Silent) -> None:
-    table = event_tables.create(silent.direct, 2)
-    silent.tables.append(table.name)
-    silent.direct.events(table.name, key="id").prepare()
-    events = silent.ct.events(table.name, key="id")
-    asked = time.monotonic()
-    batch = events.claim(2, owner="me", lease=LEASE)
-    assert batch is not None
-    interrupted = None
-    with pytest.raises(LeaseLost), batch.renewing():
-        silent.proxy.silence("drop")
-        try:
-            while time.monotonic() - asked < 60:
-                time.sleep(0.05)
-        except LeaseLostInterrupt:
-            interrupted = time.monotonic() - asked
-            raise
-    assert interrupted is not None, "the work was never interrupted"
+    batch, asked = _claimed(silent, 2)
+    interrupted = _interrupted(silent, batch.renewing(), "drop", asked)
     _report("batch work interrupted by the renewer, from the claim", interrupted, BOUND)
 
 
@@ -174,13 +178,7 @@ def test_an_item_holder_learns_of_the_loss_by_the_expiry(silent: Silent) -> None
     asked = time.monotonic()
     item = wl.allocate("me", lease=LEASE)
     assert item is not None
-    silent.proxy.silence("blackhole")
-    item.check()  # within the lease: still ours
-    lost, took = _until_lost(item.renew, asked)
-    assert "could not be reached before the lease expired" in str(lost)
-    _report("item renew() on a blackhole path, from the allocation", took, BOUND)
-    with pytest.raises(LeaseLost):
-        item.check()
+    _report("item renew() on a blackhole path, from the allocation", _learns_of_the_loss(silent, item, asked), BOUND)
     silent.direct.worklist(name).drop()
 
 

@@ -23,7 +23,7 @@ _EXPORTS = {
     "ReleaseSlotOperator": "airflow_controltable.operators.slots",
     "SlotPythonOperator": "airflow_controltable.operators.slots",
     "HoldSlotMixin": "airflow_controltable.operators.slots",
-    "ControlTableTaskKilled": "airflow_controltable.operators.slots",
+    "ControlTableTaskKilled": "airflow_controltable.kill",
     "controltable_slot_task": "airflow_controltable.decorators",
     "ClaimBatchOperator": "airflow_controltable.operators.events",
     "CompleteBatchOperator": "airflow_controltable.operators.events",

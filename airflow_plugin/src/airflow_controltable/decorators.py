@@ -35,8 +35,8 @@ from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_d
 
 from airflow_controltable.defaults import DEFAULT_MODE, DEFAULT_RENEWED_LEASE, INTERRUPT_ON_LEASE_LOSS
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, ControlTableHook
-from airflow_controltable.operators.slots import ControlTableTaskKilled, SlotPythonOperator
-from airflow_controltable.statements import tracked_statements
+from airflow_controltable.kill import WorkStopper
+from airflow_controltable.operators.slots import SlotPythonOperator
 from airflow_controltable.utils import (
     airflow_errors,
     slot_priority,
@@ -116,9 +116,8 @@ def slot_held(
     start_renewing(held)
 
     previous_on_kill = task.on_kill
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    working = [True]
-    statements: list[Any] = []
+    stopper = WorkStopper(f"the task is being killed: stopped the work under the slot of {resource!r}; "
+                          "the slot is released now that the work has stopped")
 
     def on_kill() -> None:
         # Runs in the SIGTERM handler, in the main thread. A block running there is stopped by
@@ -127,29 +126,18 @@ def slot_held(
         # A block in another thread cannot be stopped from here: release from a helper thread,
         # giving up after a while rather than hang the kill.
         previous_on_kill()
-        if not working[0]:
-            return
-        if in_main_thread and threading.current_thread() is threading.main_thread():
-            working[0] = False
-            for tracker in statements:
-                tracker.cancel()  # MySQL: KILL QUERY (psycopg cancels on the raise below)
-            raise ControlTableTaskKilled(
-                f"the task is being killed: stopped the work under the slot of {resource!r}; "
-                "the slot is released now that the work has stopped")
-        helper = threading.Thread(target=_release_quietly, args=(held, log), daemon=True)
-        helper.start()
-        helper.join(timeout=15)
+        stopper.stop()
+        if stopper.working:
+            helper = threading.Thread(target=_release_quietly, args=(held, log), daemon=True)
+            helper.start()
+            helper.join(timeout=15)
 
     task.on_kill = on_kill
     try:
         # Lease.__exit__ stops the renewal and releases; if the block failed, a lost lease only
         # logs and the block's own error propagates; if it succeeded, a lease lost meanwhile raises.
-        with held, tracked_statements() as tracker:
-            statements.append(tracker)
-            try:
-                yield held
-            finally:
-                working[0] = False
+        with held, stopper:
+            yield held
     except LeaseLost as exc:
         raise translate(exc) from exc
     finally:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Un
 from sqlalchemy import insert, inspect, select, update
 from sqlalchemy.engine import Connection, Engine, make_url
 
-from . import connect, errorcodes
+from . import connect, errorcodes, tracing
 from .db import DEFAULT_URL, Database
 from .defaults import (
     CONNECT_TIMEOUT,
@@ -233,6 +233,7 @@ class ControlTable:
         """Remove a resource. Refuses while it has live holders or waiters unless ``force``."""
         return self._slots.delete_resource(check_name("resource", name), force=force)
 
+    @tracing.waits()
     def acquire(
         self,
         resource: Union[str, Mapping[str, int]],
@@ -267,6 +268,7 @@ class ControlTable:
             priority=check_priority(priority),
         )
 
+    @tracing.waits(poll=True)
     def try_acquire(
         self,
         resource: Union[str, Mapping[str, int]],
@@ -472,7 +474,7 @@ class ControlTable:
         """
         from .doctor import run_checks
 
-        return run_checks(self, event_tables=event_tables)
+        return run_checks(self, self._wakeups, event_tables=event_tables)
 
     def _notify(self, conn: Connection, keys: list[str]) -> None:
         """Inside ``conn``'s transaction: wake waiters of ``keys`` when it commits (PostgreSQL)."""

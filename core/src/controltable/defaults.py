@@ -102,9 +102,6 @@ DDL_BACKFILL_BATCH = 1000
 #: How long ``install()`` keeps re-running an idempotent DDL step that met a concurrent install's lock
 #: (seconds); past it the ``DatabaseBusyError`` reaches the caller.
 INSTALL_BUSY_WINDOW = 30.0
-#: ``SQL_SERVER_VERSIONS`` (the server versions ``controltable sql`` compiles for when none is
-#: given) moved to :mod:`controltable.dialects` (each dialect's ``Traits.script_version``); the
-#: old name still resolves, through the module's ``__getattr__`` at the end.
 
 # -- connections and timeouts (overridable: ControlTable(url, connect_timeout=..., statement_timeout=...),
 # -- CLI --connect-timeout / --statement-timeout) ------------------------------------------------------
@@ -224,10 +221,3 @@ WEB_ERROR_ROWS = 20
 #: require; ``serve --actions`` refuses to start without it.
 WEB_TOKEN_ENV = "CONTROLTABLE_WEB_TOKEN"
 
-
-def __getattr__(name: str) -> object:
-    if name == "SQL_SERVER_VERSIONS":  # moved: see above
-        from .dialects import SQL_SERVER_VERSIONS
-
-        return SQL_SERVER_VERSIONS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

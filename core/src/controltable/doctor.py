@@ -18,24 +18,43 @@ import functools
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence
 
 from sqlalchemy import Table, delete, false, insert, literal, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import TextClause
 
+from .db import Database
 from .dialects import SUPPORTED_DIALECTS, server_label, traits
 from .errors import ControlTableError
-from .schema import SCHEMA_VERSION
+from .schema import SCHEMA_VERSION, ControlSchema
+from .wakeups import Wakeups
 
 if TYPE_CHECKING:
-    from .control import ControlTable
     from .events import EventTable
 
 #: Finding levels, mildest first. ``ok``: as it should be; ``info``: worth knowing, nothing to do;
 #: ``warning``: a promise is weakened (exit 1); ``error``: a promise is broken or work fails (exit 2).
 LEVELS = ("ok", "info", "warning", "error")
 NOTHING = "nothing to do"
+
+
+class Checked(Protocol):
+    """What the checks read of the ``ControlTable`` they check (it passes itself and its wake-ups).
+
+    A protocol, not the class: ``control`` imports this module for ``ControlTable.doctor()``, so
+    this one names only what it reads, and the import goes one way.
+    """
+
+    @property
+    def db(self) -> Database: ...
+
+    @property
+    def tables(self) -> ControlSchema: ...
+
+    def installed_version(self) -> Optional[int]: ...
+
+    def now(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -306,8 +325,10 @@ def galera_finding(wsrep_on: Optional[bool], sync_wait: Optional[int], status: d
 
 
 # -- running the checks ----------------------------------------------------------------------------------------
-def run_checks(ct: ControlTable, *, event_tables: Sequence[EventTable] = ()) -> list[Finding]:
+def run_checks(ct: Checked, wakeups: Wakeups, *, event_tables: Sequence[EventTable] = ()) -> list[Finding]:
     """Every check against ``ct``'s database, in a stable order; each failure is a finding of its own.
+
+    ``wakeups`` is ``ct``'s push listener: the pooler and push checks probe it and read its listen URL.
 
     A database that cannot be reached at all raises :class:`DatabaseUnavailableError` (the CLI's exit 4).
     """
@@ -332,8 +353,8 @@ def run_checks(ct: ControlTable, *, event_tables: Sequence[EventTable] = ()) -> 
         known = db.engine.dialect.server_version_info or ()
         findings.append(server_finding(dialect, ".".join(str(part) for part in known) or "(version unknown)"))
     if traits(dialect).listen_notify:
-        check("pooler", lambda: [pooler_finding(_pooler_probe(ct), ct.push_active, ct._wakeups.listen_url is not None)])
-    check("push", lambda: [_push(ct)])
+        check("pooler", lambda: [pooler_finding(_pooler_probe(ct), wakeups.active, wakeups.listen_url is not None)])
+    check("push", lambda: [_push(wakeups)])
     read_only: Optional[bool] = None
     if dialect in READ_ONLY:
         try:
@@ -373,7 +394,7 @@ def _unchecked(check: str, exc: ControlTableError) -> Finding:
     return Finding(check, "error", f"could not check: {exc}", "fix what the message names, then run doctor again")
 
 
-def _pooler_probe(ct: ControlTable) -> PoolerProbe:
+def _pooler_probe(ct: Checked) -> PoolerProbe:
     """Two client connections and three transactions; see :func:`pooler_finding` for what they prove."""
     engine = ct.db.engine
     value = uuid.uuid4().hex
@@ -398,16 +419,16 @@ def _pooler_probe(ct: ControlTable) -> PoolerProbe:
                        int(pid_second), kept)
 
 
-def _push(ct: ControlTable) -> Finding:
-    status = ct.push_status()
+def _push(wakeups: Wakeups) -> Finding:
+    status = wakeups.status()
     round_trip = None
     if status.active:
-        seconds = ct._wakeups.probe()
+        seconds = wakeups.probe()
         round_trip = None if seconds is None else seconds * 1000.0
-    return push_finding(status.state, status.detail, round_trip, ct._wakeups.listen_url is not None)
+    return push_finding(status.state, status.detail, round_trip, wakeups.listen_url is not None)
 
 
-def _replication(ct: ControlTable, in_recovery: bool) -> Finding:
+def _replication(ct: Checked, in_recovery: bool) -> Finding:
     def read(conn: Connection) -> tuple[str, str, list[tuple[Any, Any, Any]]]:
         commit, names = conn.execute(PG_SYNC_SETTINGS).one()
         rows = [tuple(r) for r in conn.execute(PG_REPLICAS)]
@@ -417,14 +438,14 @@ def _replication(ct: ControlTable, in_recovery: bool) -> Finding:
     return replication_finding(commit, names, rows, in_recovery)
 
 
-def _skew(ct: ControlTable) -> Finding:
+def _skew(ct: Checked) -> Finding:
     before = time.time()
     database = ct.now()
     after = time.time()
     return skew_finding(database - (before + after) / 2)
 
 
-def _denied(ct: ControlTable, table: Table) -> dict[str, str]:
+def _denied(ct: Checked, table: Table) -> dict[str, str]:
     from .errors import PermissionDeniedError
 
     denied: dict[str, str] = {}
@@ -440,7 +461,7 @@ def _execute(stmt: Any, conn: Connection) -> None:
     conn.execute(stmt)
 
 
-def _event_table(ct: ControlTable, ev: EventTable, label: str) -> list[Finding]:
+def _event_table(ct: Checked, ev: EventTable, label: str) -> list[Finding]:
     check = f"event table {label}"
     missing = ev.prepare_statements()
     if missing:
@@ -473,7 +494,7 @@ def _event_table(ct: ControlTable, ev: EventTable, label: str) -> list[Finding]:
     return out
 
 
-def _galera(ct: ControlTable) -> Finding:
+def _galera(ct: Checked) -> Finding:
     def read(conn: Connection) -> tuple[Optional[bool], Optional[int], dict[str, str]]:
         if not conn.scalar(MYSQL_HAS_WSREP):
             return None, None, {}

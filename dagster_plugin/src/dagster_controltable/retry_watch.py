@@ -152,7 +152,7 @@ def watch(settings: dict[str, Any]) -> int:
     from dagster._serdes import deserialize_value
 
     from controltable import ControlTable
-    from dagster_controltable.run_watch import RUN_ENDED_BADLY
+    from dagster_controltable.run_status import RUN_ENDED_BADLY
 
     path = Path(settings["state"])
     ack = path.with_suffix(".ack")

@@ -1,12 +1,9 @@
 """Run config that configures the resource: the definitions' fields it leaves out are kept, a reset namespace named."""
 
 import os
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import Any, Mapping, Optional
 
-from pydantic import TypeAdapter
-
-if TYPE_CHECKING:
-    from .resource import ControlTableResource
+from pydantic import BaseModel, TypeAdapter
 
 
 def _defined_config(context: Any) -> Optional[Mapping[str, Any]]:
@@ -29,8 +26,11 @@ def _run_config_of(context: Any) -> Optional[Mapping[str, Any]]:
     return None
 
 
-def keep_defined_fields(resource: "ControlTableResource", context: Any) -> list[str]:
+def keep_defined_fields(resource: BaseModel, context: Any) -> list[str]:
     """Give back the definitions' values of the fields this run's run config leaves out; returns their keys.
+
+    ``resource`` is the run's ``ControlTableResource``, taken as the pydantic model it is: its fields
+    are all this reads, and this module stays below the resource, which imports it.
 
     Dagster replaces a Pythonic resource's whole configuration when run config names the resource,
     so run config giving only ``url`` (the usual override) would reset ``namespace``, ``prefix``,

@@ -10,17 +10,13 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Optional, Union
 
-from dagster import DagsterRunStatus
-
 from controltable import ControlTable
 
 from . import defaults, retry_watch
+from .run_status import RUN_ENDED_BADLY
 from .text import names_list
 
 log = logging.getLogger("dagster_controltable")
-
-#: A run in one of these states will never pick up a grant: its requests can be withdrawn.
-RUN_ENDED_BADLY = frozenset({DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED, DagsterRunStatus.FAILURE})
 
 
 class RunRequests:

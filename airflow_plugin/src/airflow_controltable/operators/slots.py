@@ -24,7 +24,6 @@ raised) until Airflow has had time to kill their processes, before it hands the 
 from __future__ import annotations
 
 import inspect
-import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -32,7 +31,6 @@ from typing import Any, Optional
 
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import BaseOperator, Context
-from airflow.sdk.exceptions import AirflowTaskTerminated
 
 from airflow_controltable.defaults import (
     DEFAULT_DEFERRED_PICKUP,
@@ -48,8 +46,8 @@ from airflow_controltable.defaults import (
 )
 from airflow_controltable.exceptions import ControlTableAcquireTimeout, ControlTableLeaseLost
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
+from airflow_controltable.kill import WORK_ENDED_KEY, WorkStopper
 from airflow_controltable.operators.base import ControlTableBaseOperator
-from airflow_controltable.statements import RunningStatements, tracked_statements
 from airflow_controltable.utils import (
     airflow_errors,
     check_wait_args,
@@ -65,7 +63,7 @@ from controltable import ControlTableError, LeaseLostInterrupt
 from controltable import defaults as core_defaults
 
 __all__ = [
-    "DEFAULT_DEFERRED_PICKUP", "ControlTableTaskKilled", "HoldSlotMixin", "ReleaseSlotOperator", "SlotPythonOperator",
+    "DEFAULT_DEFERRED_PICKUP", "HoldSlotMixin", "ReleaseSlotOperator", "SlotPythonOperator",
 ]
 
 #: States after which a task instance runs no more (its own process reported the end, or the
@@ -75,16 +73,6 @@ FINISHED_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", 
 #: Task-instance states that mean the task ended by itself (its process has exited when it reports
 #: them); any other finished state may have been forced on a process that still runs.
 CLEAN_STATES = frozenset({"success", "skipped", "upstream_failed"})
-
-
-class ControlTableTaskKilled(AirflowTaskTerminated, KeyboardInterrupt):
-    """Raised into the work by ``on_kill`` so that the slot is released only after the work stopped.
-
-    Also a ``KeyboardInterrupt``: that is what database drivers cancel a running statement on
-    (psycopg 3 sends the server a cancel request and waits for it to take effect). Any other
-    exception leaves the statement running in the server after the client gave up: a load of one
-    long statement would commit its write after the slot was released and the next holder started.
-    """
 
 
 class HoldSlotMixin(UsesControlTable, BaseOperator):
@@ -161,8 +149,7 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
         self.namespace = namespace
         self.control_schema = control_schema
         self.slot_lease = None
-        self._working = False
-        self._statements: Optional[RunningStatements] = None
+        self._stopper: Optional[WorkStopper] = None
 
     # -- helpers ------------------------------------------------------------------------------------
     def _slot_holder(self, context: Context) -> str:
@@ -264,14 +251,16 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
             lease.slots, lease.mode, lease.resource, lease.holder, lease.token, lease.lease_seconds,
         )
         self.slot_lease = lease
-        self._working = True
+        self._stopper = WorkStopper(
+            f"the task is being killed: stopped the work under the slot of {self.resource!r}; "
+            "the slot is released now that the work has stopped"
+        )
         try:
             # A lease found lost or expired by the renewer raises LeaseLostInterrupt in the work
             # (disarmed on the way out of the inner block, before the statements are untracked).
-            with tracked_statements() as self._statements, lease.interrupting(bool(self.interrupt_on_lease_loss)):
+            with self._stopper, lease.interrupting(bool(self.interrupt_on_lease_loss)):
                 result = self._slot_work(context)
         except LeaseLostInterrupt as exc:
-            self._working = False
             self._release(lease, failed=True)
             raise ControlTableLeaseLost(
                 f"the slot of {lease.resource!r} (token {lease.token}) was lost while the work ran, so the work was "
@@ -279,12 +268,10 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
                 "token; raise `lease` if renewals are slow, or pass interrupt_on_lease_loss=False to let work run on"
             ) from exc
         except BaseException:
-            self._working = False
             self._release(lease, failed=True)
             raise
         finally:
-            self._working = False
-            self._statements = None
+            self._stopper = None
         self._release(lease, failed=False)
         return result
 
@@ -325,14 +312,8 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
         try:
             super().on_kill()  # type: ignore[misc]
         finally:
-            if self._working and threading.current_thread() is threading.main_thread():
-                self._working = False
-                if self._statements is not None:
-                    self._statements.cancel()  # MySQL: KILL QUERY (psycopg cancels on the raise below)
-                raise ControlTableTaskKilled(
-                    f"the task is being killed: stopped the work under the slot of {self.resource!r}; "
-                    "the slot is released now that the work has stopped"
-                )
+            if self._stopper is not None:
+                self._stopper.stop()
 
 
 class SlotPythonOperator(HoldSlotMixin, PythonOperator):
@@ -479,8 +460,6 @@ class ReleaseSlotOperator(ControlTableBaseOperator):
         XCom, pushed after ``execute`` returned or raised) is not; a ``removed`` one, a mapped one, or
         one with no marker (marked failed by a user, killed) may be.
         """
-        from airflow_controltable.plugins.work_ended import WORK_ENDED_KEY
-
         maybe = []
         for task_id, state in sorted(ended.items()):
             marker = None

@@ -19,18 +19,15 @@ task with no ``ReleaseSlotOperator`` downstream, and nothing outside a task proc
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 from pluggy import HookimplMarker
 
+from airflow_controltable.kill import WORK_ENDED_KEY, WorkStopper
+
 log = logging.getLogger(__name__)
 
 hookimpl = HookimplMarker("airflow")
-
-#: The XCom key of the marker (value ``True``); Airflow clears a task's XComs when a new try starts.
-WORK_ENDED_KEY = "controltable_work_ended"
-
 
 def _covered_by_teardown(task: Any) -> bool:
     """Whether a ``ReleaseSlotOperator`` is downstream of ``task`` (only those read the marker)."""
@@ -60,12 +57,11 @@ def stop_work_on_kill(task_instance: Any) -> bool:
     Airflow's SIGTERM handler only calls the operator's ``on_kill`` and lets the work go on until
     SIGKILL; a statement the work has running then goes on in the server even after that, and may
     commit after the teardown handed the slot on. Wrapped here, ``on_kill`` raises
-    :class:`~airflow_controltable.operators.slots.ControlTableTaskKilled` (a ``KeyboardInterrupt``:
+    :class:`~airflow_controltable.kill.ControlTableTaskKilled` (a ``KeyboardInterrupt``:
     psycopg cancels the running statement on it) into the work; the process then reaches its
     finalizer and records the end of its work, and the teardown releases.
     """
-    from airflow_controltable.operators.slots import ControlTableTaskKilled, HoldSlotMixin
-    from airflow_controltable.statements import tracked_statements
+    from airflow_controltable.operators.slots import HoldSlotMixin
 
     if not type(task_instance).__module__.startswith("airflow.sdk"):
         return False
@@ -73,34 +69,27 @@ def stop_work_on_kill(task_instance: Any) -> bool:
     if task is None or isinstance(task, HoldSlotMixin) or not _covered_by_teardown(task):
         return False  # a slot operator stops its own work on kill
     original = task.on_kill
-    working = [True]
-    tracking = tracked_statements()  # MySQL statements of the work, cancelled on kill (see statements)
-    tracker = tracking.__enter__()
+    stopper = WorkStopper(f"the task is being killed: stopped its work so that the slot its run holds is released "
+                          f"only after it ({task.task_id})")
 
     def on_kill() -> None:
         try:
             original()
         finally:
-            if working[0] and threading.current_thread() is threading.main_thread():
-                working[0] = False
-                tracker.cancel()
-                raise ControlTableTaskKilled(
-                    f"the task is being killed: stopped its work so that the slot its run holds is released "
-                    f"only after it ({task.task_id})")
+            stopper.stop()
 
     task.on_kill = on_kill
-    task._controltable_working = (working, tracking)  # the end hooks below turn the raise off
+    task._controltable_working = stopper  # the end hooks below turn the raise off
+    stopper.start()  # the work runs in this thread, after this hook
     return True
 
 
 def _work_over(task_instance: Any) -> None:
     task: Any = getattr(task_instance, "task", None)
-    state = getattr(task, "_controltable_working", None)
-    if task is not None and state is not None:
-        working, tracking = state
-        working[0] = False
+    stopper = getattr(task, "_controltable_working", None)
+    if task is not None and stopper is not None:
         task._controltable_working = None
-        tracking.__exit__(None, None, None)  # once: the attribute is cleared
+        stopper.finish()
 
 
 @hookimpl

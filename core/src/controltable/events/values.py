@@ -14,6 +14,7 @@ from typing import Any, Iterator, Optional, Protocol, Sequence
 
 from sqlalchemy.engine import Connection
 
+from .. import tracing
 from ..clock import utc
 from ..db import Database
 from ..errors import LeaseLost
@@ -170,6 +171,7 @@ class Batch(BackgroundRenewal):
         }
 
     @contextmanager
+    @tracing.completes("done")
     def transaction(self, keys: Optional[Sequence[Any]] = None) -> Iterator[Connection]:
         """A transaction for the caller's own writes that commits together with the completion.
 
@@ -184,6 +186,7 @@ class Batch(BackgroundRenewal):
                 self.events._complete(conn, self.token, list(keys))
         self._settle(keys)
 
+    @tracing.completes("done")
     def complete(self, keys: Optional[Sequence[Any]] = None) -> int:
         """Mark the batch (or ``keys`` of it) done. Raises :class:`LeaseLost` naming rows taken over.
 
@@ -197,6 +200,7 @@ class Batch(BackgroundRenewal):
         self._settle(keys)
         return n
 
+    @tracing.completes("done")
     def complete_and_claim(
         self, size: Optional[int] = None, *, lease: Optional[float] = None, where: Where = None
     ) -> Optional[Batch]:
@@ -216,6 +220,7 @@ class Batch(BackgroundRenewal):
         self._settle(None)
         return following
 
+    @tracing.completes("failed")
     def fail(self, reason: str, keys: Optional[Sequence[Any]] = None) -> int:
         """Give rows back for a retry after a back-off; after ``max_attempts`` they go to error.
 
@@ -229,6 +234,7 @@ class Batch(BackgroundRenewal):
         self._settle(keys)
         return n
 
+    @tracing.completes("released")
     def release(self) -> int:
         """Give the rows back untouched (the attempt is not counted). Lost rows are ignored."""
         self.stop_renewing()

@@ -19,7 +19,7 @@ from sqlalchemy import Table
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-from .. import dialects, errorcodes
+from .. import dialects, errorcodes, tracing
 from ..clock import clock, read_now
 from ..compat import deprecated
 from ..db import Database
@@ -287,6 +287,7 @@ class EventTable(EventAdministration):
         return sql.claim_select(self.table, self.key, self.order_by, self.db.traits, size, condition,
                                 self._where_clause(where), seekable=self._seekable)
 
+    @tracing.claims
     def claim(
         self,
         size: int = 100,
@@ -456,7 +457,7 @@ class EventTable(EventAdministration):
 
         Returns the rows as they are after marking. Expired claims that were abandoned
         ``max_attempts`` times are a crash loop, not a retry: they go to the error state instead.
-        On SQL Server this runs in chunks of :func:`dialects.rows_per_statement` rows, so no
+        On SQL Server this runs in chunks of ``Traits.rows_per_statement`` rows, so no
         statement escalates to a table lock.
         """
         cap = self.db.traits.rows_per_statement or size
@@ -582,7 +583,7 @@ class EventTable(EventAdministration):
         ``whole``: ``keys`` are all the batch's unsettled rows, so one ``UPDATE ... WHERE token``
         marks them without sending the keys (not on SQL Server, where statements go by key
         chunks under the row cap). The update's row count is trusted only where the driver
-        reports it faithfully (:func:`dialects.trusts_rowcount`); otherwise, and whenever the
+        reports it faithfully (``db.traits.trusts_rowcount``); otherwise, and whenever the
         count falls short, a select in the same transaction confirms which keys are done under
         the token. Rows already done under it count as completed, so a retry after a lost COMMIT
         reply succeeds. For part of a batch the update runs in a savepoint, so that on a

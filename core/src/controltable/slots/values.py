@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable, Optional, Protocol, Union
 
+from .. import tracing
 from ..clock import utc
 from ..db import Database
 from ..errors import ConfigurationError, DatabaseUnavailableError, LeaseLost
@@ -137,6 +138,7 @@ class Lease(BackgroundRenewal):
         self.lease_seconds = seconds
         return self
 
+    @tracing.ends_hold
     def release(self) -> None:
         """Give the slots back. Raises :class:`LeaseLost` if they were no longer held.
 
@@ -191,12 +193,14 @@ class Lease(BackgroundRenewal):
         # ``BackgroundRenewal.interrupting``; ``self.interrupt = False`` or ``slot(interrupt=False)``
         # opts out). Disarmed first thing on exit, before the release.
         self._armed_here = self.interrupt and self._arm()
+        tracing.enter_hold(self)  # the work's spans are the hold's children
         return self
 
     @protected
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         # Entry and exit are protected: an interrupt arriving here is reported by the exit (as
         # ``LeaseLostInterrupt``, the block's own error chained), never raised halfway through it.
+        tracing.leave_hold(self)
         replacement = None
         if getattr(self, "_armed_here", False):
             self._armed_here = False

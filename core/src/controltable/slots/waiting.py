@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Mapping, Optional, Protocol, Union
 
+from .. import tracing
 from ..defaults import DEFAULT_PICKUP, WITHDRAW_GRACE, WITHDRAW_RETRY_INTERVAL
 from ..errors import AcquireTimeout
 from ..validation import check_name, check_poll_interval, check_seconds
@@ -103,8 +104,10 @@ class Waiter:
         if peek.state == "granted" and peek.outcome is not None and not newer:
             return self._lease(req, peek.outcome)
         if peek.state == "waiting" and not peek.needs_pass and not newer:
+            tracing.set(queue_position=max(peek.outcome.position.values(), default=0) if peek.outcome else None)
             return None
         outcome = self.entering.enter(req)
+        tracing.set(queue_position=max(outcome.position.values(), default=0))  # 0: granted at once
         return self._lease(req, outcome) if outcome.granted else None
 
     def acquire(
@@ -148,6 +151,7 @@ class Waiter:
         keys = [holder_key(min(req.parts), req.holder), head_key(min(req.parts), req.holder)]
         since = self.wakeups.mark(keys)
         outcome = self.entering.enter(req)
+        tracing.set(queue_position=max(outcome.position.values(), default=0))  # 0: granted at once
         entered.append(outcome.request_key)
         refreshed = time.monotonic()
         delay = max(min(poll_interval, HEAD_POLL_INTERVAL), 0.01)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Optional, Protocol
 
+from .. import tracing
 from ..clock import utc
 from ..db import Database
 from ..defaults import DEFAULT_ITEM_LEASE
@@ -71,6 +72,7 @@ class Item(BackgroundRenewal):
         return {"worklist": self.worklist.name, "id": self.id, "token": self.token, "owner": self.owner,
                 "order": self.order, "payload": self.payload}
 
+    @tracing.completes("done")
     def complete(self) -> None:
         """Mark done. Raises :class:`LeaseLost` if the lease expired and the item was re-allocated.
 
@@ -79,11 +81,13 @@ class Item(BackgroundRenewal):
         self.stop_renewing()
         self.worklist._finish(self, DONE, None)
 
+    @tracing.completes("failed")
     def fail(self, reason: str) -> None:
         """Mark as error; it blocks later orders until cleared (``clear_error``) or reset."""
         self.stop_renewing()
         self.worklist._finish(self, ERROR, fail_reason(reason))  # cut and cleaned: never refused
 
+    @tracing.completes("released")
     def release(self) -> None:
         """Give the item back untouched, for another worker (as ``Batch.release`` and ``Lease.release`` do)."""
         self.stop_renewing()

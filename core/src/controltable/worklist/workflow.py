@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from .. import dialects
+from .. import dialects, tracing
 from ..clock import read_now
 from ..compat import deprecated
 from ..db import Database
@@ -128,6 +128,7 @@ class WorkList:
         return self._run(fn, idempotent=False)
 
     # -- working ----------------------------------------------------------------------------------
+    @tracing.allocates
     def allocate(self, owner: Optional[str] = None, lease: Optional[float] = None) -> Optional[Item]:
         """Hand out one item of the lowest order that still has unfinished items, or ``None``.
 
