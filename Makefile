@@ -4,22 +4,25 @@
 # Both create their own virtual environments and install what they need.
 #   make check  - the contributors' quick loop, under 5 minutes: make lint, then the core, web and repository
 #                 tests on SQLite and PostgreSQL without the multi-process stress tests (scripts/run-tests --check)
-#   make lint   - ruff check . and mypy over the three packages (CI runs it before the tests)
+#   make lint   - ruff check . and mypy over the four packages (CI runs it before the tests)
 #   make docs   - the documentation site, mkdocs build --strict into site/ (CI runs it too)
-#   make dist   - the three wheels and sdists in dist/, twine-checked, installed into a clean venv and tried
-#                 (imports, --version, Airflow entry points, the README's snippets); CI runs it too
+#   make dist   - the four wheels and sdists in dist/, twine-checked, installed into a clean venv and tried
+#                 (imports, --version, Airflow entry points, the Prefect block, the README's snippets); CI runs it too
 
 PYTHON ?= python3
 VENV ?= .venv
 VENV_SA14 ?= .venv-sa14
+# Prefect 3 pins FastAPI and friends that Airflow 3's api-server needs other versions of: the Prefect
+# integration gets its own environment, and scripts/run-tests runs tests/prefect under it.
+VENV_PREFECT ?= .venv-prefect
 BIN := $(VENV)/bin
 
-.PHONY: demo test check test-airflow-live faults soak lint docs docs-serve sql bench dist clean
+.PHONY: demo test check test-airflow-live test-prefect-live faults soak lint docs docs-serve sql bench dist clean
 
 $(VENV)/.core-installed: core/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e 'core[postgres,mysql]'
+	$(BIN)/pip install --quiet -e 'core[postgres,mysql,async]'
 	touch $@
 
 # Debian packages the tests drive as real programs (chromium, promtool, pgbouncer, galera-4, rsync):
@@ -28,7 +31,7 @@ $(VENV)/.core-installed: core/pyproject.toml
 # (one there made Airflow see the plugin's entry point twice and report a duplicate plugin).
 $(VENV)/.all-installed: $(VENV)/.core-installed pyproject.toml airflow_plugin/pyproject.toml dagster_plugin/pyproject.toml
 	scripts/system-packages
-	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/pip install --quiet -e 'core[postgres,mysql,web]' -e 'airflow_plugin[web]' \
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/pip install --quiet -e 'core[postgres,mysql,web,async]' -e 'airflow_plugin[web]' \
 		-e dagster_plugin --group dev
 	touch $@
 
@@ -36,6 +39,12 @@ $(VENV_SA14)/.installed: core/pyproject.toml
 	$(PYTHON) -m venv $(VENV_SA14)
 	$(VENV_SA14)/bin/pip install --quiet --upgrade pip
 	$(VENV_SA14)/bin/pip install --quiet 'SQLAlchemy>=1.4.36,<2' PyMySQL pytest pytest-timeout -e core
+	touch $@
+
+$(VENV_PREFECT)/.installed: core/pyproject.toml prefect_plugin/pyproject.toml
+	$(PYTHON) -m venv $(VENV_PREFECT)
+	$(VENV_PREFECT)/bin/pip install --quiet --upgrade pip
+	$(VENV_PREFECT)/bin/pip install --quiet -e 'core[postgres,mysql]' -e prefect_plugin pytest pytest-timeout psutil
 	touch $@
 
 # The documentation site's tools only (mkdocstrings reads the sources statically, so the plugins' heavy
@@ -47,14 +56,14 @@ $(VENV)/.docs-installed: $(VENV)/.core-installed pyproject.toml
 demo: $(VENV)/.core-installed
 	cd $(CURDIR) && $(BIN)/controltable --url sqlite:///demo.db demo
 
-test: $(VENV)/.all-installed $(VENV_SA14)/.installed
-	VENV=$(VENV) VENV_SA14=$(VENV_SA14) scripts/run-tests
+test: $(VENV)/.all-installed $(VENV_SA14)/.installed $(VENV_PREFECT)/.installed
+	VENV=$(VENV) VENV_SA14=$(VENV_SA14) VENV_PREFECT=$(VENV_PREFECT) scripts/run-tests
 
 # The quick loop before a commit: lint, then what needs no deployment, throwaway server or browser, on SQLite
 # and PostgreSQL (required: a local server at 127.0.0.1:5432/test, or CONTROLTABLE_TEST_POSTGRES_URL).
 # PYTEST_ARGS go to pytest, e.g. make check PYTEST_ARGS="--durations=20 -x".
 check: lint
-	VENV=$(VENV) VENV_SA14=$(VENV_SA14) scripts/run-tests --check $(PYTEST_ARGS)
+	VENV=$(VENV) VENV_SA14=$(VENV_SA14) VENV_PREFECT=$(VENV_PREFECT) scripts/run-tests --check $(PYTEST_ARGS)
 
 # The fault suite alone (part of `make test` too), printing its figures: throwaway servers, restarts, cut COMMITs.
 faults: $(VENV)/.all-installed
@@ -63,6 +72,10 @@ faults: $(VENV)/.all-installed
 # A 10-minute soak against SOAK_URL (not a test): RSS and connection counts over time.
 soak: $(VENV)/.core-installed
 	$(BIN)/python benchmarks/soak.py --minutes $${SOAK_MINUTES:-10} --url "$$SOAK_URL"
+
+# The Prefect integration against a running server and process worker (part of `make test` too).
+test-prefect-live: $(VENV_PREFECT)/.installed
+	$(VENV_PREFECT)/bin/python -m pytest tests/prefect/test_prefect_live.py -v -s
 
 test-airflow-live: $(VENV)/.all-installed
 	$(BIN)/python -m pytest tests/airflow/test_airflow_live.py -v
@@ -92,4 +105,4 @@ dist:
 	scripts/dist
 
 clean:
-	rm -rf $(VENV) $(VENV_SA14) .venv-dist dist demo.db demo.db-* .pytest_cache site
+	rm -rf $(VENV) $(VENV_SA14) $(VENV_PREFECT) .venv-dist dist demo.db demo.db-* .pytest_cache site

@@ -30,6 +30,7 @@ from . import (
     s6_idle,
     s7_scaling,
     s8_fleet,
+    s10_async,
 )
 from . import goals as timing_goals
 from . import report as present
@@ -39,9 +40,9 @@ from .workers import WorkerPool
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DEFAULT_MYSQL = "mysql+pymysql://root@127.0.0.1:3306/test"
-SCENARIOS = ("1", "2", "3", "4", "5", "6", "7", "8", "fleet", "pooler", "diag", "goals")
+SCENARIOS = ("1", "2", "3", "4", "5", "6", "7", "8", "fleet", "pooler", "diag", "goals", "aio")
 #: Scenarios that also run on MariaDB and SQLite.
-EVERY_BACKEND = {"1", "3", "8", "diag", "goals"}
+EVERY_BACKEND = {"1", "3", "8", "diag", "goals", "aio"}
 
 
 def parse(argv: Optional[list[str]] = None) -> tuple[Config, set[str]]:
@@ -155,6 +156,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 step(rep, "scenario pooler", lambda: pooler.run(cfg, rep, pg))
             if "goals" in only:
                 step(rep, "scenario goals", lambda: timing_goals.run(cfg, rep, pg, "postgres"))
+            if "aio" in only:
+                step(rep, "scenario aio", lambda: s10_async.run(cfg, rep, pg, "postgres"))
         for url, backend in others:
             if "diag" in only:
                 step(rep, f"diagnostics [{backend}]", partial(diagnostics.run, cfg, rep, url, backend))
@@ -166,6 +169,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 step(rep, f"scenario 8 [{backend}]", partial(s8_fleet.run, cfg, rep, url, backend))
             if "goals" in only:
                 step(rep, f"scenario goals [{backend}]", partial(timing_goals.run, cfg, rep, url, backend))
+            if "aio" in only:
+                step(rep, f"scenario aio [{backend}]", partial(s10_async.run, cfg, rep, url, backend))
     finally:
         if pool:
             pool.close()

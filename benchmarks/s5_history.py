@@ -23,7 +23,7 @@ BATCH = 10
 def _explain(url: str, ct: ControlTable, table: str) -> list[str]:
     events = ct.events(table, key="event_id")
     now: Any = time.time()
-    stmt = events.claim_statement(BATCH, events.due_pending(now))
+    stmt = events.sql.claim_select(BATCH, events.sql.due_pending(now))
     sql = str(stmt.compile(dialect=ct.engine.dialect, compile_kwargs={"literal_binds": True}))
     return in_conn(url, lambda c: [r[0] for r in c.execute(text(f"EXPLAIN (ANALYZE, BUFFERS) {sql}"))])
 

@@ -29,6 +29,7 @@ CORE = ROOT / "core" / "src" / "controltable"
 PLUGINS = {
     "airflow_controltable": ROOT / "airflow_plugin" / "src" / "airflow_controltable",
     "dagster_controltable": ROOT / "dagster_plugin" / "src" / "dagster_controltable",
+    "prefect_controltable": ROOT / "prefect_plugin" / "src" / "prefect_controltable",
 }
 #: Imports from these modules are allowed with any name: URL parsing only.
 URL_MODULES = {"sqlalchemy.engine.url"}

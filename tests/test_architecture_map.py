@@ -1,4 +1,4 @@
-"""ARCHITECTURE.md names every module of the three packages, so a newcomer finds each concept by name.
+"""ARCHITECTURE.md names every module of the four packages, so a newcomer finds each concept by name.
 
 A module added without a line in the map fails here, with the lines to add; a file the map's prose
 names (its paths through the code) that was moved or removed fails too.
@@ -14,6 +14,7 @@ PACKAGES = {
     "core": ROOT / "core" / "src" / "controltable",
     "airflow": ROOT / "airflow_plugin" / "src" / "airflow_controltable",
     "dagster": ROOT / "dagster_plugin" / "src" / "dagster_controltable",
+    "prefect": ROOT / "prefect_plugin" / "src" / "prefect_controltable",
 }
 
 
@@ -56,7 +57,7 @@ def test_the_map_names_no_module_that_is_gone() -> None:
 #: (``slots/passes.py``), plugin modules from their package (``airflow_controltable/kill.py``), the rest
 #: from the repository root (``tests/faults/test_failover.py``); a bare ``statements.py``,
 #: ``workflow.py`` or ``values.py`` is the part every engine has, so it must be in each of them.
-SEARCHED = (ROOT, PACKAGES["core"], PACKAGES["airflow"].parent, PACKAGES["dagster"].parent)
+SEARCHED = (ROOT, PACKAGES["core"], PACKAGES["airflow"].parent, PACKAGES["dagster"].parent, PACKAGES["prefect"].parent)
 ENGINES = ("slots", "events", "worklist")
 
 

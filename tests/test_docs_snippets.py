@@ -8,6 +8,9 @@ SQLite URL of the snippets replaced by that database's. What the snippets leave 
 provided by this file, and nothing else:
 
 - ``load``, ``process``, ``rebuild_orders`` and ``run``: the reader's own work (they record their calls);
+- for a page whose snippets import Prefect: a temporary Prefect server (``prefect_test_harness``) for its
+  flows and blocks; such a page is skipped where Prefect is not installed (the main environment), and
+  runs in the Prefect lane of ``scripts/run-tests`` (``.venv-prefect``);
 - ``ct``: a ``ControlTable("sqlite:///controltable.db")`` (or the live database), installed, with a
   ``warehouse`` of capacity 3 (what the README's first lines set up; pages after it start from there);
 - the event table ``rainfall_events`` (``event_id`` primary key, ``mm``) with 1,200 rows, unless the
@@ -23,7 +26,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -32,9 +35,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted([ROOT / "README.md", ROOT / "core" / "README.md", ROOT / "airflow_plugin" / "README.md",
-                ROOT / "dagster_plugin" / "README.md", *(ROOT / "docs").glob("*.md")])
+                ROOT / "dagster_plugin" / "README.md", ROOT / "prefect_plugin" / "README.md",
+                *(ROOT / "docs").glob("*.md")])
 #: The snippets that do not run, per page: each is a fragment of a DAG or needs servers of its own.
 NO_RUN_EXPECTED = {
+    "README.md": 1,
     "docs/airflow.md": 2,
     "docs/production-databases.md": 1,
 }
@@ -162,17 +167,22 @@ def _run_page(page: Path, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     runnable = [s for s in snippets(page) if s.no_run is None]
     monkeypatch.setenv("CONTROLTABLE_URL", url)  # for EnvVar("CONTROLTABLE_URL")
     code = "".join(s.code for s in runnable)
+    prefect_page = re.search(r"^\s*(from|import) prefect", code, re.M) is not None
+    if prefect_page:
+        pytest.importorskip("prefect_controltable")
+        from prefect.testing.utilities import prefect_test_harness
     namespace = _namespace(url, with_events=not _MAKES_EVENTS.search(code))
     try:
-        for snippet in runnable:
-            if re.search(r"^\s*(from|import) dagster", snippet.code, re.M):
-                pytest.importorskip("dagster_controltable")
-            code = snippet.code.replace(f'"{SNIPPET_URL}"', repr(url))
-            try:
-                exec(compile(code, f"{snippet.page}:{snippet.line}", "exec"), namespace)
-            except Exception as exc:
-                raise AssertionError(f"the snippet at {snippet.page} line {snippet.line} fails as written on "
-                                     f"{url.split(':')[0]}: {type(exc).__name__}: {exc}") from exc
+        with prefect_test_harness(server_startup_timeout=120) if prefect_page else nullcontext():
+            for snippet in runnable:
+                if re.search(r"^\s*(from|import) dagster", snippet.code, re.M):
+                    pytest.importorskip("dagster_controltable")
+                code = snippet.code.replace(f'"{SNIPPET_URL}"', repr(url))
+                try:
+                    exec(compile(code, f"{snippet.page}:{snippet.line}", "exec"), namespace)
+                except Exception as exc:
+                    raise AssertionError(f"the snippet at {snippet.page} line {snippet.line} fails as written on "
+                                         f"{url.split(':')[0]}: {type(exc).__name__}: {exc}") from exc
     finally:
         namespace["ct"].close()
         for value in list(namespace.values()):  # the snippets' own ControlTables: a database is dropped after

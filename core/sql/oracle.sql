@@ -1,6 +1,9 @@
 -- controltable: DDL and statements for oracle (server version 19.0)
 -- Run the DDL once with DDL rights (or `controltable init`); afterwards the engine needs DML only
 -- (SELECT, INSERT, UPDATE, DELETE on the tables below and on your event tables).
+-- Each statement the engine sends is printed under the name of its builder (`-- name: claim_select`:
+-- the function or method of controltable's statements modules, or the function that sent it), with
+-- a `-- oracle: ...` line where it is shaped differently on oracle for a reason.
 
 -- ===== control tables =====
 CREATE TABLE ct_grant_history (
@@ -87,15 +90,21 @@ CREATE TABLE ct_worklist (
 );
 
 -- ===== set_capacity: lock or create the resource row, then a grant pass (more capacity may admit waiters) =====
+-- name: lock_resource_name
 SELECT ct_resource.name 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
+-- name: create_resource
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (:namespace, :name, :capacity, :last_token, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))), :last_ticket);
+-- name: lock_resource
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name FOR UPDATE;
+-- name: read_now
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+-- name: change_resource
 UPDATE ct_resource SET capacity=:capacity WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+-- name: snapshot
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -105,14 +114,19 @@ WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" = :ct_name_
  FETCH FIRST 3 ROWS ONLY) anon_1;
 
 -- ===== acquire: lock the resource rows, enqueue under the next ticket, grant pass over holders and head =====
+-- name: lock_resource
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name FOR UPDATE;
+-- name: read_now
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+-- name: holder_rows
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.holder = :ct_holder;
+-- name: insert_waiter
 INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (:ct_w_namespace, :ct_w_resource, :ct_w_holder, :ct_w_request_key, :ct_w_slots, :ct_w_mode, :ct_w_state, :ct_w_lease_seconds, :ct_w_enqueued_at, :ct_w_expires_at, :ct_w_ticket, :ct_w_attempt, :ct_w_pickup_seconds, :ct_w_priority, :ct_w_queue_key) RETURNING ct_request.id INTO :ret_0;
+-- name: snapshot
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -120,11 +134,15 @@ FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_reques
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 3 ROWS ONLY) anon_1;
+-- name: grant_waiter
 UPDATE ct_request SET state=:ct_g_state, token=:ct_g_token, lease_seconds=:ct_g_lease, granted_at=:ct_g_now, expires_at=:ct_g_expires WHERE ct_request.id = :ct_g_id AND ct_request.state = 'waiting';
+-- name: record_grant
 INSERT INTO ct_grant_history (namespace, "resource", token, holder, "mode", slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:ct_h_namespace, :ct_h_resource, :ct_h_token, :ct_h_holder, :ct_h_mode, :ct_h_slots, :ct_h_priority, :ct_h_enqueued_at, :ct_h_granted_at, :ct_h_ended_at, :ct_h_outcome);
+-- name: write_counters
 UPDATE ct_resource SET last_token=:ct_c_last_token, last_ticket=:ct_c_last_ticket WHERE ct_resource.namespace = :ct_c_namespace AND ct_resource.name = :ct_c_name;
 
 -- ===== try_acquire while held: read its own entry without locks, then enqueue as a waiter (ticketed FIFO) =====
+-- name: peek
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now, (SELECT wq.ticket 
 FROM ct_request wq 
 WHERE wq.namespace = ct_request.namespace AND wq."resource" = ct_request."resource" AND wq.state = 'waiting' AND wq.expires_at >= (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) ORDER BY wq.queue_key, wq.ticket
@@ -137,14 +155,19 @@ FROM ct_request hq
 WHERE hq.namespace = ct_request.namespace AND hq."resource" = ct_request."resource" AND hq.state = 'granted' AND hq."mode" = :mode_1) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
 FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request."resource" 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.holder = :ct_holder;
+-- name: lock_resource
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name FOR UPDATE;
+-- name: read_now
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+-- name: holder_rows
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.holder = :ct_holder;
+-- name: insert_waiter
 INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (:ct_w_namespace, :ct_w_resource, :ct_w_holder, :ct_w_request_key, :ct_w_slots, :ct_w_mode, :ct_w_state, :ct_w_lease_seconds, :ct_w_enqueued_at, :ct_w_expires_at, :ct_w_ticket, :ct_w_attempt, :ct_w_pickup_seconds, :ct_w_priority, :ct_w_queue_key) RETURNING ct_request.id INTO :ret_0;
+-- name: snapshot
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -152,26 +175,36 @@ FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_reques
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 3 ROWS ONLY) anon_1;
+-- name: write_counters
 UPDATE ct_resource SET last_token=:ct_c_last_token, last_ticket=:ct_c_last_ticket WHERE ct_resource.namespace = :ct_c_namespace AND ct_resource.name = :ct_c_name;
+-- name: head_ticket
 SELECT ct_request.ticket 
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" = :resource_1 AND ct_request.state = 'waiting' AND ct_request.expires_at >= (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 1 ROWS ONLY;
 
 -- ===== renew a lease: extend on the database clock while granted and unexpired (fenced by key and attempt) =====
+-- name: read_now
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+-- name: extend_lease
 UPDATE ct_request SET lease_seconds=:lease_seconds, expires_at=:expires_at WHERE ct_request.request_key = :request_key_1 AND DECODE(ct_request.attempt, :ct_attempt, 0, 1) = 0 AND ct_request.state = 'granted' AND ct_request.expires_at >= :expires_at_1;
 
 -- ===== release a lease: lock the resource row, delete the entry, grant pass for the next in line =====
+-- name: lock_resource
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name FOR UPDATE;
+-- name: read_now
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+-- name: release_rows
 SELECT ct_request.id, ct_request."resource", ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
 WHERE ct_request.request_key = :ct_key AND DECODE(ct_request.attempt, :ct_attempt, 0, 1) = 0;
+-- name: delete_release_rows
 DELETE FROM ct_request WHERE ct_request.request_key = :ct_key AND DECODE(ct_request.attempt, :ct_attempt, 0, 1) = 0;
+-- name: end_grant
 UPDATE ct_grant_history SET ended_at=:ended_at, outcome=:outcome WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.token = :token_1 AND ct_grant_history.outcome = 'held';
+-- name: snapshot
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -179,18 +212,25 @@ FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_reques
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 3 ROWS ONLY) anon_1;
+-- name: grant_waiter
 UPDATE ct_request SET state=:ct_g_state, token=:ct_g_token, granted_at=:ct_g_now, expires_at=:ct_g_expires WHERE ct_request.id = :ct_g_id AND ct_request.state = 'waiting';
+-- name: record_grant
 INSERT INTO ct_grant_history (namespace, "resource", token, holder, "mode", slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:ct_h_namespace, :ct_h_resource, :ct_h_token, :ct_h_holder, :ct_h_mode, :ct_h_slots, :ct_h_priority, :ct_h_enqueued_at, :ct_h_granted_at, :ct_h_ended_at, :ct_h_outcome);
+-- name: write_counters
 UPDATE ct_resource SET last_token=:ct_c_last_token, last_ticket=:ct_c_last_ticket WHERE ct_resource.namespace = :ct_c_namespace AND ct_resource.name = :ct_c_name;
 
 -- ===== release a grant released already (another lease of it): the grant history says how it ended =====
+-- name: lock_resource
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name FOR UPDATE;
+-- name: read_now
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+-- name: release_rows
 SELECT ct_request.id, ct_request."resource", ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
 WHERE ct_request.request_key = :ct_key AND DECODE(ct_request.attempt, :ct_attempt, 0, 1) = 0;
+-- name: snapshot
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -198,34 +238,45 @@ FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_reques
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 3 ROWS ONLY) anon_1;
+-- name: grant_outcomes
 SELECT ct_grant_history."resource", ct_grant_history.token, ct_grant_history.outcome 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" IN (:resource_1_1) AND ct_grant_history.token IN (:token_1_1);
 
 -- ===== status: resources, holders and waiters (no locks) =====
+-- name: read_now
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+-- name: resources
 SELECT ct_resource.namespace, ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.created_at, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 ORDER BY ct_resource.name;
+-- name: requests
 SELECT ct_request.id, ct_request.namespace, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.lease_seconds, ct_request.enqueued_at, ct_request.granted_at, ct_request.expires_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.priority, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 ORDER BY ct_request."resource", ct_request.ticket;
 
 -- ===== reap: resources with entries expired on the database clock (each then reaped under its lock) =====
+-- name: expired_resources
 SELECT DISTINCT ct_request."resource" 
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 AND ct_request.expires_at < (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')));
 
 -- ===== expiry: an expired holder or waiter is deleted with its expiry re-checked (on SQL Server the DELETE returns the ids it removed: the row count is never trusted) =====
+-- name: lock_resource_name
 SELECT ct_resource.name 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
+-- name: create_resource
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (:namespace, :name, :capacity, :last_token, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))), :last_ticket);
+-- name: lock_resource
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name FOR UPDATE;
+-- name: read_now
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+-- name: change_resource
 UPDATE ct_resource SET capacity=:capacity WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+-- name: snapshot
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -233,13 +284,19 @@ FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_reques
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 3 ROWS ONLY) anon_1;
+-- name: holder_rows
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.holder = :ct_holder;
+-- name: insert_waiter
 INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (:ct_w_namespace, :ct_w_resource, :ct_w_holder, :ct_w_request_key, :ct_w_slots, :ct_w_mode, :ct_w_state, :ct_w_lease_seconds, :ct_w_enqueued_at, :ct_w_expires_at, :ct_w_ticket, :ct_w_attempt, :ct_w_pickup_seconds, :ct_w_priority, :ct_w_queue_key) RETURNING ct_request.id INTO :ret_0;
+-- name: grant_waiter
 UPDATE ct_request SET state=:ct_g_state, token=:ct_g_token, lease_seconds=:ct_g_lease, granted_at=:ct_g_now, expires_at=:ct_g_expires WHERE ct_request.id = :ct_g_id AND ct_request.state = 'waiting';
+-- name: record_grant
 INSERT INTO ct_grant_history (namespace, "resource", token, holder, "mode", slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:ct_h_namespace, :ct_h_resource, :ct_h_token, :ct_h_holder, :ct_h_mode, :ct_h_slots, :ct_h_priority, :ct_h_enqueued_at, :ct_h_granted_at, :ct_h_ended_at, :ct_h_outcome);
+-- name: write_counters
 UPDATE ct_resource SET last_token=:ct_c_last_token, last_ticket=:ct_c_last_ticket WHERE ct_resource.namespace = :ct_c_namespace AND ct_resource.name = :ct_c_name;
+-- name: peek
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now, (SELECT wq.ticket 
 FROM ct_request wq 
 WHERE wq.namespace = ct_request.namespace AND wq."resource" = ct_request."resource" AND wq.state = 'waiting' AND wq.expires_at >= (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) ORDER BY wq.queue_key, wq.ticket
@@ -252,30 +309,44 @@ FROM ct_request hq
 WHERE hq.namespace = ct_request.namespace AND hq."resource" = ct_request."resource" AND hq.state = 'granted' AND hq."mode" = :mode_1) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
 FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request."resource" 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.holder = :ct_holder;
+-- name: head_ticket
 SELECT ct_request.ticket 
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" = :resource_1 AND ct_request.state = 'waiting' AND ct_request.expires_at >= (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 1 ROWS ONLY;
+-- name: delete_expired_request
 DELETE FROM ct_request WHERE ct_request.request_key = :request_key_1 AND ct_request.expires_at < :expires_at_1;
+-- name: delete_requests
 DELETE FROM ct_request WHERE ct_request.request_key = :request_key_1;
+-- name: end_grant
 UPDATE ct_grant_history SET ended_at=:ended_at, outcome=:outcome WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.token = :token_1 AND ct_grant_history.outcome = 'held';
+-- name: delete_expired_row
 DELETE FROM ct_request WHERE ct_request.id = :id_1 AND ct_request.expires_at < :expires_at_1;
+-- name: expired_resources
 SELECT DISTINCT ct_request."resource" 
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 AND ct_request.expires_at < (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')));
+-- name: delete_expired_waiters
 DELETE FROM ct_request WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" IN (:resource_1_1) AND ct_request.state = 'waiting' AND ct_request.expires_at < :expires_at_1;
 
 -- ===== set_capacity with a rate limit and aging (rewrites the waiters' queue order) =====
+-- name: lock_resource_name
 SELECT ct_resource.name 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1 FOR UPDATE;
+-- name: create_resource
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (:namespace, :name, :capacity, :last_token, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))), :last_ticket);
+-- name: lock_resource
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name FOR UPDATE;
+-- name: read_now
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+-- name: reorder_queue
 UPDATE ct_request SET queue_key=(ct_request.enqueued_at - ct_request.priority * :priority_1) WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" = :resource_1 AND ct_request.state = 'waiting';
+-- name: change_resource
 UPDATE ct_resource SET capacity=:capacity, rate_count=:rate_count, rate_per=:rate_per, aging=:aging WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+-- name: snapshot
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -283,19 +354,25 @@ FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_reques
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 3 ROWS ONLY) anon_1;
+-- name: window_count
 SELECT count(*) AS count_1 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.granted_at > :granted_at_1;
 
 -- ===== rate-limited grants: the window's budget from the grant history; the head times the next opening =====
+-- name: lock_resource
 SELECT ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging, 1 AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = :ct_namespace AND ct_resource.name = :ct_name FOR UPDATE;
+-- name: read_now
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+-- name: holder_rows
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.holder = :ct_holder;
+-- name: insert_waiter
 INSERT INTO ct_request (namespace, "resource", holder, request_key, slots, "mode", state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (:ct_w_namespace, :ct_w_resource, :ct_w_holder, :ct_w_request_key, :ct_w_slots, :ct_w_mode, :ct_w_state, :ct_w_lease_seconds, :ct_w_enqueued_at, :ct_w_expires_at, :ct_w_ticket, :ct_w_attempt, :ct_w_pickup_seconds, :ct_w_priority, :ct_w_queue_key) RETURNING ct_request.id INTO :ret_0;
+-- name: snapshot
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1."resource", anon_1.holder, anon_1.request_key, anon_1.slots, anon_1."mode", anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -303,17 +380,25 @@ FROM (SELECT ct_request.id AS id, ct_request."resource" AS "resource", ct_reques
 FROM ct_request 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" = :ct_name_0 AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 3 ROWS ONLY) anon_1;
+-- name: window_count
 SELECT count(*) AS count_1 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.granted_at > :granted_at_1;
+-- name: grant_waiter
 UPDATE ct_request SET state=:ct_g_state, token=:ct_g_token, lease_seconds=:ct_g_lease, granted_at=:ct_g_now, expires_at=:ct_g_expires WHERE ct_request.id = :ct_g_id AND ct_request.state = 'waiting';
+-- name: record_grant
 INSERT INTO ct_grant_history (namespace, "resource", token, holder, "mode", slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (:ct_h_namespace, :ct_h_resource, :ct_h_token, :ct_h_holder, :ct_h_mode, :ct_h_slots, :ct_h_priority, :ct_h_enqueued_at, :ct_h_granted_at, :ct_h_ended_at, :ct_h_outcome);
+-- name: write_counters
 UPDATE ct_resource SET last_token=:ct_c_last_token, last_ticket=:ct_c_last_ticket WHERE ct_resource.namespace = :ct_c_namespace AND ct_resource.name = :ct_c_name;
+-- name: release_rows
 SELECT ct_request.id, ct_request."resource", ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
 WHERE ct_request.request_key = :ct_key AND DECODE(ct_request.attempt, :ct_attempt, 0, 1) = 0;
+-- name: delete_release_rows
 DELETE FROM ct_request WHERE ct_request.request_key = :ct_key AND DECODE(ct_request.attempt, :ct_attempt, 0, 1) = 0;
+-- name: end_grant
 UPDATE ct_grant_history SET ended_at=:ended_at, outcome=:outcome WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.token = :token_1 AND ct_grant_history.outcome = 'held';
+-- name: peek
 SELECT ct_request.id, ct_request."resource", ct_request.holder, ct_request.request_key, ct_request.slots, ct_request."mode", ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now, (SELECT wq.ticket 
 FROM ct_request wq 
 WHERE wq.namespace = ct_request.namespace AND wq."resource" = ct_request."resource" AND wq.state = 'waiting' AND wq.expires_at >= (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) ORDER BY wq.queue_key, wq.ticket
@@ -326,47 +411,61 @@ FROM ct_request hq
 WHERE hq.namespace = ct_request.namespace AND hq."resource" = ct_request."resource" AND hq.state = 'granted' AND hq."mode" = :mode_1) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
 FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request."resource" 
 WHERE ct_request.namespace = :ct_namespace AND ct_request."resource" IN (:ct_names_1) AND ct_request.holder = :ct_holder;
+-- name: head_ticket
 SELECT ct_request.ticket 
 FROM ct_request 
 WHERE ct_request.namespace = :namespace_1 AND ct_request."resource" = :resource_1 AND ct_request.state = 'waiting' AND ct_request.expires_at >= (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) ORDER BY ct_request.queue_key, ct_request.ticket
  FETCH FIRST 1 ROWS ONLY;
+-- name: refresh_waiter
 UPDATE ct_request SET expires_at=:expires_at, pickup_seconds=:pickup_seconds WHERE ct_request.request_key = :request_key_1 AND ct_request.state = 'waiting' AND ct_request.expires_at >= :expires_at_1;
+-- name: window_times
 SELECT ct_grant_history.granted_at 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.granted_at > :granted_at_1 ORDER BY ct_grant_history.granted_at;
 
 -- ===== grant history (newest first) =====
+-- name: read_now
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+-- name: records
 SELECT ct_grant_history.namespace, ct_grant_history."resource", ct_grant_history.token, ct_grant_history.holder, ct_grant_history."mode", ct_grant_history.slots, ct_grant_history.priority, ct_grant_history.enqueued_at, ct_grant_history.granted_at, ct_grant_history.ended_at, ct_grant_history.outcome 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history.granted_at >= :granted_at_1 AND ct_grant_history."resource" = :resource_1 ORDER BY ct_grant_history.granted_at DESC, ct_grant_history.token DESC
  FETCH FIRST 1000 ROWS ONLY;
 
 -- ===== stats and stats_series from the grant history =====
+-- name: read_now
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+-- name: capacities
 SELECT ct_resource.name, ct_resource.capacity 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 ORDER BY ct_resource.name;
+-- name: overlapping
 SELECT ct_grant_history.slots, ct_grant_history.enqueued_at, ct_grant_history.granted_at, ct_grant_history.ended_at, ct_grant_history.outcome 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.granted_at < :granted_at_1 AND (ct_grant_history.ended_at IS NULL OR ct_grant_history.ended_at > :ended_at_1);
+-- name: capacity_of
 SELECT ct_resource.capacity 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
 
 -- ===== prune_history (batches per resource) =====
+-- name: resource_names
 SELECT ct_resource.name 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1;
+-- name: rate_period
 SELECT ct_resource.rate_per 
 FROM ct_resource 
 WHERE ct_resource.namespace = :namespace_1 AND ct_resource.name = :name_1;
+-- name: read_now
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+-- name: prune_edge
 SELECT ct_grant_history.granted_at 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.granted_at < :granted_at_1 AND ct_grant_history.outcome != 'held' ORDER BY ct_grant_history.granted_at
  OFFSET 999 ROWS
  FETCH FIRST 1 ROWS ONLY;
+-- name: delete_ended
 DELETE FROM ct_grant_history WHERE ct_grant_history.namespace = :namespace_1 AND ct_grant_history."resource" = :resource_1 AND ct_grant_history.granted_at < :granted_at_1 AND ct_grant_history.outcome != 'held';
 
 -- ===== events prepare (introspection) =====
@@ -390,86 +489,130 @@ BEGIN DBMS_STATS.GATHER_TABLE_STATS(ownname => USER, tabname => '"EVENTS"', casc
 /
 
 -- ===== events claim: one short transaction that skips rows other workers hold =====
+-- name: read_now
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+-- name: claim_select
+-- oracle: FOR UPDATE SKIP LOCKED without FETCH FIRST (ORA-02014): FIRST_ROWS(n) and a fetch size of n make the cursor lock n rows
 SELECT /*+ FIRST_ROWS(5) */ events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events 
 WHERE events.ct_state = 1 AND events.ct_expires_at < :ct_expires_at_1 ORDER BY events.event_id FOR UPDATE SKIP LOCKED;
+-- name: claim_select
+-- oracle: FOR UPDATE SKIP LOCKED without FETCH FIRST (ORA-02014): FIRST_ROWS(n) and a fetch size of n make the cursor lock n rows
 SELECT /*+ FIRST_ROWS(5) */ events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events 
 WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1) ORDER BY events.event_id FOR UPDATE SKIP LOCKED;
+-- name: update_keys
+-- oracle: key lists padded to 1, 2, 4 ... 900 keys: one cached plan per list length, under the 1,000-item limit of IN
 UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5, :event_id_1_6, :event_id_1_7, :event_id_1_8) AND events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1);
 
 -- ===== batch complete (fenced on the batch token) =====
+-- name: update_where
 UPDATE events SET ct_state=:ct_state, ct_expires_at=:ct_expires_at, ct_error=:ct_error, ct_done_at=(EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) WHERE events.ct_token = :ct_token_1 AND events.ct_state = 1;
 
 -- ===== batch fail (back-off or error state, decided from the stored attempts) =====
+-- name: read_now
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+-- name: claim_select
+-- oracle: FOR UPDATE SKIP LOCKED without FETCH FIRST (ORA-02014): FIRST_ROWS(n) and a fetch size of n make the cursor lock n rows
 SELECT /*+ FIRST_ROWS(5) */ events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events 
 WHERE events.ct_state = 1 AND events.ct_expires_at < :ct_expires_at_1 ORDER BY events.event_id FOR UPDATE SKIP LOCKED;
+-- name: claim_select
+-- oracle: FOR UPDATE SKIP LOCKED without FETCH FIRST (ORA-02014): FIRST_ROWS(n) and a fetch size of n make the cursor lock n rows
 SELECT /*+ FIRST_ROWS(5) */ events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events 
 WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1) ORDER BY events.event_id FOR UPDATE SKIP LOCKED;
+-- name: update_keys
+-- oracle: key lists padded to 1, 2, 4 ... 900 keys: one cached plan per list length, under the 1,000-item limit of IN
 UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5, :event_id_1_6, :event_id_1_7, :event_id_1_8) AND events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1);
+-- name: keys_where
 SELECT events.event_id 
 FROM events 
 WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5, :event_id_1_6, :event_id_1_7, :event_id_1_8) AND events.ct_token = :ct_token_1 AND events.ct_state = 1 FOR UPDATE;
+-- name: update_keys
+-- oracle: key lists padded to 1, 2, 4 ... 900 keys: one cached plan per list length, under the 1,000-item limit of IN
 UPDATE events SET ct_state=CASE WHEN (events.ct_attempts >= :ct_attempts_1) THEN :param_1 ELSE :param_2 END, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_available_at=CASE WHEN (events.ct_attempts >= :ct_attempts_1) THEN NULL WHEN (events.ct_attempts <= :ct_attempts_2) THEN (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) + :param_3 WHEN (events.ct_attempts <= :ct_attempts_3) THEN (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) + :param_4 WHEN (events.ct_attempts <= :ct_attempts_4) THEN (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) + :param_5 WHEN (events.ct_attempts <= :ct_attempts_5) THEN (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) + :param_6 ELSE (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) + :param_7 END, ct_error=:ct_error WHERE events.event_id IN (:event_id_1_1, :event_id_1_2, :event_id_1_3, :event_id_1_4, :event_id_1_5, :event_id_1_6, :event_id_1_7, :event_id_1_8) AND events.ct_token = :ct_token_1 AND events.ct_state = 1;
 
 -- ===== batch renew and release =====
+-- name: read_now
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+-- name: claim_select
+-- oracle: FOR UPDATE SKIP LOCKED without FETCH FIRST (ORA-02014): FIRST_ROWS(n) and a fetch size of n make the cursor lock n rows
 SELECT /*+ FIRST_ROWS(2) */ events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events 
 WHERE events.ct_state = 1 AND events.ct_expires_at < :ct_expires_at_1 ORDER BY events.event_id FOR UPDATE SKIP LOCKED;
+-- name: claim_select
+-- oracle: FOR UPDATE SKIP LOCKED without FETCH FIRST (ORA-02014): FIRST_ROWS(n) and a fetch size of n make the cursor lock n rows
 SELECT /*+ FIRST_ROWS(2) */ events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events 
 WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1) ORDER BY events.event_id FOR UPDATE SKIP LOCKED;
+-- name: update_keys
+-- oracle: key lists padded to 1, 2, 4 ... 900 keys: one cached plan per list length, under the 1,000-item limit of IN
 UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=(events.ct_attempts + :ct_attempts_1) WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) AND events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= :ct_available_at_1);
+-- name: keys_where
 SELECT events.event_id 
 FROM events 
 WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) AND events.ct_token = :ct_token_1 AND events.ct_state = 1 AND events.ct_expires_at >= :ct_expires_at_1 FOR UPDATE;
+-- name: update_keys
+-- oracle: key lists padded to 1, 2, 4 ... 900 keys: one cached plan per list length, under the 1,000-item limit of IN
 UPDATE events SET ct_expires_at=:ct_expires_at WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) AND events.ct_token = :ct_token_1 AND events.ct_state = 1;
+-- name: keys_where
 SELECT events.event_id 
 FROM events 
 WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) AND events.ct_token = :ct_token_1 AND events.ct_state = 1 FOR UPDATE;
+-- name: update_keys
+-- oracle: key lists padded to 1, 2, 4 ... 900 keys: one cached plan per list length, under the 1,000-item limit of IN
 UPDATE events SET ct_state=:ct_state, ct_owner=:ct_owner, ct_token=:ct_token, ct_expires_at=:ct_expires_at, ct_attempts=CASE WHEN (events.ct_attempts > :ct_attempts_1) THEN events.ct_attempts - :ct_attempts_2 ELSE :param_1 END WHERE events.event_id IN (:event_id_1_1, :event_id_1_2) AND events.ct_token = :ct_token_1 AND events.ct_state = 1;
 
 -- ===== events stats =====
+-- name: read_now
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+-- name: counts_by_state
 SELECT coalesce(events.ct_state, 0) AS coalesce_1, count(*) AS count_1 
 FROM events GROUP BY coalesce(events.ct_state, 0);
+-- name: count_expired
 SELECT count(*) AS count_1 
 FROM events 
 WHERE events.ct_state = 1 AND events.ct_expires_at < :ct_expires_at_1;
+-- name: oldest_pending
 SELECT events.event_id 
 FROM events 
 WHERE events.ct_state = 0 ORDER BY events.event_id
  FETCH FIRST 1 ROWS ONLY;
 
 -- ===== events error rows (the status page) =====
+-- name: error_rows
 SELECT events.event_id, events.ct_attempts, events.ct_error 
 FROM events 
 WHERE events.ct_state = 3 ORDER BY events.event_id
  FETCH FIRST 20 ROWS ONLY;
 
 -- ===== events retry_errors =====
+-- name: update_where
 UPDATE events SET ct_state=:ct_state, ct_available_at=:ct_available_at, ct_attempts=:ct_attempts, ct_error=:ct_error WHERE events.ct_state = 3;
 
 -- ===== worklist populate =====
+-- name: lock_list
 SELECT ct_worklist.last_token, 1 AS epoch 
 FROM ct_worklist 
 WHERE ct_worklist.namespace = :namespace_1 AND ct_worklist.name = :name_1 FOR UPDATE;
+-- name: create_list
 INSERT INTO ct_worklist (namespace, name, last_token, created_at) VALUES (:namespace, :name, :last_token, (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))));
+-- name: read_now
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+-- name: insert_items
 INSERT INTO ct_work_item (namespace, worklist, exec_order, priority, payload, state, attempts, created_at) VALUES (:namespace, :worklist, :exec_order, :priority, :payload, :state, :attempts, :created_at) RETURNING ct_work_item.id INTO :ret_0;
 
 -- ===== worklist allocate: lock the work list row, lowest unfinished order only =====
+-- name: lock_list
 SELECT ct_worklist.last_token, 1 AS epoch 
 FROM ct_worklist 
 WHERE ct_worklist.namespace = :namespace_1 AND ct_worklist.name = :name_1 FOR UPDATE;
+-- name: current_order
 SELECT min(ct_work_item.exec_order) AS "current", (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS now 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = :namespace_1 AND ct_work_item.worklist = :worklist_1 AND ct_work_item.state IN ('new', 'active', 'error');
+-- name: next_item
 SELECT anon_1.id, anon_1.payload, anon_1.exec_order, anon_1.priority, anon_1.attempts, anon_1.state, anon_1.token 
 FROM (SELECT ct_work_item.id AS id, ct_work_item.payload AS payload, ct_work_item.exec_order AS exec_order, ct_work_item.priority AS priority, ct_work_item.attempts AS attempts, ct_work_item.state AS state, ct_work_item.token AS token 
 FROM ct_work_item 
@@ -479,14 +622,19 @@ FROM (SELECT ct_work_item.id AS id, ct_work_item.payload AS payload, ct_work_ite
 FROM ct_work_item 
 WHERE ct_work_item.namespace = :namespace_2 AND ct_work_item.worklist = :worklist_2 AND ct_work_item.state = 'active' AND ct_work_item.exec_order = :exec_order_2 AND ct_work_item.expires_at < :expires_at_1 ORDER BY ct_work_item.priority DESC, ct_work_item.id
  FETCH FIRST 1 ROWS ONLY) anon_2;
+-- name: allocate_item
 UPDATE ct_work_item SET state=:state, owner=:owner, token=:token, attempts=(ct_work_item.attempts + :attempts_1), started_at=:started_at, finished_at=:finished_at, expires_at=:expires_at WHERE ct_work_item.id = :id_1 AND ct_work_item.state = 'new';
+-- name: set_last_token
 UPDATE ct_worklist SET last_token=:last_token WHERE ct_worklist.namespace = :namespace_1 AND ct_worklist.name = :name_1;
 
 -- ===== work item complete (fenced on the item token) =====
+-- name: finish
 UPDATE ct_work_item SET state=:state, last_error=:last_error, finished_at=(EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))), expires_at=:expires_at WHERE ct_work_item.id = :id_1 AND ct_work_item.token = :token_1 AND ct_work_item.state = 'active';
 
 -- ===== worklist status =====
+-- name: read_now
 SELECT (EXTRACT(DAY FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 86400 + EXTRACT(HOUR FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 3600 + EXTRACT(MINUTE FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00')) * 60 + EXTRACT(SECOND FROM (SYS_EXTRACT_UTC(SYSTIMESTAMP) - TIMESTAMP '1970-01-01 00:00:00'))) AS db_now_1 FROM DUAL;
+-- name: counts
 SELECT ct_work_item.exec_order, ct_work_item.state, count(*) AS count_1, sum(CASE WHEN (ct_work_item.state = 'active' AND ct_work_item.expires_at < :expires_at_1) THEN :param_2 ELSE :param_3 END) AS sum_1 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = :namespace_1 AND ct_work_item.worklist = :worklist_1 GROUP BY ct_work_item.exec_order, ct_work_item.state ORDER BY ct_work_item.exec_order;

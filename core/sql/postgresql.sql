@@ -1,6 +1,9 @@
 -- controltable: DDL and statements for postgresql (server version 15.0)
 -- Run the DDL once with DDL rights (or `controltable init`); afterwards the engine needs DML only
 -- (SELECT, INSERT, UPDATE, DELETE on the tables below and on your event tables).
+-- Each statement the engine sends is printed under the name of its builder (`-- name: claim_select`:
+-- the function or method of controltable's statements modules, or the function that sent it), with
+-- a `-- postgresql: ...` line where it is shaped differently on postgresql for a reason.
 
 -- ===== control tables =====
 CREATE TABLE ct_grant_history (
@@ -87,15 +90,20 @@ CREATE TABLE ct_worklist (
 );
 
 -- ===== set_capacity: lock or create the resource row, then a grant pass (more capacity may admit waiters) =====
+-- name: lock_resource_name
 SELECT ct_resource.name 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
+-- name: create_resource
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (%(namespace)s::VARCHAR, %(name)s::VARCHAR, %(capacity)s::INTEGER, %(last_token)s::BIGINT, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION), %(last_ticket)s::BIGINT);
+-- name: lock_resource
 SELECT locked.name, locked.capacity, locked.last_token, locked.last_ticket, locked.rate_count, locked.rate_per, locked.aging, locked.epoch, CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) AS now 
 FROM (SELECT ct_resource.name AS name, ct_resource.capacity AS capacity, ct_resource.last_token AS last_token, ct_resource.last_ticket AS last_ticket, ct_resource.rate_count AS rate_count, ct_resource.rate_per AS rate_per, ct_resource.aging AS aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(ct_namespace)s::VARCHAR AND ct_resource.name = %(ct_name)s::VARCHAR FOR UPDATE) AS locked;
+-- name: change_resource
 UPDATE ct_resource SET capacity=%(capacity)s::INTEGER WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR;
+-- name: snapshot
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -105,14 +113,18 @@ WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource =
  LIMIT %(param_3)s::INTEGER) AS anon_1;
 
 -- ===== acquire: lock the resource rows, enqueue under the next ticket, grant pass over holders and head =====
+-- name: lock_resource
 SELECT locked.name, locked.capacity, locked.last_token, locked.last_ticket, locked.rate_count, locked.rate_per, locked.aging, locked.epoch, CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) AS now 
 FROM (SELECT ct_resource.name AS name, ct_resource.capacity AS capacity, ct_resource.last_token AS last_token, ct_resource.last_ticket AS last_ticket, ct_resource.rate_count AS rate_count, ct_resource.rate_per AS rate_per, ct_resource.aging AS aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(ct_namespace)s::VARCHAR AND ct_resource.name = %(ct_name)s::VARCHAR FOR UPDATE) AS locked;
+-- name: holder_rows
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.holder = %(ct_holder)s::VARCHAR;
+-- name: insert_waiter
 INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (%(ct_w_namespace)s::VARCHAR, %(ct_w_resource)s::VARCHAR, %(ct_w_holder)s::VARCHAR, %(ct_w_request_key)s::VARCHAR, %(ct_w_slots)s::INTEGER, %(ct_w_mode)s::VARCHAR, %(ct_w_state)s::VARCHAR, %(ct_w_lease_seconds)s, %(ct_w_enqueued_at)s, %(ct_w_expires_at)s, %(ct_w_ticket)s::BIGINT, %(ct_w_attempt)s::INTEGER, %(ct_w_pickup_seconds)s, %(ct_w_priority)s::INTEGER, %(ct_w_queue_key)s) RETURNING ct_request.id;
+-- name: snapshot
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -120,11 +132,15 @@ FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.ho
 FROM ct_request 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource = %(ct_name_0)s::VARCHAR AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket 
  LIMIT %(param_3)s::INTEGER) AS anon_1;
+-- name: grant_waiter
 UPDATE ct_request SET state=%(ct_g_state)s::VARCHAR, token=%(ct_g_token)s::BIGINT, lease_seconds=%(ct_g_lease)s, granted_at=%(ct_g_now)s, expires_at=%(ct_g_expires)s WHERE ct_request.id = %(ct_g_id)s::BIGINT AND ct_request.state = 'waiting';
+-- name: record_grant
 INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (%(ct_h_namespace)s::VARCHAR, %(ct_h_resource)s::VARCHAR, %(ct_h_token)s::BIGINT, %(ct_h_holder)s::VARCHAR, %(ct_h_mode)s::VARCHAR, %(ct_h_slots)s::INTEGER, %(ct_h_priority)s::INTEGER, %(ct_h_enqueued_at)s, %(ct_h_granted_at)s, %(ct_h_ended_at)s, %(ct_h_outcome)s::VARCHAR);
+-- name: write_counters
 UPDATE ct_resource SET last_token=%(ct_c_last_token)s::BIGINT, last_ticket=%(ct_c_last_ticket)s::BIGINT WHERE ct_resource.namespace = %(ct_c_namespace)s::VARCHAR AND ct_resource.name = %(ct_c_name)s::VARCHAR;
 
 -- ===== try_acquire while held: read its own entry without locks, then enqueue as a waiter (ticketed FIFO) =====
+-- name: peek
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS now, (SELECT wq.ticket 
 FROM ct_request AS wq 
 WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' AND wq.expires_at >= CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) ORDER BY wq.queue_key, wq.ticket 
@@ -137,14 +153,18 @@ FROM ct_request AS hq
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = %(mode_1)s::VARCHAR) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
 FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.holder = %(ct_holder)s::VARCHAR;
+-- name: lock_resource
 SELECT locked.name, locked.capacity, locked.last_token, locked.last_ticket, locked.rate_count, locked.rate_per, locked.aging, locked.epoch, CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) AS now 
 FROM (SELECT ct_resource.name AS name, ct_resource.capacity AS capacity, ct_resource.last_token AS last_token, ct_resource.last_ticket AS last_ticket, ct_resource.rate_count AS rate_count, ct_resource.rate_per AS rate_per, ct_resource.aging AS aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(ct_namespace)s::VARCHAR AND ct_resource.name = %(ct_name)s::VARCHAR FOR UPDATE) AS locked;
+-- name: holder_rows
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.holder = %(ct_holder)s::VARCHAR;
+-- name: insert_waiter
 INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (%(ct_w_namespace)s::VARCHAR, %(ct_w_resource)s::VARCHAR, %(ct_w_holder)s::VARCHAR, %(ct_w_request_key)s::VARCHAR, %(ct_w_slots)s::INTEGER, %(ct_w_mode)s::VARCHAR, %(ct_w_state)s::VARCHAR, %(ct_w_lease_seconds)s, %(ct_w_enqueued_at)s, %(ct_w_expires_at)s, %(ct_w_ticket)s::BIGINT, %(ct_w_attempt)s::INTEGER, %(ct_w_pickup_seconds)s, %(ct_w_priority)s::INTEGER, %(ct_w_queue_key)s) RETURNING ct_request.id;
+-- name: snapshot
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -152,26 +172,35 @@ FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.ho
 FROM ct_request 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource = %(ct_name_0)s::VARCHAR AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket 
  LIMIT %(param_3)s::INTEGER) AS anon_1;
+-- name: write_counters
 UPDATE ct_resource SET last_token=%(ct_c_last_token)s::BIGINT, last_ticket=%(ct_c_last_ticket)s::BIGINT WHERE ct_resource.namespace = %(ct_c_namespace)s::VARCHAR AND ct_resource.name = %(ct_c_name)s::VARCHAR;
+-- name: head_ticket
 SELECT ct_request.ticket 
 FROM ct_request 
 WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource = %(resource_1)s::VARCHAR AND ct_request.state = 'waiting' AND ct_request.expires_at >= CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) ORDER BY ct_request.queue_key, ct_request.ticket 
  LIMIT %(param_2)s::INTEGER;
 
 -- ===== renew a lease: extend on the database clock while granted and unexpired (fenced by key and attempt) =====
+-- name: read_now
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
+-- name: extend_lease
 UPDATE ct_request SET lease_seconds=%(lease_seconds)s, expires_at=%(expires_at)s WHERE ct_request.request_key = %(request_key_1)s::VARCHAR AND ct_request.attempt IS NOT DISTINCT FROM %(ct_attempt)s::INTEGER AND ct_request.state = 'granted' AND ct_request.expires_at >= %(expires_at_1)s;
 
 -- ===== release a lease: lock the resource row, delete the entry, grant pass for the next in line =====
+-- name: lock_resource
 SELECT locked.name, locked.capacity, locked.last_token, locked.last_ticket, locked.rate_count, locked.rate_per, locked.aging, locked.epoch, CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) AS now 
 FROM (SELECT ct_resource.name AS name, ct_resource.capacity AS capacity, ct_resource.last_token AS last_token, ct_resource.last_ticket AS last_ticket, ct_resource.rate_count AS rate_count, ct_resource.rate_per AS rate_per, ct_resource.aging AS aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(ct_namespace)s::VARCHAR AND ct_resource.name = %(ct_name)s::VARCHAR FOR UPDATE) AS locked;
+-- name: release_rows
 SELECT ct_request.id, ct_request.resource, ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
 WHERE ct_request.request_key = %(ct_key)s::VARCHAR AND ct_request.attempt IS NOT DISTINCT FROM %(ct_attempt)s::INTEGER;
+-- name: delete_release_rows
 DELETE FROM ct_request WHERE ct_request.request_key = %(ct_key)s::VARCHAR AND ct_request.attempt IS NOT DISTINCT FROM %(ct_attempt)s::INTEGER;
+-- name: end_grant
 UPDATE ct_grant_history SET ended_at=%(ended_at)s, outcome=%(outcome)s::VARCHAR WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.resource = %(resource_1)s::VARCHAR AND ct_grant_history.token = %(token_1)s::BIGINT AND ct_grant_history.outcome = 'held';
+-- name: snapshot
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -179,18 +208,24 @@ FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.ho
 FROM ct_request 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource = %(ct_name_0)s::VARCHAR AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket 
  LIMIT %(param_3)s::INTEGER) AS anon_1;
+-- name: grant_waiter
 UPDATE ct_request SET state=%(ct_g_state)s::VARCHAR, token=%(ct_g_token)s::BIGINT, granted_at=%(ct_g_now)s, expires_at=%(ct_g_expires)s WHERE ct_request.id = %(ct_g_id)s::BIGINT AND ct_request.state = 'waiting';
+-- name: record_grant
 INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (%(ct_h_namespace)s::VARCHAR, %(ct_h_resource)s::VARCHAR, %(ct_h_token)s::BIGINT, %(ct_h_holder)s::VARCHAR, %(ct_h_mode)s::VARCHAR, %(ct_h_slots)s::INTEGER, %(ct_h_priority)s::INTEGER, %(ct_h_enqueued_at)s, %(ct_h_granted_at)s, %(ct_h_ended_at)s, %(ct_h_outcome)s::VARCHAR);
+-- name: write_counters
 UPDATE ct_resource SET last_token=%(ct_c_last_token)s::BIGINT, last_ticket=%(ct_c_last_ticket)s::BIGINT WHERE ct_resource.namespace = %(ct_c_namespace)s::VARCHAR AND ct_resource.name = %(ct_c_name)s::VARCHAR;
 
 -- ===== release a grant released already (another lease of it): the grant history says how it ended =====
+-- name: lock_resource
 SELECT locked.name, locked.capacity, locked.last_token, locked.last_ticket, locked.rate_count, locked.rate_per, locked.aging, locked.epoch, CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) AS now 
 FROM (SELECT ct_resource.name AS name, ct_resource.capacity AS capacity, ct_resource.last_token AS last_token, ct_resource.last_ticket AS last_ticket, ct_resource.rate_count AS rate_count, ct_resource.rate_per AS rate_per, ct_resource.aging AS aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(ct_namespace)s::VARCHAR AND ct_resource.name = %(ct_name)s::VARCHAR FOR UPDATE) AS locked;
+-- name: release_rows
 SELECT ct_request.id, ct_request.resource, ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
 WHERE ct_request.request_key = %(ct_key)s::VARCHAR AND ct_request.attempt IS NOT DISTINCT FROM %(ct_attempt)s::INTEGER;
+-- name: snapshot
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -198,34 +233,44 @@ FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.ho
 FROM ct_request 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource = %(ct_name_0)s::VARCHAR AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket 
  LIMIT %(param_3)s::INTEGER) AS anon_1;
+-- name: grant_outcomes
 SELECT ct_grant_history.resource, ct_grant_history.token, ct_grant_history.outcome 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.resource IN (%(resource_1_1)s::VARCHAR) AND ct_grant_history.token IN (%(token_1_1)s::BIGINT);
 
 -- ===== status: resources, holders and waiters (no locks) =====
+-- name: read_now
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
+-- name: resources
 SELECT ct_resource.namespace, ct_resource.name, ct_resource.capacity, ct_resource.last_token, ct_resource.created_at, ct_resource.last_ticket, ct_resource.rate_count, ct_resource.rate_per, ct_resource.aging 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR ORDER BY ct_resource.name;
+-- name: requests
 SELECT ct_request.id, ct_request.namespace, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.lease_seconds, ct_request.enqueued_at, ct_request.granted_at, ct_request.expires_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.priority, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = %(namespace_1)s::VARCHAR ORDER BY ct_request.resource, ct_request.ticket;
 
 -- ===== reap: resources with entries expired on the database clock (each then reaped under its lock) =====
+-- name: expired_resources
 SELECT DISTINCT ct_request.resource 
 FROM ct_request 
 WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.expires_at < CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION);
 
 -- ===== expiry: an expired holder or waiter is deleted with its expiry re-checked (on SQL Server the DELETE returns the ids it removed: the row count is never trusted) =====
+-- name: lock_resource_name
 SELECT ct_resource.name 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
+-- name: create_resource
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (%(namespace)s::VARCHAR, %(name)s::VARCHAR, %(capacity)s::INTEGER, %(last_token)s::BIGINT, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION), %(last_ticket)s::BIGINT);
+-- name: lock_resource
 SELECT locked.name, locked.capacity, locked.last_token, locked.last_ticket, locked.rate_count, locked.rate_per, locked.aging, locked.epoch, CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) AS now 
 FROM (SELECT ct_resource.name AS name, ct_resource.capacity AS capacity, ct_resource.last_token AS last_token, ct_resource.last_ticket AS last_ticket, ct_resource.rate_count AS rate_count, ct_resource.rate_per AS rate_per, ct_resource.aging AS aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(ct_namespace)s::VARCHAR AND ct_resource.name = %(ct_name)s::VARCHAR FOR UPDATE) AS locked;
+-- name: change_resource
 UPDATE ct_resource SET capacity=%(capacity)s::INTEGER WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR;
+-- name: snapshot
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -233,13 +278,19 @@ FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.ho
 FROM ct_request 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource = %(ct_name_0)s::VARCHAR AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket 
  LIMIT %(param_3)s::INTEGER) AS anon_1;
+-- name: holder_rows
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.holder = %(ct_holder)s::VARCHAR;
+-- name: insert_waiter
 INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (%(ct_w_namespace)s::VARCHAR, %(ct_w_resource)s::VARCHAR, %(ct_w_holder)s::VARCHAR, %(ct_w_request_key)s::VARCHAR, %(ct_w_slots)s::INTEGER, %(ct_w_mode)s::VARCHAR, %(ct_w_state)s::VARCHAR, %(ct_w_lease_seconds)s, %(ct_w_enqueued_at)s, %(ct_w_expires_at)s, %(ct_w_ticket)s::BIGINT, %(ct_w_attempt)s::INTEGER, %(ct_w_pickup_seconds)s, %(ct_w_priority)s::INTEGER, %(ct_w_queue_key)s) RETURNING ct_request.id;
+-- name: grant_waiter
 UPDATE ct_request SET state=%(ct_g_state)s::VARCHAR, token=%(ct_g_token)s::BIGINT, lease_seconds=%(ct_g_lease)s, granted_at=%(ct_g_now)s, expires_at=%(ct_g_expires)s WHERE ct_request.id = %(ct_g_id)s::BIGINT AND ct_request.state = 'waiting';
+-- name: record_grant
 INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (%(ct_h_namespace)s::VARCHAR, %(ct_h_resource)s::VARCHAR, %(ct_h_token)s::BIGINT, %(ct_h_holder)s::VARCHAR, %(ct_h_mode)s::VARCHAR, %(ct_h_slots)s::INTEGER, %(ct_h_priority)s::INTEGER, %(ct_h_enqueued_at)s, %(ct_h_granted_at)s, %(ct_h_ended_at)s, %(ct_h_outcome)s::VARCHAR);
+-- name: write_counters
 UPDATE ct_resource SET last_token=%(ct_c_last_token)s::BIGINT, last_ticket=%(ct_c_last_ticket)s::BIGINT WHERE ct_resource.namespace = %(ct_c_namespace)s::VARCHAR AND ct_resource.name = %(ct_c_name)s::VARCHAR;
+-- name: peek
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS now, (SELECT wq.ticket 
 FROM ct_request AS wq 
 WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' AND wq.expires_at >= CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) ORDER BY wq.queue_key, wq.ticket 
@@ -252,30 +303,43 @@ FROM ct_request AS hq
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = %(mode_1)s::VARCHAR) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
 FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.holder = %(ct_holder)s::VARCHAR;
+-- name: head_ticket
 SELECT ct_request.ticket 
 FROM ct_request 
 WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource = %(resource_1)s::VARCHAR AND ct_request.state = 'waiting' AND ct_request.expires_at >= CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) ORDER BY ct_request.queue_key, ct_request.ticket 
  LIMIT %(param_2)s::INTEGER;
+-- name: delete_expired_request
 DELETE FROM ct_request WHERE ct_request.request_key = %(request_key_1)s::VARCHAR AND ct_request.expires_at < %(expires_at_1)s;
+-- name: delete_requests
 DELETE FROM ct_request WHERE ct_request.request_key = %(request_key_1)s::VARCHAR;
+-- name: end_grant
 UPDATE ct_grant_history SET ended_at=%(ended_at)s, outcome=%(outcome)s::VARCHAR WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.resource = %(resource_1)s::VARCHAR AND ct_grant_history.token = %(token_1)s::BIGINT AND ct_grant_history.outcome = 'held';
+-- name: delete_expired_row
 DELETE FROM ct_request WHERE ct_request.id = %(id_1)s::BIGINT AND ct_request.expires_at < %(expires_at_1)s;
+-- name: expired_resources
 SELECT DISTINCT ct_request.resource 
 FROM ct_request 
 WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.expires_at < CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION);
+-- name: delete_expired_waiters
 DELETE FROM ct_request WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource IN (%(resource_1_1)s::VARCHAR) AND ct_request.state = 'waiting' AND ct_request.expires_at < %(expires_at_1)s;
 
 -- ===== set_capacity with a rate limit and aging (rewrites the waiters' queue order) =====
+-- name: lock_resource_name
 SELECT ct_resource.name 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR FOR UPDATE;
+-- name: create_resource
 INSERT INTO ct_resource (namespace, name, capacity, last_token, created_at, last_ticket) VALUES (%(namespace)s::VARCHAR, %(name)s::VARCHAR, %(capacity)s::INTEGER, %(last_token)s::BIGINT, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION), %(last_ticket)s::BIGINT);
+-- name: lock_resource
 SELECT locked.name, locked.capacity, locked.last_token, locked.last_ticket, locked.rate_count, locked.rate_per, locked.aging, locked.epoch, CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) AS now 
 FROM (SELECT ct_resource.name AS name, ct_resource.capacity AS capacity, ct_resource.last_token AS last_token, ct_resource.last_ticket AS last_ticket, ct_resource.rate_count AS rate_count, ct_resource.rate_per AS rate_per, ct_resource.aging AS aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(ct_namespace)s::VARCHAR AND ct_resource.name = %(ct_name)s::VARCHAR FOR UPDATE) AS locked;
+-- name: reorder_queue
 UPDATE ct_request SET queue_key=(ct_request.enqueued_at - ct_request.priority * %(priority_1)s) WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource = %(resource_1)s::VARCHAR AND ct_request.state = 'waiting';
+-- name: change_resource
 UPDATE ct_resource SET capacity=%(capacity)s::INTEGER, rate_count=%(rate_count)s::INTEGER, rate_per=%(rate_per)s, aging=%(aging)s WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR;
+-- name: snapshot
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -283,19 +347,24 @@ FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.ho
 FROM ct_request 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource = %(ct_name_0)s::VARCHAR AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket 
  LIMIT %(param_3)s::INTEGER) AS anon_1;
+-- name: window_count
 SELECT count(*) AS count_1 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.resource = %(resource_1)s::VARCHAR AND ct_grant_history.granted_at > %(granted_at_1)s;
 
 -- ===== rate-limited grants: the window's budget from the grant history; the head times the next opening =====
+-- name: lock_resource
 SELECT locked.name, locked.capacity, locked.last_token, locked.last_ticket, locked.rate_count, locked.rate_per, locked.aging, locked.epoch, CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) AS now 
 FROM (SELECT ct_resource.name AS name, ct_resource.capacity AS capacity, ct_resource.last_token AS last_token, ct_resource.last_ticket AS last_ticket, ct_resource.rate_count AS rate_count, ct_resource.rate_per AS rate_per, ct_resource.aging AS aging, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(ct_namespace)s::VARCHAR AND ct_resource.name = %(ct_name)s::VARCHAR FOR UPDATE) AS locked;
+-- name: holder_rows
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.holder = %(ct_holder)s::VARCHAR;
+-- name: insert_waiter
 INSERT INTO ct_request (namespace, resource, holder, request_key, slots, mode, state, lease_seconds, enqueued_at, expires_at, ticket, attempt, pickup_seconds, priority, queue_key) VALUES (%(ct_w_namespace)s::VARCHAR, %(ct_w_resource)s::VARCHAR, %(ct_w_holder)s::VARCHAR, %(ct_w_request_key)s::VARCHAR, %(ct_w_slots)s::INTEGER, %(ct_w_mode)s::VARCHAR, %(ct_w_state)s::VARCHAR, %(ct_w_lease_seconds)s, %(ct_w_enqueued_at)s, %(ct_w_expires_at)s, %(ct_w_ticket)s::BIGINT, %(ct_w_attempt)s::INTEGER, %(ct_w_pickup_seconds)s, %(ct_w_priority)s::INTEGER, %(ct_w_queue_key)s) RETURNING ct_request.id;
+-- name: snapshot
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key 
 FROM ct_request 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.state = 'granted' UNION ALL SELECT anon_1.id, anon_1.resource, anon_1.holder, anon_1.request_key, anon_1.slots, anon_1.mode, anon_1.state, anon_1.token, anon_1.expires_at, anon_1.granted_at, anon_1.ticket, anon_1.attempt, anon_1.pickup_seconds, anon_1.lease_seconds, anon_1.priority, anon_1.enqueued_at, anon_1.queue_key 
@@ -303,17 +372,25 @@ FROM (SELECT ct_request.id AS id, ct_request.resource AS resource, ct_request.ho
 FROM ct_request 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource = %(ct_name_0)s::VARCHAR AND ct_request.state = 'waiting' ORDER BY ct_request.queue_key, ct_request.ticket 
  LIMIT %(param_3)s::INTEGER) AS anon_1;
+-- name: window_count
 SELECT count(*) AS count_1 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.resource = %(resource_1)s::VARCHAR AND ct_grant_history.granted_at > %(granted_at_1)s;
+-- name: grant_waiter
 UPDATE ct_request SET state=%(ct_g_state)s::VARCHAR, token=%(ct_g_token)s::BIGINT, lease_seconds=%(ct_g_lease)s, granted_at=%(ct_g_now)s, expires_at=%(ct_g_expires)s WHERE ct_request.id = %(ct_g_id)s::BIGINT AND ct_request.state = 'waiting';
+-- name: record_grant
 INSERT INTO ct_grant_history (namespace, resource, token, holder, mode, slots, priority, enqueued_at, granted_at, ended_at, outcome) VALUES (%(ct_h_namespace)s::VARCHAR, %(ct_h_resource)s::VARCHAR, %(ct_h_token)s::BIGINT, %(ct_h_holder)s::VARCHAR, %(ct_h_mode)s::VARCHAR, %(ct_h_slots)s::INTEGER, %(ct_h_priority)s::INTEGER, %(ct_h_enqueued_at)s, %(ct_h_granted_at)s, %(ct_h_ended_at)s, %(ct_h_outcome)s::VARCHAR);
+-- name: write_counters
 UPDATE ct_resource SET last_token=%(ct_c_last_token)s::BIGINT, last_ticket=%(ct_c_last_ticket)s::BIGINT WHERE ct_resource.namespace = %(ct_c_namespace)s::VARCHAR AND ct_resource.name = %(ct_c_name)s::VARCHAR;
+-- name: release_rows
 SELECT ct_request.id, ct_request.resource, ct_request.state, ct_request.token, ct_request.expires_at 
 FROM ct_request 
 WHERE ct_request.request_key = %(ct_key)s::VARCHAR AND ct_request.attempt IS NOT DISTINCT FROM %(ct_attempt)s::INTEGER;
+-- name: delete_release_rows
 DELETE FROM ct_request WHERE ct_request.request_key = %(ct_key)s::VARCHAR AND ct_request.attempt IS NOT DISTINCT FROM %(ct_attempt)s::INTEGER;
+-- name: end_grant
 UPDATE ct_grant_history SET ended_at=%(ended_at)s, outcome=%(outcome)s::VARCHAR WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.resource = %(resource_1)s::VARCHAR AND ct_grant_history.token = %(token_1)s::BIGINT AND ct_grant_history.outcome = 'held';
+-- name: peek
 SELECT ct_request.id, ct_request.resource, ct_request.holder, ct_request.request_key, ct_request.slots, ct_request.mode, ct_request.state, ct_request.token, ct_request.expires_at, ct_request.granted_at, ct_request.ticket, ct_request.attempt, ct_request.pickup_seconds, ct_request.lease_seconds, ct_request.priority, ct_request.enqueued_at, ct_request.queue_key, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS now, (SELECT wq.ticket 
 FROM ct_request AS wq 
 WHERE wq.namespace = ct_request.namespace AND wq.resource = ct_request.resource AND wq.state = 'waiting' AND wq.expires_at >= CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) ORDER BY wq.queue_key, wq.ticket 
@@ -326,46 +403,60 @@ FROM ct_request AS hq
 WHERE hq.namespace = ct_request.namespace AND hq.resource = ct_request.resource AND hq.state = 'granted' AND hq.mode = %(mode_1)s::VARCHAR) AS excl, ct_resource.capacity, ct_resource.rate_count, ct_resource.rate_per 
 FROM ct_request JOIN ct_resource ON ct_resource.namespace = ct_request.namespace AND ct_resource.name = ct_request.resource 
 WHERE ct_request.namespace = %(ct_namespace)s::VARCHAR AND ct_request.resource IN (%(ct_names_1)s::VARCHAR) AND ct_request.holder = %(ct_holder)s::VARCHAR;
+-- name: head_ticket
 SELECT ct_request.ticket 
 FROM ct_request 
 WHERE ct_request.namespace = %(namespace_1)s::VARCHAR AND ct_request.resource = %(resource_1)s::VARCHAR AND ct_request.state = 'waiting' AND ct_request.expires_at >= CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) ORDER BY ct_request.queue_key, ct_request.ticket 
  LIMIT %(param_2)s::INTEGER;
+-- name: refresh_waiter
 UPDATE ct_request SET expires_at=%(expires_at)s, pickup_seconds=%(pickup_seconds)s WHERE ct_request.request_key = %(request_key_1)s::VARCHAR AND ct_request.state = 'waiting' AND ct_request.expires_at >= %(expires_at_1)s;
+-- name: window_times
 SELECT ct_grant_history.granted_at 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.resource = %(resource_1)s::VARCHAR AND ct_grant_history.granted_at > %(granted_at_1)s ORDER BY ct_grant_history.granted_at;
 
 -- ===== grant history (newest first) =====
+-- name: read_now
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
+-- name: records
 SELECT ct_grant_history.namespace, ct_grant_history.resource, ct_grant_history.token, ct_grant_history.holder, ct_grant_history.mode, ct_grant_history.slots, ct_grant_history.priority, ct_grant_history.enqueued_at, ct_grant_history.granted_at, ct_grant_history.ended_at, ct_grant_history.outcome 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.granted_at >= %(granted_at_1)s AND ct_grant_history.resource = %(resource_1)s::VARCHAR ORDER BY ct_grant_history.granted_at DESC, ct_grant_history.token DESC 
  LIMIT %(param_1)s::INTEGER;
 
 -- ===== stats and stats_series from the grant history =====
+-- name: read_now
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
+-- name: capacities
 SELECT ct_resource.name, ct_resource.capacity 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR ORDER BY ct_resource.name;
+-- name: overlapping
 SELECT ct_grant_history.slots, ct_grant_history.enqueued_at, ct_grant_history.granted_at, ct_grant_history.ended_at, ct_grant_history.outcome 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.resource = %(resource_1)s::VARCHAR AND ct_grant_history.granted_at < %(granted_at_1)s AND (ct_grant_history.ended_at IS NULL OR ct_grant_history.ended_at > %(ended_at_1)s);
+-- name: capacity_of
 SELECT ct_resource.capacity 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR;
 
 -- ===== prune_history (batches per resource) =====
+-- name: resource_names
 SELECT ct_resource.name 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR;
+-- name: rate_period
 SELECT ct_resource.rate_per 
 FROM ct_resource 
 WHERE ct_resource.namespace = %(namespace_1)s::VARCHAR AND ct_resource.name = %(name_1)s::VARCHAR;
+-- name: read_now
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
+-- name: prune_edge
 SELECT ct_grant_history.granted_at 
 FROM ct_grant_history 
 WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.resource = %(resource_1)s::VARCHAR AND ct_grant_history.granted_at < %(granted_at_1)s AND ct_grant_history.outcome != 'held' ORDER BY ct_grant_history.granted_at 
  LIMIT %(param_2)s::INTEGER OFFSET %(param_3)s::INTEGER;
+-- name: delete_ended
 DELETE FROM ct_grant_history WHERE ct_grant_history.namespace = %(namespace_1)s::VARCHAR AND ct_grant_history.resource = %(resource_1)s::VARCHAR AND ct_grant_history.granted_at < %(granted_at_1)s AND ct_grant_history.outcome != 'held';
 
 -- ===== events prepare (introspection) =====
@@ -388,87 +479,122 @@ CREATE INDEX ct_claimed_events ON events (event_id) WHERE ct_state = 1;
 ANALYZE events;
 
 -- ===== events claim: one short transaction that skips rows other workers hold =====
+-- name: claim_select
+-- postgresql: expired claims only (pending rows go through claim_returning); one state per select keeps the partial index's order
 SELECT events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events 
 WHERE events.ct_state = 1 AND events.ct_expires_at < CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) ORDER BY events.event_id 
  LIMIT %(param_2)s::INTEGER FOR UPDATE SKIP LOCKED;
+-- name: claim_returning
+-- postgresql: one round trip: the locking subquery skips rows other workers hold, RETURNING gives the rows
 UPDATE events SET ct_state=%(ct_state)s::SMALLINT, ct_owner=%(ct_owner)s::VARCHAR, ct_token=%(ct_token)s::BIGINT, ct_expires_at=(CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) + %(param_1)s), ct_attempts=(events.ct_attempts + %(ct_attempts_1)s::INTEGER) WHERE events.event_id IN (SELECT events.event_id 
 FROM events 
 WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION)) ORDER BY events.event_id 
  LIMIT %(param_3)s::INTEGER FOR UPDATE SKIP LOCKED) RETURNING events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at;
 
 -- ===== batch complete (fenced on the batch token) =====
+-- name: update_where
 UPDATE events SET ct_state=%(ct_state)s::SMALLINT, ct_expires_at=%(ct_expires_at)s, ct_error=%(ct_error)s::VARCHAR, ct_done_at=CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) WHERE events.ct_token = %(ct_token_1)s::BIGINT AND events.ct_state = 1;
 
 -- ===== batch fail (back-off or error state, decided from the stored attempts) =====
+-- name: claim_select
+-- postgresql: expired claims only (pending rows go through claim_returning); one state per select keeps the partial index's order
 SELECT events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events 
 WHERE events.ct_state = 1 AND events.ct_expires_at < CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) ORDER BY events.event_id 
  LIMIT %(param_2)s::INTEGER FOR UPDATE SKIP LOCKED;
+-- name: claim_returning
+-- postgresql: one round trip: the locking subquery skips rows other workers hold, RETURNING gives the rows
 UPDATE events SET ct_state=%(ct_state)s::SMALLINT, ct_owner=%(ct_owner)s::VARCHAR, ct_token=%(ct_token)s::BIGINT, ct_expires_at=(CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) + %(param_1)s), ct_attempts=(events.ct_attempts + %(ct_attempts_1)s::INTEGER) WHERE events.event_id IN (SELECT events.event_id 
 FROM events 
 WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION)) ORDER BY events.event_id 
  LIMIT %(param_3)s::INTEGER FOR UPDATE SKIP LOCKED) RETURNING events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at;
+-- name: keys_where
 SELECT events.event_id 
 FROM events 
 WHERE events.event_id IN (%(event_id_1_1)s::INTEGER, %(event_id_1_2)s::INTEGER, %(event_id_1_3)s::INTEGER, %(event_id_1_4)s::INTEGER, %(event_id_1_5)s::INTEGER, %(event_id_1_6)s::INTEGER, %(event_id_1_7)s::INTEGER, %(event_id_1_8)s::INTEGER) AND events.ct_token = %(ct_token_1)s::BIGINT AND events.ct_state = 1 FOR UPDATE;
+-- name: update_keys
 UPDATE events SET ct_state=CASE WHEN (events.ct_attempts >= %(ct_attempts_1)s::INTEGER) THEN %(param_1)s::INTEGER ELSE %(param_2)s::INTEGER END, ct_owner=%(ct_owner)s::VARCHAR, ct_token=%(ct_token)s::BIGINT, ct_expires_at=%(ct_expires_at)s, ct_available_at=CASE WHEN (events.ct_attempts >= %(ct_attempts_1)s::INTEGER) THEN NULL WHEN (events.ct_attempts <= %(ct_attempts_2)s::INTEGER) THEN CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) + %(param_3)s WHEN (events.ct_attempts <= %(ct_attempts_3)s::INTEGER) THEN CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) + %(param_4)s WHEN (events.ct_attempts <= %(ct_attempts_4)s::INTEGER) THEN CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) + %(param_5)s WHEN (events.ct_attempts <= %(ct_attempts_5)s::INTEGER) THEN CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) + %(param_6)s ELSE CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) + %(param_7)s END, ct_error=%(ct_error)s::VARCHAR WHERE events.event_id IN (%(event_id_1_1)s::INTEGER, %(event_id_1_2)s::INTEGER, %(event_id_1_3)s::INTEGER, %(event_id_1_4)s::INTEGER, %(event_id_1_5)s::INTEGER, %(event_id_1_6)s::INTEGER, %(event_id_1_7)s::INTEGER, %(event_id_1_8)s::INTEGER) AND events.ct_token = %(ct_token_1)s::BIGINT AND events.ct_state = 1;
 
 -- ===== batch renew and release =====
+-- name: claim_select
+-- postgresql: expired claims only (pending rows go through claim_returning); one state per select keeps the partial index's order
 SELECT events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at 
 FROM events 
 WHERE events.ct_state = 1 AND events.ct_expires_at < CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) ORDER BY events.event_id 
  LIMIT %(param_2)s::INTEGER FOR UPDATE SKIP LOCKED;
+-- name: claim_returning
+-- postgresql: one round trip: the locking subquery skips rows other workers hold, RETURNING gives the rows
 UPDATE events SET ct_state=%(ct_state)s::SMALLINT, ct_owner=%(ct_owner)s::VARCHAR, ct_token=%(ct_token)s::BIGINT, ct_expires_at=(CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) + %(param_1)s), ct_attempts=(events.ct_attempts + %(ct_attempts_1)s::INTEGER) WHERE events.event_id IN (SELECT events.event_id 
 FROM events 
 WHERE events.ct_state = 0 AND (events.ct_available_at IS NULL OR events.ct_available_at <= CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION)) ORDER BY events.event_id 
  LIMIT %(param_3)s::INTEGER FOR UPDATE SKIP LOCKED) RETURNING events.event_id, events.payload, events.ct_state, events.ct_owner, events.ct_token, events.ct_expires_at, events.ct_available_at, events.ct_attempts, events.ct_error, events.ct_done_at;
+-- name: read_now
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
+-- name: keys_where
 SELECT events.event_id 
 FROM events 
 WHERE events.event_id IN (%(event_id_1_1)s::INTEGER, %(event_id_1_2)s::INTEGER) AND events.ct_token = %(ct_token_1)s::BIGINT AND events.ct_state = 1 AND events.ct_expires_at >= %(ct_expires_at_1)s FOR UPDATE;
+-- name: update_keys
 UPDATE events SET ct_expires_at=%(ct_expires_at)s WHERE events.event_id IN (%(event_id_1_1)s::INTEGER, %(event_id_1_2)s::INTEGER) AND events.ct_token = %(ct_token_1)s::BIGINT AND events.ct_state = 1;
+-- name: keys_where
 SELECT events.event_id 
 FROM events 
 WHERE events.event_id IN (%(event_id_1_1)s::INTEGER, %(event_id_1_2)s::INTEGER) AND events.ct_token = %(ct_token_1)s::BIGINT AND events.ct_state = 1 FOR UPDATE;
+-- name: update_keys
 UPDATE events SET ct_state=%(ct_state)s::SMALLINT, ct_owner=%(ct_owner)s::VARCHAR, ct_token=%(ct_token)s::BIGINT, ct_expires_at=%(ct_expires_at)s, ct_attempts=CASE WHEN (events.ct_attempts > %(ct_attempts_1)s::INTEGER) THEN events.ct_attempts - %(ct_attempts_2)s::INTEGER ELSE %(param_1)s::INTEGER END WHERE events.event_id IN (%(event_id_1_1)s::INTEGER, %(event_id_1_2)s::INTEGER) AND events.ct_token = %(ct_token_1)s::BIGINT AND events.ct_state = 1;
 
 -- ===== events stats =====
+-- name: read_now
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
+-- name: counts_by_state
 SELECT coalesce(events.ct_state, 0) AS coalesce_1, count(*) AS count_1 
 FROM events GROUP BY coalesce(events.ct_state, 0);
+-- name: count_expired
 SELECT count(*) AS count_1 
 FROM events 
 WHERE events.ct_state = 1 AND events.ct_expires_at < %(ct_expires_at_1)s;
+-- name: oldest_pending
 SELECT events.event_id 
 FROM events 
 WHERE events.ct_state = 0 ORDER BY events.event_id 
  LIMIT %(param_2)s::INTEGER;
 
 -- ===== events error rows (the status page) =====
+-- name: error_rows
 SELECT events.event_id, events.ct_attempts, events.ct_error 
 FROM events 
 WHERE events.ct_state = 3 ORDER BY events.event_id 
  LIMIT %(param_2)s::INTEGER;
 
 -- ===== events retry_errors =====
+-- name: update_where
 UPDATE events SET ct_state=%(ct_state)s::SMALLINT, ct_available_at=%(ct_available_at)s, ct_attempts=%(ct_attempts)s::INTEGER, ct_error=%(ct_error)s::VARCHAR WHERE events.ct_state = 3;
 
 -- ===== worklist populate =====
+-- name: lock_list
+-- postgresql: the epoch is the server's timeline (from the WAL file name): tokens jump above the old primary's after a failover
 SELECT ct_worklist.last_token, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_worklist 
 WHERE ct_worklist.namespace = %(namespace_1)s::VARCHAR AND ct_worklist.name = %(name_1)s::VARCHAR FOR UPDATE;
+-- name: create_list
 INSERT INTO ct_worklist (namespace, name, last_token, created_at) VALUES (%(namespace)s::VARCHAR, %(name)s::VARCHAR, %(last_token)s::BIGINT, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION));
+-- name: read_now
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
+-- name: insert_items
 INSERT INTO ct_work_item (namespace, worklist, exec_order, priority, payload, state, attempts, created_at) VALUES (%(namespace)s::VARCHAR, %(worklist)s::VARCHAR, %(exec_order)s::INTEGER, %(priority)s::INTEGER, %(payload)s::VARCHAR, %(state)s::VARCHAR, %(attempts)s::INTEGER, %(created_at)s) RETURNING ct_work_item.id;
 
 -- ===== worklist allocate: lock the work list row, lowest unfinished order only =====
+-- name: lock_list
+-- postgresql: the epoch is the server's timeline (from the WAL file name): tokens jump above the old primary's after a failover
 SELECT ct_worklist.last_token, CAST(CAST('x' || SUBSTR(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS BIT(32)) AS BIGINT) AS epoch 
 FROM ct_worklist 
 WHERE ct_worklist.namespace = %(namespace_1)s::VARCHAR AND ct_worklist.name = %(name_1)s::VARCHAR FOR UPDATE;
+-- name: current_order
 SELECT min(ct_work_item.exec_order) AS current, CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS now 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = %(namespace_1)s::VARCHAR AND ct_work_item.worklist = %(worklist_1)s::VARCHAR AND ct_work_item.state IN ('new', 'active', 'error');
+-- name: next_item
 SELECT anon_1.id, anon_1.payload, anon_1.exec_order, anon_1.priority, anon_1.attempts, anon_1.state, anon_1.token 
 FROM (SELECT ct_work_item.id AS id, ct_work_item.payload AS payload, ct_work_item.exec_order AS exec_order, ct_work_item.priority AS priority, ct_work_item.attempts AS attempts, ct_work_item.state AS state, ct_work_item.token AS token 
 FROM ct_work_item 
@@ -478,14 +604,19 @@ FROM (SELECT ct_work_item.id AS id, ct_work_item.payload AS payload, ct_work_ite
 FROM ct_work_item 
 WHERE ct_work_item.namespace = %(namespace_2)s::VARCHAR AND ct_work_item.worklist = %(worklist_2)s::VARCHAR AND ct_work_item.state = 'active' AND ct_work_item.exec_order = %(exec_order_2)s::INTEGER AND ct_work_item.expires_at < %(expires_at_1)s ORDER BY ct_work_item.priority DESC, ct_work_item.id 
  LIMIT %(param_4)s::INTEGER) AS anon_2;
+-- name: allocate_item
 UPDATE ct_work_item SET state=%(state)s::VARCHAR, owner=%(owner)s::VARCHAR, token=%(token)s::BIGINT, attempts=(ct_work_item.attempts + %(attempts_1)s::INTEGER), started_at=%(started_at)s, finished_at=%(finished_at)s, expires_at=%(expires_at)s WHERE ct_work_item.id = %(id_1)s::BIGINT AND ct_work_item.state = 'new';
+-- name: set_last_token
 UPDATE ct_worklist SET last_token=%(last_token)s::BIGINT WHERE ct_worklist.namespace = %(namespace_1)s::VARCHAR AND ct_worklist.name = %(name_1)s::VARCHAR;
 
 -- ===== work item complete (fenced on the item token) =====
+-- name: finish
 UPDATE ct_work_item SET state=%(state)s::VARCHAR, last_error=%(last_error)s::VARCHAR, finished_at=CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION), expires_at=%(expires_at)s WHERE ct_work_item.id = %(id_1)s::BIGINT AND ct_work_item.token = %(token_1)s::BIGINT AND ct_work_item.state = 'active';
 
 -- ===== worklist status =====
+-- name: read_now
 SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION) AS db_now_1;
+-- name: counts
 SELECT ct_work_item.exec_order, ct_work_item.state, count(*) AS count_1, sum(CASE WHEN (ct_work_item.state = 'active' AND ct_work_item.expires_at < %(expires_at_1)s) THEN %(param_2)s::INTEGER ELSE %(param_3)s::INTEGER END) AS sum_1 
 FROM ct_work_item 
 WHERE ct_work_item.namespace = %(namespace_1)s::VARCHAR AND ct_work_item.worklist = %(worklist_1)s::VARCHAR GROUP BY ct_work_item.exec_order, ct_work_item.state ORDER BY ct_work_item.exec_order;

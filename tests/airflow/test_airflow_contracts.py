@@ -1,10 +1,10 @@
-"""Contracts kept through the provider's reshaping: one error table, stored trigger paths, old argument names.
+"""The provider's contracts: one error table, stored trigger class paths, one name per argument.
 
 * ``translate()`` picks the Airflow exception by the core's ``error_outcome(exc).family``, giving
-  every core error class the exception it always had;
-* every trigger's ``serialize()`` names a class path that imports (Airflow stores it), and the
-  class paths and kwargs stored by earlier releases still load;
-* ``table_schema`` beside the deprecated ``schema`` (trigger argument and batch handle key);
+  every core error class its exception;
+* every trigger's ``serialize()`` names the class path of the module that defines it (Airflow stores
+  it), which rebuilds the same trigger;
+* the event table's schema is ``table_schema`` (trigger argument and batch handle key), only;
 * an explicit slot ``priority`` wins over ``use_priority_weight``.
 """
 
@@ -114,47 +114,24 @@ def test_serialized_trigger_classpaths_import_and_rebuild_the_same_trigger(index
     assert rebuilt.serialize() == (classpath, kwargs)
 
 
-def test_triggers_stored_by_earlier_releases_still_load() -> None:
-    from airflow_controltable import triggers
-    from airflow_controltable.triggers import controltable as old
-
-    for name in ("SlotTrigger", "PendingEventsTrigger"):
-        assert _resolve(f"airflow_controltable.triggers.controltable.{name}") is getattr(triggers, name)
-    for name in ("lease_payload", "exit_time", "fire_not_before", "scheduler_caught_up", "scheduler_beats",
-                 "SchedulerBeats", "process_alive", "in_deferring_process", "health_url", "read_scheduler_heartbeat"):
-        assert hasattr(old, name), name
-    # the kwargs the previous release stored for a PendingEventsTrigger: the event table's schema as `schema`
-    stored = {"table": "events", "key": "id", "min_events": 2, "order_by": None, "schema": "raw",
-              "conn_id": "controltable_default", "namespace": None, "control_schema": None, "poll_interval": 5.0,
-              "refresh_interval": 30.0, "deadline": None, "not_before": None, "deferral": None}
-    with pytest.warns(DeprecationWarning, match="schema= is deprecated, use table_schema="):
-        trigger = old.PendingEventsTrigger(**stored)
-    assert trigger.table_schema == "raw" and trigger.schema == "raw"
-    assert trigger.serialize()[1]["table_schema"] == "raw"
-    stored["schema"] = None  # no schema: stored as None, no warning
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        assert old.PendingEventsTrigger(**stored).table_schema is None
+def test_trigger_classpaths_name_the_defining_modules() -> None:
+    assert _triggers()[0].serialize()[0] == "airflow_controltable.triggers.slot.SlotTrigger"
+    assert _triggers()[1].serialize()[0] == "airflow_controltable.triggers.events.PendingEventsTrigger"
 
 
-def test_pending_events_trigger_refuses_both_schema_names() -> None:
+def test_the_event_table_schema_has_one_name() -> None:
+    from airflow_controltable.operators.events import ClaimBatchOperator
+    from airflow_controltable.sensors.events import PendingEventsSensor
     from airflow_controltable.triggers.events import PendingEventsTrigger
-    from controltable import ConfigurationError
 
-    with pytest.raises(ConfigurationError, match="give table_schema= only"):
-        PendingEventsTrigger(table="events", key="id", schema="a", table_schema="b")
-
-
-def test_deferral_facts_and_the_workaround_keep_their_earlier_homes() -> None:
-    from airflow_controltable import resume_race, utils
-
-    assert utils.deferral_facts is resume_race.deferral_facts
-    assert utils.resume_settle is resume_race.resume_settle
+    for build in (lambda: PendingEventsTrigger(table="events", key="id", schema="raw"),
+                  lambda: ClaimBatchOperator(task_id="claim", table="events", key="id", schema="raw"),
+                  lambda: PendingEventsSensor(task_id="wait", table="events", key="id", schema="raw")):
+        with pytest.raises(TypeError, match="schema"):
+            build()
 
 
-# -- batch handles: table_schema, and the old key schema -------------------------------------------------
-@pytest.mark.parametrize("key", ["table_schema", "schema"])
-def test_batch_handles_name_the_schema_by_either_key(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_batch_handles_name_the_schema_table_schema(monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow_controltable.operators.events import CompleteBatchOperator
 
     seen: list[Any] = []
@@ -169,8 +146,9 @@ def test_batch_handles_name_the_schema_by_either_key(key: str, monkeypatch: pyte
         return Events()
 
     monkeypatch.setattr(op, "_events", events)
-    op._batch({"table": "events", "key": "id", key: "raw"})
-    assert seen == ["raw"]
+    op._batch({"table": "events", "key": "id", "table_schema": "raw"})
+    op._batch({"table": "events", "key": "id", "schema": "raw"})  # not a key of a handle: not read
+    assert seen == ["raw", None]
 
 
 # -- priority --------------------------------------------------------------------------------------------

@@ -107,7 +107,7 @@ def test_pending_events_sensor_poke_and_deferrable(conn_id: str, events: Any) ->
     from airflow.sdk.exceptions import TaskDeferred
 
     from airflow_controltable.sensors.events import PendingEventsSensor
-    from airflow_controltable.triggers.controltable import PendingEventsTrigger
+    from airflow_controltable.triggers.events import PendingEventsTrigger
 
     def sensor(n: int, **kw: Any) -> Any:
         return PendingEventsSensor(task_id="wait", table=events.name, key="id", min_events=n, conn_id=conn_id,
@@ -129,7 +129,9 @@ def test_pending_events_sensor_poke_and_deferrable(conn_id: str, events: Any) ->
         task = asyncio.ensure_future(first())
         await asyncio.sleep(0.3)
         assert not task.done()
-        table = Table(events.name, MetaData(), autoload_with=events.engine)
+        # Off the loop: on SQLite a sync statement there would wait for the write lock the
+        # trigger's open transaction holds, which needs the loop to finish.
+        table = await asyncio.to_thread(lambda: Table(events.name, MetaData(), autoload_with=events.engine))
         await asyncio.to_thread(_insert, events.engine, table, range(26, 31))
         return await asyncio.wait_for(task, 20)
 

@@ -1,8 +1,8 @@
 """One policy and one vocabulary with the core and the Dagster integration, and a safe resume from deferral.
 
 * the retry policy: ``translate()`` follows ``controltable.errors.is_retryable``;
-* holder ids come from ``controltable.holders.holder_id`` (``bounded_id`` is a deprecated alias);
-* the slot surfaces (sensor, operator, ``slot_held``) use the same argument names; old names warn;
+* holder ids come from ``controltable.holders.holder_id``;
+* the slot surfaces (sensor, operator, ``slot_held``) use the same argument names;
 * defaults live in ``airflow_controltable.defaults`` and reuse the core's;
 * a trigger fires no sooner than ``settle`` after the deferring process exited: decided by pure
   functions (no database) and checked with a real process that exits.
@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import time
-import warnings
 from typing import Any
 
 import pytest
@@ -118,8 +117,8 @@ def test_trigger_error_events_follow_the_policy() -> None:
 
 
 # -- holder ids ----------------------------------------------------------------------------------------------
-def test_holder_ids_come_from_the_core_helper_and_bounded_id_is_a_deprecated_alias() -> None:
-    from airflow_controltable.utils import bounded_id, dag_run_holder, task_instance_holder
+def test_holder_ids_come_from_the_core_helper() -> None:
+    from airflow_controltable.utils import dag_run_holder, task_instance_holder
     from controltable.holders import holder_id
 
     long_run = "r" * 300
@@ -130,8 +129,6 @@ def test_holder_ids_come_from_the_core_helper_and_bounded_id_is_a_deprecated_ali
     # two ids that differ only past the limit stay two holders (hashed, not truncated)
     other = make_context(run_id="r" * 299 + "s", task_id="load")
     assert dag_run_holder(other) != dag_run_holder(context)
-    with pytest.warns(DeprecationWarning, match="holder_id"):
-        assert bounded_id("airflow", "d", long_run) == holder_id("airflow", "d", long_run)
 
 
 # -- one vocabulary ----------------------------------------------------------------------------------------
@@ -165,7 +162,7 @@ def test_sensor_takes_poll_interval_and_pickup() -> None:
 
 
 @pytest.mark.usefixtures("airflow_db")
-def test_slot_held_timeout_is_a_deprecated_alias_of_wait_timeout(
+def test_slot_held_waits_at_most_wait_timeout(
     backend_url: str, namespace: str, ct: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from airflow.sdk.execution_time.context import set_current_context
@@ -181,25 +178,20 @@ def test_slot_held_timeout_is_a_deprecated_alias_of_wait_timeout(
     context = make_context(run_id="run_a", task_id="load")
     context["task"] = type("Task", (), {"on_kill": lambda self: None})()
     with set_current_context(context):  # type: ignore[arg-type]
-        with (pytest.warns(DeprecationWarning, match="wait_timeout"), pytest.raises(ControlTableAcquireTimeout),
-              slot_held("warehouse", conn_id=conn_id, timeout=0.2)):
+        with pytest.raises(ControlTableAcquireTimeout), slot_held("warehouse", conn_id=conn_id, wait_timeout=0.2):
             pass
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", DeprecationWarning)
-            with pytest.raises(ControlTableAcquireTimeout), slot_held("warehouse", conn_id=conn_id, wait_timeout=0.2):
-                pass
+        with pytest.raises(TypeError, match="timeout"), slot_held("warehouse", conn_id=conn_id, timeout=0.2):
+            pass  # one name: `timeout` is not a second spelling of wait_timeout
 
 
 # -- defaults ------------------------------------------------------------------------------------------------
 def test_provider_defaults_reuse_the_cores() -> None:
-    from airflow_controltable import defaults, utils
+    from airflow_controltable import defaults
     from controltable import defaults as core
 
     assert defaults.DEFAULT_RENEWED_LEASE == core.DEFAULT_LEASE
     assert defaults.DEFAULT_MODE is core.DEFAULT_MODE
     assert defaults.MAX_ID == core.NAME_LENGTH
-    for name in ("DEFAULT_SLOT_LEASE", "DEFAULT_HELD_LEASE", "DEFAULT_DEFERRED_WAITER_TTL", "SLOT_MODES"):
-        assert getattr(utils, name) is getattr(defaults, name), f"utils.{name} is the defaults module's"
 
 
 # -- firing safely after a deferral ------------------------------------------------------------------------
@@ -210,7 +202,7 @@ def facts(**overrides: Any) -> dict[str, Any]:
 
 def test_exit_time_decisions() -> None:
     from airflow_controltable.defaults import DEFAULT_EXIT_ALLOWANCE
-    from airflow_controltable.triggers.controltable import exit_time, fire_not_before
+    from airflow_controltable.resume_race import exit_time, fire_not_before
 
     d = facts()
     # could not look (another host): assumed gone after the allowance
@@ -232,7 +224,7 @@ def test_exit_time_decisions() -> None:
 
 def test_deferral_facts_follow_the_workers_heartbeat_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow_controltable.defaults import DEFAULT_RESUME_MARGIN
-    from airflow_controltable.utils import deferral_facts
+    from airflow_controltable.resume_race import deferral_facts
 
     monkeypatch.delenv("AIRFLOW__CONTROLTABLE__RESUME_SETTLE", raising=False)
     monkeypatch.setenv("AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL", "7")
@@ -252,7 +244,7 @@ def test_trigger_fires_settle_seconds_after_the_deferring_process_exits(conn_id:
     """A free slot is granted at the first check, yet the event waits for the process's exit plus settle."""
     import psutil
 
-    from airflow_controltable.triggers.controltable import SlotTrigger
+    from airflow_controltable.triggers.slot import SlotTrigger
 
     ct.set_capacity("warehouse", 1)
     exited = tmp_path / "exited"  # the child's own record of when it ended
@@ -284,7 +276,7 @@ def test_trigger_fires_settle_seconds_after_the_deferring_process_exits(conn_id:
 @pytest.mark.backends("sqlite")
 def test_trigger_in_the_deferring_process_itself_fires_at_once(conn_id: str, ct: Any) -> None:
     """``dag.test()`` runs the trigger inline in the process that deferred: no executor report to wait for."""
-    from airflow_controltable.triggers.controltable import SlotTrigger
+    from airflow_controltable.triggers.slot import SlotTrigger
 
     ct.set_capacity("warehouse", 1)
     at = time.time()
@@ -304,7 +296,7 @@ def test_trigger_in_the_deferring_process_itself_fires_at_once(conn_id: str, ct:
 @pytest.mark.backends("sqlite")
 def test_trigger_on_another_host_waits_the_allowance_plus_settle(conn_id: str, ct: Any) -> None:
     from airflow_controltable.defaults import DEFAULT_EXIT_ALLOWANCE
-    from airflow_controltable.triggers.controltable import SlotTrigger
+    from airflow_controltable.triggers.slot import SlotTrigger
 
     ct.set_capacity("warehouse", 1)
     at = time.time()
@@ -321,7 +313,7 @@ def test_trigger_on_another_host_waits_the_allowance_plus_settle(conn_id: str, c
 
 
 def test_scheduler_caught_up_needs_two_heartbeats_after_the_report() -> None:
-    from airflow_controltable.triggers.controltable import scheduler_caught_up
+    from airflow_controltable.resume_race import scheduler_caught_up
 
     assert not scheduler_caught_up(100.0, [])
     assert not scheduler_caught_up(100.0, [98.0, 99.5])  # loops that may have started before the report
@@ -338,7 +330,7 @@ def test_trigger_waits_for_a_slow_scheduler_to_heartbeat_after_the_exit(
     """A scheduler stuck in a long loop (no heartbeat) holds the event back until it heartbeats twice."""
 
     from airflow_controltable.defaults import DEFAULT_EXIT_ALLOWANCE
-    from airflow_controltable.triggers.controltable import SlotTrigger
+    from airflow_controltable.triggers.slot import SlotTrigger
 
     at = time.time()
     resumes = at + DEFAULT_EXIT_ALLOWANCE + 3.0  # the scheduler heartbeats again only from here on
@@ -364,25 +356,15 @@ def test_trigger_waits_for_a_slow_scheduler_to_heartbeat_after_the_exit(
     assert time.time() >= resumes + 0.4, "fired before the scheduler heartbeated twice after the exit report"
 
 
-def test_event_table_schema_is_table_schema_and_schema_a_deprecated_alias() -> None:
+def test_event_table_schema_is_table_schema() -> None:
     """One vocabulary with the core and Dagster: ``table_schema`` is the event table's schema."""
     from airflow_controltable.operators.events import ClaimBatchOperator
     from airflow_controltable.sensors.events import PendingEventsSensor
-    from controltable import ConfigurationError
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        op = ClaimBatchOperator(task_id="claim", table="events", key="id", table_schema="raw")
-        sensor = PendingEventsSensor(task_id="wait", table="events", key="id", table_schema="raw")
+    op = ClaimBatchOperator(task_id="claim", table="events", key="id", table_schema="raw")
+    sensor = PendingEventsSensor(task_id="wait", table="events", key="id", table_schema="raw")
     assert op.table_schema == sensor.table_schema == "raw"
     assert "table_schema" in op.template_fields and "table_schema" in sensor.template_fields
-    with pytest.warns(DeprecationWarning, match="schema= is deprecated, use table_schema="):
-        old = ClaimBatchOperator(task_id="claim2", table="events", key="id", schema="raw")
-    assert old.table_schema == "raw"
-    with pytest.warns(DeprecationWarning, match="schema= is deprecated"):
-        assert PendingEventsSensor(task_id="wait2", table="events", key="id", schema="raw").table_schema == "raw"
-    with pytest.raises(ConfigurationError, match="give table_schema= only"):
-        ClaimBatchOperator(task_id="claim3", table="events", key="id", schema="a", table_schema="b")
 
 
 def test_scheduler_beats_are_read_once_for_all_triggers_and_a_late_grant_does_not_wait(
@@ -469,7 +451,7 @@ def test_trigger_fires_two_heartbeats_after_the_report_is_queued_not_after_the_s
 
     import psutil
 
-    from airflow_controltable.triggers.controltable import SlotTrigger
+    from airflow_controltable.triggers.slot import SlotTrigger
 
     beats: list[float] = []
 
@@ -551,7 +533,7 @@ def test_trigger_fires_once_the_scheduler_read_the_exit_report_off_the_workers_p
     import psutil
     from support.live import wait_until
 
-    from airflow_controltable.triggers.controltable import SlotTrigger
+    from airflow_controltable.triggers.slot import SlotTrigger
 
     stale = time.time() - 5.0
 

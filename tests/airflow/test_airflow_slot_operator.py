@@ -68,7 +68,7 @@ def test_granted_at_once_runs_under_the_slot_and_releases(conn_id: str, ct: Any)
 def test_waits_deferred_then_resumes_with_the_grant(conn_id: str, ct: Any) -> None:
     from airflow.sdk.exceptions import TaskDeferred
 
-    from airflow_controltable.triggers.controltable import SlotTrigger
+    from airflow_controltable.triggers.slot import SlotTrigger
 
     ct.set_capacity("warehouse", 1)
     other = ct.acquire("warehouse", holder="other", timeout=0)
@@ -215,7 +215,7 @@ def test_wait_timeout_withdraws_from_the_queue(conn_id: str, ct: Any) -> None:
     from airflow.sdk.exceptions import TaskDeferred
 
     from airflow_controltable.exceptions import ControlTableAirflowError
-    from airflow_controltable.triggers.controltable import SlotTrigger
+    from airflow_controltable.triggers.slot import SlotTrigger
 
     ct.set_capacity("warehouse", 1)
     ct.acquire("warehouse", holder="other", timeout=0)
@@ -231,9 +231,9 @@ def test_wait_timeout_withdraws_from_the_queue(conn_id: str, ct: Any) -> None:
 
 @pytest.mark.backends("postgres")
 def test_triggers_of_one_process_share_one_listener_and_wake_on_push(conn_id: str, ct: Any) -> None:
-    """Five waiting triggers: one ControlTable (one listening connection); a release wakes the next at once."""
+    """Five waiting triggers: one AsyncControlTable (one listening connection); a release wakes the next at once."""
     from airflow_controltable.hooks.controltable import ControlTableHook
-    from airflow_controltable.triggers.controltable import SlotTrigger
+    from airflow_controltable.triggers.slot import SlotTrigger
 
     ct.set_capacity("warehouse", 1)
     blocker = ct.acquire("warehouse", holder="blocker", timeout=0)
@@ -244,12 +244,15 @@ def test_triggers_of_one_process_share_one_listener_and_wake_on_push(conn_id: st
         tasks = [asyncio.ensure_future(first_event(t, 60)) for t in triggers]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 60
-        while len(ct.status(["warehouse"])[0].waiters) < 5:  # all queued (status shows them)
+        while len((await asyncio.to_thread(ct.status, ["warehouse"]))[0].waiters) < 5:  # all queued
             assert loop.time() < deadline, "hang: the five triggers did not queue within 60 s"
             await asyncio.sleep(0.05)
         assert not any(t.done() for t in tasks)
-        shared = ControlTableHook(conn_id).get_control_table()
-        assert shared.push_active, "the triggers' listener is not up"
+        # The triggers check through the loop's one async twin of the hook's shared table.
+        twins = {id(t._act) for t in triggers}
+        assert len(twins) == 1, "the triggers of one loop do not share one AsyncControlTable"
+        shared = triggers[0]._act.sync
+        assert await asyncio.to_thread(lambda: shared.push_active), "the triggers' listener is not up"
         received = shared.wakeups.received
         started = loop.time()
         await asyncio.to_thread(blocker.release)
@@ -274,7 +277,7 @@ def test_use_priority_weight_queues_by_the_tasks_weight(conn_id: str, ct: Any) -
     """Opt-in: the task's priority_weight is the slot request's priority, through the trigger too."""
     from airflow.sdk.exceptions import TaskDeferred
 
-    from airflow_controltable.triggers.controltable import SlotTrigger
+    from airflow_controltable.triggers.slot import SlotTrigger
 
     ct.set_capacity("warehouse", 1)
     other = ct.acquire("warehouse", holder="other", timeout=0)

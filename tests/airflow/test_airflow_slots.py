@@ -109,7 +109,7 @@ def test_missing_resource_and_bad_slot_mode_are_clear_errors(conn_id: str, ct: A
 def test_deferrable_sensor_defers_then_resumes_with_the_lease(conn_id: str, ct: Any) -> None:
     from airflow.sdk.exceptions import TaskDeferred
 
-    from airflow_controltable.triggers.controltable import SlotTrigger
+    from airflow_controltable.triggers.slot import SlotTrigger
 
     ct.set_capacity("warehouse", 1)
     ct.acquire("warehouse", holder="other", timeout=0)
@@ -121,7 +121,7 @@ def test_deferrable_sensor_defers_then_resumes_with_the_lease(conn_id: str, ct: 
     assert deferred.value.method_name == "execute_complete"
     assert waiters(ct, "warehouse") == [HOLDER_A]  # queued before deferring
     classpath, kwargs = trigger.serialize()
-    assert classpath == "airflow_controltable.triggers.controltable.SlotTrigger"
+    assert classpath == "airflow_controltable.triggers.slot.SlotTrigger"
     json.dumps(kwargs)
     rebuilt = SlotTrigger(**kwargs)  # what the triggerer does
 
@@ -160,7 +160,7 @@ async def _first_event(trigger: Any, timeout: float) -> Any:
 
 
 def _trigger(conn_id: str, holder: str, **kwargs: Any) -> Any:
-    from airflow_controltable.triggers.controltable import SlotTrigger
+    from airflow_controltable.triggers.slot import SlotTrigger
 
     return SlotTrigger(resource="warehouse", holder=holder, lease=60, waiter_ttl=30, conn_id=conn_id,
                        poll_interval=0.05, **kwargs)
@@ -173,13 +173,15 @@ def test_trigger_yields_when_granted(conn_id: str, ct: Any) -> None:
     async def scenario() -> Any:
         task = asyncio.ensure_future(_first_event(_trigger(conn_id, HOLDER_A), timeout=20))
         # The trigger queues up (within seconds on a loaded machine), then keeps waiting.
+        # Sync calls leave the loop free (the trigger's own statements await it, and on SQLite a
+        # blocked loop would hold the write lock its transaction has).
         for _ in range(100):
-            if waiters(ct, "warehouse") == [HOLDER_A] or task.done():
+            if await asyncio.to_thread(waiters, ct, "warehouse") == [HOLDER_A] or task.done():
                 break
             await asyncio.sleep(0.1)
         await asyncio.sleep(0.3)
         assert not task.done()  # still waiting while "other" holds the slot
-        assert waiters(ct, "warehouse") == [HOLDER_A]
+        assert await asyncio.to_thread(waiters, ct, "warehouse") == [HOLDER_A]
         await asyncio.to_thread(ct.release, "warehouse", "other")
         return await task
 

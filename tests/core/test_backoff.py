@@ -7,8 +7,8 @@ import re
 from sqlalchemy import Column, Integer, MetaData, String, Table
 from sqlalchemy.dialects import postgresql
 
-from controltable.events import ERROR, PENDING, ClaimColumns, claim_columns
-from controltable.events import statements as ev_sql
+from controltable import dialects
+from controltable.events import ERROR, PENDING, ClaimColumns, EventStatements, claim_columns
 from controltable.events.decisions import backoff_schedule
 
 
@@ -40,7 +40,8 @@ def test_fail_values_back_off_then_error_in_sql() -> None:
               Column("payload", String(20)), *claim_columns("ct_"))
     schedule = backoff_schedule(3, 10.0, 15.0)
     assert schedule == [(1, 10.0), (2, 15.0)]
-    values = ev_sql.fail_values(t, ClaimColumns(), "boom", max_attempts=3, schedule=schedule, max_backoff=15.0)
+    q = EventStatements(t, ClaimColumns(), "id", "seq", dialects.traits("postgresql"))
+    values = q.fail_values("boom", max_attempts=3, schedule=schedule, max_backoff=15.0)
     assert set(values) == {"ct_state", "ct_owner", "ct_token", "ct_expires_at", "ct_available_at", "ct_error"}
     state = _sql(values["ct_state"])
     assert re.fullmatch(rf"CASE WHEN \(?ev\.ct_attempts >= 3\)? THEN {ERROR} ELSE {PENDING} END", state), state

@@ -217,7 +217,8 @@ def test_populate_from_a_file_that_cannot_be_read_or_decoded(backend_url: str, n
 def test_exit_codes_of_the_database_setup_errors() -> None:
     """A pooler in the way or a server at its connection limit is a database problem (exit 4), not bad input."""
     from controltable import ConfigurationError, PoolerError, TooManyConnectionsError
-    from controltable.cli import EXIT_DATABASE, EXIT_USAGE, _exit_code
+    from controltable.cli.group import _exit_code
+    from controltable.errors import EXIT_DATABASE, EXIT_USAGE
 
     assert _exit_code(PoolerError("pooler")) == EXIT_DATABASE
     assert _exit_code(TooManyConnectionsError("limit")) == EXIT_DATABASE

@@ -18,7 +18,7 @@ import pytest
 
 import controltable
 from controltable import ControlTable, ControlTableError
-from controltable.cli import percent
+from controltable.cli.output import percent
 
 CLI = [sys.executable, "-m", "controltable.cli"]
 READ_ONLY_COMMANDS = [

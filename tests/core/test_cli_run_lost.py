@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from controltable import ControlTable, LeaseLost
-from controltable.cli import cli
+from controltable.cli.group import cli
 
 
 class _FailedAsTheLeaseWasLost:

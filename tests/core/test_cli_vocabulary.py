@@ -1,4 +1,4 @@
-"""The CLI's words: ``worklist release`` (``free`` a hidden, deprecated alias), ``--table-schema``, "shared"."""
+"""The CLI's words: ``worklist release`` (the one name: no ``free``), ``--table-schema``, "shared"."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 import controltable
-from controltable.cli import cli
+from controltable.cli.group import cli
 from controltable.errors import EXIT_USAGE, ConfigurationError
 
 
-def test_cli_release_command_and_its_deprecated_name_free(tmp_path: Path) -> None:
+def test_cli_release_command_gives_the_item_back(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'c.db'}"
     runner = CliRunner()
 
@@ -25,14 +25,12 @@ def test_cli_release_command_and_its_deprecated_name_free(tmp_path: Path) -> Non
     assert run("init").exit_code == 0
     assert run("worklist", "populate", "w", input="[1, 2]").exit_code == 0
     with controltable.ControlTable(url, namespace="vocab") as ct:
-        for command in ("release", "free"):
-            item = ct.worklist("w").allocate("sh")
-            assert item is not None
-            got = run("worklist", command, "w", str(item.id), "--token", str(item.token))
-            assert got.exit_code == 0, got.output
-            assert ("deprecated" in got.output) is (command == "free")
-            assert ct.worklist("w").status().total("new") == 2
-    assert "free" not in run("worklist", "--help").output, "the old name is hidden from the help"
+        item = ct.worklist("w").allocate("sh")
+        assert item is not None
+        got = run("worklist", "release", "w", str(item.id), "--token", str(item.token))
+        assert got.exit_code == 0, got.output
+        assert ct.worklist("w").status().total("new") == 2
+    assert run("worklist", "free", "w", "1").exit_code == EXIT_USAGE, "one name per command: no old `free`"
     # --table-schema is taken: the command looks for the table in that schema (and says it is missing).
     missing = run("events", "stats", "nope", "--key", "id", "--table-schema", "main")
     assert missing.exit_code == EXIT_USAGE and "No such option" not in missing.output, missing.output

@@ -1,19 +1,42 @@
 """SQL Server and Oracle cannot run here: the statements the engine runs are compiled for them
-through the same code path (``controltable sql``) and checked for the locking they need."""
+through the same code path (``controltable sql``) and checked for the locking they need; and the
+golden files name every statement by its builder, with the builder's own notes on why."""
 
 from __future__ import annotations
 
 import re
+import types
+from functools import cache
+from pathlib import Path
 
 import pytest
 
-from controltable.sqlscript import captured_statements, control_ddl, render
+from controltable.errors import ConfigurationError
+from controltable.events import EventStatements
+from controltable.sqlnotes import notes_of, sql_notes
+from controltable.sqlscript import (
+    GOLDEN_DIALECTS,
+    Statement,
+    changed_statements,
+    control_ddl,
+    golden_named,
+    named_statements,
+    render,
+)
+from controltable.worklist import WorkListStatements
+
+GOLDEN = Path(__file__).resolve().parents[2] / "core" / "sql"
+
+
+@cache
+def _named(dialect: str) -> tuple[tuple[str, tuple[Statement, ...]], ...]:
+    return tuple((title, tuple(stmts)) for title, stmts in named_statements(dialect))
 
 
 def section(dialect: str, title_start: str) -> list[str]:
-    for title, stmts in captured_statements(dialect):
+    for title, stmts in _named(dialect):
         if title.startswith(title_start):
-            return stmts
+            return [s.sql for s in stmts]
     raise AssertionError(f"no section {title_start!r}")
 
 
@@ -80,3 +103,63 @@ def test_partial_claim_index_where_supported() -> None:
 def test_epoch_columns_are_double_precision() -> None:
     ddl = "\n".join(control_ddl("mysql"))
     assert "expires_at FLOAT(53)" in ddl or "expires_at DOUBLE" in ddl
+
+
+# -- the golden files, by name -----------------------------------------------------------------------
+@pytest.mark.parametrize("dialect", GOLDEN_DIALECTS)
+def test_every_statement_the_engine_sends_is_named(dialect: str) -> None:
+    """Every statement of the scripted session outside the DDL carries a name, and the file a
+    reviewer reads prints it above the statement."""
+    unnamed = [(title, s.sql[:80]) for title, stmts in _named(dialect) if "(DDL)" not in title
+               for s in stmts if s.name is None]
+    assert not unnamed, unnamed
+    printed = golden_named((GOLDEN / f"{dialect}.sql").read_text(encoding="utf-8"))
+    named = {s.name for _title, stmts in _named(dialect) for s in stmts}
+    assert named <= {name for name, _sql in printed}, "a name the session gives is missing from the golden file"
+
+
+def test_statements_are_named_by_their_builders_with_their_notes() -> None:
+    """The SQL Server claim is printed under the builder's ``__name__`` with the one line its
+    ``sql_notes`` give for SQL Server; a backend without a note for a builder prints none."""
+    claims = [s for title, stmts in _named("mssql") if title.startswith("events claim:") for s in stmts
+              if s.sql.startswith("SELECT TOP")]
+    assert claims and all(s.name == EventStatements.claim_select.__name__ for s in claims), claims
+    note = notes_of(EventStatements.claim_select.__code__)["mssql"]
+    assert all(s.notes == {"mssql": note} for s in claims)
+    text = (GOLDEN / "mssql.sql").read_text(encoding="utf-8")
+    assert f"-- name: claim_select\n-- mssql: {note}\nSELECT TOP 5 " in text
+    lock = [s for title, stmts in _named("mysql") if title.startswith("worklist allocate") for s in stmts
+            if s.name == WorkListStatements.lock_list.__name__]
+    assert lock and all(s.notes == {} for s in lock), "MySQL's FOR UPDATE needs no note"
+
+
+def test_a_renamed_builder_renames_its_statements(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The name comes from the builder's code, not a list: a builder renamed (here its code given
+    another name) prints its statements under the new name."""
+    fn = WorkListStatements.next_item
+    renamed = types.FunctionType(fn.__code__.replace(co_name="take_next"), fn.__globals__, "take_next",
+                                 fn.__defaults__, fn.__closure__)
+    monkeypatch.setattr(WorkListStatements, "next_item", renamed)
+    names = {s.name for title, stmts in named_statements("sqlite") if title.startswith("worklist allocate")
+             for s in stmts}
+    assert "take_next" in names and "next_item" not in names, names
+
+
+@pytest.mark.parametrize("dialect", GOLDEN_DIALECTS)
+def test_the_golden_file_holds_each_statement_under_its_name(dialect: str) -> None:
+    """Compared statement by statement: a changed statement is reported by the builder's name."""
+    golden = (GOLDEN / f"{dialect}.sql").read_text(encoding="utf-8")
+    printed = render(dialect)
+    assert not changed_statements(golden, printed), (
+        f"statements printed for {dialect} changed: {changed_statements(golden, printed)}; if intended, "
+        "regenerate with `python -m controltable.sqlscript core/sql` and review `git diff core/sql`")
+    altered = printed.replace(" WITH (UPDLOCK, ROWLOCK, READPAST, FORCESEEK)", " WITH (UPDLOCK, ROWLOCK)", 1)
+    if altered != printed:  # SQL Server's claim lost its skip of locked rows
+        assert changed_statements(golden, altered) == ["claim_select #1"]
+
+
+def test_notes_name_a_backend_in_one_line() -> None:
+    with pytest.raises(ConfigurationError, match="not a backend"):
+        sql_notes(sqlserver="hints")
+    with pytest.raises(ConfigurationError, match="one line"):
+        sql_notes(mssql="two\nlines")

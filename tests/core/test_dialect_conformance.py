@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy
 from click.testing import CliRunner
 
-from controltable.cli import cli
+from controltable.cli.group import cli
 from controltable.defaults import MSSQL_ROWS_PER_STATEMENT
 from controltable.schema import build_schema
 from controltable.sqlscript import GOLDEN_DIALECTS, captured_statements, control_ddl, render
@@ -287,7 +287,7 @@ def test_oracle_claim_cursor_fetches_no_more_than_the_batch(tmp_path: Path) -> N
     md.create_all(ct.db.engine)
     ev = ct.events("ev", key="id")
     ev.prepare()
-    stmt = ev.claim_statement(7, ev._is(PENDING))
+    stmt = ev.sql.claim_select(7, ev.sql.is_state(PENDING))
     assert stmt.get_execution_options()[dialects.FETCH_ROWS_OPTION] == 7
     cursor = SimpleNamespace(arraysize=100, prefetchrows=2)  # python-oracledb's defaults
     dialects.apply_fetch_limit(cursor, SimpleNamespace(execution_options=stmt.get_execution_options()))
@@ -296,9 +296,9 @@ def test_oracle_claim_cursor_fetches_no_more_than_the_batch(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("dialect", ["mssql", "oracle", "postgresql", "mysql", "sqlite"])
-def test_v3_upgrade_columns_compile(dialect: str) -> None:
-    """The ALTER TABLE ... ADD of the v2 -> v3 upgrade, for every dialect (SQL Server and Oracle
-    say ADD without COLUMN; defaults come before NOT NULL)."""
+def test_upgrade_add_column_compiles(dialect: str) -> None:
+    """The ALTER TABLE ... ADD an upgrade step sends (``migrations.add_column``), for every dialect
+    (SQL Server and Oracle say ADD without COLUMN; defaults come before NOT NULL)."""
     from sqlalchemy.dialects import mssql, mysql, oracle, postgresql, sqlite
 
     from controltable.migrations import add_column_sql
@@ -450,16 +450,15 @@ def test_mssql_keys_bind_with_their_column_type() -> None:
     from sqlalchemy.dialects.mssql.pyodbc import MSDialect_pyodbc
 
     from controltable import dialects
-    from controltable.events import ClaimColumns, claim_columns
-    from controltable.events import statements as ev_sql
+    from controltable.events import ClaimColumns, EventStatements, claim_columns
     from controltable.slots.statements import SlotStatements
 
     cols = ClaimColumns()
     for key_type, unicode in ((VARCHAR(40), False), (mssql.NVARCHAR(40), True)):
         t = Table("ev", MetaData(), Column("k", key_type, primary_key=True), *claim_columns())
-        built = [ev_sql.update_keys(t, "k", ["a", "b"], cols.values(state=2)),
-                 ev_sql.keys_where(t, "k", ["a"], [], lock=True), ev_sql.keys_where(t, "k", ["a"], []),
-                 ev_sql.rows_by_keys(t, cols, "k", ["a"]), ev_sql.expires_of(t, cols, "k", "a")]
+        q = EventStatements(t, cols, "k", "k", dialects.traits("mssql"))
+        built = [q.update_keys(["a", "b"], cols.values(state=2)), q.keys_where(["a"], [], lock=True),
+                 q.keys_where(["a"], []), q.rows_by_keys(["a"]), q.expires_of("a")]
         for stmt in built:
             binds = [b for b in stmt.compile(dialect=mssql.dialect()).binds.values()
                      if b.value == "a" or b.value in (["a"], ["a", "b"])]
@@ -604,32 +603,6 @@ def test_queue_order_rewrite_takes_the_extreme_priorities(ct: Any) -> None:
     ct.set_capacity("r", 1, aging=None)  # and without
     held.release()
     assert ct.try_acquire("r", holder="high", priority=MAX_PRIORITY, lease=30) is not None
-
-
-def test_oracle_v1_upgrade_gives_ids_a_sequence_default() -> None:
-    """v1 ids had no identity (Oracle: ORA-01400 on every insert) and an existing column cannot
-    become one (ORA-30673): the upgrade gives it a sequence that starts above every id."""
-    from sqlalchemy import Sequence
-    from sqlalchemy.dialects import oracle
-    from sqlalchemy.schema import CreateSequence
-
-    from controltable.migrations import ensure_oracle_ids, id_default_sql, id_sequence
-
-    for schema in (None, "ops"):
-        t = build_schema("ct_", schema).request
-        seq = id_sequence(t)
-        where = f"{schema}." if schema else ""
-        assert str(id_default_sql(t, seq, oracle.dialect())) == (
-            f"ALTER TABLE {where}ct_request MODIFY (id DEFAULT ON NULL {where}ct_request_id_seq.NEXTVAL)")
-        assert str(CreateSequence(Sequence(seq.name, schema=schema, start=7)).compile(dialect=oracle.dialect())) == (
-            f"CREATE SEQUENCE {where}ct_request_id_seq START WITH 7")
-
-    class NotOracle:
-        class engine:  # noqa: N801 - stands in for Database.engine
-            class dialect:  # noqa: N801
-                name = "postgresql"
-
-    ensure_oracle_ids(NotOracle(), build_schema().request)  # type: ignore[arg-type]  # nothing to do elsewhere
 
 
 def test_prepare_retries_a_short_lock_wait_until_the_table_is_free(ct: Any, event_table: Any, backend: str) -> None:

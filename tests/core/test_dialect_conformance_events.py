@@ -18,8 +18,7 @@ from sqlalchemy.schema import CreateIndex
 
 from controltable import dialects
 from controltable.defaults import MSSQL_ROWS_PER_STATEMENT
-from controltable.events import ClaimColumns, claim_columns
-from controltable.events import statements as ev_sql
+from controltable.events import ClaimColumns, EventStatements, claim_columns
 from controltable.events.ddl import claim_indexes
 from controltable.sqlscript import captured_statements
 
@@ -43,10 +42,15 @@ def _table(key_type: Any) -> Table:
 
 def _keyed(t: Table) -> list[Any]:
     """Every statement that compares the key with values the client sends."""
-    return [ev_sql.update_keys(t, "k", ["a", "b"], COLS.values(state=2)),
-            ev_sql.keys_where(t, "k", ["a"], [], lock=True), ev_sql.keys_where(t, "k", ["a"], []),
-            ev_sql.rows_by_keys(t, COLS, "k", ["a"]), ev_sql.expires_of(t, COLS, "k", "a"),
-            ev_sql.page_keys(t, "k", [], "a", MSSQL_ROWS_PER_STATEMENT)]
+    q = _statements_of(t)
+    return [q.update_keys(["a", "b"], COLS.values(state=2)), q.keys_where(["a"], [], lock=True),
+            q.keys_where(["a"], []), q.rows_by_keys(["a"]), q.expires_of("a"),
+            q.page_keys([], "a", MSSQL_ROWS_PER_STATEMENT)]
+
+
+def _statements_of(t: Table) -> EventStatements:
+    """The statements of event table ``t`` (key ``k``) as SQL Server's engine binds them."""
+    return EventStatements(t, COLS, "k", "k", dialects.traits("mssql"))
 
 
 def _sql(stmt: Any, dialect: Any) -> str:
@@ -101,10 +105,11 @@ def test_mssql_admin_pages_demand_a_seek_only_after_the_first_page() -> None:
     """reset()'s first page has no predicate at all, and retry_errors()'s ``ct_state = 3`` is in no
     filtered index: FORCESEEK there is error 8622, so reset() and retry_errors() never worked."""
     t = _table(Integer())
-    error = ev_sql.is_state(t, COLS, 3)
-    first_reset = _sql(ev_sql.page_keys(t, "k", [], None, MSSQL_ROWS_PER_STATEMENT), mssql.dialect())
-    first_retry = _sql(ev_sql.page_keys(t, "k", [error], None, MSSQL_ROWS_PER_STATEMENT), mssql.dialect())
-    later = _sql(ev_sql.page_keys(t, "k", [error], 1000, MSSQL_ROWS_PER_STATEMENT), mssql.dialect())
+    q = _statements_of(t)
+    error = q.is_state(3)
+    first_reset = _sql(q.page_keys([], None, MSSQL_ROWS_PER_STATEMENT), mssql.dialect())
+    first_retry = _sql(q.page_keys([error], None, MSSQL_ROWS_PER_STATEMENT), mssql.dialect())
+    later = _sql(q.page_keys([error], 1000, MSSQL_ROWS_PER_STATEMENT), mssql.dialect())
     for first in (first_reset, first_retry):
         assert "FORCESEEK" not in first and "WITH (UPDLOCK, ROWLOCK)" in first, first
     assert "WITH (UPDLOCK, ROWLOCK, FORCESEEK)" in later and "ev.k > " in later, later

@@ -15,7 +15,7 @@ from support.pgbouncer import pgbouncer_url  # noqa: F401 - a fixture
 
 from controltable import ControlTable, Finding
 from controltable import doctor as doc
-from controltable.cli import cli
+from controltable.cli.group import cli
 
 EXPECTED = {
     "sqlite": {"server", "push", "role", "clock", "isolation", "control tables", "privileges"},

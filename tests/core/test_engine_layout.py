@@ -16,10 +16,9 @@ from sqlalchemy import Column, Integer, MetaData, String, Table
 from sqlalchemy.dialects import mssql, mysql, oracle, postgresql, sqlite
 
 import controltable
-from controltable import ConfigurationError, EventTable, WorkList
-from controltable.dialects import traits
-from controltable.events import ClaimColumns, claim_columns
-from controltable.events import statements as ev_sql
+from controltable import ConfigurationError, EventTable, WorkList, dialects
+from controltable.clock import clock
+from controltable.events import ClaimColumns, EventStatements, claim_columns
 
 PACKAGE = Path(controltable.__file__).parent
 
@@ -41,7 +40,8 @@ def test_claim_statement_builds_without_a_database(dialect: Any) -> None:
     t = Table("ev", MetaData(), Column("id", Integer, primary_key=True), Column("seq", Integer),
               Column("payload", String(20)), *claim_columns("q_"))
     cols = ClaimColumns("q_")
-    stmt = ev_sql.claim_select(t, "id", "seq", traits(dialect.name), 10, ev_sql.due_pending(t, cols, ev_sql.clock()))
+    q = EventStatements(t, cols, "id", "seq", dialects.traits(dialect.name))
+    stmt = q.claim_select(10, q.due_pending(clock()))
     text = str(stmt.compile(dialect=dialect))
     assert "q_state" in text and "q_available_at" in text and "ct_" not in text
 
@@ -89,15 +89,10 @@ def test_engines_do_not_import_the_control_table_or_its_private_members(package:
             assert private not in path.read_text(), f"{path.name} uses {private}"
 
 
-def test_engines_take_the_runtime_or_the_control_table(tmp_path: Path) -> None:
+def test_engines_take_the_runtime_and_refuse_the_control_table(tmp_path: Path) -> None:
     with controltable.ControlTable(f"sqlite:///{tmp_path / 'c.db'}") as ct:
-        by_runtime = EventTable(ct.runtime, "ev", key="id")
-        by_ct = EventTable(ct, "ev", key="id")
-        assert by_runtime.runtime is by_ct.runtime is ct.runtime
-        assert ct.events("ev", key="id").runtime is ct.runtime
-        assert WorkList(ct, "w").runtime is ct.worklist("w").runtime is ct.runtime
-        with pytest.raises(ConfigurationError, match="ControlTable or its Runtime"):
-            EventTable(object(), "ev", key="id")
-        with pytest.warns(DeprecationWarning, match="runtime"):
-            assert by_ct.ct is ct.runtime
-        assert by_ct.ct.engine is ct.engine  # old code reading events.ct.engine keeps working
+        assert EventTable(ct.runtime, "ev", key="id").runtime is ct.events("ev", key="id").runtime is ct.runtime
+        assert WorkList(ct.runtime, "w").runtime is ct.worklist("w").runtime is ct.runtime
+        for engine in (lambda: EventTable(ct, "ev", key="id"), lambda: WorkList(ct, "w")):  # type: ignore[arg-type]
+            with pytest.raises(ConfigurationError, match=r"not ControlTable: build engines with ct\.events"):
+                engine()

@@ -52,9 +52,10 @@ def test_lease_lost_rolls_back_the_callers_writes(ct: Any, events_table: Callabl
     )
     ev = ct.events(t.name, key="id")
     ev.prepare()
-    first = ev.claim(4, owner="first", lease=1)
+    # 5 s: the first claim must still run at the next claim (a hang detector; 1 s can lapse under load).
+    first = ev.claim(4, owner="first", lease=5)
     assert first is not None and first.keys == [1, 2, 3, 4]
-    assert ev.claim(4, owner="early", lease=1).keys == [5, 6, 7, 8]  # the held rows are not claimable
+    assert ev.claim(4, owner="early", lease=5).keys == [5, 6, 7, 8]  # the held rows are not claimable
     _wait_past(ct, first.expires_at.timestamp())
     second = ev.claim(4, owner="second", where=ev.c.id <= 4)
     assert second is not None and second.keys == first.keys and second.token != first.token
@@ -109,7 +110,9 @@ def test_renew_extends_the_lease(ct: Any, events_table: Callable[..., Table]) ->
     t = events_table(3)
     ev = ct.events(t.name, key="id")
     ev.prepare()
-    batch = ev.claim(3, owner="w", lease=1)
+    # The first lease must still run when the renewal reaches the database: 5 s is a hang detector for
+    # the one round trip between the claim and the renewal (1 s lapsed on a loaded CI machine).
+    batch = ev.claim(3, owner="w", lease=5)
     assert batch is not None
     before = batch.expires_at
     batch.renew(60)
@@ -334,7 +337,7 @@ def test_stats_and_reap(ct: Any, events_table: Callable[..., Table]) -> None:
     ev = ct.events(t.name, key="id")
     assert ev.prepare()  # it ran DDL
     assert ev.prepare() == []  # idempotent
-    b = ev.claim(2, owner="w", lease=1)
+    b = ev.claim(2, owner="w", lease=5)  # still held when the stats are read (5 s: a hang detector)
     assert b is not None
     ev.claim(1, owner="w").complete()
     st = ev.stats()
@@ -650,7 +653,9 @@ def test_capped_backends_page_admin_updates_by_key(
     ev.prepare()
     batch = ev.claim(10, owner="w")
     assert batch is not None
-    monkeypatch.setattr(ct.db, "traits", replace(ct.db.traits, rows_per_statement=3))
+    # The event table's statements are bound to the backend's traits: these say "3 rows at most".
+    monkeypatch.setattr(ev.sql, "traits", replace(ev.sql.traits, rows_per_statement=3))
+    monkeypatch.setattr(ev.sql, "key_chunk", 3)
     assert batch.fail("boom") == 10
     assert ev.stats().error == 10
     assert ev.retry_errors() == 10 and ev.stats().pending == 10

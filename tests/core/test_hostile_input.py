@@ -292,7 +292,7 @@ CLI_CODES = {0, 2, 3, 4, 5, 6}
 def test_hostile_cli_calls(hostile: dict[str, Any], data: st.DataObject, monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 
-    from controltable import cli as cli_module
+    from controltable.cli import group as cli_module
 
     name = data.draw(HOSTILE_TEXT.filter(lambda s: "\x00" not in s), label="name")  # argv cannot carry NUL
     number = data.draw(HOSTILE_NUMBER.map(str), label="number")
@@ -368,7 +368,7 @@ URL_SHAPES = [
 def test_hostile_urls_never_print_the_password(name: str, shape: str, via_env: bool, command: list[str]) -> None:
     from click.testing import CliRunner
 
-    from controltable import cli as cli_module
+    from controltable.cli import group as cli_module
 
     url = shape.format(name=name, pw=PASSWORD)
     if via_env:
@@ -459,49 +459,6 @@ def test_a_latin1_database_gets_utf8mb4_binary_control_tables(latin1_url: str) -
     try:
         ct.install()
         assert _collations(ct) == {"utf8mb4_bin"}
-        _use_unicode_names(ct)
-    finally:
-        ct.close()
-
-
-def test_an_existing_latin1_installation_is_converted_by_install(latin1_url: str) -> None:
-    """What a release before schema version 4 left in a latin1 database: the upgrade converts each
-    table once (one DDL step per table), a rerun converts nothing, and the names then work."""
-    from sqlalchemy import delete, event, update
-
-    from controltable.migrations import upgrade_v3_to_v4
-
-    ct = ControlTable(latin1_url, namespace="latin1_old")
-    try:
-        ct.install()
-        with ct.db.engine.begin() as conn:  # turn the tables into a v3 installation of a latin1 database
-            for table in ct.tables.tables:
-                conn.exec_driver_sql(f"ALTER TABLE `{table.name}` CONVERT TO CHARACTER SET latin1 COLLATE "
-                                     "latin1_swedish_ci")
-            conn.execute(update(ct.tables.meta).values(value="3"))
-        ct.set_capacity("plain", 1)  # existing rows survive the conversion
-        with pytest.raises(ControlTableError) as info:  # the v3 failure: a controltable error naming the fix
-            ct.set_capacity("ü名前🙂", 1)
-        assert "controltable init" in str(info.value)
-        assert _collations(ct) == {"latin1_swedish_ci"}
-        altered: list[str] = []
-
-        def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-            if statement.startswith("ALTER TABLE"):
-                altered.append(statement)
-
-        event.listen(ct.db.engine, "before_cursor_execute", seen)
-        assert ct.install() == SCHEMA_VERSION and ct.installed_version() == SCHEMA_VERSION
-        assert len(altered) == len(ct.tables.tables)  # one step per table
-        assert all("CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_bin" in s for s in altered)
-        assert _collations(ct) == {"utf8mb4_bin"}
-        altered.clear()
-        upgrade_v3_to_v4(ct.db, ct.tables)  # idempotent: nothing left to convert
-        assert ct.install() == SCHEMA_VERSION
-        assert altered == []
-        assert [s.capacity for s in ct.status("plain")] == [1]
-        with ct.db.engine.begin() as conn:
-            conn.execute(delete(ct.tables.resource))
         _use_unicode_names(ct)
     finally:
         ct.close()

@@ -11,6 +11,7 @@ renewal's round trip) is measured by ``benchmarks/run --only goals``.
 from __future__ import annotations
 
 import _thread
+import logging
 import threading
 import time
 from typing import Any, Callable
@@ -218,3 +219,30 @@ def test_renewal_let_go_interrupts_the_work(ct: ControlTable) -> None:
     # 30 s, so neither an expiry nor a renewal could have ended the work within the detector).
     assert ended.is_set(), "interrupted before the owner said the work ended"
     assert "owner said the work ended" in str(info.value)
+
+
+class _BrokenConsole(logging.Handler):
+    """A handler that raises as rich's console does when its pipe is broken (Prefect installs one):
+    the case of a process whose supervisor, reading its output, was killed."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        raise SystemExit(1)
+
+
+def test_a_log_handler_that_raises_does_not_stop_the_interrupt(ct: ControlTable, backend_url: str,
+                                                               namespace: str) -> None:
+    """The renewer logs the loss, then records it and interrupts: a handler raising (even SystemExit)
+    must not end its thread first, or the work runs on past its lease."""
+    ct.set_capacity("r", 1)
+    other = ControlTable(backend_url, namespace=namespace)
+    handler = _BrokenConsole()
+    logging.getLogger("controltable").addHandler(handler)
+    taken: dict[str, float] = {}
+    try:
+        with pytest.raises(LeaseLostInterrupt) as info, ct.slot("r", holder="a", lease=LEASE) as lease:
+            take_later(0.3, lambda: other.release("r", "a"), taken)
+            work_until_interrupted(taken)
+        assert_interrupted_by_the_take(info.value, taken, time.monotonic(), lease)
+    finally:
+        logging.getLogger("controltable").removeHandler(handler)
+        other.close()

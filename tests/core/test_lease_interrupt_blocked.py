@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
-from support.live import wait_until
+from support.live import wait_for_file, wait_until
 
 from controltable import ControlTable, LeaseLost, LeaseLostInterrupt
 from controltable import interrupt as interrupts
@@ -282,8 +282,7 @@ def test_controltable_run_stops_its_command_when_the_lease_is_lost(tmp_path: Pat
          "--", sys.executable, "-c", script, str(pidfile), str(done), str(WORK)],
         env=env, stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(pidfile.exists, 60, "the command to start under the slot", interval=0.05)
-        pid = int(pidfile.read_text())
+        pid = wait_for_file(pidfile, 60, "the command to start under the slot", int)
         started = time.monotonic()
         assert ct.release("r", "h") == 1  # an operator takes the slot away
         _, stderr = run.communicate(timeout=HANG)
@@ -311,14 +310,12 @@ def test_orphaned_process_stops_its_blocked_work(ct: ControlTable, tmp_path: Pat
                                "child", "30", str(out)], env=env)
     child_pid: Optional[int] = None
     try:
-        wait_until(out.exists, 60, "the child to hold the slot")
-        info = json.loads(out.read_text())
+        info = wait_for_file(out, 60, "the child to hold the slot", json.loads)
         child_pid = int(info["pid"])
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=30)
         ended = Path(str(out) + ".ended")
-        wait_until(ended.exists, HANG, "the orphan's blocked work to stop (hang)", interval=0.05)
-        text_ = ended.read_text()
+        text_ = wait_for_file(ended, HANG, "the orphan's blocked work to stop (hang)")
         assert text_.startswith("LeaseLostInterrupt") and "orphaned" in text_, text_
     finally:
         if parent.poll() is None:

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from support.pgbouncer import pgbouncer_url  # noqa: F401 - a fixture
 
 from controltable import ConfigurationError, ControlTable
-from controltable.cli import cli
+from controltable.cli.group import cli
 from controltable.defaults import LISTEN_URL_ENV
 from controltable.slots.waiting import POOLED_HEAD_POLL_INTERVAL
 

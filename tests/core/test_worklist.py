@@ -176,7 +176,7 @@ def test_crashed_workers_item_returns_after_its_lease(ct: Any, wl: Any) -> None:
 
 def test_renew_and_get(ct: Any, wl: Any) -> None:
     wl.populate([{"k": 1}], order=100)
-    item = wl.allocate(owner="w", lease=1)
+    item = wl.allocate(owner="w", lease=5)  # the renewal must reach it before it lapses (5 s: a hang detector)
     first_expiry = item.expires_at.timestamp()
     item.renew(60)
     wait_past(ct, first_expiry)  # the first lease is over by the database clock
@@ -308,13 +308,11 @@ def test_allocation_reads_the_next_item_in_index_order_without_a_sort(ct: Any, w
     statement is served in index order by the (namespace, worklist, state, exec_order, priority
     DESC, id) index, so it never sorts every new item of the order. Checked in the plans the
     three live backends choose (PostgreSQL told to prefer indexes: a small table is scanned)."""
-    from controltable.worklist import statements as wsql
-
     wl.populate([{"n": i} for i in range(300)], order=1, priority=0)
     wl.populate([{"n": i} for i in range(300)], order=1, priority=5)
     first = wl.allocate(owner="w")
     assert first is not None and first.priority == 5 and first.payload == {"n": 0}
-    stmt = wsql.next_item(ct.tables.item, ct.namespace, wl.name, 1, ct.now())
+    stmt = wl.sql.next_item(1, ct.now())
     with ct.engine.begin() as conn:
         sql_text = str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
         if backend == "sqlite":

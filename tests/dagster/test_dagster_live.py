@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 from ct_dagster_live.harness import STORAGE_SCHEME, Deployment, ThrowawayDatabase, create_event_tables, wait_until
 from sqlalchemy import MetaData, Table, func, insert, select
-from support.live import deployment_postgres_url
+from support.live import deployment_postgres_url, wait_for_file
 
 from controltable import ControlTable
 from controltable.checks import Interval, violations
@@ -241,7 +241,7 @@ def test_retry_waiter_of_the_multiprocess_executor_leaves_the_queue_within_two_s
     # The watcher process has started (it imports dagster, a few seconds on a loaded machine) and
     # watches the run: it says so in its ack file. From then on a cancel is seen within a tick.
     ack = retry_watch.ack_file(holder)
-    wait_until(lambda: ack.exists() and "ready" in json.loads(ack.read_text() or "{}"), 60,
+    wait_until(lambda: "ready" in wait_for_file(ack, 60, "the watcher's ack file", json.loads), 60,
                "the retry watcher to be ready", interval=0.05)
     started = time.monotonic()
     dep.terminate(run)

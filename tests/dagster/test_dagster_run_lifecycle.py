@@ -21,7 +21,7 @@ from dagster import (
     job,
     op,
 )
-from support.live import wait_until
+from support.live import wait_for_file, wait_until
 
 from dagster_controltable import ControlTableResource, controltable_run_cleanup_sensor, pending_events_sensor
 from dagster_controltable.resource import head_retry_interval, retry_waiter_ttl
@@ -370,7 +370,7 @@ def test_retry_watcher_withdraws_a_place_within_moments_of_the_cancel(ct: Any, b
         assert retry_watch.ensure_watcher(settings, holder, time.time() + 60)
         assert not retry_watch.ensure_watcher(settings, holder, time.time() + 90)  # one watcher, its deadline pushed
         ack = retry_watch.ack_file(holder)
-        wait_until(lambda: ack.exists() and "ready" in json.loads(ack.read_text()), 60,
+        wait_until(lambda: "ready" in wait_for_file(ack, 60, "the watcher's ack file", json.loads), 60,
                    "the watcher to say it is ready (its ack file)")
         # A next try pauses the watcher (acknowledged) before it touches its place: nothing is withdrawn
         # under it, even when the run is cancelled meanwhile; the watcher process stays for later tries.

@@ -1,7 +1,6 @@
-"""One vocabulary with the core and the Airflow provider: holder ids, the retry policy, renamed names, defaults."""
+"""One vocabulary with the core and the Airflow provider: holder ids, the retry policy, argument names, defaults."""
 
 import ast
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +114,7 @@ def test_dagster_hints_name_kinds_of_the_core_table_and_dagster_places(backend: 
     assert "interrupt_on_lease_loss=False" in (as_failure(LeaseLostInterrupt("l"), "x").description or "")
 
 
-# -- renamed names: old names still work, with a DeprecationWarning ------------------------------
+# -- one name per argument: table_schema, poll_interval, control_schema ---------------------------
 def _drain_job(op_def: Any) -> Any:
     @job
     def drain_job() -> None:
@@ -125,38 +124,29 @@ def _drain_job(op_def: Any) -> Any:
 
 
 @pytest.mark.backends("sqlite")
-def test_schema_is_a_deprecated_alias_of_table_schema(ct: Any, resource: ControlTableResource,
-                                                      make_events: Any) -> None:
+def test_table_schema_names_the_event_tables_schema(ct: Any, resource: ControlTableResource,
+                                                    make_events: Any) -> None:
     table = make_events(3)
-    with pytest.warns(DeprecationWarning, match="schema= is deprecated, use table_schema="):
-        op_def = build_batch_op(lambda context, batch: None, table=table, key="id", name="drain", schema="main")
+    op_def = build_batch_op(lambda context, batch: None, table=table, key="id", name="drain", table_schema="main")
     result = _drain_job(op_def).execute_in_process(resources={"controltable": resource})
     assert result.success and result.output_for_node("drain")["events"] == 3
-    with pytest.warns(DeprecationWarning, match="table_schema"):
-        events = resource.events(table, key="id", schema="main")
+    events = resource.events(table, key="id", table_schema="main")
     assert events.qualified_name == f"main.{table}"
-    with pytest.warns(DeprecationWarning, match="table_schema"):
-        sensor = pending_events_sensor(_drain_job(op_def), table=table, key="id", schema="main")
+    sensor = pending_events_sensor(_drain_job(op_def), table=table, key="id", table_schema="main")
     with DagsterInstance.ephemeral() as instance, build_sensor_context(
             instance=instance, resources={"controltable": resource}) as ctx:
         assert sensor(ctx).skip_message.startswith("0 claimable")  # type: ignore[union-attr]
-    with pytest.raises(ConfigurationError, match="table_schema= only"):
-        build_batch_op(lambda context, batch: None, table=table, key="id", schema="main", table_schema="main")
 
 
 @pytest.mark.backends("sqlite")
-def test_poll_is_a_deprecated_alias_of_poll_interval(ct: Any, resource: ControlTableResource) -> None:
+def test_worklist_op_takes_poll_interval_and_owner(ct: Any, resource: ControlTableResource) -> None:
     wl = ct.worklist("renamed")
     wl.populate([{"n": 1}, {"n": 2}], order=1)
     owners: list[str] = []
-    with pytest.warns(DeprecationWarning, match="poll= is deprecated, use poll_interval="):
-        worker = build_worklist_op(lambda context, item: owners.append(item.owner), worklist="renamed",
-                                   name="worker", poll=0.1, owner="shell:night", timeout=10)
+    worker = build_worklist_op(lambda context, item: owners.append(item.owner), worklist="renamed",
+                               name="worker", poll_interval=0.1, owner="shell:night", timeout=10)
     result = _drain_job(worker).execute_in_process(resources={"controltable": resource})
     assert result.success and owners == ["shell:night", "shell:night"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the new name warns about nothing
-        build_worklist_op(lambda context, item: None, worklist="renamed", poll_interval=0.1)
 
 
 # -- defaults: the core's imported, the integration's in one module -------------------------------
@@ -190,20 +180,16 @@ def test_no_default_number_is_typed_outside_the_defaults_module(backend: str) ->
 
 
 @pytest.mark.backends("sqlite")
-def test_resource_schema_is_a_deprecated_alias_of_control_schema(backend_url: str, namespace: str) -> None:
-    with pytest.warns(DeprecationWarning, match="schema is deprecated, use control_schema"):
-        old = ControlTableResource(url=backend_url, namespace=namespace, schema="main")
-    assert old.control_tables_schema == "main"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        new = ControlTableResource(url=backend_url, namespace=namespace, control_schema="main")
-    assert new.install() >= 1
-    new.set_capacity("shared_name", 2)
-    assert [st.capacity for st in old.status(["shared_name"])] == [2]  # the same control tables
-    old.close()
-    new.close()
-    with pytest.raises(Exception, match="control_schema only"):
-        ControlTableResource(url=backend_url, schema="main", control_schema="main")
+def test_resource_control_schema_names_the_control_tables_schema(backend_url: str, namespace: str) -> None:
+    first = ControlTableResource(url=backend_url, namespace=namespace, control_schema="main")
+    second = ControlTableResource(url=backend_url, namespace=namespace, control_schema="main")
+    assert first.install() >= 1
+    first.set_capacity("shared_name", 2)
+    assert [st.capacity for st in second.status(["shared_name"])] == [2]  # the same control tables
+    assert first.control_table.schema == "main"
+    assert "schema" not in ControlTableResource.model_fields  # one name: control_schema
+    first.close()
+    second.close()
 
 
 @pytest.mark.backends("sqlite")

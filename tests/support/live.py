@@ -31,6 +31,30 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
         time.sleep(interval)
 
 
+def wait_for_file(path: Any, timeout: float, what: str, parse: Callable[[str], Any] = str,
+                  interval: float = 0.05) -> Any:
+    """Wait until another process has written ``path`` and return ``parse`` of its text.
+
+    A file that exists may still be empty or half written (the writer opens it, then writes), so
+    the wait ends only when the text is non-empty and ``parse`` accepts it (a ``ValueError``, such
+    as a JSON decode error, means "not written yet"). ``timeout`` is a hang detector.
+    """
+
+    def written() -> Any:
+        try:
+            text_ = path.read_text()
+        except FileNotFoundError:
+            return None
+        if not text_.strip():
+            return None
+        try:
+            return (parse(text_),)
+        except ValueError:
+            return None
+
+    return wait_until(written, timeout, what, interval=interval)[0]
+
+
 def postgres_reachable(url: str) -> Optional[str]:
     """None if the server answers, else the reason."""
     try:

@@ -88,7 +88,7 @@ def _from_controltable() -> bool:
     if not inside:
         return False
     while frame is not None:
-        if frame.f_code.co_name == "captured_statements" and frame.f_code.co_filename.endswith("sqlscript.py"):
+        if frame.f_code.co_name == "named_statements" and frame.f_code.co_filename.endswith("sqlscript.py"):
             return False
         frame = frame.f_back
     return True

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from sqlalchemy import Column, Float, Integer, MetaData, String, Table, insert
 
 from controltable import ControlTable
-from controltable.cli import cli
+from controltable.cli.group import cli
 from controltable.errors import ConfigurationError
 from controltable.web import StatusSource, create_app, parse_event_spec
 

@@ -46,7 +46,6 @@ from airflow_controltable.utils import (
     try_number,
 )
 from controltable import ControlTableError, Lease, LeaseLost
-from controltable.compat import renamed
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -72,7 +71,6 @@ def slot_held(
     namespace: Optional[str] = None,
     control_schema: Optional[str] = None,
     use_priority_weight: bool = False,
-    timeout: Optional[float] = None,
     interrupt_on_lease_loss: bool = INTERRUPT_ON_LEASE_LOSS,
     priority: Optional[int] = None,
 ) -> Iterator[Lease]:
@@ -88,7 +86,6 @@ def slot_held(
     :param priority: the request's place in the queue, as the core's ``priority`` (higher first);
         wins over ``use_priority_weight``.
     :param use_priority_weight: without ``priority``, queue by the task's ``priority_weight`` (higher first).
-    :param timeout: deprecated name of ``wait_timeout`` (giving both is an error).
     :param interrupt_on_lease_loss: a lease found lost or expired by the renewal interrupts the
         block (``LeaseLostInterrupt``, then ``ControlTableLeaseLost``), as the slot operator's
         argument of the same name; ``False`` lets the block run on.
@@ -98,8 +95,6 @@ def slot_held(
     """
     from airflow.sdk import get_current_context
 
-    with airflow_errors():
-        wait_timeout = renamed("slot_held", "timeout", timeout, "wait_timeout", wait_timeout)
     context = get_current_context()
     task: Any = context["task"]  # the running (unmapped) operator
     holder = holder or task_instance_holder(context)

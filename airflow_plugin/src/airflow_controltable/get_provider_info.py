@@ -59,7 +59,8 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "triggers": [
-            {"integration-name": "ControlTable", "python-modules": ["airflow_controltable.triggers.controltable"]}
+            {"integration-name": "ControlTable", "python-modules": ["airflow_controltable.triggers.slot",
+                                                                  "airflow_controltable.triggers.events"]}
         ],
         "connection-types": [
             {

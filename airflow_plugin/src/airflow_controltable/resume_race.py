@@ -23,9 +23,7 @@ finished only by the second heartbeat after it, so a grant within seconds of its
 one to two heartbeat periods (5-10 s by default). Firing sooner reopens the race.
 
 The facts are taken in the deferring task's process (:func:`deferral_facts`, travelling in the
-trigger's kwargs); :class:`SettleBeforeFiring` is the triggers' side. Re-exported by
-:mod:`airflow_controltable.utils` and :mod:`airflow_controltable.triggers.controltable`, their
-earlier homes.
+trigger's kwargs); :class:`SettleBeforeFiring` is the triggers' side.
 """
 
 from __future__ import annotations
@@ -48,7 +46,7 @@ from airflow_controltable.defaults import (
     WORKER_TASK_SUCCESS_OVERTIME,
 )
 
-log = logging.getLogger("airflow_controltable.triggers.controltable")  # the triggers' logger, as before
+log = logging.getLogger("airflow_controltable.triggers")  # the triggers' logger: this runs in their wait
 
 
 # -- the facts, taken in the deferring process ------------------------------------------------------

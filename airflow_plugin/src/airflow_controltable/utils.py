@@ -1,33 +1,17 @@
 """Helpers shared by the hook, operators, sensors and triggers: holder ids, argument checks, error translation.
 
 The provider's defaults live in :mod:`airflow_controltable.defaults`, and the deferral's facts
-(``deferral_facts``, ``resume_settle``) in :mod:`airflow_controltable.resume_race`; they are
-re-exported here because earlier releases defined them in this module.
+(``deferral_facts``, ``resume_settle``) in :mod:`airflow_controltable.resume_race`.
 """
 
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Optional
 
-from airflow_controltable.defaults import (  # noqa: F401 - re-exported for earlier imports
-    DEFAULT_DEFERRED_WAITER_TTL,
-    DEFAULT_EXIT_ALLOWANCE,
-    DEFAULT_HELD_LEASE,
-    DEFAULT_REFRESH_INTERVAL,
-    DEFAULT_RENEWED_LEASE,
-    DEFAULT_RESUME_MARGIN,
-    DEFAULT_RESUME_SETTLE,
-    DEFAULT_SLOT_LEASE,
-    DEFAULT_TRIGGER_POLL_INTERVAL,
-    MAX_ID,
-    SLOT_MODES,
-    WORKER_MIN_HEARTBEAT_INTERVAL,
-    WORKER_TASK_SUCCESS_OVERTIME,
-)
+from airflow_controltable.defaults import MAX_ID, SLOT_MODES
 from airflow_controltable.exceptions import (
     ControlTableAcquireTimeout,
     ControlTableAirflowError,
@@ -38,21 +22,8 @@ from airflow_controltable.exceptions import (
     ControlTableRetryableError,
     ControlTableUnavailable,
 )
-from airflow_controltable.resume_race import (  # noqa: F401 - re-exported: their home before resume_race
-    deferral_facts,
-    resume_settle,
-)
 from controltable import ControlTableError, error_outcome
 from controltable.holders import holder_id
-
-
-def bounded_id(*parts: object) -> str:
-    """Deprecated: use :func:`controltable.holders.holder_id` (the same id, built by the core for every surface)."""
-    warnings.warn(
-        "airflow_controltable.utils.bounded_id is deprecated; use controltable.holders.holder_id",
-        DeprecationWarning, stacklevel=2,
-    )
-    return holder_id(*parts, limit=MAX_ID)
 
 
 def deployment_id() -> str:

@@ -157,6 +157,8 @@ def connect_args(url: Any, *, connect_timeout: float, statement_timeout: Optiona
                 out["prepare_threshold"] = None if text in ("", "none", "null", "off") else int(text)
             elif CHECK_BEFORE_PREPARING:
                 out["prepare_threshold"] = None
+    elif backend == "mysql" and driver == "aiomysql":
+        out["connect_timeout"] = connect_timeout  # statements are bounded by max_statement_time
     elif backend == "mysql" and driver in ("pymysql", "mysqldb"):
         out["connect_timeout"] = connect_timeout if driver == "pymysql" else max(1, int(math.ceil(connect_timeout)))
         if driver == "pymysql":
@@ -254,7 +256,9 @@ def on_connect(dialect: Any, dbapi_conn: Any, *, statement_timeout: Optional[flo
     name = dialect.name
     driver = getattr(dialect, "driver", "")
     taken = _query_keys(url)
-    if name == "postgresql" and driver == "psycopg" and "prepare_threshold" not in taken and CHECK_BEFORE_PREPARING:
+    # An asyncio connection is not asked (its adapter runs no sync query here): it never prepares.
+    if (name == "postgresql" and driver == "psycopg" and "prepare_threshold" not in taken and CHECK_BEFORE_PREPARING
+            and not getattr(dialect, "is_async", False)):
         _prepare_when_direct(dbapi_conn, url, statement_timeout or defaults.CONNECT_TIMEOUT)
     if name == "mysql" and statement_timeout:
         mariadb = "mariadb" in str(getattr(dbapi_conn, "get_server_info", lambda: "")()).lower()
@@ -459,6 +463,8 @@ class StatementGuard:
     @classmethod
     def for_dialect(cls, dialect: Any, statement_timeout: Optional[float], url: Any) -> Optional[StatementGuard]:
         name, driver = dialect.name, getattr(dialect, "driver", "")
+        if getattr(dialect, "is_async", False):
+            return None  # asyncio drivers: the caller's task is cancelled instead (controltable.aio)
         if name == "postgresql" and driver in ("psycopg", "psycopg2"):
             return cls("cancel", None)
         if name == "mysql" and driver == "pymysql":

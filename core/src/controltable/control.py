@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import random
-import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
-from sqlalchemy import insert, inspect, select, update
+from sqlalchemy import inspect, select
 from sqlalchemy.engine import Connection, Engine, make_url
 
-from . import connect, errorcodes, tracing
+from . import connect, migrations, tracing
 from .db import DEFAULT_URL, Database
 from .defaults import (
     CONNECT_TIMEOUT,
@@ -22,16 +20,14 @@ from .defaults import (
     DEFAULT_SLOT_PRIORITY,
     DEFAULT_WAITER_TTL,
     HISTORY_RETENTION,
-    INSTALL_BUSY_WINDOW,
     LISTEN_URL_ENV,
     STATEMENT_TIMEOUT,
 )
 from .dialects import traits
-from .errors import ConfigurationError, DatabaseBusyError, NotInstalledError
+from .errors import ConfigurationError
 from .events import EventTable
-from .migrations import UPGRADES, ensure_indexes
 from .runtime import Runtime
-from .schema import SCHEMA_VERSION, ControlSchema, build_schema
+from .schema import ControlSchema, build_schema
 from .slots import (
     GrantRecord,
     Lease,
@@ -135,64 +131,12 @@ class ControlTable:
 
     # -- installation -------------------------------------------------------------------------
     def install(self) -> int:
-        """Create the control tables if missing and record the schema version. Idempotent.
+        """Create the control tables if missing, record the schema version, upgrade older tables. Idempotent.
 
         Returns the schema version now installed. Needs DDL rights; a DBA can instead run the
         statements printed by ``controltable sql`` and the engine then needs DML rights only.
         """
-        # A new SQLite connection sets its journal mode, which meets a concurrent install's lock at once.
-        _retry_busy(self.db.ping)
-
-        def create() -> None:
-            for attempt in range(3):
-                try:
-                    with self.db.translating():  # e.g. no CREATE privilege: PermissionDeniedError, not a driver error
-                        self.tables.metadata.create_all(self.db.engine, checkfirst=True)
-                    return
-                except Exception as exc:
-                    # A concurrent install created a table between the check and the CREATE (on
-                    # PostgreSQL a unique violation in the catalog): the next check sees it.
-                    raced = any(errorcodes.is_unique_violation(e) or errorcodes.is_already_applied(e)
-                                for e in (exc, exc.__cause__) if e is not None)
-                    if attempt == 2 or not raced:
-                        raise
-
-        _retry_busy(create)
-        meta = self.tables.meta
-
-        def read(conn: Connection) -> Optional[int]:
-            found = conn.scalar(select(meta.c.value).where(meta.c.key == "schema_version"))
-            return None if found is None else int(found)
-
-        version = self.db.run(read)
-        if version is None:
-            try:
-                self.db.run(lambda c: c.execute(insert(meta).values(key="schema_version", value=str(SCHEMA_VERSION))))
-            except Exception as exc:
-                if not errorcodes.is_unique_violation(exc):
-                    raise
-                version = self.db.run(read)  # a concurrent install recorded it first
-        if version is not None and version > SCHEMA_VERSION:
-            raise NotInstalledError(
-                f"the control tables have schema version {version}, newer than this controltable "
-                f"({SCHEMA_VERSION}); upgrade the controltable package"
-            )
-        if version is not None and version < SCHEMA_VERSION:
-            for step in range(version, SCHEMA_VERSION):
-                upgrade = UPGRADES[step]
-                _retry_busy(lambda: upgrade(self.db, self.tables))  # noqa: B023 - called at once
-                self.db.run(self._record_version(step + 1))
-        if version is not None:  # new tables were created with every index
-            _retry_busy(lambda: ensure_indexes(self.db, self.tables))
-        return SCHEMA_VERSION
-
-    def _record_version(self, version: int) -> Callable[[Connection], None]:
-        meta = self.tables.meta
-
-        def fn(conn: Connection) -> None:
-            conn.execute(update(meta).where(meta.c.key == "schema_version").values(value=str(version)))
-
-        return fn
+        return migrations.install(self.db, self.tables)
 
     def ping(self) -> None:
         """Connect once; raises :class:`DatabaseUnavailableError` naming the URL if that fails."""
@@ -405,8 +349,7 @@ class ControlTable:
     ) -> EventTable:
         """Batch claiming on the user's own event table ``table`` (see :class:`EventTable`).
 
-        ``table_schema`` is the event table's schema, not the control tables' (``schema=`` is
-        its deprecated older name, still accepted).
+        ``table_schema`` is the event table's schema, not the control tables'.
         """
         return EventTable(self.runtime, table, key=key, order_by=order_by, table_schema=table_schema, **options)
 
@@ -502,24 +445,3 @@ def _typed(url: str) -> str:
     except Exception:
         return url
     return str(connect.typed_url(parsed).render_as_string(hide_password=False))
-
-
-def _retry_busy(fn: Callable[[], None], within: float = INSTALL_BUSY_WINDOW) -> None:
-    """Run an idempotent DDL step again when a concurrent one held the database (SQLite reports
-    "database is locked" at once when two installs both try to upgrade to a write lock).
-
-    Bounded by time, not by a count of attempts: several installs upgrading at once on a loaded
-    machine can each meet the lock more often than a fixed count allows, and installs are rare.
-    """
-    deadline = time.monotonic() + within
-    delay = 0.1
-    while True:
-        try:
-            fn()
-            return
-        except DatabaseBusyError:
-            pause = delay * (0.5 + random.random())
-            if time.monotonic() + pause > deadline:
-                raise
-            time.sleep(pause)
-            delay = min(delay * 2, 2.0)

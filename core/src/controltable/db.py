@@ -9,11 +9,11 @@ instead of a driver's exception, live here once. What an error *means* is decide
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import math
 import random
-import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, TypeVar, Union
@@ -109,13 +109,24 @@ def make_engine(
     return dialects.prepare_engine(engine, busy_timeout=connect.busy_timeout(statement_timeout))
 
 
+def _new_engine(url: Any, **kw: Any) -> Engine:
+    """``create_engine``, or for an asyncio driver's URL (``sqlite+aiosqlite``, ``mysql+aiomysql``,
+    ``postgresql+psycopg_async``) the sync face of an async engine: the same statements then run in
+    greenlets whose I/O awaits the event loop (:mod:`controltable.aio`)."""
+    if getattr(make_url(url).get_dialect(), "is_async", False):
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        return create_async_engine(url, **kw).sync_engine
+    return create_engine(url, **kw)
+
+
 def _server_engine(
     url: Any, connect_timeout: float, statement_timeout: Optional[float],
     deadline: Optional[Callable[[], Optional[float]]] = None,
 ) -> Engine:
     try:
         args = connect.connect_args(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
-        engine = create_engine(
+        engine = _new_engine(
             url, pool_size=5, max_overflow=10, pool_recycle=1800,
             # Set once per new connection by the dialect, not on every checkout.
             isolation_level=connect.READ_COMMITTED, connect_args=args,
@@ -163,7 +174,7 @@ def _sqlite_engine(url: Any, statement_timeout: Optional[float] = STATEMENT_TIME
             "database); use a file, e.g. sqlite:///controltable.db"
         )
     args = connect.connect_args(url, connect_timeout=CONNECT_TIMEOUT, statement_timeout=statement_timeout)
-    return create_engine(url, connect_args=args)
+    return _new_engine(url, connect_args=args)
 
 
 def _driver_connection(pooled: Any) -> Any:
@@ -173,6 +184,30 @@ def _driver_connection(pooled: Any) -> Any:
         if inner is not None and not isinstance(inner, Connection):
             return inner
     return pooled
+
+
+class _TaskLocal:
+    """Attributes local to the running thread *and* asyncio task (a :mod:`contextvars` context).
+
+    A statement's deadline and guard belong to the caller that runs it. Under :mod:`controltable.aio`
+    one thread runs the statements of many tasks in turn (each in a greenlet that shares the
+    task's context), where a ``threading.local`` would hand one task's deadline to another. Each
+    assignment copies the mapping, so a task or thread started from this one never shares it.
+    """
+
+    __slots__ = ("_var",)
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_var", contextvars.ContextVar(f"controltable-db-{id(self)}", default=None))
+
+    def __getattr__(self, name: str) -> Any:
+        state = self._var.get()
+        if state is None or name not in state:
+            raise AttributeError(name)
+        return state[name]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._var.set({**(self._var.get() or {}), name: value})
 
 
 class Database:
@@ -194,7 +229,9 @@ class Database:
         self.retries = check_retries(retries)
         self.connect_timeout = check_timeout_setting("connect_timeout", connect_timeout, allow_none=False)
         self.statement_timeout = check_timeout_setting("statement_timeout", statement_timeout, allow_none=True)
-        self._local = threading.local()
+        self._local = _TaskLocal()
+        #: How a retry's back-off pauses; :mod:`controltable.aio` awaits the event loop instead.
+        self.sleep: Callable[[float], None] = time.sleep
         self.engine = make_engine(
             url_or_engine, connect_timeout=self.connect_timeout, statement_timeout=self.statement_timeout,
             deadline=lambda: getattr(self._local, "deadline", None),
@@ -493,7 +530,7 @@ class Database:
                 pause = delay * (0.5 + random.random())
                 if deadline is not None:
                     pause = min(pause, max(deadline - time.monotonic(), 0.0))
-                time.sleep(pause)
+                self.sleep(pause)
                 delay = min(delay * 2, 2.0)
                 attempt += 1
 

@@ -42,12 +42,10 @@ class Traits:
     listen_notify: bool = False
     #: A running statement is cancelled by ``KILL QUERY <thread id>`` from another connection.
     kill_query: bool = False
-    #: Control tables declare (and the v4 upgrade converts to) utf8mb4 with the binary collation.
+    #: Control tables declare utf8mb4 with the binary collation.
     utf8mb4_tables: bool = False
     #: ``ALTER TABLE t <keyword> c ...``.
     add_column_keyword: str = "ADD COLUMN"
-    #: Ids come from a sequence default where an upgraded table has no identity (Oracle).
-    sequence_ids: bool = False
     #: The claim indexes ``prepare()`` builds: ``"partial"`` (one partial index per claim state),
     #: ``"included"`` (state-led with INCLUDE columns, or filtered, plus a token index),
     #: ``"token"`` (state-led plus a token index) or ``"state"`` (state-led only).
@@ -124,7 +122,7 @@ _TRAITS = {t.name: t for t in (
     _MYSQL,
     replace(_MYSQL, name="mariadb"),  # SQLAlchemy's MariaDB dialect: the MySQL family
     Traits("oracle", ping_sql="SELECT 1 FROM DUAL", script_version=(19, 0), add_column_keyword="ADD",
-           sequence_ids=True, claim_indexes="token", limit_under_lock=False, max_in_list=900, fetch_limits=True),
+           claim_indexes="token", limit_under_lock=False, max_in_list=900, fetch_limits=True),
     Traits("sqlite", label="SQLite", file_database=True, isolation_level="SERIALIZABLE", script_version=(3, 40),
            claim_indexes="partial", version_sql="SELECT sqlite_version()", table_stats="sqlite_stat1",
            partial_index="sqlite_where", max_in_list=900, update_returning=True, delete_returning=True,

@@ -169,8 +169,8 @@ _MYSQL = {
     1366: Kind.BAD_VALUE,  # ER_TRUNCATED_WRONG_VALUE_FOR_FIELD (e.g. 4-byte UTF-8 in utf8mb3)
     1406: Kind.BAD_VALUE,  # ER_DATA_TOO_LONG
     1690: Kind.BAD_VALUE,  # ER_DATA_OUT_OF_RANGE
-    # Illegal mix of collations: a name compared with a column in another character set (control
-    # tables a release before schema version 4 created in a latin1 database; install() converts them).
+    # Illegal mix of collations: a name compared with a column in another character set (a table
+    # created in a latin1 database, not by install(), which declares utf8mb4).
     1267: Kind.BAD_VALUE,  # ER_CANT_AGGREGATE_2COLLATIONS
     1270: Kind.BAD_VALUE,  # ER_CANT_AGGREGATE_3COLLATIONS
     1271: Kind.BAD_VALUE,  # ER_CANT_AGGREGATE_NCOLLATIONS

@@ -115,6 +115,20 @@ _installed: Optional[tuple[int, Any]] = None
 _outstanding = 0
 
 
+def say(level: int, msg: str, *args: Any) -> None:
+    """Log from the renewer's thread without letting a handler stop it.
+
+    The renewer must record a loss and interrupt the work after logging it; a handler that raises
+    (rich's console, which Prefect installs, raises ``SystemExit`` when its pipe is broken, as it
+    is in a process whose supervisor was killed) would otherwise end the thread first, and the
+    orphan would work on past its lease.
+    """
+    try:
+        log.log(level, msg, *args)
+    except BaseException:  # noqa: BLE001 - a log line is never worth the lease's guarantee
+        pass
+
+
 def interrupt_signal() -> int:
     """The signal number of :data:`~controltable.defaults.INTERRUPT_SIGNAL`."""
     name = defaults.INTERRUPT_SIGNAL
@@ -285,9 +299,9 @@ def interrupt(block: Optional[Arming], stopping: Optional[threading.Event] = Non
             return False
         block.sent = True
     cancelled = block.statements.cancel(wait=CANCEL_WAIT)
-    log.warning("controltable: interrupting the work of %s: its lease is gone (%s)%s", type(block.owner).__name__,
-                getattr(block.owner, "lost", None),
-                f"; cancelled {cancelled} running statement(s)" if cancelled else "")
+    say(logging.WARNING, "controltable: interrupting the work of %s: its lease is gone (%s)%s",
+        type(block.owner).__name__, getattr(block.owner, "lost", None),
+        f"; cancelled {cancelled} running statement(s)" if cancelled else "")
     with _GUARD:
         if not block.armed:
             return True

@@ -107,7 +107,8 @@ class Renewer(threading.Thread):
             reason = self._reason_to_stop()
             if reason is not None:
                 self.stopped_because = reason
-                log.warning("controltable: stopped renewing %s: %s; the lease will expire", self.name, reason)
+                interrupts.say(logging.WARNING, "controltable: stopped renewing %s: %s; the lease will expire",
+                               self.name, reason)
                 self._lose(LeaseLost(f"renewal stopped because {reason}; the lease was left to expire", gone=False))
                 return
             if time.monotonic() < next_renewal:
@@ -117,17 +118,18 @@ class Renewer(threading.Thread):
             try:
                 self.target.renew()
             except LeaseLost as exc:
-                log.error("controltable: %s", exc)
+                interrupts.say(logging.ERROR, "controltable: %s", exc)
                 self._lose(exc)
                 return
             except Exception as exc:
                 if expires is not None and time.monotonic() >= expires:
-                    log.error("controltable: lease of %s expired while renewal failed: %s", self.name, exc)
+                    interrupts.say(logging.ERROR, "controltable: lease of %s expired while renewal failed: %s",
+                                   self.name, exc)
                     self._lose(LeaseLost(
                         f"the lease expired: renewals kept failing for its whole length ({exc}); another "
                         "holder may have it now"))
                     return
-                log.warning("controltable: lease renewal failed, will retry: %s", exc)
+                interrupts.say(logging.WARNING, "controltable: lease renewal failed, will retry: %s", exc)
                 if expires is not None:
                     next_renewal = min(next_renewal, expires)  # notice the expiry when it comes
             else:

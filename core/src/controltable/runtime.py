@@ -8,7 +8,7 @@ layer. Value objects (``Lease``, ``Batch``, ``Item``) hold their engine, never t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from sqlalchemy.engine import Connection, Engine
 
@@ -57,15 +57,15 @@ class Runtime:
         return self.wakeups.active
 
 
-def runtime_of(owner: Any) -> Runtime:
-    """The :class:`Runtime` of ``owner``: a ``Runtime`` itself, or a ``ControlTable`` (its ``runtime``).
+def check_runtime(value: object) -> Runtime:
+    """``value`` itself when it is a :class:`Runtime`; else a :class:`ConfigurationError` naming the fix.
 
-    Engines accept either, so code that builds ``EventTable(ct, ...)`` by hand keeps working
-    while the engine itself depends on the runtime only.
+    Engines take the runtime, never the ``ControlTable`` (dependencies point one way); a caller
+    that hands them the ``ControlTable`` learns to build them through it instead.
     """
-    if isinstance(owner, Runtime):
-        return owner
-    found = getattr(owner, "runtime", None)
-    if isinstance(found, Runtime):
-        return found
-    raise ConfigurationError(f"expected a ControlTable or its Runtime, not {type(owner).__name__}")
+    if isinstance(value, Runtime):
+        return value
+    raise ConfigurationError(
+        f"expected a controltable Runtime, not {type(value).__name__}: build engines with ct.events(...) or "
+        "ct.worklist(...), or pass ct.runtime"
+    )

@@ -27,20 +27,9 @@ from .defaults import DEFAULT_PREFIX, NAME_LENGTH, NAMESPACE_LENGTH  # noqa: F40
 from .dialects import StateString, epoch_seconds_type, id_type, name_type, text_type, utf8mb4_table_options
 
 #: Bumped whenever the control tables change; ``install()`` records it in the meta table and
-#: later releases migrate from the recorded version.
-SCHEMA_VERSION = 4
-#: What each version added, for the migration in ``ControlTable.install()``:
-#: 2 - per-resource queue tickets (``resource.last_ticket``, ``request.ticket``), attempts and
-#:     pickup deadlines on requests, the (state, ticket) queue index, identities for Oracle.
-#: 3 - slot policies: rate limits and aging on resources (``rate_count``, ``rate_per``,
-#:     ``aging``), request priorities and their queue order (``priority``, ``queue_key``, the
-#:     (state, queue_key, ticket) index replacing the (state, ticket) one), the grant history table.
-#: 4 - MySQL / MariaDB: every control table in utf8mb4 with the binary collation (tables created
-#:     in a latin1 database could not store names such as 'ü名前🙂'); no change elsewhere.
-#: Indexes alone change no version: a client of the same version works with or without them, and a
-#: new version would lock out every worker not yet upgraded. ``install()`` ensures them at every
-#: version (``migrations.ensure_indexes``): the work-item index in allocation order (namespace,
-#: worklist, state, exec_order, priority DESC, id) replaced (namespace, worklist, state, exec_order).
+#: brings tables of an older version up, one step per version (``migrations.UPGRADES``). Version 1
+#: is the first release's tables, as declared below.
+SCHEMA_VERSION = 1
 
 #: MySQL / MariaDB character set and collation of the control tables, whatever the database's
 #: default: utf8mb4 stores every name a caller may pass, and the binary collation compares names

@@ -8,26 +8,41 @@ Server gets ``NVARCHAR(max)``, not the deprecated ``TEXT``, exactly as at run ti
 DBA reviews for SQL Server or Oracle is what the engine would send there: the same statement
 objects through that dialect's compiler. The printed scripts are kept in ``core/sql/`` as
 reviewed golden files; ``python -m controltable.sqlscript core/sql`` rewrites them.
+
+Each statement is printed under the name of the builder that made it (``-- name: claim_select``,
+as River and procrastinate name their SQL), so a reviewer reads the SQL and a reader of the Python
+finds the statement by that name. The name is the ``__name__`` of the function or method of a
+``statements`` module (``controltable.<part>.statements``) that returned the statement, the
+outermost one when builders call each other; it is found while the session runs, by watching
+those functions return (:class:`_Names`), so no builder carries or lists its name and a renamed
+builder renames its statements. A statement no builder made (the database clock's read) is
+named by the function that sent it. Where a backend's statement is shaped differently for a
+reason, one line says why (``-- mssql: ...``), from the builder's :func:`~controltable.sqlnotes.sql_notes`.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from types import CodeType, FrameType
+from typing import Any, NamedTuple, Optional, Sequence
 
 from sqlalchemy import Column, Integer, MetaData, String, Table, event
 from sqlalchemy.engine import Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable, DDLElement
 from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.dml import Insert
 
 from .defaults import DEFAULT_PREFIX
 from .dialects import SQL_SERVER_VERSIONS, SUPPORTED_DIALECTS, offline_dialect, traits
 from .errors import ConfigurationError
+from .sqlnotes import notes_of
 
 
 def parse_version(text: Optional[str]) -> Optional[tuple[int, ...]]:
@@ -91,12 +106,96 @@ def _column_keys(stmt: Any, multiparams: Any, params: Any) -> Optional[list[str]
     return list(first.keys()) if isinstance(first, dict) else None
 
 
-def captured_statements(
+class Statement(NamedTuple):
+    """One printed statement: its SQL, the builder it is named by (None: DDL and comments, which
+    name what they create) and that builder's notes (backend -> why it is shaped so there)."""
+
+    sql: str
+    name: Optional[str] = None
+    notes: dict[str, str] = {}
+
+
+#: Where a statement remembers the builder code that returned it. Kept in the statement's own
+#: ``__dict__``, which SQLAlchemy's generative methods copy: ``stmt.returning(...)`` applied by
+#: the caller keeps the builder's name.
+_BUILT_BY = "_controltable_built_by"
+_PACKAGE = str(Path(__file__).resolve().parent) + os.sep
+
+
+class _Names:
+    """While active, every statement a builder of a ``statements`` module returns (alone, or in a
+    tuple such as ``(statement, values)``) is marked with that builder's code; nested builders
+    return first, so the outermost one's mark stays. A profile hook (:func:`sys.setprofile`, in
+    this thread and in threads started meanwhile) sees each return and its value: the builders
+    are neither wrapped nor changed, and cost nothing outside ``controltable sql``."""
+
+    def __init__(self) -> None:
+        self._builders: dict[str, bool] = {}
+
+    def _is_builder(self, code: CodeType) -> bool:
+        known = self._builders.get(code.co_filename)
+        if known is None:
+            path = str(Path(code.co_filename).resolve())
+            known = self._builders[code.co_filename] = (path.startswith(_PACKAGE)
+                                                        and path.endswith(os.sep + "statements.py"))
+        return known and not code.co_name.startswith("<")
+
+    def _hook(self, frame: FrameType, event_name: str, arg: Any) -> None:
+        if event_name != "return" or arg is None or not self._is_builder(frame.f_code):
+            return
+        for value in arg if isinstance(arg, tuple) else (arg,):
+            if isinstance(value, Executable):
+                value.__dict__[_BUILT_BY] = frame.f_code
+
+    def __enter__(self) -> _Names:
+        # threading.getprofile() is Python 3.10+; on 3.9 no hook for new threads is set outside this one.
+        self._saved = (sys.getprofile(), getattr(threading, "getprofile", lambda: None)())
+        sys.setprofile(self._hook)
+        threading.setprofile(self._hook)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        sys.setprofile(self._saved[0])
+        threading.setprofile(self._saved[1])  # type: ignore[arg-type]  # None clears it
+
+
+def _in_package(path: str) -> bool:
+    return str(Path(path).resolve()).startswith(_PACKAGE)
+
+
+def _name_of(stmt: Any, dialect_name: str) -> tuple[Optional[str], dict[str, str]]:
+    """The name and the ``dialect_name`` note of the builder that made ``stmt`` (called while it is
+    executed: a statement no builder made is named by the function of controltable that sent it)."""
+    code: Optional[CodeType] = getattr(stmt, "__dict__", {}).get(_BUILT_BY)
+    if code is not None:
+        notes = notes_of(code)
+        return code.co_name, ({dialect_name: notes[dialect_name]} if dialect_name in notes else {})
+    frame: Optional[FrameType] = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if _in_package(path) and not path.endswith(_PASSERS) and not frame.f_code.co_name.startswith("<"):
+            return frame.f_code.co_name, {}
+        frame = frame.f_back
+    return None, {}
+
+
+#: Modules whose functions pass a statement on rather than decide it (the session, the dialect
+#: layer, the transaction runner): a statement without a builder is named by its first caller
+#: outside them.
+_PASSERS = ("sqlscript.py", "dialects.py", "db.py")
+
+def captured_statements(dialect_name: str, **session: Any) -> list[tuple[str, list[str]]]:
+    """``[(section, [compiled statements])]`` of the scripted session (see :func:`named_statements`)."""
+    return [(title, [s.sql for s in stmts]) for title, stmts in named_statements(dialect_name, **session)]
+
+
+def named_statements(
     dialect_name: str, *, events_table: str = "events", key: str = "event_id", order_by: Optional[str] = None,
     prefix: str = DEFAULT_PREFIX, schema: Optional[str] = None, server_version: Optional[Sequence[int]] = None,
     large_batch: int = 0,
-) -> list[tuple[str, list[str]]]:
-    """Run the scripted session and return ``[(section, [compiled statements])]`` for the dialect.
+) -> list[tuple[str, list[Statement]]]:
+    """Run the scripted session and return ``[(section, [statements])]`` for the dialect, each
+    compiled and named by its builder (see the module's docstring).
 
     ``prefix`` and ``schema`` are the control tables' (the session runs with them, so every
     statement names them). ``large_batch`` adds a claim and a completion of that many rows (for
@@ -105,8 +204,8 @@ def captured_statements(
     from .control import ControlTable
 
     dialect = dialect_for(dialect_name, server_version)
-    sections: list[tuple[str, list[str]]] = []
-    with tempfile.TemporaryDirectory(prefix="controltable-sql-") as tmp:
+    sections: list[tuple[str, list[Statement]]] = []
+    with tempfile.TemporaryDirectory(prefix="controltable-sql-") as tmp, _Names():
         ct = ControlTable(f"sqlite:///{Path(tmp) / 'capture.db'}", namespace="capture", prefix=prefix, schema=schema)
         # A release prunes history now and then (at a random moment per process); the printed script
         # must not depend on that moment, so this session never prunes on release: pruning has its
@@ -123,22 +222,23 @@ def captured_statements(
             ct.db.engine.dispose()
         ct.db.target_dialect = dialect_name  # decisions such as LIMIT vs fetch follow the target
         ct.install()
-        captured: list[tuple[ClauseElement, Optional[list[str]]]] = []
+        captured: list[tuple[ClauseElement, Optional[list[str]], tuple[Optional[str], dict[str, str]]]] = []
 
         def capture(conn: Any, clauseelement: Any, multiparams: Any, params: Any, execution_options: Any) -> None:
             if isinstance(clauseelement, ClauseElement):
-                captured.append((clauseelement, _column_keys(clauseelement, multiparams, params)))
+                captured.append((clauseelement, _column_keys(clauseelement, multiparams, params),
+                                 _name_of(clauseelement, dialect_name)))
 
         event.listen(ct.db.engine, "before_execute", capture)
 
         def section(title: str, fn: Any) -> None:
             captured.clear()
             fn()
-            seen: list[str] = []
-            for stmt, keys in captured:
-                text = compile_sql(stmt, dialect, keys)
-                if text not in seen:
-                    seen.append(text)
+            seen: list[Statement] = []
+            for stmt, keys, (name, notes) in captured:
+                named = Statement(compile_sql(stmt, dialect, keys), name, notes)
+                if named not in seen:
+                    seen.append(named)
             sections.append((title, seen))
 
         md = MetaData()
@@ -227,7 +327,8 @@ def captured_statements(
             ]
         stmts = notes + [compile_sql(CreateIndex(s) if not isinstance(s, DDLElement) else s, dialect) for s in ddl]
         stmts.append(compile_sql(AnalyzeTable(ev.reflect(), histograms=(ev.cols.state,)), dialect))
-        sections.append(("events prepare: claim columns, claim indexes, statistics (DDL)", stmts))
+        sections.append(("events prepare: claim columns, claim indexes, statistics (DDL)",
+                         [Statement(s) for s in stmts]))
         ev.prepare()
         batch: dict[str, Any] = {}
 
@@ -283,14 +384,21 @@ def render(
         f"-- controltable: DDL and statements for {dialect_name} (server version {'.'.join(map(str, version))})",
         "-- Run the DDL once with DDL rights (or `controltable init`); afterwards the engine needs DML only",
         "-- (SELECT, INSERT, UPDATE, DELETE on the tables below and on your event tables).",
+        "-- Each statement the engine sends is printed under the name of its builder (`-- name: claim_select`:",
+        "-- the function or method of controltable's statements modules, or the function that sent it), with",
+        f"-- a `-- {dialect_name}: ...` line where it is shaped differently on {dialect_name} for a reason.",
         "",
         "-- ===== control tables =====",
     ]
     lines += [f"{s};" for s in control_ddl(dialect_name, prefix=prefix, schema=schema, server_version=version)]
-    for title, stmts in captured_statements(dialect_name, prefix=prefix, schema=schema, server_version=version,
-                                            **events):
+    for title, stmts in named_statements(dialect_name, prefix=prefix, schema=schema, server_version=version,
+                                         **events):
         lines += ["", f"-- ===== {title} ====="]
-        lines += [_terminated(s) for s in stmts]
+        for stmt in stmts:
+            if stmt.name is not None:
+                lines.append(f"-- name: {stmt.name}")
+            lines += [f"-- {backend}: {why}" for backend, why in stmt.notes.items()]
+            lines.append(_terminated(stmt.sql))
     return "\n".join(lines) + "\n"
 
 
@@ -367,23 +475,47 @@ def statement_shape(sql: str, *, claim_prefix: str = "ct_") -> str:
 
 def golden_statements(text: str) -> list[str]:
     """The statements of a printed script (comments and terminators dropped)."""
-    out: list[str] = []
+    return [sql for _name, sql in golden_named(text)]
+
+
+def golden_named(text: str) -> list[tuple[Optional[str], str]]:
+    """The statements of a printed script, each with the name it is printed under (None: DDL)."""
+    out: list[tuple[Optional[str], str]] = []
     current: list[str] = []
+    name: Optional[str] = None
     for line in text.splitlines():
         if not current and (line.startswith("--") or not line.strip()):
+            if line.startswith("-- name: "):
+                name = line[len("-- name: "):].strip()
             continue
         if line == "/":  # the end of a PL/SQL block
-            out.append("\n".join(current))
-            current = []
+            out.append((name, "\n".join(current)))
+            current, name = [], None
             continue
         current.append(line)
         joined = "\n".join(current)
         if line.endswith(";") and not (joined.startswith("BEGIN ") and not joined.endswith("END;")):
             if joined.startswith("BEGIN ") and joined.endswith("END;"):
                 continue  # ended by the "/" line
-            out.append(joined[:-1])
-            current = []
+            out.append((name, joined[:-1]))
+            current, name = [], None
     return out
+
+
+def changed_statements(golden: str, printed: str) -> list[str]:
+    """What differs between a golden file and the script printed now, statement by statement and
+    by name (``claim_select #3``: the third statement printed under that name), for a reviewer
+    who must find the builder behind a change."""
+    old, new = golden_named(golden), golden_named(printed)
+    seen: dict[Optional[str], int] = {}
+    changed = []
+    for (was, sql), (name, now) in zip(old, new):
+        seen[name] = seen.get(name, 0) + 1
+        if (was, sql) != (name, now):
+            changed.append(f"{name or 'DDL'} #{seen[name]}" + ("" if was == name else f" (was {was or 'DDL'})"))
+    if len(old) != len(new):
+        changed.append(f"{len(new) - len(old):+d} statements at the end")
+    return changed
 
 
 def golden_shapes(directory: Path, dialect_name: str) -> set[str]:

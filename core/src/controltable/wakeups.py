@@ -74,6 +74,10 @@ class Wakeups:
         #: A direct URL to the server for the listener only (the work goes through ``db``'s URL).
         self.listen_url = _check_listen_url(listen_url) if listen_url else None
         self.probe_timeout = probe_timeout
+        #: Replaces :meth:`wait`'s blocking sleep when set and it answers (None: "not here", e.g.
+        #: a thread outside the event loop): :mod:`controltable.aio` awaits the event loop there,
+        #: so the engines' own wait loops run unchanged in its greenlets.
+        self.waiter: Optional[Callable[[list[str], float, Optional[tuple[int, ...]]], Optional[bool]]] = None
         self._probe_failed = False
         self._warned = False
         #: The server's port when the work URL leads to another (a pooler in the way): no LISTEN there.
@@ -157,12 +161,25 @@ class Wakeups:
         remove = self.add_listener([key], arrived.set)
         try:
             start = time.monotonic()
-            self.db.run(lambda conn: self._send_probe(conn, key))
+            self._send_probe_now(key)
             if arrived.wait(self.probe_timeout if timeout is None else timeout):
                 return time.monotonic() - start
             return None
         finally:
             remove()
+
+    def _send_probe_now(self, key: str) -> None:
+        """Notify ``key`` through the work URL, committed."""
+        if getattr(self.db.engine.dialect, "is_async", False):
+            # This thread has no event loop for the async pool: the same URL, a plain connection.
+            sender = self._plain_connect(self.db.engine.url)
+            try:
+                sender.autocommit = True
+                sender.execute("SELECT pg_notify(%s, %s)", (self.channel, f"{self.namespace}\x1f{key}"))
+            finally:
+                sender.close()
+        else:
+            self.db.run(lambda conn: self._send_probe(conn, key))
 
     def _send_probe(self, conn: Connection, key: str) -> None:
         conn.execute(select(func.pg_notify(self.channel, f"{self.namespace}\x1f{key}")))
@@ -174,6 +191,10 @@ class Wakeups:
 
     def wait(self, keys: list[str], seconds: float, since: Optional[tuple[int, ...]] = None) -> bool:
         """Sleep up to ``seconds`` or until a wake-up for one of ``keys``; True if woken."""
+        if self.waiter is not None:
+            woken = self.waiter(keys, seconds, since)
+            if woken is not None:
+                return woken
         if not self.active:
             time.sleep(seconds)
             return False
@@ -240,11 +261,7 @@ class Wakeups:
     def _connect(self) -> Any:
         dialect = self.db.engine.dialect
         url = make_url(self.listen_url) if self.listen_url else self.db.engine.url
-        cargs, cparams = dialect.create_connect_args(url)
-        # The pool's connect timeout and keepalives (a silent network ends this connection too);
-        # no statement timeout: LISTEN waits by design. What the URL's query sets wins.
-        cparams.update(connect_args(url, connect_timeout=self.db.connect_timeout, statement_timeout=None))
-        raw = dialect.connect(*cargs, **cparams)
+        raw = self._plain_connect(url)
         raw.autocommit = True
         if not self.listen_url:
             server_port = raw.execute("SELECT inet_server_port()").fetchone()[0]
@@ -254,6 +271,18 @@ class Wakeups:
         quoted = dialect.identifier_preparer.quote_identifier(self.channel)
         raw.execute(f"LISTEN {quoted}")  # the channel is a validated identifier, quoted by the dialect
         return raw
+
+    def _plain_connect(self, url: Any) -> Any:
+        """A psycopg connection of this thread's own to ``url``, outside the pool."""
+        dialect = self.db.engine.dialect
+        if getattr(dialect, "is_async", False):  # this thread has no event loop: plain psycopg
+            plain = url.set(drivername="postgresql+psycopg").get_dialect()
+            dialect = plain(dbapi=plain.import_dbapi())
+        cargs, cparams = dialect.create_connect_args(url)
+        # The pool's connect timeout and keepalives (a silent network ends this connection too);
+        # no statement timeout: LISTEN waits by design. What the URL's query sets wins.
+        cparams.update(connect_args(url, connect_timeout=self.db.connect_timeout, statement_timeout=None))
+        return dialect.connect(*cargs, **cparams)
 
     def _listen_forever(self) -> None:
         backoff = 0.5
@@ -322,7 +351,7 @@ class Wakeups:
         payload = f"{self.namespace}\x1f{key}"
         prefix = f"{self.namespace}\x1f"
         start = time.monotonic()
-        self.db.run(lambda conn: self._send_probe(conn, key))
+        self._send_probe_now(key)
         # The wait starts once the notification is committed: opening a pooled connection for the
         # send can take a while on a loaded machine, and says nothing about delivery.
         deadline = time.monotonic() + self.probe_timeout

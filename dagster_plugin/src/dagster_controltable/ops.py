@@ -23,7 +23,6 @@ from dagster import (
 )
 
 from controltable import ControlTableError, LeaseLost
-from controltable.compat import renamed
 
 from . import defaults
 from .resource import ControlTableResource, batch_metadata
@@ -56,7 +55,6 @@ def build_batch_op(
     description: Optional[str] = None,
     tags: Optional[dict[str, Any]] = None,
     owner: Optional[str] = None,
-    schema: Optional[str] = None,
     interrupt: Optional[bool] = None,
     **event_options: Any,
 ) -> OpDefinition:
@@ -72,7 +70,7 @@ def build_batch_op(
     The op's output is a summary dict; its metadata holds the table, the batch count, the event
     count, the fencing tokens and the keys (first 100). The op has an optional ``start_after``
     input of type ``Nothing`` for ordering it after another op. ``table_schema`` is the event
-    table's schema (``schema=``: its deprecated old name). ``owner`` (default: the step's holder
+    table's schema. ``owner`` (default: the step's holder
     id, ``dagster:<run id>:<step key>``) is recorded on the claimed rows.
 
     Each batch's lease is renewed in the background while ``process`` runs; if it is found lost
@@ -80,7 +78,6 @@ def build_batch_op(
     fails naming the lease loss. ``interrupt=False`` (default: the resource's
     ``interrupt_on_lease_loss``) lets it run on.
     """
-    table_schema = renamed("build_batch_op", "schema", schema, "table_schema", table_schema)
     op_name = name or f"process_{table}"
 
     @op(
@@ -150,7 +147,6 @@ def build_worklist_op(
     description: Optional[str] = None,
     tags: Optional[dict[str, Any]] = None,
     owner: Optional[str] = None,
-    poll: Optional[float] = None,
     interrupt: Optional[bool] = None,
 ) -> OpDefinition:
     """An op that allocates items of ``worklist`` in order until none are left.
@@ -161,9 +157,9 @@ def build_worklist_op(
     the item's token). If ``process`` raises, the item is marked as error and the op fails: the
     list then stops at that order until the error is cleared, which is the work list's contract.
     ``timeout`` bounds how long the op waits while other workers hold the current order's items;
-    ``poll_interval`` (default: the core's) is how often it looks while it waits without a wake-up
-    (``poll=``: its deprecated old name). ``owner`` (default: the step's holder id,
-    ``dagster:<run id>:<step key>``) is who the items are allocated to.
+    ``poll_interval`` (default: the core's) is how often it looks while it waits without a wake-up.
+    ``owner`` (default: the step's holder id, ``dagster:<run id>:<step key>``) is who the items
+    are allocated to.
 
     Each item's lease is renewed in the background while ``process`` runs (``item.renewing()``);
     if it is found lost or expired, ``process`` is interrupted
@@ -171,7 +167,6 @@ def build_worklist_op(
     the item to whoever holds it now. ``interrupt=False`` (default: the resource's
     ``interrupt_on_lease_loss``) lets it run on; the fenced completion then fails.
     """
-    poll_interval = renamed("build_worklist_op", "poll", poll, "poll_interval", poll_interval)
     op_name = name or f"work_{worklist}"
 
     @op(

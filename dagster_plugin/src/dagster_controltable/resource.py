@@ -17,7 +17,6 @@ run config (:mod:`.run_config`) and text (:mod:`.text`). Their public names are 
 
 import logging
 import sys
-import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar, Union
 
@@ -28,7 +27,7 @@ from dagster import (
     MetadataValue,
     RetryRequested,
 )
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr
 
 from controltable import (
     ConfigurationError,
@@ -40,7 +39,6 @@ from controltable import (
     NotInstalledError,
     ResourceStatus,
 )
-from controltable.compat import renamed
 from controltable.errors import safe_url
 
 from . import defaults, waiting
@@ -111,9 +109,6 @@ class ControlTableResource(ConfigurableResource):
                                                           "everyone who must share a limit uses the same one.")
     control_schema: Optional[str] = Field(default=None, description="Database schema holding the control tables "
                                                                     "(default: the connection's default schema).")
-    schema_: Optional[str] = Field(default=None, alias="schema",
-                                   description="Deprecated old name of control_schema (it named the control "
-                                               "tables' schema, never an event table's).")
     default_lease: float = Field(default=DEFAULT_LEASE, description="Seconds a slot lease lasts between renewals; "
                                  "a holder that dies frees its slot after at most this long.")
     prefix: str = Field(default="ct_", description="Name prefix of the control tables.")
@@ -143,21 +138,6 @@ class ControlTableResource(ConfigurableResource):
     _instance: Any = PrivateAttr(default=None)
     _log: Any = PrivateAttr(default=None)
     _namespace_note: Optional[str] = PrivateAttr(default=None)
-
-    @model_validator(mode="after")
-    def _renamed_schema(self) -> "ControlTableResource":
-        """``schema`` is the deprecated name of ``control_schema``: the same vocabulary as the Airflow provider."""
-        if self.schema_ is not None:
-            if self.control_schema is not None:
-                raise ValueError("give control_schema only (schema is its deprecated old name)")
-            warnings.warn("ControlTableResource: schema is deprecated, use control_schema (same meaning)",
-                          DeprecationWarning, stacklevel=2)
-        return self
-
-    @property
-    def control_tables_schema(self) -> Optional[str]:
-        """The schema of the control tables: ``control_schema``, or the deprecated ``schema``."""
-        return self.control_schema if self.control_schema is not None else self.schema_
 
     # -- lifecycle -----------------------------------------------------------------------------
     def setup_for_execution(self, context: InitResourceContext) -> None:
@@ -213,7 +193,7 @@ class ControlTableResource(ConfigurableResource):
         if self._ct is not None:
             return
         try:
-            self._ct = ControlTable(self._url(), namespace=self.namespace, schema=self.control_tables_schema,
+            self._ct = ControlTable(self._url(), namespace=self.namespace, schema=self.control_schema,
                                     prefix=self.prefix, listen_url=self.listen_url, **self._timeouts())
             self._setup_error = None
         except (ControlTableError, ImportError) as exc:
@@ -364,7 +344,7 @@ class ControlTableResource(ConfigurableResource):
             ct = self.control_table
             return self._call(action, lambda: ct.release_holders(run_holder_prefix(run_id)))
         try:
-            with ControlTable(self._url(), namespace=namespace, schema=self.control_tables_schema, prefix=self.prefix,
+            with ControlTable(self._url(), namespace=namespace, schema=self.control_schema, prefix=self.prefix,
                               **self._timeouts()) as other:
                 return other.release_holders(run_holder_prefix(run_id))
         except ControlTableError as exc:
@@ -503,7 +483,7 @@ class ControlTableResource(ConfigurableResource):
                 lambda retries, when: self.withdraw_if_run_ended(instance, retries=retries, when=when),
                 lambda: self._ct is not None, self._run_id)
         else:
-            control = {"url": self.url, "namespace": self.namespace, "schema": self.control_tables_schema,
+            control = {"url": self.url, "namespace": self.namespace, "schema": self.control_schema,
                        "prefix": self.prefix}
             watch_from_outside(self._instance, self._run_id, control, who, names(resource), names_list(resource),
                                seconds, pickup)
@@ -517,7 +497,6 @@ class ControlTableResource(ConfigurableResource):
         order_by: Optional[str] = None,
         table_schema: Optional[str] = None,
         prepare: bool = False,
-        schema: Optional[str] = None,
         **options: Any,
     ) -> EventTable:
         """Batch claiming on the user's table ``table`` (core ``ControlTable.events``), checked now.
@@ -526,20 +505,20 @@ class ControlTableResource(ConfigurableResource):
         claim columns fail the step with the fix rather than at the first claim. ``prepare=True``
         adds missing claim columns and the claim index first (idempotent; needs DDL rights).
         ``table_schema`` is the event table's schema (the resource's ``control_schema`` is the
-        control tables'); ``schema=`` is its deprecated old name. ``options`` go to the core
+        control tables'). ``options`` go to the core
         (``max_attempts``, ``backoff``, ``lease``, ``time_column``, ``where``...).
         """
-        schema = renamed("ControlTableResource.events", "schema", schema, "table_schema", table_schema)
         ct = self.control_table
         try:  # reuse the reflected table within this process (e.g. one claim per batch of a drain)
-            cache_key: Optional[tuple[Any, ...]] = (table, key, order_by, schema, tuple(sorted(options.items())))
+            cache_key: Optional[tuple[Any, ...]] = (table, key, order_by, table_schema,
+                                                 tuple(sorted(options.items())))
             hash(cache_key)
         except TypeError:  # e.g. a where= expression
             cache_key = None
         if cache_key is not None and not prepare and cache_key in self._events:
             return self._events[cache_key]
         action = f"opening event table {table!r}"
-        events = self._call(action, lambda: ct.events(table, key=key, order_by=order_by, table_schema=schema,
+        events = self._call(action, lambda: ct.events(table, key=key, order_by=order_by, table_schema=table_schema,
                                                       **options))
         if prepare:
             self._call(f"preparing event table {table!r}", events.prepare)
@@ -559,7 +538,6 @@ class ControlTableResource(ConfigurableResource):
         table_schema: Optional[str] = None,
         owner: Optional[str] = None,
         lease: Optional[float] = None,
-        schema: Optional[str] = None,
         interrupt: Optional[bool] = None,
         **options: Any,
     ) -> Iterator[Optional[Batch]]:
@@ -570,7 +548,7 @@ class ControlTableResource(ConfigurableResource):
         is completed. An exception in the block gives the rows back for a retry after the
         table's back-off (counting an attempt); a cancelled run gives them back untouched.
         If the block already finished the batch (e.g. with ``batch.transaction()``), that stands.
-        ``table_schema`` is the event table's schema (``schema=``: its deprecated old name).
+        ``table_schema`` is the event table's schema.
 
         The batch's lease is renewed in the background while the block runs (``batch.renewing()``);
         if it is found lost or expired, the block is interrupted with
@@ -578,8 +556,7 @@ class ControlTableResource(ConfigurableResource):
         touching the rows another worker may hold now. ``interrupt=False`` (default: the
         resource's ``interrupt_on_lease_loss``) lets the block run on; the fenced completion then fails.
         """
-        schema = renamed("ControlTableResource.claim_batch", "schema", schema, "table_schema", table_schema)
-        events = self.events(table, key=key, order_by=order_by, table_schema=schema, **options)
+        events = self.events(table, key=key, order_by=order_by, table_schema=table_schema, **options)
         who = owner or self.default_holder()
         batch = self._call(f"claiming from {table!r}", lambda: events.claim(size, owner=who, lease=lease))
         if batch is None:

@@ -30,7 +30,6 @@ from dagster import (
 )
 
 from controltable import ControlTableError
-from controltable.compat import renamed
 
 from . import defaults
 from .resource import ControlTableResource
@@ -129,19 +128,17 @@ def pending_events_sensor(
     default_status: DefaultSensorStatus = DefaultSensorStatus.STOPPED,
     description: Optional[str] = None,
     time_column: Optional[str] = None,
-    schema: Optional[str] = None,
 ) -> SensorDefinition:
     """A sensor that requests ``job`` when ``table`` has at least ``min_events`` claimable events.
 
     The job should drain the table (e.g. with :func:`build_batch_op`). ``rerequest_after`` is
     how long to wait for a requested run to appear in this instance before assuming it was lost
     and requesting the backlog again; a run that is known and still queued or running always
-    blocks a second request for the same backlog. ``table_schema`` is the event table's schema
-    (``schema=``: its deprecated old name). A skip reason says what the events that are not
+    blocks a second request for the same backlog. ``table_schema`` is the event table's schema.
+    A skip reason says what the events that are not
     claimable wait for, and how old the oldest pending one is when ``time_column`` names the
     column holding each event's time.
     """
-    schema = renamed("pending_events_sensor", "schema", schema, "table_schema", table_schema)
     if min_events < 1:
         raise ValueError(f"min_events must be at least 1, got {min_events}")
     sensor_name = name or f"{table}_pending_events"
@@ -158,10 +155,11 @@ def pending_events_sensor(
         # Dagster passes required resources as keyword arguments when the sensor is called directly
         # (tests), and through context.resources when the daemon evaluates a tick.
         resource: ControlTableResource = resources.get(resource_key) or getattr(context.resources, resource_key)
-        count, newest = _backlog(resource, table, key, order_by, schema, time_column)
+        count, newest = _backlog(resource, table, key, order_by, table_schema, time_column)
         if count < min_events:
+            waiting = _waiting_for(resource, table, key, order_by, table_schema, count, time_column)
             return SkipReason(f"{count} claimable event(s) in {table!r}, fewer than min_events={min_events}; "
-                              f"others: {_waiting_for(resource, table, key, order_by, schema, count, time_column)}")
+                              f"others: {waiting}")
         signature = json.dumps(newest if isinstance(newest, (int, float, str, bool)) else str(newest))
         cursor = _load_cursor(context.cursor)
         seq = int(cursor.get("seq", 0))

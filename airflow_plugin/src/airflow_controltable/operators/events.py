@@ -15,7 +15,6 @@ from airflow.sdk import Context
 from airflow_controltable.exceptions import ControlTableConfigError
 from airflow_controltable.operators.base import ControlTableBaseOperator
 from airflow_controltable.utils import airflow_errors, load_handles, task_instance_holder
-from controltable.compat import renamed
 
 
 def _check_positive(name: str, value: Any) -> int:
@@ -55,14 +54,13 @@ class _EventOperator(ControlTableBaseOperator):
         return self._table().events(table, key=key, order_by=order_by, table_schema=table_schema, **self._policy())
 
     def _batch(self, handle: dict[str, Any]) -> Any:
-        """Rebuild a claimed batch from its handle (which carries the table, key and ``table_schema``;
-        handles of earlier releases carry only its old name ``schema``, read too)."""
+        """Rebuild a claimed batch from its handle (which carries the table, key and ``table_schema``)."""
         if "table" not in handle or "key" not in handle:
             raise ControlTableConfigError(
                 f"batch handle {handle!r} has no table/key; pass the handles ClaimBatchOperator returned"
             )
-        table_schema = handle.get("table_schema") or handle.get("schema")
-        return self._events(handle["table"], handle["key"], handle.get("order_by"), table_schema).batch(handle)
+        return self._events(handle["table"], handle["key"], handle.get("order_by"),
+                            handle.get("table_schema")).batch(handle)
 
 
 class ClaimBatchOperator(_EventOperator):
@@ -78,7 +76,7 @@ class ClaimBatchOperator(_EventOperator):
     :param lease: seconds the rows stay claimed; must cover processing and completion. When it
         runs out the rows become claimable again and completing the old batch fails.
     :param include_rows: also put the claimed rows in the handles (keep batches small then).
-    :param table_schema: the event table's schema (templated; ``schema=`` is its deprecated old name).
+    :param table_schema: the event table's schema (templated).
     :param batch_owner: who claims (default: the task instance); not ``owner``, which every Airflow
         operator already has for the task's owner.
     """
@@ -99,7 +97,6 @@ class ClaimBatchOperator(_EventOperator):
         lease: Optional[float] = None,
         include_rows: bool = False,
         prepare: bool = False,
-        schema: Optional[str] = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -108,7 +105,7 @@ class ClaimBatchOperator(_EventOperator):
         self.size = size
         self.max_batches = max_batches
         self.order_by = order_by
-        self.table_schema = renamed("ClaimBatchOperator", "schema", schema, "table_schema", table_schema)
+        self.table_schema = table_schema
         self.batch_owner = batch_owner
         self.lease = lease
         self.include_rows = include_rows

@@ -48,11 +48,11 @@ from airflow_controltable.exceptions import ControlTableAcquireTimeout, ControlT
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
 from airflow_controltable.kill import WORK_ENDED_KEY, WorkStopper
 from airflow_controltable.operators.base import ControlTableBaseOperator
+from airflow_controltable.resume_race import deferral_facts
 from airflow_controltable.utils import (
     airflow_errors,
     check_wait_args,
     dag_run_holder,
-    deferral_facts,
     slot_priority,
     start_renewing,
     task_instance_holder,

@@ -11,9 +11,9 @@ from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 from airflow_controltable.defaults import DEFAULT_EVENTS_POKE_INTERVAL, DEFAULT_EVENTS_TRIGGER_POLL_INTERVAL
 from airflow_controltable.exceptions import ControlTableConfigError
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
+from airflow_controltable.resume_race import deferral_facts
 from airflow_controltable.triggers.events import PendingEventsTrigger
-from airflow_controltable.utils import airflow_errors, deferral_facts, trigger_failure
-from controltable.compat import renamed
+from airflow_controltable.utils import airflow_errors, trigger_failure
 
 
 class PendingEventsSensor(UsesControlTable, BaseSensorOperator):
@@ -41,7 +41,6 @@ class PendingEventsSensor(UsesControlTable, BaseSensorOperator):
         deferrable: bool = False,
         poke_interval: float = DEFAULT_EVENTS_POKE_INTERVAL,
         poll_interval: Optional[float] = None,
-        schema: Optional[str] = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
@@ -51,8 +50,8 @@ class PendingEventsSensor(UsesControlTable, BaseSensorOperator):
         self.key = key
         self.min_events = min_events
         self.order_by = order_by
-        #: The event table's schema (``schema=`` is its deprecated old name).
-        self.table_schema = renamed("PendingEventsSensor", "schema", schema, "table_schema", table_schema)
+        #: The event table's schema.
+        self.table_schema = table_schema
         self.conn_id = conn_id
         self.namespace = namespace
         self.control_schema = control_schema

@@ -25,12 +25,12 @@ from airflow_controltable.defaults import (
 )
 from airflow_controltable.exceptions import ControlTableLeaseLost
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
+from airflow_controltable.resume_race import deferral_facts
 from airflow_controltable.triggers.slot import SlotTrigger, lease_payload
 from airflow_controltable.utils import (
     airflow_errors,
     check_wait_args,
     dag_run_holder,
-    deferral_facts,
     slot_priority,
     trigger_failure,
     try_number,

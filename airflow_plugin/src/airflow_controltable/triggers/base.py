@@ -11,8 +11,9 @@ listening connection. A trigger registers a callback for the wake-up keys of its
 event loop with ``loop.call_soon_threadsafe``. The trigger then re-checks at once. Without push
 (SQLite, MySQL, a listener that is reconnecting) the trigger polls every ``poll_interval``; with
 push it still re-checks every ``refresh_interval`` to keep its queue entry alive and to cover a
-lost notification. Database calls are short and run in the default thread pool
-(``asyncio.to_thread``); no trigger ever blocks a thread while it waits.
+lost notification. Checks run on the core's asyncio API (:class:`controltable.aio.AsyncControlTable`,
+one per shared table and event loop, over the async driver): no thread is used per check, and no
+trigger ever blocks a thread while it waits.
 
 Every event waits first until firing cannot make Airflow's scheduler fail the resumed task (the
 workaround in :mod:`airflow_controltable.resume_race`).
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any, Callable, Optional
 
@@ -32,13 +34,15 @@ from airflow_controltable.defaults import DEFAULT_REFRESH_INTERVAL, DEFAULT_TRIG
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
 from airflow_controltable.resume_race import SettleBeforeFiring, in_deferring_process
 from controltable import DatabaseUnavailableError
+from controltable.aio import AsyncControlTable
 from controltable.errors import is_retryable
 
-log = logging.getLogger("airflow_controltable.triggers.controltable")  # the triggers' logger, as before
+log = logging.getLogger("airflow_controltable.triggers")  # one logger for the triggers' wait
 
-#: Where a trigger class's ``serialize()`` says it lives: the module Airflow has stored in its
-#: database since the first release (it re-exports every trigger), so stored triggers keep loading.
-CLASSPATH_MODULE = "airflow_controltable.triggers.controltable"
+#: The async twin of each shared table, per event loop (a triggerer runs one loop; its pool and
+#: listener are bound to it): every trigger of the loop shares one pool and one listener.
+_ASYNC: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, AsyncControlTable]] = (
+    weakref.WeakKeyDictionary())
 
 
 class _ControlTableTrigger(SettleBeforeFiring, UsesControlTable, BaseTrigger):
@@ -67,6 +71,7 @@ class _ControlTableTrigger(SettleBeforeFiring, UsesControlTable, BaseTrigger):
         # ``not_before`` and the deferring process's facts: when an event may fire (resume_race).
         self._init_settle(deferral, not_before)
         self._ct: Any = None
+        self._act: Optional[AsyncControlTable] = None
         #: How the last wake-ups came (for tests and logs): checks made, and how many a push caused.
         self.checks = 0
         self.pushed = 0
@@ -89,14 +94,25 @@ class _ControlTableTrigger(SettleBeforeFiring, UsesControlTable, BaseTrigger):
             self._ct = self._table()
         return self._ct
 
+    async def _shared_async(self) -> AsyncControlTable:
+        """The asyncio API over the shared table's database and settings, shared by this loop's triggers."""
+        if self._act is None:
+            table = await asyncio.to_thread(self._shared_table)
+            twins = _ASYNC.setdefault(asyncio.get_running_loop(), {})
+            found = twins.get(id(table))
+            if found is None:  # made here, with no await in between: one twin for all triggers
+                found = twins[id(table)] = AsyncControlTable.from_control_table(table)  # no I/O yet
+            self._act = found
+        return self._act
+
     def _wakeup_keys(self, table: Any) -> list[str]:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _check(self) -> Optional[dict[str, Any]]:  # pragma: no cover - abstract
+    async def _check(self) -> Optional[dict[str, Any]]:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _on_timeout(self) -> None:
-        """Called (in a thread) when the deadline passes: withdraw whatever the wait left behind."""
+    async def _on_timeout(self) -> None:
+        """Called when the deadline passes: withdraw whatever the wait left behind."""
 
     async def _subscribe(self, loop: asyncio.AbstractEventLoop, woken: asyncio.Event) -> Optional[Callable[[], None]]:
         """Register for pushes; None when the table offers none (polling only)."""
@@ -108,7 +124,7 @@ class _ControlTableTrigger(SettleBeforeFiring, UsesControlTable, BaseTrigger):
                 pass
 
         try:
-            table = await asyncio.to_thread(self._shared_table)
+            table = (await self._shared_async()).sync
             keys = self._wakeup_keys(table)
             return await asyncio.to_thread(table.add_wakeup_listener, keys, on_push)
         except Exception as exc:  # no push: polling still works
@@ -118,7 +134,8 @@ class _ControlTableTrigger(SettleBeforeFiring, UsesControlTable, BaseTrigger):
 
     async def _push_active(self) -> bool:
         try:
-            return bool(await asyncio.to_thread(lambda: self._shared_table().push_active))
+            table = (await self._shared_async()).sync
+            return bool(await asyncio.to_thread(lambda: table.push_active))
         except Exception:
             return False
 
@@ -143,7 +160,7 @@ class _ControlTableTrigger(SettleBeforeFiring, UsesControlTable, BaseTrigger):
                 woken.clear()  # before the check, so a push during the check is not lost
                 self.checks += 1
                 try:
-                    result = await asyncio.to_thread(self._check)
+                    result = await self._check()
                 except DatabaseUnavailableError as exc:
                     # The queue place survives for waiter_ttl; keep trying rather than fail the task.
                     log.warning("controltable: database unavailable, will retry: %s", exc)
@@ -161,7 +178,7 @@ class _ControlTableTrigger(SettleBeforeFiring, UsesControlTable, BaseTrigger):
                 if self.deadline is not None:
                     left = self.deadline - time.time()
                     if left <= 0:
-                        await asyncio.to_thread(self._on_timeout)
+                        await self._on_timeout()
                         await self._settle(watcher, observer)
                         yield {"status": "timeout", "message": "gave up waiting: the task's wait timeout passed"}
                         return

@@ -9,16 +9,14 @@ from airflow.triggers.base import TriggerEvent
 
 from airflow_controltable.defaults import DEFAULT_EVENTS_TRIGGER_POLL_INTERVAL, DEFAULT_REFRESH_INTERVAL
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID
-from airflow_controltable.triggers.base import CLASSPATH_MODULE, _ControlTableTrigger
-from controltable.compat import renamed
+from airflow_controltable.triggers.base import _ControlTableTrigger
 
 
 class PendingEventsTrigger(_ControlTableTrigger):
     """Wait until at least ``min_events`` rows of an event table are claimable.
 
     Checks every ``poll_interval``, and at once when a producer pushes (``EventTable.notify()``)
-    or a batch is given back. ``table_schema`` is the event table's schema (``schema=`` is its
-    deprecated old name, still accepted: triggers stored by earlier releases carry it).
+    or a batch is given back. ``table_schema`` is the event table's schema.
     """
 
     def __init__(
@@ -37,7 +35,6 @@ class PendingEventsTrigger(_ControlTableTrigger):
         deadline: Optional[float] = None,
         not_before: Optional[float] = None,
         deferral: Optional[dict[str, Any]] = None,
-        schema: Optional[str] = None,
     ) -> None:
         super().__init__(conn_id=conn_id, namespace=namespace, control_schema=control_schema,
                          poll_interval=poll_interval, refresh_interval=refresh_interval, deadline=deadline,
@@ -47,16 +44,11 @@ class PendingEventsTrigger(_ControlTableTrigger):
         self.min_events = int(min_events)
         self.order_by = order_by
         #: The event table's schema.
-        self.table_schema = renamed("PendingEventsTrigger", "schema", schema, "table_schema", table_schema)
-
-    @property
-    def schema(self) -> Optional[str]:
-        """Deprecated name of :attr:`table_schema` (read-only)."""
-        return self.table_schema
+        self.table_schema = table_schema
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
-            f"{CLASSPATH_MODULE}.PendingEventsTrigger",
+            f"{__name__}.PendingEventsTrigger",
             {
                 "table": self.table,
                 "key": self.key,
@@ -78,8 +70,10 @@ class PendingEventsTrigger(_ControlTableTrigger):
     def _wakeup_keys(self, table: Any) -> list[str]:
         return list(self._events().wakeup_keys())
 
-    def _check(self) -> Optional[dict[str, Any]]:
-        count = self._events().pending_count()
+    async def _check(self) -> Optional[dict[str, Any]]:
+        act = await self._shared_async()
+        count = await act.events(self.table, key=self.key, order_by=self.order_by,
+                                 table_schema=self.table_schema).pending_count()
         if count < self.min_events:
             return None
         return {"status": "ready", "pending": count}

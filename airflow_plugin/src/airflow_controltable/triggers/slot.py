@@ -10,10 +10,10 @@ from airflow.triggers.base import TriggerEvent
 
 from airflow_controltable.defaults import DEFAULT_MODE, DEFAULT_REFRESH_INTERVAL, DEFAULT_TRIGGER_POLL_INTERVAL
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID
-from airflow_controltable.triggers.base import CLASSPATH_MODULE, _ControlTableTrigger
+from airflow_controltable.triggers.base import _ControlTableTrigger
 from airflow_controltable.utils import check_wait_args
 
-log = logging.getLogger("airflow_controltable.triggers.controltable")  # the triggers' logger, as before
+log = logging.getLogger("airflow_controltable.triggers")  # one logger for the triggers' wait
 
 
 def lease_payload(lease: Any) -> dict[str, Any]:
@@ -81,7 +81,7 @@ class SlotTrigger(_ControlTableTrigger):
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
-            f"{CLASSPATH_MODULE}.SlotTrigger",
+            f"{__name__}.SlotTrigger",
             {
                 "resource": self.resource,
                 "holder": self.holder,
@@ -100,11 +100,12 @@ class SlotTrigger(_ControlTableTrigger):
     def _wakeup_keys(self, table: Any) -> list[str]:
         return list(table.wakeup_keys(self.resource, self.holder))
 
-    def _check(self) -> Optional[dict[str, Any]]:
+    async def _check(self) -> Optional[dict[str, Any]]:
         options: dict[str, Any] = {"attempt": self.attempt, "priority": self.priority}
         if self.pickup is not None:
             options["pickup"] = self.pickup
-        lease = self._shared_table().try_acquire(
+        act = await self._shared_async()
+        lease = await act.try_acquire(
             self.resource, holder=self.holder, slots=self.slots, mode=self.slot_mode,
             lease=self.lease, waiter_ttl=self.waiter_ttl, **options,
         )
@@ -112,10 +113,10 @@ class SlotTrigger(_ControlTableTrigger):
             return None
         return {"status": "granted", **lease_payload(lease)}
 
-    def _on_timeout(self) -> None:
+    async def _on_timeout(self) -> None:
         if self.withdraw_on_timeout:
             try:
-                self._shared_table().release(self.resource, self.holder)
+                await (await self._shared_async()).release(self.resource, self.holder)
             except Exception as exc:  # the entry expires after waiter_ttl anyway
                 log.warning("controltable: could not withdraw %r from %r: %s", self.holder, self.resource, exc)
 

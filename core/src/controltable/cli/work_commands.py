@@ -204,11 +204,11 @@ def wl_allocate(obj: CT, name: str, owner: Optional[str], lease: float) -> None:
 
 
 def _item_command(name: str, help_text: str, action: Callable[[Any, Optional[str]], None],
-                  reason: bool = False, hidden: bool = False) -> None:
+                  reason: bool = False) -> None:
     # Only `fail` keeps a reason: an option the other commands would ignore is not offered.
     why = click.option("--reason", required=True, help="Why the item failed; kept with it and shown by status.")
 
-    @worklist.command(name, help=help_text, hidden=hidden)
+    @worklist.command(name, help=help_text)
     @click.argument("worklist_name", metavar="NAME")
     @click.argument("item_id", type=int)
     @click.option("--token", type=int, default=None, help="Token from allocate (fences the call).")
@@ -225,14 +225,6 @@ _item_command("complete", "Mark item ITEM_ID of NAME done.", lambda item, _r: it
 _item_command("fail", "Mark item ITEM_ID of NAME as error (blocks later orders).",
               lambda item, r: item.fail(r or ""), reason=True)
 _item_command("release", "Give item ITEM_ID of NAME back, untouched.", lambda item, _r: item.release())
-
-
-def _free_deprecated(item: Any, _reason: Optional[str]) -> None:
-    err.print("`controltable worklist free` is deprecated; use `controltable worklist release`", highlight=False)
-    item.release()
-
-
-_item_command("free", "Deprecated: use `release`.", _free_deprecated, hidden=True)
 
 
 @worklist.command("reset")

@@ -21,6 +21,7 @@ from .statements import (
     PENDING,
     STATE_NAMES,
     ClaimColumns,
+    EventStatements,
     Where,
     claim_columns,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "ERROR",
     "ERROR_LENGTH",
     "EXPIRED_CHECK_INTERVAL",
+    "EventStatements",
     "EventStats",
     "EventTable",
     "PENDING",

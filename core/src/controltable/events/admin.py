@@ -10,15 +10,23 @@ from datetime import datetime, timezone
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
-from sqlalchemy import Table
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..clock import clock, read_now
 from ..db import Database
 from ..validation import check_positive_int
-from . import statements as sql
-from .statements import CLAIMED, ERROR, STATE_NAMES, ClaimColumns, Where
+from .statements import (
+    CLAIMED,
+    ERROR,
+    STATE_NAMES,
+    ClaimColumns,
+    EventStatements,
+    Where,
+    reap_values,
+    reset_values,
+    retry_values,
+)
 from .values import EventStats
 
 
@@ -28,35 +36,27 @@ class EventAdministration:
     if TYPE_CHECKING:  # provided by EventTable
         db: Database
         cols: ClaimColumns
-        key: str
-        order_by: str
         time_column: Optional[str]
 
         @property
-        def table(self) -> Table: ...
+        def sql(self) -> EventStatements: ...
 
         @property
         def qualified_name(self) -> str: ...
-
-        def _where_clause(self, where: Where) -> list[ColumnElement[Any]]: ...
-
-        def _is(self, state: int) -> ColumnElement[bool]: ...
-
-        def _col(self, name: str) -> Any: ...
 
         def _key_chunks(self, keys: Sequence[Any]) -> Iterator[list[Any]]: ...
 
     def stats(self) -> EventStats:
         """Counts per state (claimed rows whose lease ran out count as ``expired`` too)."""
-        t, cols = self.table, self.cols
+        q = self.sql
 
         def fn(conn: Connection) -> EventStats:
             now = read_now(conn)
             st = EventStats(self.qualified_name)
-            for row in conn.execute(sql.counts_by_state(t, cols)):
+            for row in conn.execute(q.counts_by_state()):
                 setattr(st, STATE_NAMES.get(int(row[0]), "error"), int(row[1]))
-            st.expired = int(conn.scalar(sql.count_expired(t, cols, now)) or 0)
-            first = conn.execute(sql.oldest_pending(t, cols, self.key, self.order_by, self.time_column)).first()
+            st.expired = int(conn.scalar(q.count_expired(now)) or 0)
+            first = conn.execute(q.oldest_pending()).first()
             if first is not None:
                 st.oldest_pending_key = first[0]
                 if self.time_column is not None and first[1] is not None:
@@ -71,7 +71,7 @@ class EventAdministration:
         For status pages and alerts: which events gave up and why, without the caller writing SQL
         against the claim columns. At most ``limit`` rows.
         """
-        stmt = sql.error_rows(self.table, self.cols, self.key, self.order_by, check_positive_int("limit", limit))
+        stmt = self.sql.error_rows(check_positive_int("limit", limit))
         rows = self.db.run(lambda c: list(c.execute(stmt).all()))
         return [{"key": r[0], "attempts": int(r[1] or 0), "error": r[2]} for r in rows]
 
@@ -80,21 +80,20 @@ class EventAdministration:
 
         Sensors use the pair as a run key: a new key means new work arrived.
         """
-        t = self.table
+        q = self.sql
 
         def fn(conn: Connection) -> tuple[int, Any]:
-            row = conn.execute(sql.backlog(t, self.cols, self.order_by, read_now(conn),
-                                           self._where_clause(where))).one()
+            row = conn.execute(q.backlog(read_now(conn), where)).one()
             return int(row[0] or 0), row[1]
 
         return self.db.run(fn)
 
     def pending_count(self, where: Where = None) -> int:
         """How many rows a claim could take right now."""
-        t = self.table
+        q = self.sql
 
         def fn(conn: Connection) -> int:
-            return int(conn.scalar(sql.pending_count(t, self.cols, read_now(conn), self._where_clause(where))) or 0)
+            return int(conn.scalar(q.pending_count(read_now(conn), where)) or 0)
 
         return self.db.run(fn)
 
@@ -104,18 +103,18 @@ class EventAdministration:
         One statement where the backend allows it. On SQL Server, which escalates a statement
         taking about 5,000 row locks to a table lock and whose reported row counts are not
         trusted, the rows are paged by key: each transaction locks at most
-        ``Traits.rows_per_statement`` rows, updates them by key and counts them itself.
+        the traits' ``rows_per_statement`` rows, updates them by key and counts them itself.
         """
-        t = self.table
-        cap = self.db.traits.rows_per_statement
+        q = self.sql
+        cap = q.traits.rows_per_statement
         if cap is None:
-            return self.db.run(lambda c: int(c.execute(sql.update_where(t, conditions, values)).rowcount))
+            return self.db.run(lambda c: int(c.execute(q.update_where(conditions, values)).rowcount))
         total, last = 0, None
         while True:
             def page(conn: Connection, after: Any = last) -> list[Any]:
-                found = [r[0] for r in conn.execute(sql.page_keys(t, self.key, conditions, after, cap))]
+                found = [r[0] for r in conn.execute(q.page_keys(conditions, after, cap))]
                 for chunk in self._key_chunks(found):
-                    conn.execute(sql.update_keys(t, self.key, chunk, values, *conditions))
+                    conn.execute(q.update_keys(chunk, values, *conditions))
                 return found
 
             keys = self.db.run(page)
@@ -126,16 +125,16 @@ class EventAdministration:
 
     def retry_errors(self, where: Where = None) -> int:
         """Put error rows back to pending with their attempts reset."""
-        return self._update_where([self._is(ERROR), *self._where_clause(where)], sql.retry_values(self.cols))
+        return self._update_where([self.sql.is_state(ERROR), *self.sql.where_clauses(where)], retry_values(self.cols))
 
     def reap(self) -> int:
         """Return expired claims to pending now (claims would take them anyway); returns how many."""
-        return self._update_where([self._is(CLAIMED), self._col("expires_at") < clock()],
-                                  sql.reap_values(self.cols))
+        return self._update_where([self.sql.is_state(CLAIMED), self.sql.col("expires_at") < clock()],
+                                  reap_values(self.cols))
 
     def reset(self) -> int:
         """Every row back to pending, attempts cleared (for reprocessing a table from scratch)."""
-        return self._update_where([], sql.reset_values(self.cols))
+        return self._update_where([], reset_values(self.cols))
 
 
 def _age(value: Any, now: float) -> Optional[float]:

@@ -301,8 +301,7 @@ def invalid_index_names(conn: Connection, name: str, schema: Optional[str]) -> s
     left invalid. ``prepare()`` drops and rebuilds them rather than take them for done."""
     if not dialects.traits(conn.dialect.name).concurrent_index:
         return set()
-    query, params = invalid_indexes(name, schema)
-    return {str(r[0]) for r in conn.execute(query, params)}
+    return {str(r[0]) for r in conn.execute(invalid_indexes(name, schema))}
 
 
 def missing_ddl(

@@ -20,7 +20,7 @@ def backoff_schedule(max_attempts: int, backoff: float, max_backoff: float) -> l
     A row failed after ``n`` attempts waits the delay of the first entry whose attempts are at
     least ``n``; past the last entry it waits ``max_backoff``; at ``max_attempts`` it goes to
     the error state instead (decided in SQL from the row's stored attempts, see
-    :func:`controltable.events.statements.fail_values`). The list stops at the first delay
+    :meth:`controltable.events.statements.EventStatements.fail_values`). The list stops at the first delay
     that reaches ``max_backoff``, so it stays short however large ``max_attempts`` is.
     """
     if backoff <= 0:

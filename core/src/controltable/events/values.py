@@ -152,13 +152,12 @@ class Batch(BackgroundRenewal):
         Table, key column, keys, token and owner, plus the batch's history: ``attempts`` (a list
         parallel to ``keys``, as JSON object keys would turn integer keys into strings),
         ``claimed_at``, ``expires_at`` and ``lease`` (seconds). The event table's schema is
-        ``table_schema`` (also under its older key ``schema``, for readers of older handles).
+        ``table_schema``.
         ``ControlTable.events(h["table"], key=h["key"], ...).batch(h)`` rebuilds the batch elsewhere.
         """
         return {
             "table": self.events.name,
             "table_schema": self.events.table_schema,
-            "schema": self.events.table_schema,
             "key": self.events.key,
             "order_by": self.events.order_by,
             "keys": self.keys,

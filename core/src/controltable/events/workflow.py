@@ -21,7 +21,6 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from .. import dialects, errorcodes, tracing
 from ..clock import clock, read_now
-from ..compat import deprecated
 from ..db import Database
 from ..defaults import (
     DDL_BACKFILL_BATCH,
@@ -40,7 +39,7 @@ from ..errors import (
     describe_keys,
 )
 from ..holders import process_holder_id
-from ..runtime import Runtime, runtime_of
+from ..runtime import Runtime, check_runtime
 from ..validation import (
     check_batch_size,
     check_identifier,
@@ -52,10 +51,19 @@ from ..validation import (
     fail_reason,
 )
 from . import ddl
-from . import statements as sql
 from .admin import EventAdministration
 from .decisions import backoff_schedule, poisoned_keys, read_handle, storable_text
-from .statements import DONE, ERROR_LENGTH, ClaimColumns, Where
+from .statements import (
+    DONE,
+    ERROR_LENGTH,
+    ClaimColumns,
+    EventStatements,
+    Where,
+    chunks,
+    done_values,
+    poisoned_values,
+    renew_values,
+)
 from .values import Batch
 
 log = logging.getLogger("controltable")
@@ -71,16 +79,16 @@ class EventTable(EventAdministration):
     """Batch claiming over one of the user's tables.
 
     ``key`` must be unique (primary key or unique index). ``order_by`` (default: ``key``) sets
-    claim order. ``table_schema`` is the event table's schema (not the control tables'; the
-    older name ``schema`` still works, deprecated). ``where`` narrows what is claimable: an
-    expression over ``events.table`` or a callable that receives the table. ``time_column``
-    (optional) is the column holding each event's time, used by ``stats()`` for the oldest
-    pending age. The first argument is the ``ControlTable`` or its :class:`Runtime`.
+    claim order. ``table_schema`` is the event table's schema (not the control tables').
+    ``where`` narrows what is claimable: an expression over ``events.table`` or a callable that
+    receives the table. ``time_column`` (optional) is the column holding each event's time, used
+    by ``stats()`` for the oldest pending age. The first argument is the ``ControlTable``'s
+    :class:`Runtime` (``ct.events(...)`` passes it).
     """
 
     def __init__(
         self,
-        runtime: Any,
+        runtime: Runtime,
         table: str,
         *,
         key: str,
@@ -93,14 +101,8 @@ class EventTable(EventAdministration):
         lease: float = DEFAULT_BATCH_LEASE,
         time_column: Optional[str] = None,
         column_prefix: str = "ct_",
-        schema: Optional[str] = None,
     ) -> None:
-        if schema is not None:
-            deprecated("EventTable(schema=...)", "table_schema=")
-            if table_schema is not None and table_schema != schema:
-                raise ConfigurationError("give the event table's schema once, as table_schema")
-            table_schema = schema
-        self.runtime: Runtime = runtime_of(runtime)
+        self.runtime: Runtime = check_runtime(runtime)
         self.db: Database = self.runtime.db
         self.name = check_identifier("table", table)
         self.key = check_identifier("key column", key)
@@ -115,29 +117,16 @@ class EventTable(EventAdministration):
         #: The claim columns' names (see :class:`~controltable.events.statements.ClaimColumns`).
         self.cols = ClaimColumns(self.prefix)
         self._where = check_where(where)
-        self._table: Optional[Table] = None
+        #: The table's statements, bound once when the table is loaded (again after ``prepare()``).
+        self._sql: Optional[EventStatements] = None
         # One reflection at a time: threads sharing this object (claimers in a pool) would
         # otherwise reflect concurrently through one engine, which SQLAlchemy does not support.
         self._reflect_lock = threading.Lock()
-        #: SQL Server: whether the claim index exists, so claims may demand an index seek.
-        self._seekable = False
         self._next_expired_check = 0.0
         dialects.enable_fetch_limits(self.db.engine)
 
     def __repr__(self) -> str:
         return f"EventTable({self.qualified_name!r}, key={self.key!r}, order_by={self.order_by!r})"
-
-    @property
-    def schema(self) -> Optional[str]:
-        """Deprecated: the event table's schema is :attr:`table_schema`."""
-        deprecated("EventTable.schema", "EventTable.table_schema")
-        return self.table_schema
-
-    @property
-    def ct(self) -> Runtime:
-        """Deprecated: the engine works through :attr:`runtime` (database, tables, wake-ups)."""
-        deprecated("EventTable.ct", "EventTable.runtime")
-        return self.runtime
 
     @property
     def engine(self) -> Any:
@@ -163,8 +152,6 @@ class EventTable(EventAdministration):
         and ``controltable events prepare --dry-run`` inspect); :attr:`table` is the checked one."""
         return ddl.reflect(self.db, self.name, self.table_schema, deadline=self._reflect_deadline(None))
 
-    _reflect = reflect  # the name the engine used before it was public
-
     def _reflect_deadline(self, deadline: Optional[float]) -> float:
         """A reflection's deadline: the call's own, else one statement timeout for all its
         statements (several catalogue queries must not add up to several timeouts)."""
@@ -181,13 +168,19 @@ class EventTable(EventAdministration):
     @property
     def table(self) -> Table:
         """The reflected table; raises :class:`NotInstalledError` if ``prepare()`` was not run."""
-        return self._table if self._table is not None else self._load_table(None)
+        return self.sql.table
 
-    def _load_table(self, deadline: Optional[float]) -> Table:
-        """Reflect and check the table once per object, within ``deadline`` (the caller's, else
-        one statement timeout): waiting for another thread's reflection included."""
-        if self._table is not None:
-            return self._table
+    @property
+    def sql(self) -> EventStatements:
+        """The table's statements (:class:`~controltable.events.statements.EventStatements`), bound
+        once to the reflected table; raises :class:`NotInstalledError` if ``prepare()`` was not run."""
+        return self._sql if self._sql is not None else self._load(None)
+
+    def _load(self, deadline: Optional[float]) -> EventStatements:
+        """Reflect and check the table once per object and bind its statements, within ``deadline``
+        (the caller's, else one statement timeout): waiting for another thread's reflection included."""
+        if self._sql is not None:
+            return self._sql
         until = self._reflect_deadline(deadline)
         # The grace every statement gets past a deadline (Database.deadline): a claim(wait=0) still
         # waits the few milliseconds another thread's reflection needs.
@@ -198,12 +191,14 @@ class EventTable(EventAdministration):
                 "database answers slowly or not at all: check the path to the server, or retry"
             )
         try:
-            if self._table is None:
-                table, self._seekable = ddl.load(
+            if self._sql is None:
+                table, seekable = ddl.load(
                     self.db, self.cols, self.name, self.table_schema, self.key, self.order_by, self.time_column,
                     prepared=True, deadline=until)
-                self._table = table
-            return self._table
+                self._sql = EventStatements(table, self.cols, self.key, self.order_by,
+                                            self.db.traits, where=self._where,
+                                            time_column=self.time_column, seekable=seekable)
+            return self._sql
         finally:
             self._reflect_lock.release()
 
@@ -211,13 +206,6 @@ class EventTable(EventAdministration):
     def c(self) -> Any:
         """The table's columns, for ``where=`` expressions."""
         return self.table.c
-
-    def _col(self, name: str) -> Any:
-        return self.cols.of(self.table, name)
-
-    def _is(self, state: int) -> ColumnElement[bool]:
-        """``ct_state = <state>`` with the state as a literal (see :func:`dialects.state_literal`)."""
-        return sql.is_state(self.table, self.cols, state)
 
     def indexes(self, table: Table, *, filtered_indexes: bool = False) -> list[Any]:
         """The claim indexes (see :func:`controltable.events.ddl.claim_indexes`)."""
@@ -261,32 +249,12 @@ class EventTable(EventAdministration):
         stmts = self.prepare_statements(
             filtered_indexes=filtered_indexes, disable_lock_escalation=disable_lock_escalation)
         if stmts and analyze:
-            stmts.append(dialects.AnalyzeTable(self._reflect(), histograms=(self.cols.state,)))
+            stmts.append(dialects.AnalyzeTable(self.reflect(), histograms=(self.cols.state,)))
         done = ddl.run_ddl(self.db, stmts, self.name, self.table_schema, online=online, lock_timeout=lock_timeout)
-        self._table = None
+        self._sql = None
         return done
 
     # -- claiming ----------------------------------------------------------------------------
-    def _where_clause(self, where: Where) -> list[ColumnElement[Any]]:
-        return sql.where_clauses(self.table, self._where, where)
-
-    def expired_claims(self, now: Any) -> ColumnElement[bool]:
-        """Rows claimed under a lease that has run out (their worker crashed or hung)."""
-        return sql.expired_claims(self.table, self.cols, now)
-
-    def due_pending(self, now: Any) -> ColumnElement[bool]:
-        """Pending rows whose back-off (after a failure) has passed."""
-        return sql.due_pending(self.table, self.cols, now)
-
-    def claimable(self, now: Any) -> ColumnElement[bool]:
-        """Rows a claim may take: pending and due, or claimed under an expired lease."""
-        return sql.claimable(self.table, self.cols, now)
-
-    def claim_statement(self, size: int, condition: ColumnElement[bool], where: Where = None) -> Any:
-        """The claim's locking select (see :func:`controltable.events.statements.claim_select`)."""
-        return sql.claim_select(self.table, self.key, self.order_by, self.db.traits, size, condition,
-                                self._where_clause(where), seekable=self._seekable)
-
     @tracing.claims
     def claim(
         self,
@@ -340,12 +308,12 @@ class EventTable(EventAdministration):
         owner = check_name("owner", owner) if owner is not None else process_holder_id()
         lease_s = check_seconds("lease", lease) if lease is not None else self.lease
         assert lease_s is not None
-        self._load_table(deadline)  # reflect (and check) before the transaction, within the call's deadline
+        self._load(deadline)  # reflect (and check) before the transaction, within the call's deadline
         try:
             return self._claim_run(size, owner, lease_s, where, deadline=deadline)
         except (NotInstalledError, UnexpectedDatabaseError):
             if self._where is not None or where is not None:  # the caller's filter may be at fault: say so
-                ddl.check_filter(self.db, self.table, self._where_clause(where))
+                ddl.check_filter(self.db, self.table, self.sql.where_clauses(where))
             raise
 
     def _claim_run(
@@ -397,7 +365,7 @@ class EventTable(EventAdministration):
 
     def _batch_with_token(self, conn: Connection, token: int, owner: str, lease_s: float) -> Optional[Batch]:
         """The batch an earlier, committed attempt of this claim made, or None if none did."""
-        rows = [dict(r._mapping) for r in conn.execute(sql.with_token(self.table, self.cols, token))]
+        rows = [dict(r._mapping) for r in conn.execute(self.sql.with_token(token))]
         if not rows:
             return None
         return self._make_batch(rows, owner, token, lease_s)
@@ -419,33 +387,31 @@ class EventTable(EventAdministration):
     ) -> Optional[Batch]:
         """The claim itself, inside the caller's transaction (``stored_owner``: what the owner
         column gets, when it cannot store ``owner`` itself)."""
-        t = self.table
+        q = self.sql
         token = token if token is not None else secrets.randbits(62) + 1
         # The database clock goes into the statements as an expression (one value per
         # statement), except on the key-list path, which needs the value for its second step.
-        one_statement = dialects.update_returning(conn.dialect, self.db.traits)
+        one_statement = dialects.update_returning(conn.dialect, q.traits)
         now: Any = clock() if one_statement else read_now(conn)
-        values = sql.claim_values(t, self.cols, stored_owner or owner, token, now, lease_s,
-                                  nullable_counters=self.db.traits.adds_columns_nullable)
+        values = q.claim_values(stored_owner or owner, token, now, lease_s)
         # Expired claims first: they are older work, and must not starve behind new events.
         # Finding none is the normal case, so after an empty look this object skips the
         # look for EXPIRED_CHECK_INTERVAL: an abandoned claim waits at most that much longer.
         claimed: list[dict[str, Any]] = []
         if time.monotonic() >= self._next_expired_check:
-            if self.db.traits.adds_columns_nullable:
+            if q.traits.adds_columns_nullable:
                 # SQL Server's claim columns are nullable (a metadata-only prepare()): rows a producer
                 # inserted with explicit NULLs in them become pending here, or no claim would take them.
-                cap = self.db.traits.rows_per_statement or DDL_BACKFILL_BATCH
-                conn.execute(sql.backfill_batch(t, self.cols, self.key, cap, skip_locked=True))
-            claimed = self._claim_by_keys(conn, self.expired_claims(now), size, values, where)
+                conn.execute(q.backfill_batch(q.traits.rows_per_statement or DDL_BACKFILL_BATCH))
+            claimed = self._claim_by_keys(conn, q.expired_claims(now), size, values, where)
             if not claimed:
                 self._next_expired_check = time.monotonic() + EXPIRED_CHECK_INTERVAL
         need = size - len(claimed)
         if need > 0:
             if one_statement:
-                claimed += self._claim_returning(conn, self.due_pending(now), need, values, where)
+                claimed += self._claim_returning(conn, q.due_pending(now), need, values, where)
             else:
-                claimed += self._claim_by_keys(conn, self.due_pending(now), need, values, where)
+                claimed += self._claim_by_keys(conn, q.due_pending(now), need, values, where)
         if not claimed:
             return None
         return self._make_batch(claimed, owner, token, lease_s)
@@ -460,7 +426,7 @@ class EventTable(EventAdministration):
         On SQL Server this runs in chunks of ``Traits.rows_per_statement`` rows, so no
         statement escalates to a table lock.
         """
-        cap = self.db.traits.rows_per_statement or size
+        cap = self.sql.traits.rows_per_statement or size
         claimed: list[dict[str, Any]] = []
         while len(claimed) < size:
             chunk = min(size - len(claimed), cap)
@@ -473,29 +439,29 @@ class EventTable(EventAdministration):
     def _claim_chunk(
         self, conn: Connection, condition: ColumnElement[bool], size: int, values: dict[str, Any], where: Where
     ) -> list[dict[str, Any]]:
-        t, cols = self.table, self.cols
-        result = conn.execute(self.claim_statement(size, condition, where))
+        q, cols = self.sql, self.cols
+        result = conn.execute(q.claim_select(size, condition, where))
         rows = [dict(r._mapping) for r in result.fetchmany(size)]
         result.close()
         poisoned = poisoned_keys(rows, self.key, cols.state, cols.attempts, self.max_attempts)
-        in_list = self.db.traits.max_in_list
+        in_list = q.traits.max_in_list
         # Every update by key repeats the select's condition (state, expiry or back-off): a row is
         # marked only if it still is what the select read. The select's row locks already make it
         # so; the fence holds even where a lock did not (Oracle locks a skip-locked row only when
         # the cursor fetches it), and the count below says which rows this claim really took.
-        for chunk in sql.chunks(poisoned, in_list):
-            conn.execute(sql.update_keys(t, self.key, chunk, sql.poisoned_values(cols), condition))
+        for chunk in chunks(poisoned, in_list):
+            conn.execute(q.update_keys(chunk, poisoned_values(cols), condition))
         rows = [r for r in rows if r[self.key] not in set(poisoned)]
         keys = [r[self.key] for r in rows]
         marked = 0
-        for chunk in sql.chunks(keys, in_list):
-            marked += int(conn.execute(sql.update_keys(t, self.key, chunk, values, condition)).rowcount)
-        if keys and (marked != len(keys) or not self.db.traits.trusts_rowcount):
-            mine = self._keys_where(conn, keys, self._fenced(values[cols.token]))
+        for chunk in chunks(keys, in_list):
+            marked += int(conn.execute(q.update_keys(chunk, values, condition)).rowcount)
+        if keys and (marked != len(keys) or not q.traits.trusts_rowcount):
+            mine = self._keys_where(conn, keys, q.fenced(values[cols.token]))
             rows = [r for r in rows if r[self.key] in mine]
         expires = values[cols.expires_at]
         if rows and not isinstance(expires, (int, float)):  # an expression of the database clock
-            expires = conn.scalar(sql.expires_of(t, cols, self.key, rows[0][self.key]))
+            expires = conn.scalar(q.expires_of(rows[0][self.key]))
         for r in rows:
             r[cols.attempts] = int(r[cols.attempts] or 0) + 1
             r[cols.expires_at] = expires
@@ -504,10 +470,8 @@ class EventTable(EventAdministration):
     def _claim_returning(
         self, conn: Connection, condition: ColumnElement[bool], size: int, values: dict[str, Any], where: Where
     ) -> list[dict[str, Any]]:
-        """Claim in one statement (see :func:`controltable.events.statements.claim_returning`)."""
-        stmt = sql.claim_returning(self.table, self.key, self.order_by, size, condition,
-                                   self._where_clause(where), values)
-        return [dict(r._mapping) for r in conn.execute(stmt)]
+        """Claim in one statement (see :meth:`controltable.events.statements.EventStatements.claim_returning`)."""
+        return [dict(r._mapping) for r in conn.execute(self.sql.claim_returning(size, condition, where, values))]
 
     def batch(self, handle: dict[str, Any]) -> Batch:
         """Rebuild a :class:`Batch` from :meth:`Batch.handle` (e.g. in another Airflow task).
@@ -524,8 +488,8 @@ class EventTable(EventAdministration):
 
         def fn(conn: Connection) -> None:
             rows.clear()
-            for chunk in sql.chunks(keys):
-                for r in conn.execute(sql.rows_by_keys(t, cols, self.key, chunk)):
+            for chunk in chunks(keys):
+                for r in conn.execute(self.sql.rows_by_keys(chunk)):
                     rows.append(dict(r._mapping))
 
         self.db.run(fn)
@@ -543,12 +507,9 @@ class EventTable(EventAdministration):
                      claimed_at, expires_at, lease_seconds=lease)
 
     # -- finishing (all fenced on the batch token) -----------------------------------------------
-    def _fenced(self, token: int) -> ColumnElement[bool]:
-        return sql.fenced(self.table, self.cols, token)
-
     def _key_chunks(self, keys: Sequence[Any]) -> Iterator[list[Any]]:
         """``keys`` in lists short enough for one ``IN (...)`` and one statement's row cap."""
-        return sql.chunks(keys, sql.key_chunk_size(self.db.traits))
+        return chunks(keys, self.sql.key_chunk)
 
     def _raise_lost(self, missing: int, keys: Sequence[Any], lost: list[Any]) -> None:
         raise LeaseLost(
@@ -563,18 +524,17 @@ class EventTable(EventAdministration):
         """Which of ``keys`` meet ``conditions`` now (with row locks if ``lock``)."""
         found: set[Any] = set()
         for chunk in self._key_chunks(keys):
-            found.update(r[0] for r in conn.execute(sql.keys_where(self.table, self.key, chunk, conditions,
-                                                                   lock=lock)))
+            found.update(r[0] for r in conn.execute(self.sql.keys_where(chunk, conditions, lock=lock)))
         return found
 
     def _done_under(self, conn: Connection, token: int, keys: Sequence[Any]) -> set[Any]:
         """Keys that are done under ``token``: completed by this call or by an earlier one of
         the same batch whose commit went through (a retry after a lost reply)."""
-        return self._keys_where(conn, keys, self._col("token") == token, self._is(DONE))
+        return self._keys_where(conn, keys, self.sql.col("token") == token, self.sql.is_state(DONE))
 
     def _held_lost(self, conn: Connection, token: int, keys: Sequence[Any]) -> list[Any]:
         """Keys not claimed under ``token`` right now (done already, re-claimed or reset)."""
-        held = self._keys_where(conn, keys, self._fenced(token))
+        held = self._keys_where(conn, keys, self.sql.fenced(token))
         return [k for k in keys if k not in held]
 
     def _complete(self, conn: Connection, token: int, keys: Sequence[Any], *, whole: bool = False) -> int:
@@ -583,27 +543,27 @@ class EventTable(EventAdministration):
         ``whole``: ``keys`` are all the batch's unsettled rows, so one ``UPDATE ... WHERE token``
         marks them without sending the keys (not on SQL Server, where statements go by key
         chunks under the row cap). The update's row count is trusted only where the driver
-        reports it faithfully (``db.traits.trusts_rowcount``); otherwise, and whenever the
+        reports it faithfully (``Traits.trusts_rowcount``); otherwise, and whenever the
         count falls short, a select in the same transaction confirms which keys are done under
         the token. Rows already done under it count as completed, so a retry after a lost COMMIT
         reply succeeds. For part of a batch the update runs in a savepoint, so that on a
         mismatch the rows this call marked are put back. Either way a mismatch raises LeaseLost
         and the caller's transaction rolls back.
         """
-        t = self.table
         unique = set(keys)
         if not unique:
             return 0
-        values = sql.done_values(self.cols)
-        trusted = self.db.traits.trusts_rowcount
-        by_token = whole and self.db.traits.rows_per_statement is None
+        q = self.sql
+        values = done_values(self.cols)
+        trusted = q.traits.trusts_rowcount
+        by_token = whole and q.traits.rows_per_statement is None
         savepoint = None if whole else conn.begin_nested()
         n = 0
         if by_token:
-            n = int(conn.execute(sql.update_where(t, [self._fenced(token)], values)).rowcount)
+            n = int(conn.execute(q.update_where([q.fenced(token)], values)).rowcount)
         else:
             for chunk in self._key_chunks(keys):
-                n += int(conn.execute(sql.update_keys(t, self.key, chunk, values, self._fenced(token))).rowcount)
+                n += int(conn.execute(q.update_keys(chunk, values, q.fenced(token))).rowcount)
         if not trusted or n != len(unique):
             n = len(self._done_under(conn, token, keys) & unique)
         if n == len(unique):
@@ -613,29 +573,29 @@ class EventTable(EventAdministration):
         if savepoint is not None:
             savepoint.rollback()
         done = self._done_under(conn, token, keys)
-        lost = [k for k in keys if k not in done and k not in self._keys_where(conn, keys, self._fenced(token))]
+        lost = [k for k in keys if k not in done and k not in self._keys_where(conn, keys, q.fenced(token))]
         self._raise_lost(len(unique) - n, keys, lost or [k for k in keys if k not in done])
         return n  # pragma: no cover - _raise_lost raises
 
     def _fail(self, token: int, keys: Sequence[Any], reason: str) -> int:
         """Give ``keys`` back for a retry, or to the error state, deciding in SQL from each row's
-        stored attempts (see :func:`controltable.events.statements.fail_values`). The rows are
+        stored attempts (see :meth:`~controltable.events.statements.EventStatements.fail_values`). The rows are
         locked and checked first, so the outcome never depends on a reported row count."""
-        t = self.table
+        q = self.sql
         message = dialects.fit_message(fail_reason(reason), ERROR_LENGTH)  # one rule with Item.fail()
         schedule = backoff_schedule(self.max_attempts, self.backoff, self.max_backoff)
 
         def run(stored: str) -> int:
             def fn(conn: Connection) -> int:
-                held = self._keys_where(conn, keys, self._fenced(token), lock=True)
+                held = self._keys_where(conn, keys, q.fenced(token), lock=True)
                 lost = [k for k in keys if k not in held]
                 if lost:
                     raise LeaseLost(f"cannot fail rows no longer held by this batch: {describe_keys(lost)}",
                                     keys=lost)
-                values = sql.fail_values(t, self.cols, stored, max_attempts=self.max_attempts, schedule=schedule,
-                                         max_backoff=self.max_backoff)
+                values = q.fail_values(stored, max_attempts=self.max_attempts, schedule=schedule,
+                                       max_backoff=self.max_backoff)
                 for chunk in self._key_chunks(list(held)):
-                    conn.execute(sql.update_keys(t, self.key, chunk, values, self._fenced(token)))
+                    conn.execute(q.update_keys(chunk, values, q.fenced(token)))
                 self.runtime.notify(conn, [self.wakeup_key])
                 return len(held)
 
@@ -647,24 +607,23 @@ class EventTable(EventAdministration):
             text, ERROR_LENGTH)))
 
     def _release(self, token: int, keys: Sequence[Any]) -> int:
-        t = self.table
+        q = self.sql
 
         def fn(conn: Connection) -> int:
-            held = self._keys_where(conn, keys, self._fenced(token), lock=True)
+            held = self._keys_where(conn, keys, q.fenced(token), lock=True)
             for chunk in self._key_chunks(list(held)):
-                conn.execute(sql.update_keys(t, self.key, chunk, sql.release_values(t, self.cols),
-                                             self._fenced(token)))
+                conn.execute(q.update_keys(chunk, q.release_values(), q.fenced(token)))
             self.runtime.notify(conn, [self.wakeup_key])
             return len(held)
 
         return self.db.run(fn)
 
     def _renew(self, token: int, keys: Sequence[Any], seconds: float) -> float:
-        t = self.table
+        q = self.sql
 
         def fn(conn: Connection) -> float:
             now = read_now(conn)
-            held = self._keys_where(conn, keys, self._fenced(token), self._col("expires_at") >= now, lock=True)
+            held = self._keys_where(conn, keys, q.fenced(token), q.col("expires_at") >= now, lock=True)
             if len(held) != len(set(keys)):
                 lost = self._held_lost(conn, token, keys)
                 if lost:
@@ -679,8 +638,7 @@ class EventTable(EventAdministration):
                     "more often than the lease (a third of it, as start_renewing() does) or ask for a longer "
                     "lease", keys=expired)
             for chunk in self._key_chunks(list(held)):
-                conn.execute(sql.update_keys(t, self.key, chunk, sql.renew_values(self.cols, now + seconds),
-                                             self._fenced(token)))
+                conn.execute(q.update_keys(chunk, renew_values(self.cols, now + seconds), q.fenced(token)))
             return now + seconds
 
         return self.db.run(fn)

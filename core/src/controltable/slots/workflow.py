@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 from .. import dialects, errorcodes
 from ..defaults import DEFAULT_PICKUP
 from ..errors import ConfigurationError, UnknownResourceError
-from ..runtime import Runtime
+from ..runtime import Runtime, check_runtime
 from .entering import Entering
 from .holding import Holding
 from .passes import GrantPasses, Locked
@@ -57,6 +57,7 @@ class SlotEngine:
 
     def __init__(self, runtime: Runtime, *, passes: Optional[GrantPasses] = None,
                  entering: Optional[Entering] = None) -> None:
+        runtime = check_runtime(runtime)
         self.db = runtime.db
         self.t = runtime.tables
         self.ns = runtime.namespace

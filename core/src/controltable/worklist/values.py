@@ -7,7 +7,6 @@ through the small :class:`ItemEngine` interface, so this module imports nothing 
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Optional, Protocol
@@ -93,11 +92,6 @@ class Item(BackgroundRenewal):
         self.stop_renewing()
         with bounded_release(self.worklist.db):
             self.worklist._finish(self, NEW, None)
-
-    def free(self) -> None:
-        """Deprecated alias of :meth:`release`."""
-        warnings.warn("Item.free() is deprecated; use Item.release()", DeprecationWarning, stacklevel=2)
-        self.release()
 
     def _renew_interval(self) -> float:
         return self.lease_seconds / 3.0

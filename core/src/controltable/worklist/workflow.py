@@ -24,15 +24,13 @@ from sqlalchemy.exc import IntegrityError
 
 from .. import dialects, tracing
 from ..clock import read_now
-from ..compat import deprecated
 from ..db import Database
 from ..defaults import DEFAULT_ITEM_LEASE, RESUME_CALL_GRACE
 from ..errors import ConfigurationError, ControlTableError, LeaseLost
 from ..holders import process_holder_id
-from ..runtime import Runtime, runtime_of
+from ..runtime import Runtime, check_runtime
 from ..validation import check_name, check_order, check_poll_interval, check_priority, check_seconds
-from . import statements as sql
-from .statements import ACTIVE, INSERT_CHUNK, NEW
+from .statements import ACTIVE, INSERT_CHUNK, NEW, WorkListStatements, allocation_order, finish_values
 from .values import Item, WorkListBlocked, WorkListStatus, status_from_counts
 
 T = TypeVar("T")
@@ -41,26 +39,20 @@ T = TypeVar("T")
 class WorkList:
     """An ordered list of tasks with JSON payloads, kept in the namespace's control tables.
 
-    The first argument is the ``ControlTable`` or its :class:`Runtime`.
+    The first argument is the ``ControlTable``'s :class:`Runtime` (``ct.worklist(name)`` passes it).
     """
 
-    def __init__(self, runtime: Any, name: str, *, lease: float = DEFAULT_ITEM_LEASE) -> None:
-        self.runtime: Runtime = runtime_of(runtime)
+    def __init__(self, runtime: Runtime, name: str, *, lease: float = DEFAULT_ITEM_LEASE) -> None:
+        self.runtime: Runtime = check_runtime(runtime)
         self.db: Database = self.runtime.db
         self.name = name
         self.lease = check_seconds("lease", lease) or DEFAULT_ITEM_LEASE
-        self.t = self.runtime.tables.item
-        self.w = self.runtime.tables.worklist
         self.ns = self.runtime.namespace
+        #: Every statement of this list, bound once to the control tables, the namespace and the name.
+        self.sql = WorkListStatements(self.runtime.tables.item, self.runtime.tables.worklist, self.ns, name)
 
     def __repr__(self) -> str:
         return f"WorkList({self.name!r}, namespace={self.ns!r})"
-
-    @property
-    def ct(self) -> Runtime:
-        """Deprecated: the engine works through :attr:`runtime` (database, tables, wake-ups)."""
-        deprecated("WorkList.ct", "WorkList.runtime")
-        return self.runtime
 
     @property
     def wakeup_key(self) -> str:
@@ -69,12 +61,12 @@ class WorkList:
 
     def _ensure(self, conn: Connection) -> Any:
         """Lock (creating if needed) the work list's row: the allocation lock."""
-        stmt = sql.lock_list(self.w, self.ns, self.name)
+        stmt = self.sql.lock_list()
         row = conn.execute(stmt).first()
         if row is None:
             # Two first uses of a new list may both find no row; the loser's INSERT fails on the
             # primary key and :meth:`_run` runs its transaction again, which then finds the row.
-            conn.execute(sql.create_list(self.w, self.ns, self.name))
+            conn.execute(self.sql.create_list())
             row = conn.execute(stmt).first()
         return row
 
@@ -119,7 +111,7 @@ class WorkList:
             now = read_now(conn)
             for start in range(0, len(encoded), INSERT_CHUNK):
                 chunk = encoded[start:start + INSERT_CHUNK]
-                conn.execute(sql.insert_items(self.t), sql.item_rows(self.ns, self.name, chunk, order, priority, now))
+                conn.execute(self.sql.insert_items(), self.sql.item_rows(chunk, order, priority, now))
                 if progress is not None:
                     progress(len(chunk))
             self.runtime.notify(conn, [self.wakeup_key])
@@ -151,7 +143,7 @@ class WorkList:
                 found = self._find_allocation(conn, owner, *attempted[-1])
                 if found is not None:
                     return found
-            head = conn.execute(sql.current_order(self.t, self.ns, self.name)).one()
+            head = conn.execute(self.sql.current_order()).one()
             now, current = float(head.now), head.current
             if current is None:
                 return None
@@ -161,20 +153,20 @@ class WorkList:
             # skip is another transaction's committed change, so the loop ends.
             skip: list[int] = []
             while True:
-                candidates = conn.execute(sql.next_item(self.t, self.ns, self.name, current, now, skip)).all()
+                candidates = conn.execute(self.sql.next_item(current, now, skip)).all()
                 if not candidates:
                     return None
-                row = min(candidates, key=sql.allocation_order)
+                row = min(candidates, key=allocation_order)
                 stamped = dialects.confirmed_count(
                     conn,
-                    sql.allocate_item(self.t, int(row.id), owner, token, now, lease_s, str(row.state),
-                                      None if row.token is None else int(row.token)),
-                    sql.count_allocated(self.t, int(row.id), token, now), self.db.traits,
+                    self.sql.allocate_item(int(row.id), owner, token, now, lease_s, str(row.state),
+                                           None if row.token is None else int(row.token)),
+                    self.sql.count_allocated(int(row.id), token, now), self.db.traits,
                 )
                 if stamped == 1:
                     break
                 skip.append(int(row.id))
-            conn.execute(sql.set_last_token(self.w, self.ns, self.name, token))
+            conn.execute(self.sql.set_last_token(token))
             attempted.append((int(row.id), token, now))
             return Item(self, int(row.id), json.loads(row.payload), int(row.exec_order), int(row.priority), owner,
                         token, int(row.attempts) + 1, now + lease_s, lease_s)
@@ -188,8 +180,7 @@ class WorkList:
         A fencing token is handed out once per work list only when its transaction commits, so
         a row still active under this token, owner and start instant can only be that attempt's.
         """
-        row = conn.execute(
-            sql.find_allocation(self.t, self.ns, self.name, item_id, token, owner, started_at)).first()
+        row = conn.execute(self.sql.find_allocation(item_id, token, owner, started_at)).first()
         if row is None:
             return None
         return self._item(row)
@@ -201,12 +192,12 @@ class WorkList:
 
     def items(
         self, owner: Optional[str] = None, *, lease: Optional[float] = None, poll_interval: float = 0.5,
-        timeout: Optional[float] = None, poll: Optional[float] = None,
+        timeout: Optional[float] = None,
     ) -> Iterator[Item]:
         """Allocate items until the list is finished, waiting while the current order is busy.
 
         Between attempts it waits up to ``poll_interval`` seconds (less when woken: finished or
-        new items push on PostgreSQL); ``poll`` is the deprecated older name. Raises
+        new items push on PostgreSQL). Raises
         :class:`WorkListBlocked` when only errored items stand in the way.
 
         With a ``timeout`` every statement runs under a client-side deadline (see
@@ -215,9 +206,6 @@ class WorkList:
         :class:`~controltable.errors.DatabaseUnavailableError` on a silent network) within its
         timeout plus :data:`~controltable.defaults.TIMEOUT_MARGIN`, whatever the network does.
         """
-        if poll is not None:
-            deprecated("WorkList.items(poll=...)", "poll_interval=")
-            poll_interval = poll
         wait = check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
         interval = check_poll_interval("poll_interval", poll_interval)
         deadline = None if wait is None else time.monotonic() + wait
@@ -246,21 +234,20 @@ class WorkList:
             self.runtime.wait(keys, pause, since)
 
     def _finish(self, item: Item, state: str, error: Optional[str]) -> None:
-        t = self.t
-        values = sql.finish_values(state, error)
+        values = finish_values(state, error)
 
         def fn(conn: Connection) -> int:
             # After the update the row carries ``state`` under this token (a freed row carries
             # no token): that is what confirms the update where rowcount cannot be trusted.
             count = dialects.confirmed_count(
-                conn, sql.finish(t, item.id, item.token, values), sql.count_finished(t, item.id, item.token, state),
+                conn, self.sql.finish(item.id, item.token, values), self.sql.count_finished(item.id, item.token, state),
                 self.db.traits,
             )
             if count == 0 and state != NEW:
                 # Already done by this token: the first attempt's COMMIT went through and only
                 # its reply was lost (or the caller finished the item twice). The token is never
                 # handed out again, so the row can only be in this state by our own hand.
-                return int(conn.scalar(sql.count_in_state(t, item.id, item.token, state)) or 0)
+                return int(conn.scalar(self.sql.count_in_state(item.id, item.token, state)) or 0)
             self.runtime.notify(conn, [self.wakeup_key])
             return count
 
@@ -274,13 +261,11 @@ class WorkList:
             )
 
     def _renew(self, item: Item, seconds: float) -> float:
-        t = self.t
-
         def fn(conn: Connection) -> float:
             now = read_now(conn)
             n = dialects.confirmed_count(
-                conn, sql.renew(t, item.id, item.token, now + seconds),
-                sql.count_renewed(t, item.id, item.token, now + seconds), self.db.traits,
+                conn, self.sql.renew(item.id, item.token, now + seconds),
+                self.sql.count_renewed(item.id, item.token, now + seconds), self.db.traits,
             )
             if n != 1:
                 raise LeaseLost(f"work item {item.id} of {self.name!r} is no longer held under token {item.token}")
@@ -291,19 +276,19 @@ class WorkList:
     # -- administration ------------------------------------------------------------------------------
     def status(self) -> WorkListStatus:
         def fn(conn: Connection) -> list[Any]:
-            return list(conn.execute(sql.counts(self.t, self.ns, self.name, read_now(conn))).all())
+            return list(conn.execute(self.sql.counts(read_now(conn))).all())
 
         return status_from_counts(self.name, self.db.run(fn))
 
     def items_list(self, state: Optional[str] = None, limit: int = 100) -> list[dict[str, Any]]:
         """Items as dictionaries (for listings), optionally of one state."""
-        stmt = sql.listing(self.t, self.ns, self.name, state, limit)
+        stmt = self.sql.listing(state, limit)
         rows = self.db.run(lambda c: list(c.execute(stmt).all()))
         return [dict(r._mapping, payload=json.loads(r.payload)) for r in rows]
 
     def get(self, item_id: int, token: Optional[int] = None) -> Item:
         """Rebuild an allocated :class:`Item` by id (e.g. to complete it from another process)."""
-        row = self.db.run(lambda c: c.execute(sql.by_id(self.t, self.ns, self.name, item_id)).first())
+        row = self.db.run(lambda c: c.execute(self.sql.by_id(item_id)).first())
         if row is None:
             raise ConfigurationError(f"work list {self.name!r} has no item {item_id}")
         if row.state != ACTIVE:
@@ -314,34 +299,28 @@ class WorkList:
 
     def reset(self) -> int:
         """Every item back to new, attempts cleared (as ``EventTable.reset`` does for its rows)."""
-        return self._update(sql.reset(self.t, self.ns, self.name))
-
-    def reset_all(self) -> int:
-        """Deprecated alias of :meth:`reset`."""
-        deprecated("WorkList.reset_all()", "WorkList.reset()")
-        return self.reset()
+        return self._update(self.sql.reset())
 
     def clear_error(self, item_id: int) -> int:
         """One errored item back to new."""
-        return self._update(sql.clear_errors(self.t, self.ns, self.name, item_id))
+        return self._update(self.sql.clear_errors(item_id))
 
     def clear_errors(self) -> int:
         """Every errored item back to new."""
-        return self._update(sql.clear_errors(self.t, self.ns, self.name))
+        return self._update(self.sql.clear_errors())
 
     def drop(self) -> int:
         """Delete the work list and its items; returns items deleted."""
         def fn(conn: Connection) -> int:
-            n = dialects.changed_rows(conn, sql.drop_items(self.t, self.ns, self.name), self.t.c.id,
-                                      self.db.traits)
-            conn.execute(sql.drop_list(self.w, self.ns, self.name))
+            n = dialects.changed_rows(conn, self.sql.drop_items(), self.sql.items.c.id, self.db.traits)
+            conn.execute(self.sql.drop_list())
             return n
 
         return self.db.run(fn)
 
     def _update(self, stmt: Any) -> int:
         def fn(conn: Connection) -> int:
-            count = dialects.changed_rows(conn, stmt, self.t.c.id, self.db.traits)
+            count = dialects.changed_rows(conn, stmt, self.sql.items.c.id, self.db.traits)
             self.runtime.notify(conn, [self.wakeup_key])
             return count
 

@@ -1,0 +1,32 @@
+"""Fixtures for the Prefect integration tests (run under .venv-prefect, their own lane of scripts/run-tests).
+
+Local to tests/prefect: the core suite never imports Prefect. The in-process tests share one
+``prefect_test_harness`` (a temporary Prefect server and database for the session); each test
+gets a ControlTableBlock on the ``ct`` fixture's database and namespace.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+
+pytest.importorskip("prefect")
+pytest.importorskip("prefect_controltable")
+
+from prefect_controltable import ControlTableBlock  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def prefect_server() -> Iterator[None]:
+    """One temporary Prefect server (its own SQLite database) for the in-process tests."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture
+def block(prefect_server: None, ct: Any, backend_url: str, namespace: str) -> ControlTableBlock:
+    """A block on the installed control table of this test's backend and namespace."""
+    return ControlTableBlock(url=backend_url, namespace=namespace, default_lease=30.0)

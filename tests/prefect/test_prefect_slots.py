@@ -1,0 +1,248 @@
+"""slot() in Prefect flows and tasks, in-process against a temporary Prefect server (prefect_test_harness).
+
+What a run holds, under which holder id and attempt, what its log and state say while it waits,
+and that every way out (completion, failure, cancellation of the waiting or holding code, a lost
+lease) leaves the control table clean. The same against a running server and worker, with
+SIGTERM and SIGKILL, is in test_prefect_live.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+from uuid import UUID
+
+import pytest
+from prefect import flow, task
+from prefect.client.orchestration import get_client
+from prefect.exceptions import TerminationSignal
+from prefect_controltable import ControlTableBlock, slot
+from support.live import wait_until
+
+from controltable import ControlTable, LeaseLostInterrupt
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _entries(ct: ControlTable, resource: str) -> tuple[list[str], list[str]]:
+    (st,) = ct.status([resource])
+    return [h.holder for h in st.holders], [w.holder for w in st.waiters]
+
+
+def _logs(flow_run_id: UUID) -> str:
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    return "\n".join(entry.message for entry in logs)
+
+
+def test_a_flow_holds_the_slot_as_its_run_and_releases_it(block: ControlTableBlock, ct: ControlTable) -> None:
+    ct.set_capacity("wh", 1)
+    seen: dict[str, Any] = {}
+
+    @flow
+    def hold() -> str:
+        from prefect.runtime import flow_run
+
+        with slot("wh", block=block) as lease:
+            seen.update(holder=lease.holder, token=lease.token, attempt=lease.attempt,
+                        during=_entries(ct, "wh"))
+        return str(flow_run.id)
+
+    run_id = hold()
+    assert seen["holder"] == f"prefect:{run_id}"
+    assert seen["attempt"] == 1
+    assert seen["during"] == ([f"prefect:{run_id}"], [])
+    assert _entries(ct, "wh") == ([], [])
+
+
+def test_a_task_retry_is_a_new_attempt_with_a_higher_token(block: ControlTableBlock, ct: ControlTable) -> None:
+    ct.set_capacity("wh", 1)
+    tries: list[tuple[str, int, int]] = []
+
+    @task(retries=1, retry_delay_seconds=0)
+    def load() -> None:
+        with slot("wh", block=block) as lease:
+            tries.append((lease.holder, int(lease.attempt or 0), lease.token))
+            if len(tries) == 1:
+                raise RuntimeError("first attempt fails inside the slot")
+
+    @flow
+    def run() -> None:
+        load()
+
+    run()
+    (holder1, attempt1, token1), (holder2, attempt2, token2) = tries
+    assert holder1 == holder2 and holder1.startswith("prefect:") and holder1.count(":") == 2
+    assert (attempt1, attempt2) == (1, 2)
+    assert token2 > token1
+    assert _entries(ct, "wh") == ([], [])
+
+
+def test_a_failing_task_releases_the_slot(block: ControlTableBlock, ct: ControlTable) -> None:
+    ct.set_capacity("wh", 1)
+
+    @task
+    def boom() -> None:
+        with slot("wh", block=block):
+            raise ValueError("work failed")
+
+    @flow
+    def run() -> None:
+        boom()
+
+    with pytest.raises(ValueError, match="work failed"):
+        run()
+    assert _entries(ct, "wh") == ([], [])
+
+
+def test_termination_while_holding_and_while_waiting_releases(block: ControlTableBlock, ct: ControlTable) -> None:
+    """Prefect turns the SIGTERM of a cancellation into TerminationSignal, a BaseException: both
+    the holder's block and a waiter's queue place are freed on the way out."""
+    ct.set_capacity("wh", 1)
+    with pytest.raises(TerminationSignal), slot("wh", block=block, holder="t:holder"):
+        assert _entries(ct, "wh") == (["t:holder"], [])
+        raise TerminationSignal(signal=15)
+    assert _entries(ct, "wh") == ([], [])
+
+    ct.acquire("wh", holder="shell:blocker", lease=60)
+    outcome: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            with slot("wh", block=block, holder="t:waiter", timeout=2.0):
+                pass
+        except BaseException as exc:
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    waiter.join(30)
+    assert not waiter.is_alive(), "hang: the waiter did not time out"
+    assert type(outcome[0]).__name__ == "AcquireTimeout"
+    assert _entries(ct, "wh") == (["shell:blocker"], [])
+    ct.release("wh", "shell:blocker")
+
+
+def test_a_waiting_flow_says_where_it_stands_in_its_log_and_state(block: ControlTableBlock, ct: ControlTable) -> None:
+    ct.set_capacity("wh", 1)
+    ct.acquire("wh", holder="airflow:etl:load", lease=60)
+    ids: list[str] = []
+
+    @flow
+    def waits() -> None:
+        from prefect.runtime import flow_run
+
+        ids.append(str(flow_run.id))
+        with slot("wh", block=block):
+            pass
+
+    thread = threading.Thread(target=waits)
+    thread.start()
+    wait_until(lambda: ids and _entries(ct, "wh")[1] == [f"prefect:{ids[0]}"], 60, "the flow run to queue")
+    run_id = UUID(ids[0])
+    with get_client(sync_client=True) as client:
+        wait_until(lambda: "position 1 behind airflow:etl:load" in (client.read_flow_run(run_id).state.message or ""),
+                   30, "the flow run's state message")
+    ct.release("wh", "airflow:etl:load")
+    thread.join(60)
+    assert not thread.is_alive(), "hang: the flow run did not get the slot"
+    text = wait_until(lambda: (lambda t: t if "released" in t else None)(_logs(run_id)), 30, "the run's logs")
+    assert "controltable: waiting for 'wh': 'wh': position 1 behind airflow:etl:load" in text
+    assert "held by airflow:etl:load" in text
+    assert "granted 'wh' after waiting" in text
+    assert f"as 'prefect:{run_id}', attempt 1, fencing token" in text
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(run_id).state.is_completed()
+    assert _entries(ct, "wh") == ([], [])
+
+
+def test_status_page_linked_from_the_run(block: ControlTableBlock, ct: ControlTable) -> None:
+    ct.set_capacity("wh", 1)
+    linked = block.model_copy(update={"status_url": "http://status.example:8080/"})
+
+    @flow
+    def hold() -> str:
+        from prefect.runtime import flow_run
+
+        with slot("wh", block=linked):
+            pass
+        return str(flow_run.id)
+
+    run_id = UUID(hold())
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])))
+    assert [(a.key, a.type) for a in arts] == [("controltable-status", "markdown")] or \
+        [(a.key, "link" in (a.data or "")) for a in arts] == [("controltable-status", True)], arts
+    assert "http://status.example:8080/" in str(arts[0].data)
+
+
+def test_decorator_sync_and_async_and_a_saved_block_by_name(block: ControlTableBlock, ct: ControlTable) -> None:
+    ct.set_capacity("wh", 1)
+    name = f"ct-{ct.namespace.replace('_', '-')}"
+    block.save(name, overwrite=True)
+    seen: list[tuple[str, list[str]]] = []
+
+    @task
+    @slot("wh", block=name)
+    def sync_work() -> None:
+        seen.append(("sync", _entries(ct, "wh")[0]))
+
+    @task
+    @slot("wh", block=name)
+    async def async_work() -> None:
+        seen.append(("async", _entries(ct, "wh")[0]))
+
+    @flow
+    async def run() -> None:
+        await async_work()
+        sync_work()
+
+    asyncio.run(run())
+    assert [kind for kind, _ in seen] == ["async", "sync"]
+    for _, holders in seen:
+        assert len(holders) == 1 and holders[0].startswith("prefect:")
+    assert _entries(ct, "wh") == ([], [])
+
+
+def test_async_waiter_cancelled_leaves_the_queue(block: ControlTableBlock, ct: ControlTable) -> None:
+    ct.set_capacity("wh", 1)
+    ct.acquire("wh", holder="shell:blocker", lease=60)
+
+    async def main() -> None:
+        async def waiter() -> None:
+            async with slot("wh", block=block, holder="async:waiter"):
+                raise AssertionError("granted while the blocker holds the slot")
+
+        job = asyncio.create_task(waiter())
+        while _entries(ct, "wh")[1] != ["async:waiter"]:
+            await asyncio.sleep(0.05)
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await job
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    assert _entries(ct, "wh") == (["shell:blocker"], [])
+    ct.release("wh", "shell:blocker")
+
+
+def test_async_holder_is_cancelled_when_its_lease_is_lost(block: ControlTableBlock, ct: ControlTable) -> None:
+    """The lease taken away (here: released by an operator) cancels the awaiting work; the block
+    raises LeaseLostInterrupt instead of letting it run on beside the next holder."""
+    ct.set_capacity("wh", 1)
+    reached: list[str] = []
+
+    async def main() -> None:
+        async with slot("wh", block=block, holder="async:holder", lease=3.0):
+            ct.release("wh", "async:holder")  # the slot is gone: the renewer finds it lost
+            await asyncio.sleep(60)
+            reached.append("work ran on after the loss")
+
+    with pytest.raises(LeaseLostInterrupt):
+        asyncio.run(asyncio.wait_for(main(), 60))
+    assert reached == []
+    assert _entries(ct, "wh") == ([], [])
