@@ -111,6 +111,7 @@ def measure(
         "release_to_grant_max": max(release_to_grant) if release_to_grant else float("nan"),
         "idle_per_grant": statistics.fmean(idle) if idle else float("nan"),
         "deferred": sum(1 for r in rows if r["deferred"]),
+        "on_worker": sum(1 for r in rows if r.get("granted_by") == "worker"),
         "failed": len(failed),
         # Where triggering N runs goes: the API calls themselves (the api-server shares the machine
         # with the tasks that start and defer meanwhile), and trigger -> first load start.
@@ -182,8 +183,9 @@ def main(argv: list[str] | None = None) -> None:
         ct.close()
 
     print("\n| loads | pattern | runs | wall s | wall / pool | load end -> next start p50 s | next start / pool | "
-          "release -> next grant p50 (max) s | slot idle per grant s | waited deferred | failed runs |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "release -> next grant p50 (max) s | slot idle per grant s | waited deferred | waited on the worker | "
+          "failed runs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(results):
         pool = results[i + 1] if r["pattern"] == "controltable" else r  # measured right after, same plan item
         rtg = (f"{r['release_to_grant_p50']:.3f} ({r['release_to_grant_max']:.3f})"
@@ -192,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['wall'] / pool['wall']:.2f} | {r['end_to_start_p50']:.2f} | "
               f"{r['end_to_start_p50'] / pool['end_to_start_p50']:.2f} | {rtg} | "
               f"{r['idle_per_grant']:.2f} | {r['deferred'] if r['pattern'] == 'controltable' else '-'} | "
+              f"{r['on_worker'] if r['pattern'] == 'controltable' else '-'} | "
               f"{r['failed']} |")
     print("\n| loads | runs | repeats | controltable: load end -> next start p50 s (gaps) | pool | ratio |")
     print("|---|---|---|---|---|---|")

@@ -33,6 +33,7 @@ intervals = Table(
     Column("try_number", Integer, nullable=False),
     Column("token", Integer, nullable=True),
     Column("deferred", Boolean, nullable=False),
+    Column("granted_by", String(10), nullable=True),  # what ended the wait: free, worker, trigger
     Column("granted", Float, nullable=True),
     Column("started", Float, nullable=False),
     Column("finished", Float, nullable=True),
@@ -48,7 +49,8 @@ def _engine() -> Any:
     return ControlTableHook().get_control_table().engine
 
 
-def record_work(pattern: str, token: Any, deferred: bool, seconds: float, granted: Any = None) -> dict[str, Any]:
+def record_work(pattern: str, token: Any, deferred: bool, seconds: float, granted: Any = None,
+                granted_by: Any = None) -> dict[str, Any]:
     """The pretend load: record the start, work ``seconds`` stamping progress, record the end (also on a kill)."""
     context = get_current_context()
     engine = _engine()
@@ -59,7 +61,8 @@ def record_work(pattern: str, token: Any, deferred: bool, seconds: float, grante
     with engine.begin() as conn:
         row_id = conn.execute(insert(intervals).values(
             pattern=pattern, run_id=context["run_id"], try_number=context["ti"].try_number,
-            token=token, deferred=deferred, granted=granted.timestamp() if granted is not None else None,
+            token=token, deferred=deferred, granted_by=granted_by,
+            granted=granted.timestamp() if granted is not None else None,
             started=time.time(), finished=time.time(), closed=False,
         )).inserted_primary_key[0]
     stamp = update(intervals).where(intervals.c.id == row_id)
@@ -83,7 +86,7 @@ with DAG("ct_live_slot", schedule=None, start_date=datetime(2024, 1, 1), catchup
         context = get_current_context()
         deferred = bool(getattr(context["task"], "slot_resumed", False))
         return record_work("deferrable", lease.token, deferred, float(context["params"]["seconds"]),
-                           granted=lease.granted_at)
+                           granted=lease.granted_at, granted_by=getattr(context["task"], "slot_granted_by", None))
 
     load()
 
