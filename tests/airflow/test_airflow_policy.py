@@ -623,7 +623,7 @@ def test_pipe_looks_are_shared_by_all_triggers_and_never_older_than_the_report(m
 
 # -- waiting on the worker before deferring: when it pays (pure) --------------------------------------
 def test_worker_wait_budget_waits_only_when_the_grant_is_expected_soon() -> None:
-    from airflow_controltable.defaults import WORKER_WAIT_ROUNDS
+    from airflow_controltable.defaults import WORKER_WAIT_MARGIN, WORKER_WAIT_ROUNDS
     from airflow_controltable.worker_wait import worker_wait_budget
 
     def budget(position: Any, capacity: int = 1, slots: int = 1, exclusive: bool = False,
@@ -638,10 +638,11 @@ def test_worker_wait_budget_waits_only_when_the_grant_is_expected_soon() -> None
     assert budget(WORKER_WAIT_ROUNDS, capacity=2, slots=2) == 20.0  # a request of 2 slots takes a round each
     assert budget(WORKER_WAIT_ROUNDS + 1, capacity=2, slots=2) == 0.0
     assert budget(WORKER_WAIT_ROUNDS + 1, capacity=10, exclusive=True) == 0.0  # an exclusive one runs alone
-    # Known holds: the rounds ahead times the typical hold against the bound.
-    assert budget(5, capacity=1, hold=3.0) == 20.0  # 15 s expected
+    # Known holds: the rounds ahead times the typical hold, with the margin, against the bound.
+    assert budget(3, capacity=1, hold=20.0 / WORKER_WAIT_MARGIN / 3) == 20.0  # just fits
+    assert budget(4, capacity=1, hold=20.0 / WORKER_WAIT_MARGIN / 3) == 0.0  # one round more does not
+    assert budget(6, capacity=2, hold=20.0 / WORKER_WAIT_MARGIN / 3) == 20.0  # two slots per round
     assert budget(1, capacity=1, hold=60.0) == 0.0  # a long load ahead: defer at once
-    assert budget(7, capacity=1, hold=3.0) == 0.0  # 21 s expected
     # Off, not waiting (granted meanwhile, withdrawn), or a resource without capacity: defer.
     assert budget(1, worker_wait=0) == 0.0 and budget(None) == 0.0 and budget(1, capacity=0) == 0.0
 

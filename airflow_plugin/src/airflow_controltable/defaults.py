@@ -39,6 +39,7 @@ __all__ = [
     "WORKER_WAIT",
     "WORKER_WAIT_HISTORY",
     "WORKER_WAIT_HISTORY_WINDOW",
+    "WORKER_WAIT_MARGIN",
     "WORKER_WAIT_ROUNDS",
 ]
 
@@ -91,6 +92,11 @@ WORKER_WAIT = 20.0
 #: Without recent grants of the resource to tell how long its slots are held, a request waits on the
 #: worker only when at most this many rounds of the capacity are ahead of it (1: next in line).
 WORKER_WAIT_ROUNDS = 2
+#: With recent grants to go by, a request waits on the worker only when the rounds ahead of it times
+#: their median hold fit this many times in ``worker_wait``: holds vary, and a wait that runs out just
+#: before the grant is the worst case (the grant then comes right after the deferral, which is the
+#: slow path the wait on the worker is for).
+WORKER_WAIT_MARGIN = 2.0
 #: The recent grants read to tell how long the resource's slots are typically held (their median):
 #: how many at most, and from how far back (seconds).
 WORKER_WAIT_HISTORY = 20

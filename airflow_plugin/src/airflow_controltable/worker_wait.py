@@ -13,7 +13,8 @@ runs out. Meanwhile it occupies its worker slot, as a sensor in poke mode does.
 
 "Soon" is judged from where the request stands (:func:`worker_wait_budget`): how many rounds of
 the resource's capacity are ahead of it, times how long the resource's slots are typically held
-(the median of its recent grants, :func:`typical_hold`); with no recent grants to go by, only a
+(the median of its recent grants, :func:`typical_hold`), with a margin for holds that vary
+(``WORKER_WAIT_MARGIN``); with no recent grants to go by, only a
 request at most ``WORKER_WAIT_ROUNDS`` rounds from the front waits on the worker.
 """
 
@@ -26,7 +27,7 @@ import time
 from collections.abc import Iterable
 from typing import Any, Callable, Optional
 
-from airflow_controltable.defaults import WORKER_WAIT_ROUNDS
+from airflow_controltable.defaults import WORKER_WAIT_MARGIN, WORKER_WAIT_ROUNDS
 
 __all__ = ["typical_hold", "wait_for_grant", "worker_wait_budget"]
 
@@ -52,15 +53,16 @@ def worker_wait_budget(
     granted meanwhile or withdrawn); ``hold`` the resource's :func:`typical_hold`. The request needs
     about ``ceil(position * slots / capacity)`` rounds of releases (``position`` for an exclusive
     request, which runs alone). With a typical hold, it waits on the worker when those rounds are
-    expected within ``worker_wait``; without one, when they are at most ``WORKER_WAIT_ROUNDS``. The
-    wait is ``worker_wait`` either way (the bound; the push ends it at the grant).
+    expected within ``worker_wait / WORKER_WAIT_MARGIN`` (a wait that runs out just before the grant
+    costs the most); without one, when they are at most ``WORKER_WAIT_ROUNDS``. The wait is
+    ``worker_wait`` either way (the bound; the push ends it at the grant).
     """
     if worker_wait <= 0 or position is None or position < 1 or capacity < 1:
         return 0.0
     rounds = position if exclusive else math.ceil(position * max(slots, 1) / capacity)
     if hold is None:
         return float(worker_wait) if rounds <= WORKER_WAIT_ROUNDS else 0.0
-    return float(worker_wait) if rounds * hold <= worker_wait else 0.0
+    return float(worker_wait) if rounds * hold * WORKER_WAIT_MARGIN <= worker_wait else 0.0
 
 
 def wait_for_grant(
