@@ -135,11 +135,29 @@ def main(argv: list[str] | None = None) -> None:
                    help="measured in this order for each plan item: controltable, deferred (worker_wait=0), pool")
     p.add_argument("--capacity", type=int, default=CAPACITY, help="the resource's slots and the pool's (default 2)")
     p.add_argument("--postgres-url", default=os.environ.get("CONTROLTABLE_BENCH_POSTGRES_URL", DEFAULT_PG))
+    p.add_argument("--throwaway-postgres", action="store_true",
+                   help="run the control tables and Airflow's metadata database on a PostgreSQL of its own "
+                        "(tests/support/throwaway.py), not --postgres-url: a shared server's connections may run out")
     p.add_argument("--min-heartbeat-interval", type=float, default=5.0,
                    help="[workers] min_heartbeat_interval of the deployment (Airflow's default: 5)")
     p.add_argument("--fast-scheduler", action="store_true",
                    help="the live tests' 1 s scheduler and triggerer heartbeats (default: Airflow's own settings)")
     a = p.parse_args(argv)
+    if a.throwaway_postgres:
+        from support import throwaway
+
+        try:
+            a.postgres_url = throwaway.url("postgres", "the Airflow benchmark")
+            print(f"throwaway PostgreSQL: {a.postgres_url}", flush=True)
+            run(a)
+        finally:
+            throwaway.close()
+    else:
+        run(a)
+
+
+def run(a: argparse.Namespace) -> None:
+    """One deployment, the plan measured in it, the tables printed."""
     env = {"AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": f"{a.min_heartbeat_interval:g}"}
     if not a.fast_scheduler:
         env.update(SCHEDULER_DEFAULTS)
