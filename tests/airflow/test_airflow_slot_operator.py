@@ -399,3 +399,33 @@ def test_killed_while_waiting_on_the_worker_withdraws_from_the_queue(conn_id: st
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert waiters(ct) == [] and holders(ct) == ["other"]
+
+
+def test_the_head_resumes_early_when_holds_are_short_and_waits_on_the_worker(conn_id: str, ct: Any) -> None:
+    """A deferred request that becomes the head, on a resource whose recent holds were short, fires "near"
+    (no grant yet): the task resumes and waits for the grant on its worker. With nothing known of the
+    holds, the head waits for the grant in the triggerer."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_controltable.triggers.slot import SlotTrigger
+
+    ct.set_capacity("warehouse", 1)
+    other = ct.acquire("warehouse", holder="other", timeout=0)
+    op = operator(conn_id, lambda lease=None: lease.token, worker_wait=120)
+    assert op._try_slot(ctx()) is None  # queued, the head
+    with pytest.raises(TaskDeferred) as deferred:
+        op._defer_for_slot(ctx())
+    kwargs = json.loads(json.dumps(deferred.value.trigger.serialize()[1]))
+    assert kwargs["resume_near"] == 120
+    assert asyncio.run(SlotTrigger(**kwargs)._near()) is None  # no hold known yet: no early resume
+    other.release()  # a short hold on record; the task's request is granted now ...
+    assert ct.find_lease("warehouse", HOLDER) is not None
+    ct.release("warehouse", HOLDER)  # ... and withdrawn again, to be queued behind a new holder
+    other = ct.acquire("warehouse", holder="other", timeout=0)
+    assert op._try_slot(ctx()) is None
+    event = asyncio.run(first_event(SlotTrigger(**kwargs)))
+    assert event.payload["status"] == "near" and holders(ct) == ["other"]  # fired before any grant
+    threading.Thread(target=other.release, daemon=True).start()
+    token = op.execute_in_slot(ctx(), event=event.payload)
+    assert token == other.token + 1 and op.slot_granted_by == "worker" and op.slot_resumed
+    assert holders(ct) == [] and waiters(ct) == []

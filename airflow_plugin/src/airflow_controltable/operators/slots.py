@@ -251,7 +251,7 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
                           self.resource, time.monotonic() - started)
         return lease
 
-    def _defer_for_slot(self, context: Context, since: Optional[float] = None) -> None:
+    def _defer_for_slot(self, context: Context, since: Optional[float] = None, resume_near: bool = True) -> None:
         from airflow_controltable.triggers.slot import SlotTrigger
 
         holder = self._slot_holder(context)
@@ -276,6 +276,9 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
                 pickup=self._pickup(), conn_id=self.conn_id, namespace=self.namespace,
                 control_schema=self.control_schema, poll_interval=float(self.poll_interval), deadline=deadline,
                 deferral=deferral_facts(), priority=self._slot_priority(),
+                # Resumed early once next in line (then waits on the worker), once per request: a
+                # wait on the worker that ran out defers for the grant itself.
+                resume_near=float(self.worker_wait) if resume_near else 0.0,
             ),
             method_name="execute_in_slot",
             # Airflow's own deferral timeout is only a backstop: the trigger gives up (and withdraws
@@ -311,6 +314,14 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
                 f"gave up waiting for a slot of {self.resource!r} after wait_timeout={self.wait_timeout} s; "
                 "raise wait_timeout or the resource's capacity (the task's retries wait in line again)"
             )
+        if status == "near":  # next in line, the grant expected soon: wait for it here
+            lease = self._try_slot(context)
+            if lease is None and float(self.worker_wait) > 0:
+                lease = self._wait_on_worker(context, float(self.worker_wait))
+            if lease is None:
+                self._defer_for_slot(context, resume_near=False)  # raises TaskDeferred
+            self.slot_granted_by = "worker"
+            return self._run_in_slot(context, lease)
         if status != "granted":
             raise trigger_failure(event, f"waiting for a slot of {self.resource!r}")
         lease = self._try_slot(context)  # the same holder and attempt: the same grant, idempotently
