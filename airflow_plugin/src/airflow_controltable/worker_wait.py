@@ -16,6 +16,11 @@ the resource's capacity are ahead of it, times how long the resource's slots are
 (the median of its recent grants, :func:`typical_hold`), with a margin for holds that vary
 (``WORKER_WAIT_MARGIN``); with no recent grants to go by, only a
 request at most ``WORKER_WAIT_ROUNDS`` rounds from the front waits on the worker.
+
+A task that deferred (it started far back) gets the same chance once it is the head of its queue:
+its trigger (``SlotTrigger(resume_near=...)``) fires a ``"near"`` event when the same rule, with the
+head's one round and a known typical hold, expects the grant soon, and the task resumes to wait on
+its worker while the holders finish, once per request.
 """
 
 from __future__ import annotations
