@@ -6,9 +6,11 @@
 Starts scheduler, triggerer, dag-processor and api-server (LocalExecutor, a throwaway PostgreSQL
 metadata database; the harness of ``tests/airflow/live_airflow.py``), then for 1 s loads and for
 30 s loads (or, with ``--queues``, for each queue length given, with 1 s loads) triggers N runs on
-a capacity-2 (``--capacity``) resource twice: with ``@task.controltable_slot`` (wait
-deferred, hold while working) and with a plain Airflow pool of 2 slots. Same deployment, same DAG
-file, same load code, one after the other. Prints per pattern:
+a capacity-2 (``--capacity``) resource twice: with ``@task.controltable_slot`` as users get it
+(``controltable``: a slot expected soon waited for on the worker, else deferred; hold while
+working) and with a plain Airflow pool of 2 slots; ``--patterns controltable,deferred,pool`` adds
+``deferred``, every wait deferred (``worker_wait=0``, the behaviour before the wait on the worker).
+Same deployment, same DAG file, same load code, one after the other. Prints per pattern:
 
 * wall time (first trigger -> last load end) and the ratio controltable / pool;
 * load end -> next load start p50 (what a user sees between loads);
@@ -65,7 +67,7 @@ def _intervals(ct: ControlTable, run_ids: list[str]) -> list[dict[str, Any]]:
 def measure(
     airflow: LiveAirflow, ct: ControlTable, pattern: str, runs: int, seconds: float, capacity: int = CAPACITY,
 ) -> dict[str, Any]:
-    dag_id = {"controltable": "ct_live_slot", "pool": "ct_live_pool"}[pattern]
+    dag_id = {"controltable": "ct_live_slot", "deferred": "ct_live_slot_deferred", "pool": "ct_live_pool"}[pattern]
     resource = f"bench_{uuid.uuid4().hex[:6]}"
     ct.set_capacity(resource, capacity)
     t0 = time.time()
@@ -90,7 +92,7 @@ def measure(
     end_to_start = [s - e for s, e in zip(starts[capacity:], ends) if s >= e]
     idle: list[float] = []
     release_to_grant: list[float] = []
-    if pattern == "controltable":
+    if pattern != "pool":
         idle = [r["started"] - r["granted"] for r in rows if r["granted"] is not None]
         grants = sorted(r["granted"] for r in rows if r["granted"] is not None)
         release_to_grant = [g - e for g, e in zip(grants[capacity:], ends) if g >= e]
@@ -111,6 +113,7 @@ def measure(
         "release_to_grant_max": max(release_to_grant) if release_to_grant else float("nan"),
         "idle_per_grant": statistics.fmean(idle) if idle else float("nan"),
         "deferred": sum(1 for r in rows if r["deferred"]),
+        "on_worker": sum(1 for r in rows if r.get("granted_by") == "worker"),
         "failed": len(failed),
         # Where triggering N runs goes: the API calls themselves (the api-server shares the machine
         # with the tasks that start and defer meanwhile), and trigger -> first load start.
@@ -128,13 +131,33 @@ def main(argv: list[str] | None = None) -> None:
                    help="comma-separated queue lengths (runs of 1 s loads) measured instead of --short/--long-runs")
     p.add_argument("--repeat", type=int, default=1,
                    help="measure the plan this many times (p50s below pool the gaps of all repeats)")
+    p.add_argument("--patterns", default="controltable,pool",
+                   help="measured in this order for each plan item: controltable, deferred (worker_wait=0), pool")
     p.add_argument("--capacity", type=int, default=CAPACITY, help="the resource's slots and the pool's (default 2)")
     p.add_argument("--postgres-url", default=os.environ.get("CONTROLTABLE_BENCH_POSTGRES_URL", DEFAULT_PG))
+    p.add_argument("--throwaway-postgres", action="store_true",
+                   help="run the control tables and Airflow's metadata database on a PostgreSQL of its own "
+                        "(tests/support/throwaway.py), not --postgres-url: a shared server's connections may run out")
     p.add_argument("--min-heartbeat-interval", type=float, default=5.0,
                    help="[workers] min_heartbeat_interval of the deployment (Airflow's default: 5)")
     p.add_argument("--fast-scheduler", action="store_true",
                    help="the live tests' 1 s scheduler and triggerer heartbeats (default: Airflow's own settings)")
     a = p.parse_args(argv)
+    if a.throwaway_postgres:
+        from support import throwaway
+
+        try:
+            a.postgres_url = throwaway.url("postgres", "the Airflow benchmark")
+            print(f"throwaway PostgreSQL: {a.postgres_url}", flush=True)
+            run(a)
+        finally:
+            throwaway.close()
+    else:
+        run(a)
+
+
+def run(a: argparse.Namespace) -> None:
+    """One deployment, the plan measured in it, the tables printed."""
     env = {"AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": f"{a.min_heartbeat_interval:g}"}
     if not a.fast_scheduler:
         env.update(SCHEDULER_DEFAULTS)
@@ -154,17 +177,20 @@ def main(argv: list[str] | None = None) -> None:
     try:
         started = time.monotonic()
         airflow.start()
-        airflow.wait_for_dags(["ct_live_slot", "ct_live_pool"])
+        airflow.wait_for_dags(["ct_live_slot", "ct_live_slot_deferred", "ct_live_pool"])
         airflow.api("POST", "/pools", {"name": "live_pool", "slots": a.capacity})
         print(f"deployment up in {time.monotonic() - started:.0f} s (home {airflow.home})", flush=True)
         plan = ([(int(n), 1.0) for n in a.queues.split(",") if n.strip()] if a.queues
                 else [(a.short_runs, 1.0), (a.long_runs, a.long_seconds)]) * max(a.repeat, 1)
-        for pattern in ("controltable", "pool"):  # warm-up, not recorded: the first task of a DAG starts cold
+        patterns = [p.strip() for p in a.patterns.split(",") if p.strip()]
+        if "pool" not in patterns:
+            patterns.append("pool")  # every figure is read against the same run's pool
+        for pattern in patterns:  # warm-up, not recorded: the first task of a DAG starts cold
             measure(airflow, ct, pattern, 1, 0.1, a.capacity)
         for runs, seconds in plan:
             if runs <= 0:
                 continue
-            for pattern in ("controltable", "pool"):
+            for pattern in patterns:
                 print(f"-- {pattern}: {runs} runs x {seconds:.0f} s loads, capacity {a.capacity}", flush=True)
                 results.append(measure(airflow, ct, pattern, runs, seconds, a.capacity))
                 r = results[-1]
@@ -182,26 +208,31 @@ def main(argv: list[str] | None = None) -> None:
         ct.close()
 
     print("\n| loads | pattern | runs | wall s | wall / pool | load end -> next start p50 s | next start / pool | "
-          "release -> next grant p50 (max) s | slot idle per grant s | waited deferred | failed runs |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "release -> next grant p50 (max) s | slot idle per grant s | waited deferred | waited on the worker | "
+          "failed runs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(results):
-        pool = results[i + 1] if r["pattern"] == "controltable" else r  # measured right after, same plan item
-        rtg = (f"{r['release_to_grant_p50']:.3f} ({r['release_to_grant_max']:.3f})"
-               if r["pattern"] == "controltable" else "-")
+        # The pool of the same plan item (measured beside it, in the same deployment).
+        pool = next(q for q in results[i - i % len(patterns):] if q["pattern"] == "pool")
+        mine = r["pattern"] != "pool"
+        rtg = f"{r['release_to_grant_p50']:.3f} ({r['release_to_grant_max']:.3f})" if mine else "-"
         print(f"| {r['seconds']:.0f} s | {r['pattern']} | {r['runs']} | {r['wall']:.1f} | "
               f"{r['wall'] / pool['wall']:.2f} | {r['end_to_start_p50']:.2f} | "
               f"{r['end_to_start_p50'] / pool['end_to_start_p50']:.2f} | {rtg} | "
-              f"{r['idle_per_grant']:.2f} | {r['deferred'] if r['pattern'] == 'controltable' else '-'} | "
+              f"{r['idle_per_grant']:.2f} | {r['deferred'] if mine else '-'} | "
+              f"{r['on_worker'] if mine else '-'} | "
               f"{r['failed']} |")
-    print("\n| loads | runs | repeats | controltable: load end -> next start p50 s (gaps) | pool | ratio |")
-    print("|---|---|---|---|---|---|")
+    print("\n| loads | runs | repeats | pattern | load end -> next start p50 s (gaps) | pool | ratio |")
+    print("|---|---|---|---|---|---|---|")
     for key in dict.fromkeys((r["seconds"], r["runs"]) for r in results):
         gaps = {pattern: [g for r in results if (r["seconds"], r["runs"]) == key and r["pattern"] == pattern
-                          for g in r["gaps"]] for pattern in ("controltable", "pool")}
+                          for g in r["gaps"]] for pattern in patterns}
         repeats = sum(1 for r in results if (r["seconds"], r["runs"]) == key and r["pattern"] == "pool")
-        ct_p50, pool_p50 = _p50(gaps["controltable"]), _p50(gaps["pool"])
-        print(f"| {key[0]:.0f} s | {key[1]} | {repeats} | {ct_p50:.2f} ({len(gaps['controltable'])}) | "
-              f"{pool_p50:.2f} ({len(gaps['pool'])}) | {ct_p50 / pool_p50:.2f} |")
+        pool_p50 = _p50(gaps["pool"])
+        for pattern in (p for p in patterns if p != "pool"):
+            p50 = _p50(gaps[pattern])
+            print(f"| {key[0]:.0f} s | {key[1]} | {repeats} | {pattern} | {p50:.2f} ({len(gaps[pattern])}) | "
+                  f"{pool_p50:.2f} ({len(gaps['pool'])}) | {p50 / pool_p50:.2f} |")
     print("\n| loads | pattern | trigger N runs s | API call p50 (max) s | first trigger -> first load start s |")
     print("|---|---|---|---|---|")
     for r in results:

@@ -43,7 +43,8 @@ def live_intervals(namespace: str) -> Table:
         f"live_intervals_{namespace}", MetaData(),
         Column("id", Integer, primary_key=True, autoincrement=True), Column("pattern", String(20), nullable=False),
         Column("run_id", String(250), nullable=False), Column("try_number", Integer, nullable=False),
-        Column("token", Integer), Column("deferred", Boolean, nullable=False), Column("granted", Float),
+        Column("token", Integer), Column("deferred", Boolean, nullable=False),
+        Column("granted_by", String(10)), Column("granted", Float),
         Column("started", Float, nullable=False), Column("finished", Float), Column("closed", Boolean, nullable=False),
     )
 

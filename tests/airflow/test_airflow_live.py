@@ -43,8 +43,8 @@ def live() -> Iterator[tuple[LiveAirflow, ControlTable]]:
     airflow = LiveAirflow(server_url=url, control_url=url, namespace=namespace, dag_files=[DAGS])
     try:
         airflow.start()
-        airflow.wait_for_dags(["ct_live_slot", "ct_live_sensor", "ct_live_poison", "ct_live_pool", "ct_live_sql",
-                               "ct_live_sql_sensor"])
+        airflow.wait_for_dags(["ct_live_slot", "ct_live_slot_deferred", "ct_live_sensor", "ct_live_poison",
+                               "ct_live_pool", "ct_live_sql", "ct_live_sql_sensor"])
         yield airflow, ct
         lags = airflow.resume_lags()
         if lags:
@@ -131,16 +131,16 @@ def wait_started(ct: ControlTable, run_id: str, timeout: float = 120.0) -> dict[
 def test_six_runs_on_one_slot_defer_and_hand_over_in_grant_order(live: tuple[LiveAirflow, ControlTable]) -> None:
     airflow, ct = live
     ct.set_capacity("cap1", 1)
-    runs = start_runs(airflow, "ct_live_slot", 6, resource="cap1", seconds=1.5)
+    runs = start_runs(airflow, "ct_live_slot_deferred", 6, resource="cap1", seconds=1.5)
     seen_deferred: set[str] = set()
 
     def sample() -> None:
-        for (run_id, _task, _), state in airflow.task_states("ct_live_slot").items():
+        for (run_id, _task, _), state in airflow.task_states("ct_live_slot_deferred").items():
             if run_id in runs and state == "deferred":
                 seen_deferred.add(run_id)
 
-    states = airflow.wait_for_runs("ct_live_slot", runs, 300, sampler=sample)
-    assert set(states.values()) == {"success"}, [airflow.task_logs("ct_live_slot", r) for r in runs
+    states = airflow.wait_for_runs("ct_live_slot_deferred", runs, 300, sampler=sample)
+    assert set(states.values()) == {"success"}, [airflow.task_logs("ct_live_slot_deferred", r) for r in runs
                                                  if states[r] != "success"]
     rows = recorded(ct, runs)
     assert sorted(r["run_id"] for r in rows) == sorted(runs), "each run loads exactly once"
@@ -159,18 +159,38 @@ def test_six_runs_on_one_slot_defer_and_hand_over_in_grant_order(live: tuple[Liv
     assert not status.holders and not status.waiters
 
 
+def test_a_short_queue_is_granted_on_the_workers_without_deferring(live: tuple[LiveAirflow, ControlTable]) -> None:
+    """Three runs on one slot with the default ``worker_wait``: the two that find it taken are next and
+    next-but-one, so they wait on their workers and the releases grant them there; none defers (so
+    no exit report to race with), tokens follow the grant order, never an overlap."""
+    airflow, ct = live
+    ct.set_capacity("shortq", 1)
+    runs = start_runs(airflow, "ct_live_slot", 3, resource="shortq", seconds=1)
+    states = airflow.wait_for_runs("ct_live_slot", runs, 300)
+    assert set(states.values()) == {"success"}, [airflow.task_logs("ct_live_slot", r) for r in runs
+                                                 if states[r] != "success"]
+    rows = recorded(ct, runs)
+    check_exclusive(rows, "shortq")
+    assert sorted(r["granted_by"] for r in rows) == ["free", "worker", "worker"], rows
+    assert not any(r["deferred"] for r in rows), rows
+    tokens = [r["token"] for r in rows]
+    assert tokens == sorted(tokens), f"tokens not in grant order: {tokens}"
+    gaps = handoffs(rows)
+    print(f"\nshort queue on the workers: load end -> next load start {', '.join(f'{g:.3f}' for g in gaps)} s")
+
+
 def test_run_marked_failed_while_its_load_holds_the_slot(live: tuple[LiveAirflow, ControlTable]) -> None:
     airflow, ct = live
     ct.set_capacity("failres", 1)
-    (first,) = start_runs(airflow, "ct_live_slot", 1, resource="failres", seconds=60)
+    (first,) = start_runs(airflow, "ct_live_slot_deferred", 1, resource="failres", seconds=60)
     started = wait_started(ct, first)
-    (second,) = start_runs(airflow, "ct_live_slot", 1, resource="failres", seconds=1)
-    LiveAirflow.wait_until(lambda: airflow.task_states("ct_live_slot").get((second, "load", -1)) == "deferred",
+    (second,) = start_runs(airflow, "ct_live_slot_deferred", 1, resource="failres", seconds=1)
+    LiveAirflow.wait_until(lambda: airflow.task_states("ct_live_slot_deferred").get((second, "load", -1)) == "deferred",
                            120, "the second run to defer")
     marked = time.time()
-    airflow.api("PATCH", f"/dags/ct_live_slot/dagRuns/{first}", {"state": "failed"})
-    states = airflow.wait_for_runs("ct_live_slot", [first, second], 180)
-    assert states == {first: "failed", second: "success"}, airflow.task_logs("ct_live_slot", second)
+    airflow.api("PATCH", f"/dags/ct_live_slot_deferred/dagRuns/{first}", {"state": "failed"})
+    states = airflow.wait_for_runs("ct_live_slot_deferred", [first, second], 180)
+    assert states == {first: "failed", second: "success"}, airflow.task_logs("ct_live_slot_deferred", second)
     rows = recorded(ct, [first, second])
     assert [r["run_id"] for r in rows] == [first, second]
     check_exclusive(rows, "failres")
@@ -204,10 +224,10 @@ def test_triggerer_restart_while_four_tasks_are_deferred(live: tuple[LiveAirflow
     airflow, ct = live
     ct.set_capacity("restartres", 1)
     blocker = ct.acquire("restartres", holder="test-blocker", lease=300, timeout=0)
-    runs = start_runs(airflow, "ct_live_slot", 4, resource="restartres", seconds=0.5)
+    runs = start_runs(airflow, "ct_live_slot_deferred", 4, resource="restartres", seconds=0.5)
 
     def all_deferred() -> bool:
-        states = airflow.task_states("ct_live_slot")
+        states = airflow.task_states("ct_live_slot_deferred")
         return all(states.get((r, "load", -1)) == "deferred" for r in runs)
 
     LiveAirflow.wait_until(all_deferred, 180, "four deferred tasks")
@@ -215,7 +235,7 @@ def test_triggerer_restart_while_four_tasks_are_deferred(live: tuple[LiveAirflow
     time.sleep(2)
     airflow.start_component("triggerer")
     blocker.release()
-    states = airflow.wait_for_runs("ct_live_slot", runs, 300)
+    states = airflow.wait_for_runs("ct_live_slot_deferred", runs, 300)
     assert set(states.values()) == {"success"}, states
     rows = recorded(ct, runs)
     assert sorted(r["run_id"] for r in rows) == sorted(runs), f"each task gets the slot exactly once: {rows}"

@@ -619,3 +619,47 @@ def test_pipe_looks_are_shared_by_all_triggers_and_never_older_than_the_report(m
     together, after = asyncio.run(scenario())
     assert together <= 3, f"{together} looks for 100 triggers"
     assert after == together + 1
+
+
+# -- waiting on the worker before deferring: when it pays (pure) --------------------------------------
+def test_worker_wait_budget_waits_only_when_the_grant_is_expected_soon() -> None:
+    from airflow_controltable.defaults import WORKER_WAIT_MARGIN, WORKER_WAIT_ROUNDS
+    from airflow_controltable.worker_wait import worker_wait_budget
+
+    def budget(position: Any, capacity: int = 1, slots: int = 1, exclusive: bool = False,
+               worker_wait: float = 20.0, hold: Any = None) -> float:
+        return worker_wait_budget(position=position, capacity=capacity, slots=slots, exclusive=exclusive,
+                                  worker_wait=worker_wait, hold=hold)
+
+    # Nothing known of the holds: the first WORKER_WAIT_ROUNDS rounds of the capacity wait, the rest defer.
+    assert budget(1) == 20.0 and budget(WORKER_WAIT_ROUNDS) == 20.0 and budget(WORKER_WAIT_ROUNDS + 1) == 0.0
+    assert budget(2 * WORKER_WAIT_ROUNDS, capacity=2) == 20.0  # two slots per round
+    assert budget(2 * WORKER_WAIT_ROUNDS + 1, capacity=2) == 0.0
+    assert budget(WORKER_WAIT_ROUNDS, capacity=2, slots=2) == 20.0  # a request of 2 slots takes a round each
+    assert budget(WORKER_WAIT_ROUNDS + 1, capacity=2, slots=2) == 0.0
+    assert budget(WORKER_WAIT_ROUNDS + 1, capacity=10, exclusive=True) == 0.0  # an exclusive one runs alone
+    # Known holds: the rounds ahead times the typical hold, with the margin, against the bound.
+    assert budget(3, capacity=1, hold=20.0 / WORKER_WAIT_MARGIN / 3) == 20.0  # just fits
+    assert budget(4, capacity=1, hold=20.0 / WORKER_WAIT_MARGIN / 3) == 0.0  # one round more does not
+    assert budget(6, capacity=2, hold=20.0 / WORKER_WAIT_MARGIN / 3) == 20.0  # two slots per round
+    assert budget(1, capacity=1, hold=60.0) == 0.0  # a long load ahead: defer at once
+    # Off, not waiting (granted meanwhile, withdrawn), or a resource without capacity: defer.
+    assert budget(1, worker_wait=0) == 0.0 and budget(None) == 0.0 and budget(1, capacity=0) == 0.0
+
+
+def test_typical_hold_is_the_median_of_released_grants() -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from airflow_controltable.worker_wait import typical_hold
+    from controltable import GrantRecord
+
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+    def record(held: float, outcome: str = "released") -> GrantRecord:
+        return GrantRecord(resource="r", holder="h", mode="shared", slots=1, priority=0, token=1, enqueued_at=t0,
+                           granted_at=t0, ended_at=t0 + timedelta(seconds=held), outcome=outcome)
+
+    assert typical_hold([record(1.0), record(3.0), record(2.0), record(600.0, "expired")]) == 2.0
+    held_now = GrantRecord(resource="r", holder="h", mode="shared", slots=1, priority=0, token=1, enqueued_at=t0,
+                           granted_at=t0, ended_at=None, outcome="held")
+    assert typical_hold([held_now, record(600.0, "expired")]) is None and typical_hold([]) is None

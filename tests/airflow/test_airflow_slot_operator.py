@@ -72,7 +72,7 @@ def test_waits_deferred_then_resumes_with_the_grant(conn_id: str, ct: Any) -> No
 
     ct.set_capacity("warehouse", 1)
     other = ct.acquire("warehouse", holder="other", timeout=0)
-    op = operator(conn_id, lambda lease=None: lease.token)
+    op = operator(conn_id, lambda lease=None: lease.token, worker_wait=0)  # defer at once
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(ctx())
     trigger = deferred.value.trigger
@@ -85,7 +85,7 @@ def test_waits_deferred_then_resumes_with_the_grant(conn_id: str, ct: Any) -> No
     event = asyncio.run(first_event(rebuilt))
     assert event.payload["status"] == "granted" and event.payload["token"] == 2
     assert op.execute_in_slot(ctx(), event=event.payload) == 2
-    assert op.slot_resumed and holders(ct) == []
+    assert op.slot_resumed and op.slot_granted_by == "trigger" and holders(ct) == []
 
 
 def test_failure_releases_and_a_retry_gets_a_higher_token(conn_id: str, ct: Any) -> None:
@@ -219,7 +219,7 @@ def test_wait_timeout_withdraws_from_the_queue(conn_id: str, ct: Any) -> None:
 
     ct.set_capacity("warehouse", 1)
     ct.acquire("warehouse", holder="other", timeout=0)
-    op = operator(conn_id, lambda: None, wait_timeout=0.5)
+    op = operator(conn_id, lambda: None, wait_timeout=0.5, worker_wait=0)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(ctx())
     event = asyncio.run(first_event(SlotTrigger(**deferred.value.trigger.serialize()[1])))
@@ -282,7 +282,8 @@ def test_use_priority_weight_queues_by_the_tasks_weight(conn_id: str, ct: Any) -
     ct.set_capacity("warehouse", 1)
     other = ct.acquire("warehouse", holder="other", timeout=0)
     assert ct.try_acquire("warehouse", holder="earlier-low") is None
-    op = operator(conn_id, lambda lease=None: lease.token, use_priority_weight=True, priority_weight=7)
+    op = operator(conn_id, lambda lease=None: lease.token, use_priority_weight=True, priority_weight=7,
+                  worker_wait=0)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(ctx())
     (st,) = ct.status(["warehouse"])
@@ -300,3 +301,131 @@ def test_use_priority_weight_queues_by_the_tasks_weight(conn_id: str, ct: Any) -
     assert plain._slot_priority() == 0
 
 
+
+
+# -- waiting on the worker when the slot is expected soon ------------------------------------------
+def waiters(ct: Any, resource: str = "warehouse") -> list[str]:
+    return [w.holder for st in ct.status([resource]) for w in st.waiters]
+
+
+def test_next_in_line_waits_on_the_worker_and_the_release_grants_it_there(conn_id: str, ct: Any) -> None:
+    """Next in line: no deferral; the task waits on its worker (its place shown in the queue) and the
+    release hands it the slot there."""
+    from support.live import wait_until
+
+    ct.set_capacity("warehouse", 1)
+    other = ct.acquire("warehouse", holder="other", timeout=0)
+
+    def release_once_waiting() -> None:  # synchronised on the waiter showing in the queue
+        wait_until(lambda: waiters(ct) == [HOLDER], 60, "the task to queue while waiting on its worker (hang)")
+        other.release()
+
+    helper = threading.Thread(target=release_once_waiting, daemon=True)
+    helper.start()
+    # A deferral would raise TaskDeferred here; the 120 s bound is only a hang detector.
+    op = operator(conn_id, lambda lease=None: lease.token, worker_wait=120)
+    assert op.execute(ctx()) == 2
+    helper.join(timeout=60)
+    assert op.slot_granted_by == "worker" and not op.slot_resumed
+    assert holders(ct) == [] and waiters(ct) == []
+
+
+def test_a_wait_that_runs_out_on_the_worker_defers_keeping_the_queue_place(conn_id: str, ct: Any) -> None:
+    """Not granted within worker_wait: the task defers with its place (still the head), and the trigger
+    gets the grant."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_controltable.triggers.slot import SlotTrigger
+
+    ct.set_capacity("warehouse", 1)
+    other = ct.acquire("warehouse", holder="other", timeout=0)
+    op = operator(conn_id, lambda lease=None: lease.token, worker_wait=0.3)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx())
+    assert op.slot_granted_by == "worker"  # it did wait there first
+    assert ct.try_acquire("warehouse", holder="later") is None
+    assert waiters(ct) == [HOLDER, "later"]  # the place it took first is kept: FIFO
+    other.release()
+    event = asyncio.run(first_event(SlotTrigger(**deferred.value.trigger.serialize()[1])))
+    assert event.payload["status"] == "granted" and event.payload["holder"] == HOLDER
+    assert op.execute_in_slot(ctx(), event=event.payload) == event.payload["token"]
+    assert op.slot_granted_by == "trigger"
+    ct.release("warehouse", "later")
+
+
+def test_a_long_expected_wait_defers_at_once(conn_id: str, ct: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Far back in the queue with nothing known of the holds (more rounds than WORKER_WAIT_ROUNDS): the
+    task defers without waiting on the worker."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_controltable.defaults import WORKER_WAIT_ROUNDS
+    from airflow_controltable.operators import slots as slot_operators
+
+    ct.set_capacity("warehouse", 1)
+    ct.acquire("warehouse", holder="other", timeout=0)
+    for i in range(WORKER_WAIT_ROUNDS):
+        assert ct.try_acquire("warehouse", holder=f"ahead{i}") is None
+    waited: list[float] = []
+    real = slot_operators.wait_for_grant
+    monkeypatch.setattr(slot_operators, "wait_for_grant",
+                        lambda *a, **k: (waited.append(a[3]), real(*a, **k))[1])
+    with pytest.raises(TaskDeferred):
+        operator(conn_id, lambda lease=None: lease.token, worker_wait=120).execute(ctx())
+    assert waited == [], "it waited on the worker although the grant was not expected soon"
+    assert waiters(ct)[-1] == HOLDER
+
+
+def test_killed_while_waiting_on_the_worker_withdraws_from_the_queue(conn_id: str, ct: Any) -> None:
+    """SIGTERM (Airflow calls on_kill) during the wait on the worker: the wait stops and the queue place is
+    withdrawn, so it does not hold up the queue until its waiter_ttl runs out."""
+    from support.live import wait_until
+
+    from airflow_controltable.kill import ControlTableTaskKilled
+
+    ct.set_capacity("warehouse", 1)
+    ct.acquire("warehouse", holder="other", timeout=0)
+    op: Any = None
+
+    def kill_once_waiting() -> None:
+        wait_until(lambda: waiters(ct) == [HOLDER], 60, "the task to queue while waiting on its worker (hang)")
+        os.kill(os.getpid(), signal.SIGTERM)  # as Airflow's supervisor does: the main thread is interrupted
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: op.on_kill())
+    try:
+        op = operator(conn_id, lambda lease=None: lease.token, worker_wait=120)
+        threading.Thread(target=kill_once_waiting, daemon=True).start()
+        with pytest.raises(ControlTableTaskKilled, match="waiting for a slot"):
+            op.execute(ctx())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert waiters(ct) == [] and holders(ct) == ["other"]
+
+
+def test_the_head_resumes_early_when_holds_are_short_and_waits_on_the_worker(conn_id: str, ct: Any) -> None:
+    """A deferred request that becomes the head, on a resource whose recent holds were short, fires "near"
+    (no grant yet): the task resumes and waits for the grant on its worker. With nothing known of the
+    holds, the head waits for the grant in the triggerer."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_controltable.triggers.slot import SlotTrigger
+
+    ct.set_capacity("warehouse", 1)
+    other = ct.acquire("warehouse", holder="other", timeout=0)
+    op = operator(conn_id, lambda lease=None: lease.token, worker_wait=120)
+    assert op._try_slot(ctx()) is None  # queued, the head
+    with pytest.raises(TaskDeferred) as deferred:
+        op._defer_for_slot(ctx())
+    kwargs = json.loads(json.dumps(deferred.value.trigger.serialize()[1]))
+    assert kwargs["resume_near"] == 120
+    assert asyncio.run(SlotTrigger(**kwargs)._near()) is None  # no hold known yet: no early resume
+    other.release()  # a short hold on record; the task's request is granted now ...
+    assert ct.find_lease("warehouse", HOLDER) is not None
+    ct.release("warehouse", HOLDER)  # ... and withdrawn again, to be queued behind a new holder
+    other = ct.acquire("warehouse", holder="other", timeout=0)
+    assert op._try_slot(ctx()) is None
+    event = asyncio.run(first_event(SlotTrigger(**kwargs)))
+    assert event.payload["status"] == "near" and holders(ct) == ["other"]  # fired before any grant
+    threading.Thread(target=other.release, daemon=True).start()
+    token = op.execute_in_slot(ctx(), event=event.payload)
+    assert token == other.token + 1 and op.slot_granted_by == "worker" and op.slot_resumed
+    assert holders(ct) == [] and waiters(ct) == []

@@ -68,7 +68,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveAirflow
     try:
         airflow.start()
         airflow._token = login(airflow, "admin", ADMIN_PASSWORD)  # the harness's API calls (trigger runs)
-        airflow.wait_for_dags(["ct_live_slot"])
+        airflow.wait_for_dags(["ct_live_slot_deferred"])
         yield airflow, ct
     finally:
         airflow.stop()
@@ -182,8 +182,8 @@ def test_grants_long_after_the_deferral_fire_without_heartbeat_waits(live: tuple
     airflow, ct = live
     ct.set_capacity("defaults", 1)
     offset = {name: airflow.log_size(name) for name in ("scheduler", "triggerer")}
-    run_ids = [airflow.trigger("ct_live_slot", {"resource": "defaults", "seconds": 3}) for _ in range(6)]
-    states = airflow.wait_for_runs("ct_live_slot", run_ids, 400)
+    run_ids = [airflow.trigger("ct_live_slot_deferred", {"resource": "defaults", "seconds": 3}) for _ in range(6)]
+    states = airflow.wait_for_runs("ct_live_slot_deferred", run_ids, 400)
     assert set(states.values()) == {"success"}, states
     table = live_intervals(ct.namespace)
     with ct.engine.connect() as conn:

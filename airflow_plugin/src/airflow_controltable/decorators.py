@@ -2,8 +2,9 @@
 
 ``@task.controltable_slot("warehouse")`` (registered as a provider task decorator) is the
 deferrable :class:`~airflow_controltable.operators.slots.SlotPythonOperator`: the task waits for
-the slot in the triggerer, then runs the function under it on a worker and releases it when the
-function returns, raises or is killed::
+the slot in the triggerer (or, when it is expected within ``worker_wait`` seconds, on its worker
+first), then runs the function under it on a worker and releases it when the function returns,
+raises or is killed::
 
     @task.controltable_slot("warehouse", conn_id="warehouse_db")
     def load(lease=None):          # optional: the lease, e.g. lease.token for a fencing check

@@ -36,6 +36,11 @@ __all__ = [
     "TEARDOWN_KILL_MARGIN",
     "WORKER_MIN_HEARTBEAT_INTERVAL",
     "WORKER_TASK_SUCCESS_OVERTIME",
+    "WORKER_WAIT",
+    "WORKER_WAIT_HISTORY",
+    "WORKER_WAIT_HISTORY_WINDOW",
+    "WORKER_WAIT_MARGIN",
+    "WORKER_WAIT_ROUNDS",
 ]
 
 #: The two slot modes (the core's); named ``slot_mode`` in every Airflow signature so it never
@@ -76,6 +81,26 @@ DEFAULT_DEFERRED_PICKUP = 20.0
 #: With push wake-ups, a waiting trigger still re-checks this often (seconds) to keep its queue
 #: entry alive and to cover a lost notification; never more than a quarter of the waiter's ttl.
 DEFAULT_REFRESH_INTERVAL = 30.0
+
+#: ``worker_wait`` of the slot operators: seconds a task whose slot is expected soon waits for it on
+#: its worker (occupying the worker slot, like a sensor in poke mode) before it defers. A deferral
+#: costs a resume (schedule, queue, a new task process) plus, for a grant within seconds of the
+#: deferral, the wait for the scheduler to handle the deferring process's exit
+#: (``[workers] min_heartbeat_interval`` + a scheduler loop, 10 s by default): a wait shorter than
+#: that is cheaper on the worker. 0 defers at once.
+WORKER_WAIT = 20.0
+#: Without recent grants of the resource to tell how long its slots are held, a request waits on the
+#: worker only when at most this many rounds of the capacity are ahead of it (1: next in line).
+WORKER_WAIT_ROUNDS = 2
+#: With recent grants to go by, a request waits on the worker only when the rounds ahead of it times
+#: their median hold fit this many times in ``worker_wait``: holds vary, and a wait that runs out just
+#: before the grant is the worst case (the grant then comes right after the deferral, which is the
+#: slow path the wait on the worker is for).
+WORKER_WAIT_MARGIN = 2.0
+#: The recent grants read to tell how long the resource's slots are typically held (their median):
+#: how many at most, and from how far back (seconds).
+WORKER_WAIT_HISTORY = 20
+WORKER_WAIT_HISTORY_WINDOW = 3600.0
 
 #: Poll interval of a slot trigger on a backend without push (seconds).
 DEFAULT_TRIGGER_POLL_INTERVAL = 2.0

@@ -33,6 +33,7 @@ intervals = Table(
     Column("try_number", Integer, nullable=False),
     Column("token", Integer, nullable=True),
     Column("deferred", Boolean, nullable=False),
+    Column("granted_by", String(10), nullable=True),  # what ended the wait: free, worker, trigger
     Column("granted", Float, nullable=True),
     Column("started", Float, nullable=False),
     Column("finished", Float, nullable=True),
@@ -48,7 +49,8 @@ def _engine() -> Any:
     return ControlTableHook().get_control_table().engine
 
 
-def record_work(pattern: str, token: Any, deferred: bool, seconds: float, granted: Any = None) -> dict[str, Any]:
+def record_work(pattern: str, token: Any, deferred: bool, seconds: float, granted: Any = None,
+                granted_by: Any = None) -> dict[str, Any]:
     """The pretend load: record the start, work ``seconds`` stamping progress, record the end (also on a kill)."""
     context = get_current_context()
     engine = _engine()
@@ -59,7 +61,8 @@ def record_work(pattern: str, token: Any, deferred: bool, seconds: float, grante
     with engine.begin() as conn:
         row_id = conn.execute(insert(intervals).values(
             pattern=pattern, run_id=context["run_id"], try_number=context["ti"].try_number,
-            token=token, deferred=deferred, granted=granted.timestamp() if granted is not None else None,
+            token=token, deferred=deferred, granted_by=granted_by,
+            granted=granted.timestamp() if granted is not None else None,
             started=time.time(), finished=time.time(), closed=False,
         )).inserted_primary_key[0]
     stamp = update(intervals).where(intervals.c.id == row_id)
@@ -75,17 +78,26 @@ def record_work(pattern: str, token: Any, deferred: bool, seconds: float, grante
     return {"token": token}
 
 
-with DAG("ct_live_slot", schedule=None, start_date=datetime(2024, 1, 1), catchup=False, params=PARAMS,
-         max_active_runs=64) as slot_dag:
+def slot_dag(dag_id: str, **options: Any) -> DAG:
+    """The recommended pattern: ``@task.controltable_slot`` around the load, with ``options`` (e.g. ``worker_wait``)."""
+    with DAG(dag_id, schedule=None, start_date=datetime(2024, 1, 1), catchup=False, params=PARAMS,
+             max_active_runs=64) as dag:
 
-    @task.controltable_slot("{{ params.resource }}", poll_interval=1.0)
-    def load(lease: Any = None) -> dict[str, Any]:
-        context = get_current_context()
-        deferred = bool(getattr(context["task"], "slot_resumed", False))
-        return record_work("deferrable", lease.token, deferred, float(context["params"]["seconds"]),
-                           granted=lease.granted_at)
+        @task.controltable_slot("{{ params.resource }}", poll_interval=1.0, **options)
+        def load(lease: Any = None) -> dict[str, Any]:
+            context = get_current_context()
+            deferred = bool(getattr(context["task"], "slot_resumed", False))
+            return record_work("deferrable", lease.token, deferred, float(context["params"]["seconds"]),
+                               granted=lease.granted_at, granted_by=getattr(context["task"], "slot_granted_by", None))
 
-    load()
+        load()
+    return dag
+
+
+#: As users get it (a slot expected soon is waited for on the worker, ``worker_wait``'s default).
+default_slot_dag = slot_dag("ct_live_slot")
+#: Every wait deferred (``worker_wait=0``): the triggerer's path, for the tests of deferral and resume.
+deferred_slot_dag = slot_dag("ct_live_slot_deferred", worker_wait=0)
 
 
 #: The writes of the SQL-statement loads: one row per statement that ran to its end (server clock).

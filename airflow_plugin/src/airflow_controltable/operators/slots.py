@@ -6,7 +6,9 @@ operator):
 
 1. when the task starts it asks for the slot (FIFO, ``attempt`` = its try number);
 2. if the slot is not free it *defers*: the wait happens in the triggerer (no worker slot), woken
-   by the database's push notifications;
+   by the database's push notifications. A task whose slot is expected soon (next in line behind
+   short holds) first waits for it on its worker, at most ``worker_wait`` seconds, keeping its
+   queue place (:mod:`airflow_controltable.worker_wait`): a deferral round trip costs more than that;
 3. when granted, the task resumes on a worker and runs the work under the slot, with a short
    lease that this same process renews;
 4. the same process releases the slot when the work returns, raises, or is killed: on SIGTERM
@@ -37,12 +39,16 @@ from airflow_controltable.defaults import (
     DEFAULT_DEFERRED_WAITER_TTL,
     DEFAULT_HELD_LEASE,
     DEFAULT_MODE,
+    DEFAULT_REFRESH_INTERVAL,
     DEFAULT_TRIGGER_POLL_INTERVAL,
     DEFER_TIMEOUT_MARGIN,
     INTERRUPT_ON_LEASE_LOSS,
     TEARDOWN_CHECK_INTERVAL,
     TEARDOWN_KILL_MARGIN,
     WORKER_MIN_HEARTBEAT_INTERVAL,
+    WORKER_WAIT,
+    WORKER_WAIT_HISTORY,
+    WORKER_WAIT_HISTORY_WINDOW,
 )
 from airflow_controltable.exceptions import ControlTableAcquireTimeout, ControlTableLeaseLost
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
@@ -59,6 +65,7 @@ from airflow_controltable.utils import (
     trigger_failure,
     try_number,
 )
+from airflow_controltable.worker_wait import typical_hold, wait_for_grant, worker_wait_budget
 from controltable import ControlTableError, LeaseLostInterrupt
 from controltable import defaults as core_defaults
 
@@ -99,6 +106,12 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
         equal ones in arrival order; any 32-bit value). Wins over ``use_priority_weight``.
     :param use_priority_weight: without ``priority``, queue by the task's ``priority_weight``
         (clamped to the core's range); off by default (plain FIFO, priority 0).
+    :param worker_wait: seconds the task may wait for the slot on its worker before deferring, when
+        the slot is expected within that time (next in line, judged from the queue and the
+        resource's recent hold times: :mod:`airflow_controltable.worker_wait`); the push of the
+        release ends the wait, so the work starts without a deferral round trip. The task occupies
+        its worker slot meanwhile, like a sensor in poke mode, and the time counts towards its
+        ``execution_timeout``. ``0`` defers at once.
     :param interrupt_on_lease_loss: when the renewal finds the lease lost or expired (released from
         outside, reaped, renewals failing for a whole lease), stop the work by raising
         ``LeaseLostInterrupt`` in it, so it does not overlap the next holder; the task then fails
@@ -111,6 +124,9 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
     slot_lease: Any = None
     #: True when this run of the task waited for the slot deferred and resumed when granted.
     slot_resumed: bool = False
+    #: What ended this run's wait for the slot: ``"free"`` (granted at the first try),
+    #: ``"worker"`` (granted while it waited on the worker), ``"trigger"`` (resumed after deferring).
+    slot_granted_by: Optional[str] = None
 
     def __init__(
         self,
@@ -130,9 +146,11 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
         use_priority_weight: bool = False,
         interrupt_on_lease_loss: bool = INTERRUPT_ON_LEASE_LOSS,
         priority: Optional[int] = None,
+        worker_wait: float = WORKER_WAIT,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.worker_wait = worker_wait
         self.priority = priority
         self.use_priority_weight = use_priority_weight
         self.interrupt_on_lease_loss = interrupt_on_lease_loss
@@ -172,7 +190,68 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
                 priority=self._slot_priority(),
             )
 
-    def _defer_for_slot(self, context: Context) -> None:
+    def _worker_wait_budget(self, context: Context) -> float:
+        """Seconds to wait on the worker (:func:`~airflow_controltable.worker_wait.worker_wait_budget`), 0 to defer."""
+        if float(self.worker_wait) <= 0:
+            return 0.0
+        holder = self._slot_holder(context)
+        try:
+            table = self._table()
+            (status,) = table.status([self.resource])
+            position = next((w.position for w in status.waiters if w.holder == holder), None)
+            hold = typical_hold(table.history(self.resource, since=WORKER_WAIT_HISTORY_WINDOW,
+                                              limit=WORKER_WAIT_HISTORY))
+        except (ControlTableError, ValueError) as exc:  # cannot tell: defer, as without the option
+            self.log.info("controltable: cannot tell how soon %r comes (%s); deferring", self.resource, exc)  # type: ignore[attr-defined]
+            return 0.0
+        budget = worker_wait_budget(position=position, capacity=status.capacity, slots=self.slots,
+                                    exclusive=self.slot_mode == "exclusive", worker_wait=float(self.worker_wait),
+                                    hold=hold)
+        if budget > 0:
+            self.log.info(  # type: ignore[attr-defined]
+                "controltable: %r expected soon (position %s, capacity %d, typical hold %s): waiting up to %.0f s "
+                "on the worker before deferring", self.resource, position, status.capacity,
+                f"{hold:.1f} s" if hold is not None else "unknown", budget,
+            )
+        return budget
+
+    def _wait_on_worker(self, context: Context, seconds: float) -> Any:
+        """Wait up to ``seconds`` for the grant here, keeping the queue place; None when it did not come.
+
+        Killed meanwhile (``on_kill``), or failing, the request is withdrawn before the error goes
+        on: a killed task's place must not hold up the queue until its ``waiter_ttl`` runs out.
+        """
+        holder = self._slot_holder(context)
+        table = self._table()
+        started = time.monotonic()
+        self._stopper = WorkStopper(
+            f"the task is being killed: stopped waiting for a slot of {self.resource!r} on the worker "
+            "and withdrew from its queue"
+        )
+        try:
+            with self._stopper:
+                lease = wait_for_grant(
+                    table, list(table.wakeup_keys(self.resource, holder)), lambda: self._try_slot(context), seconds,
+                    poll=min(float(self.poll_interval), 1.0),
+                    refresh=min(DEFAULT_REFRESH_INTERVAL, max(float(self.waiter_ttl) / 4.0, 1.0)),
+                )
+        except BaseException:
+            try:
+                table.release(self.resource, holder)
+            except Exception as exc:  # the entry expires after waiter_ttl anyway
+                self.log.warning("controltable: could not withdraw from %r: %s", self.resource, exc)  # type: ignore[attr-defined]
+            raise
+        finally:
+            self._stopper = None
+        if lease is None:
+            self.log.info("controltable: no grant of %r within %.1f s on the worker; deferring",  # type: ignore[attr-defined]
+                          self.resource, time.monotonic() - started)
+        else:
+            self.log.info("controltable: granted %r after %.2f s on the worker",  # type: ignore[attr-defined]
+                          self.resource, time.monotonic() - started)
+        return lease
+
+    def _defer_for_slot(self, context: Context, since: Optional[float] = None, resume_near: bool = True) -> None:
         from airflow_controltable.triggers.slot import SlotTrigger
 
         holder = self._slot_holder(context)
@@ -188,7 +267,8 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
             )
         else:
             log.info("controltable: waiting for %r as %r; deferring to the triggerer", self.resource, holder)
-        deadline = time.time() + float(self.wait_timeout) if self.wait_timeout is not None else None
+        began = since if since is not None else time.time()  # a wait on the worker counts towards wait_timeout
+        deadline = began + float(self.wait_timeout) if self.wait_timeout is not None else None
         self.defer(  # type: ignore[attr-defined]
             trigger=SlotTrigger(
                 resource=self.resource, holder=holder, slots=self.slots, slot_mode=self.slot_mode,
@@ -196,31 +276,52 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
                 pickup=self._pickup(), conn_id=self.conn_id, namespace=self.namespace,
                 control_schema=self.control_schema, poll_interval=float(self.poll_interval), deadline=deadline,
                 deferral=deferral_facts(), priority=self._slot_priority(),
+                # Resumed early once next in line (then waits on the worker), once per request: a
+                # wait on the worker that ran out defers for the grant itself.
+                resume_near=float(self.worker_wait) if resume_near else 0.0,
             ),
             method_name="execute_in_slot",
             # Airflow's own deferral timeout is only a backstop: the trigger gives up (and withdraws
             # the queue entry) at the deadline itself.
-            timeout=(timedelta(seconds=float(self.wait_timeout) + DEFER_TIMEOUT_MARGIN)
-                     if self.wait_timeout is not None else None),
+            timeout=(timedelta(seconds=max(deadline - time.time(), 0.0) + DEFER_TIMEOUT_MARGIN)
+                     if deadline is not None else None),
         )
 
     # -- Airflow entry points -----------------------------------------------------------------------
     def execute(self, context: Context) -> Any:
         check_wait_args(self.slot_mode, self.resource)
+        began = time.time()
         lease = self._try_slot(context)
+        self.slot_granted_by = "free"
         if lease is None:
-            self._defer_for_slot(context)  # raises TaskDeferred
+            budget = self._worker_wait_budget(context)
+            if self.wait_timeout is not None:
+                budget = min(budget, max(began + float(self.wait_timeout) - time.time(), 0.0))
+            if budget > 0:
+                lease = self._wait_on_worker(context, budget)
+                self.slot_granted_by = "worker"
+            if lease is None:
+                self._defer_for_slot(context, began)  # raises TaskDeferred
         return self._run_in_slot(context, lease)
 
     def execute_in_slot(self, context: Context, event: Optional[dict[str, Any]] = None) -> Any:
         """Resume after the trigger granted the slot: take the grant over and run the work under it."""
         self.slot_resumed = True
+        self.slot_granted_by = "trigger"
         status = (event or {}).get("status")
         if status == "timeout":
             raise ControlTableAcquireTimeout(
                 f"gave up waiting for a slot of {self.resource!r} after wait_timeout={self.wait_timeout} s; "
                 "raise wait_timeout or the resource's capacity (the task's retries wait in line again)"
             )
+        if status == "near":  # next in line, the grant expected soon: wait for it here
+            lease = self._try_slot(context)
+            if lease is None and float(self.worker_wait) > 0:
+                lease = self._wait_on_worker(context, float(self.worker_wait))
+            if lease is None:
+                self._defer_for_slot(context, resume_near=False)  # raises TaskDeferred
+            self.slot_granted_by = "worker"
+            return self._run_in_slot(context, lease)
         if status != "granted":
             raise trigger_failure(event, f"waiting for a slot of {self.resource!r}")
         lease = self._try_slot(context)  # the same holder and attempt: the same grant, idempotently
