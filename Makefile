@@ -35,10 +35,10 @@ $(VENV)/.all-installed: $(VENV)/.core-installed pyproject.toml airflow_plugin/py
 		-e dagster_plugin --group dev
 	touch $@
 
-$(VENV_SA14)/.installed: core/pyproject.toml
+$(VENV_SA14)/.installed: core/pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV_SA14)
 	$(VENV_SA14)/bin/pip install --quiet --upgrade pip
-	$(VENV_SA14)/bin/pip install --quiet 'SQLAlchemy>=1.4.36,<2' PyMySQL pytest pytest-timeout -e core
+	$(VENV_SA14)/bin/pip install --quiet 'SQLAlchemy>=1.4.36,<2' PyMySQL pytest pytest-timeout opentelemetry-sdk -e core
 	touch $@
 
 $(VENV_PREFECT)/.installed: core/pyproject.toml prefect_plugin/pyproject.toml
