@@ -105,7 +105,7 @@ class PrefectDeployment:
         self.worker_name = name
 
         def online() -> bool:
-            workers = self.http.post(f"/work_pools/{self.pool}/workers/filter", json={}).json()
+            workers = self._call("POST", f"/work_pools/{self.pool}/workers/filter", json={}).json()
             return any(w["name"] == name and w.get("status") == "ONLINE" for w in workers)
 
         wait_until(online, 120, f"worker {name} to poll the pool", interval=0.5,
@@ -165,17 +165,34 @@ class PrefectDeployment:
         line = [ln for ln in done.stdout.splitlines() if ln.startswith("DEPLOYED ")][-1]
         self.deployments.update(json.loads(line[len("DEPLOYED "):]))
 
+    # -- the REST API ------------------------------------------------------------------------
+    #: What Prefect's own client retries (prefect.client.base: 429, 502, 503): a loaded server's SQLite
+    #: database answers "locked" and the server says 503 (a CI run beside two CPU hogs got one on
+    #: create_flow_run). Bounded: at most this many tries, backing off up to 5 s each.
+    RETRY_STATUSES = (429, 502, 503)
+    TRIES = 12
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One REST call, retried on the statuses Prefect's client retries; raises on any other error."""
+        for attempt in range(1, self.TRIES + 1):
+            reply = self.http.request(method, path, **kwargs)
+            if reply.status_code not in self.RETRY_STATUSES or attempt == self.TRIES:
+                reply.raise_for_status()
+                return reply
+            retry_after = reply.headers.get("Retry-After", "")
+            backoff = min(5.0, 0.25 * 2 ** attempt)
+            time.sleep(float(retry_after) if retry_after.replace(".", "", 1).isdigit() else backoff)
+        raise AssertionError("unreachable")  # the last try returned or raised
+
     # -- runs --------------------------------------------------------------------------------
     def submit(self, deployment: str, **parameters: Any) -> str:
         """Create a flow run of ``deployment`` (the worker picks it up); its id."""
-        reply = self.http.post(f"/deployments/{self.deployments[deployment]}/create_flow_run",
-                               json={"parameters": parameters})
-        reply.raise_for_status()
+        reply = self._call("POST", f"/deployments/{self.deployments[deployment]}/create_flow_run",
+                           json={"parameters": parameters})
         return str(reply.json()["id"])
 
     def run(self, run_id: str) -> dict[str, Any]:
-        reply = self.http.get(f"/flow_runs/{run_id}")
-        reply.raise_for_status()
+        reply = self._call("GET", f"/flow_runs/{run_id}")
         return dict(reply.json())
 
     def state(self, run_id: str) -> str:
@@ -184,8 +201,7 @@ class PrefectDeployment:
 
     def cancel(self, run_id: str) -> None:
         """What the UI's Cancel does: propose CANCELLING; the worker then stops the flow-run process."""
-        reply = self.http.post(f"/flow_runs/{run_id}/set_state", json={"state": {"type": "CANCELLING"}})
-        reply.raise_for_status()
+        reply = self._call("POST", f"/flow_runs/{run_id}/set_state", json={"state": {"type": "CANCELLING"}})
         assert reply.json()["status"] == "ACCEPT", reply.json()
 
     def wait_for_runs(self, run_ids: list[str], states: set[str], timeout: float) -> None:
@@ -199,9 +215,8 @@ class PrefectDeployment:
             self.logs(r)[-3000:] for r in bad)
 
     def logs(self, run_id: str) -> str:
-        reply = self.http.post("/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}},
-                                                     "sort": "TIMESTAMP_ASC", "limit": 200})
-        reply.raise_for_status()
+        reply = self._call("POST", "/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}},
+                                                         "sort": "TIMESTAMP_ASC", "limit": 200})
         return "\n".join(entry["message"] for entry in reply.json())
 
 
