@@ -17,7 +17,7 @@ VENV_SA14 ?= .venv-sa14
 VENV_PREFECT ?= .venv-prefect
 BIN := $(VENV)/bin
 
-.PHONY: demo test check test-airflow-live test-prefect-live faults soak lint docs docs-serve sql bench dist clean
+.PHONY: demo test check test-airflow-live test-prefect-live test-cross-live faults soak lint docs docs-serve sql bench dist clean
 
 $(VENV)/.core-installed: core/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,11 @@ test-prefect-live: $(VENV_PREFECT)/.installed
 
 test-airflow-live: $(VENV)/.all-installed
 	$(BIN)/python -m pytest tests/airflow/test_airflow_live.py -v
+
+# The cross-orchestrator test (part of `make test` too): Airflow, Dagster, Prefect and `controltable run`
+# contending for one resource at once, each deployment running; Prefect under its own interpreter.
+test-cross-live: $(VENV)/.all-installed $(VENV_PREFECT)/.installed
+	CONTROLTABLE_TEST_PREFECT_PYTHON=$(VENV_PREFECT)/bin/python $(BIN)/python -m pytest tests/live -v -s
 
 # ruff over the repository, mypy over the three packages (configured in pyproject.toml [tool.mypy]).
 lint: $(VENV)/.all-installed

@@ -54,11 +54,11 @@ def handoff_waiter(url: str, listen_url: str | None, resource: str, conn: Any) -
         msg = conn.recv()
         if msg == "stop":
             break
-        before = ct._wakeups.received
+        before = ct.wakeups.received
         lease = ct.acquire(resource, holder=f"waiter-{msg}", timeout=60, lease=60)
         granted = time.time()
         lease.release()
-        conn.send((granted, ct._wakeups.received > before))
+        conn.send((granted, ct.wakeups.received > before))
     ct.close()
 
 

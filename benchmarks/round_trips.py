@@ -75,7 +75,7 @@ def run(url: str, samples: int = 300) -> dict[str, Any]:
     return {"code": controltable.__file__, "backend": backend, "p50_ms": round(p50, 3),
             "two_commits_p50_ms": round(f50, 3), "ratio": round(p50 / f50, 2),
             # The usual count; the most is higher when a release also pruned the grant history
-            # (every few minutes per resource, see SlotEngine._maybe_prune).
+            # (every few minutes per resource, see HistoryPruner.maybe_prune).
             "statements_per_acquire": statistics.mode(acquires), "statements_per_release": statistics.mode(releases),
             "most_per_acquire": max(acquires), "most_per_release": max(releases)}
 

@@ -30,7 +30,7 @@ def _handoffs(url: str, push: bool, rounds: int) -> tuple[list[float], list[floa
     ct.install()
     ct.set_capacity(resource, 1)
     settle_control_tables(ct)
-    ct._wakeups.enabled = push
+    ct.wakeups.enabled = push
     parent, child = SPAWN.Pipe()
     proc = SPAWN.Process(target=handoff_waiter, args=(url, NAMESPACE, resource, push, child), daemon=True)
     proc.start()

@@ -199,19 +199,19 @@ async def _pgqueuer_drain(dsn: str, jobs: int, batch: int) -> dict[str, Any]:
 def handoff_waiter(url: str, namespace: str, resource: str, push: bool, conn: Any) -> None:
     """On each "go", wait for ``resource`` (queued behind the parent) and report when granted."""
     ct = ControlTable(url, namespace=namespace)
-    ct._wakeups.enabled = push
+    ct.wakeups.enabled = push
     ct.db.ping()
     conn.send("ready")
     while True:
         msg = conn.recv()
         if msg == "stop":
             break
-        before = ct._wakeups.received
+        before = ct.wakeups.received
         lease = ct.acquire(resource, holder=f"waiter-{msg}", timeout=60, lease=60)
         granted = time.time()
-        woken = ct._wakeups.received > before
+        woken = ct.wakeups.received > before
         lease.release()
-        conn.send((granted, woken, ct._wakeups.active))
+        conn.send((granted, woken, ct.wakeups.active))
     ct.close()
 
 
@@ -223,7 +223,7 @@ def idle_waiter(url: str, namespace: str, resource: str, phases: Any, reports: A
             break
         push, seconds = phase
         ct = ControlTable(url, namespace=namespace)
-        ct._wakeups.enabled = push
+        ct.wakeups.enabled = push
         reports.put("started")
         try:
             ct.acquire(resource, timeout=seconds, lease=60)
@@ -246,7 +246,7 @@ def idle_claimer(url: str, table: str, phases: Any, reports: Any) -> None:
             break
         push, seconds = phase
         ct = ControlTable(url)
-        ct._wakeups.enabled = push
+        ct.wakeups.enabled = push
         events = ct.events(table, key="event_id")
         reports.put("started")
         deadline = time.monotonic() + seconds

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from airflow_helpers import EXAMPLES, airflow_bin, load_example, set_connection, task_states
+from support.live import wait_until
 
 pytestmark = pytest.mark.usefixtures("airflow_db")
 
@@ -114,7 +115,16 @@ def _clone_airflow_home(src: Path, dst: Path) -> None:
 def test_two_deployments_contend_for_one_slot_and_never_overlap(
     airflow_db: Path, control_url: str, tmp_path: Path
 ) -> None:
-    """Two `airflow dags test` processes, each its own deployment (metadata DB), share one control table."""
+    """Two `airflow dags test` processes, each its own deployment (metadata DB), share one control table.
+
+    The test holds the slot until both runs are seen queued behind it (``status()``), so both really
+    contend however far apart a loaded machine starts the two processes (a CI run started one after
+    the other's 5 s load had ended, and nobody waited).
+    """
+    with table_for(control_url) as ct:
+        ct.install()
+        ct.set_capacity("warehouse", 1)
+        blocker = ct.acquire("warehouse", holder="test-blocker", lease=600)
     procs = []
     for name in ("east", "west"):
         home = tmp_path / f"home_{name}"
@@ -129,7 +139,19 @@ def test_two_deployments_contend_for_one_slot_and_never_overlap(
             [airflow_bin(), "dags", "test", "controltable_warehouse_slot", "-c", json.dumps({"load_seconds": 5})],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         ))
-    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    try:
+        with table_for(control_url) as ct:
+            wait_until(lambda: len(ct.status(["warehouse"])[0].waiters) == 2, 240,
+                       "both deployments' runs to queue behind the test's holder",
+                       state=lambda: [p.poll() for p in procs])
+            blocker_token = blocker.token
+            assert ct.release("warehouse", "test-blocker") == 1
+        outputs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     for proc, out in zip(procs, outputs):
         assert proc.returncode == 0, out[-4000:]
 
@@ -140,9 +162,9 @@ def test_two_deployments_contend_for_one_slot_and_never_overlap(
     (token1, start1, end1), (token2, start2, end2) = loads
     assert end1 - start1 >= 5 and end2 - start2 >= 5
     assert end1 <= start2, f"the loads overlapped: {loads}"
-    assert token2 > token1  # the later holder got a newer fencing token
+    assert blocker_token < token1 < token2  # each later holder got a newer fencing token
     assert live_holders(control_url, "warehouse") == []
-    assert any("acquire_warehouse" in out and "deferring" in out for out in outputs)  # one run really waited
+    assert all("acquire_warehouse" in out and "deferring" in out for out in outputs)  # both really waited
 
 
 def test_event_batch_dag_drains_the_table(control_url: str) -> None:

@@ -270,7 +270,7 @@ def test_listen_url_extra_reaches_the_listener(airflow_db: Path, monkeypatch: py
     conn = set_connection(monkeypatch, "ct_listen", conn_type="controltable", password="pw",
                           extra={"url": backend_url, "namespace": namespace, "listen_url": backend_url})
     table = ControlTableHook(conn).get_control_table()
-    assert table._wakeups.listen_url == direct.set(password="pw").render_as_string(hide_password=False)
+    assert table.wakeups.listen_url == direct.set(password="pw").render_as_string(hide_password=False)
 
 
 def test_the_documented_connections_add_gives_a_working_connection(airflow_db: Path, tmp_path: Path) -> None:

@@ -253,14 +253,14 @@ def test_triggers_of_one_process_share_one_listener_and_wake_on_push(conn_id: st
         assert len(twins) == 1, "the triggers of one loop do not share one AsyncControlTable"
         shared = triggers[0]._act.sync
         assert await asyncio.to_thread(lambda: shared.push_active), "the triggers' listener is not up"
-        received = shared._wakeups.received
+        received = shared.wakeups.received
         started = loop.time()
         await asyncio.to_thread(blocker.release)
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         elapsed = loop.time() - started
         for t in tasks:
             t.cancel()
-        return [t.result() for t in done], elapsed, shared._wakeups.received - received
+        return [t.result() for t in done], elapsed, shared.wakeups.received - received
 
     events, elapsed, pushes = asyncio.run(scenario())
     assert events[0].payload["status"] == "granted"

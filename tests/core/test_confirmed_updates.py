@@ -8,17 +8,20 @@ real code path with that switch forced on, so a confirming select that matched t
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from support import event_tables
 
-from controltable import LeaseLost, dialects
+from controltable import LeaseLost
 
 
 @pytest.fixture
-def distrust_rowcount(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dialects, "trusts_rowcount", lambda name: False)
+def distrust_rowcount(ct: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The database's traits say its row counts cannot be trusted (as SQL Server's): every fenced
+    update is confirmed by its select, every control-table delete counted by the rows it returns."""
+    monkeypatch.setattr(ct.db, "traits", replace(ct.db.traits, trusts_rowcount=False))
 
 
 def test_slot_renew_and_pickup_confirmed(ct: Any, distrust_rowcount: None) -> None:

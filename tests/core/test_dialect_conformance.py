@@ -344,10 +344,15 @@ def _renewed_meanwhile(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """The expired-row DELETE finds nothing: a renewal committed between the read and the delete."""
     from sqlalchemy import false
 
-    from controltable.slots import statements as slot_sql
+    from controltable.slots.statements import Bound, SlotStatements
 
-    original = getattr(slot_sql, name)
-    monkeypatch.setattr(slot_sql, name, lambda *a, **k: original(*a, **k).where(false()))
+    original = getattr(SlotStatements, name)
+
+    def matching_nothing(self: SlotStatements, *a: Any, **k: Any) -> Bound:
+        stmt, values = original(self, *a, **k)
+        return stmt.where(false()), values
+
+    monkeypatch.setattr(SlotStatements, name, matching_nothing)
 
 
 def test_nocount_reap_that_deleted_nothing_keeps_the_holder_counted(
@@ -409,7 +414,7 @@ def test_mssql_counted_statements_carry_output() -> None:
 
 def test_no_workflow_reads_a_row_count_outside_the_dialect_helpers() -> None:
     """Row counts are read in :mod:`controltable.dialects` (``changed_rows``, ``confirmed_count``), or
-    by the event engine under :func:`dialects.trusts_rowcount` / the SQL Server row cap only."""
+    by the event engine under ``Traits.trusts_rowcount`` / the SQL Server row cap only."""
     import controltable
 
     root = Path(controltable.__file__).parent
@@ -446,7 +451,7 @@ def test_mssql_keys_bind_with_their_column_type() -> None:
 
     from controltable import dialects
     from controltable.events import ClaimColumns, EventStatements, claim_columns
-    from controltable.slots import statements as slot_sql
+    from controltable.slots.statements import SlotStatements
 
     cols = ClaimColumns()
     for key_type, unicode in ((VARCHAR(40), False), (mssql.NVARCHAR(40), True)):
@@ -462,7 +467,7 @@ def test_mssql_keys_bind_with_their_column_type() -> None:
                 typ = getattr(b.type, "impl", b.type)  # a VARCHAR key's KeyBind (dialects.key_column) is a String
                 assert isinstance(typ, String) and isinstance(typ, Unicode) == unicode, (stmt, b.type)
     s = build_schema()
-    stmt = slot_sql.delete_expired_request(s, "k" * 64, 0.0)
+    stmt, _ = SlotStatements(s, "ns").delete_expired_request("k" * 64, 0.0)
     binds = [b for b in stmt.compile(dialect=mssql.dialect()).binds.values() if b.value == "k" * 64]
     # The request key is NVARCHAR on SQL Server (like the names), and its binds are typed so.
     assert binds and all(b.type.compile(dialect=mssql.dialect()).startswith("NVARCHAR(64)") for b in binds)

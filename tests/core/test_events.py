@@ -645,14 +645,16 @@ def test_capped_backends_page_admin_updates_by_key(
     ct: Any, events_table: Callable[..., Table], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The SQL Server path (row cap per statement), run here with a cap of 3 rows."""
-    from controltable import dialects
+    from dataclasses import replace
 
     t = events_table(10)
     ev = ct.events(t.name, key="id", max_attempts=1)
     ev.prepare()
     batch = ev.claim(10, owner="w")
     assert batch is not None
-    monkeypatch.setattr(dialects, "rows_per_statement", lambda name: 3)
+    # The event table's statements are bound to the backend's traits: these say "3 rows at most".
+    monkeypatch.setattr(ev.sql, "traits", replace(ev.sql.traits, rows_per_statement=3))
+    monkeypatch.setattr(ev.sql, "key_chunk", 3)
     assert batch.fail("boom") == 10
     assert ev.stats().error == 10
     assert ev.retry_errors() == 10 and ev.stats().pending == 10

@@ -6,13 +6,11 @@ then updates by key), so what the compiled-SQL tests check for SQL Server and Or
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 import pytest
 from sqlalchemy import Column, Integer, String, Table, insert, select
-
-from controltable import dialects
-from controltable.events import workflow
 
 PENDING, CLAIMED, DONE = 0, 1, 2
 
@@ -25,7 +23,7 @@ def test_a_claim_never_takes_a_row_its_select_no_longer_describes(
     ev = event_table(3)
     first = ev.claim(1, owner="w")
     assert first is not None and first.keys == [1] and first.complete() == 1
-    monkeypatch.setattr(workflow.dialects, "update_returning", lambda running, target: False)
+    monkeypatch.setattr(ev.sql, "traits", replace(ev.sql.traits, update_returning=False))
     monkeypatch.setattr(ev.sql, "claim_select",
                         lambda size, condition, where=None: select(ev.table).where(ev.table.c.id.in_([1, 2])))
     batch = ev.claim(5, owner="late")
@@ -45,9 +43,12 @@ def test_string_keys_through_every_keyed_statement(
         conn.execute(insert(t), [{"code": f"k{i:02d}", "n": i} for i in range(1, 8)])
     ev = ct.events(t.name, key="code", backoff=0)
     ev.prepare()
-    monkeypatch.setattr(workflow.dialects, "update_returning", lambda running, target: False)
+    # The event table's statements are bound to the backend's traits: claims by key, and (with a
+    # cap) SQL Server's row cap per statement.
+    monkeypatch.setattr(ev.sql, "traits", replace(ev.sql.traits, update_returning=False,
+                                                  rows_per_statement=rows_per_statement))
     if rows_per_statement:
-        monkeypatch.setattr(dialects, "rows_per_statement", lambda name: rows_per_statement)
+        monkeypatch.setattr(ev.sql, "key_chunk", rows_per_statement)
     batch = ev.claim(3, owner="w")
     assert batch is not None and batch.keys == ["k01", "k02", "k03"]
     again = ev.batch(batch.handle())

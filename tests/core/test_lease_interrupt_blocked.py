@@ -180,8 +180,17 @@ def test_running_statement_is_cancelled_in_the_server(ct: ControlTable, backend:
     engine, table, statement = long_statement(backend, backend_url, tmp_path, namespace)
     try:
         def statement_in_work() -> None:
-            with engine.begin() as conn:
-                conn.exec_driver_sql(statement)
+            with engine.connect() as conn:
+                trans = conn.begin()
+                try:
+                    conn.exec_driver_sql(statement)
+                except BaseException:
+                    # Interrupted inside the driver's read (PyMySQL): the connection's protocol state is
+                    # unknown, so it must not go back to the pool (a loaded run reused one out of step
+                    # after the KILL), as docs/faults.md tells users to do with theirs.
+                    conn.invalidate()
+                    raise
+                trans.commit()
 
         # The main thread is in the driver's wait (psycopg, PyMySQL) or inside sqlite3's step; the
         # operator waits until the server (or SQLite's caller) runs the statement.

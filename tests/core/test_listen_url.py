@@ -48,13 +48,13 @@ def handoffs(holder: ControlTable, waiter: ControlTable, rounds: int,
     grants followed a push to the waiter. ``sleeps`` collects how long the waiter asked to sleep
     each time (its own decision, not the machine's speed)."""
     if sleeps is not None:
-        real = waiter._wakeups.wait
+        real = waiter.wakeups.wait
 
         def recording(keys: list[str], seconds: float, since: Optional[tuple[int, ...]] = None) -> bool:
             sleeps.append(seconds)
             return real(keys, seconds, since)
 
-        waiter._wakeups.wait = recording  # type: ignore[method-assign]
+        waiter.wakeups.wait = recording  # type: ignore[method-assign]
     holder.install()
     holder.set_capacity("h", 1)
     latencies: list[float] = []
@@ -68,7 +68,7 @@ def handoffs(holder: ControlTable, waiter: ControlTable, rounds: int,
             granted.append(time.monotonic())
             got.release()
 
-        before = waiter._wakeups.received
+        before = waiter.wakeups.received
         t = threading.Thread(target=wait)
         t.start()
         while not any(w.holder == f"waiter-{i}" for w in holder.status(["h"])[0].waiters):
@@ -79,7 +79,7 @@ def handoffs(holder: ControlTable, waiter: ControlTable, rounds: int,
         t.join(30)
         assert granted, "the waiter was never granted"
         latencies.append(granted[0] - released)
-        pushed += int(waiter._wakeups.received > before)
+        pushed += int(waiter.wakeups.received > before)
     return latencies, pushed
 
 
@@ -88,7 +88,7 @@ def test_direct_listener_proves_push_at_start(backend_url: str, namespace: str, 
     status = ct.push_status()
     assert status.active and status.state == "active" and ct.push_active
     assert status.round_trip_ms is not None  # the start-up self-probe came back (within its own timeout)
-    seconds = ct._wakeups.probe()
+    seconds = ct.wakeups.probe()
     assert seconds is not None, "the live probe did not come back within the probe timeout"
 
 
@@ -105,7 +105,7 @@ def test_behind_pgbouncer_without_listen_url_push_is_inactive_with_one_warning(
     assert "listen_url" in status.detail and "pooler" in status.detail
     warnings = [r for r in caplog.records if "push wake-ups are inactive" in r.getMessage()]
     assert len(warnings) == 1 and "listen_url" in warnings[0].getMessage()
-    assert ct._wakeups.probe() is None
+    assert ct.wakeups.probe() is None
 
 
 def test_behind_pgbouncer_without_listen_url_waiters_poll_at_the_pooled_head_interval(
@@ -120,7 +120,7 @@ def test_behind_pgbouncer_without_listen_url_waiters_poll_at_the_pooled_head_int
     sleeps: list[float] = []
     latencies, pushed = handoffs(holder, waiter, 15, sleeps)
     assert pushed == 0, "no push can reach a listener behind a pooler in transaction mode"
-    assert waiter._wakeups.lost, "the self-probe should have found the pushes swallowed"
+    assert waiter.wakeups.lost, "the self-probe should have found the pushes swallowed"
     # Before the self-probe, waiters here slept as if pushed (p50 about 580 ms).
     assert sleeps and max(sleeps) <= POOLED_HEAD_POLL_INTERVAL * 1.25 + 1e-9, (
         f"the head waiter slept longer than the pooled head poll interval: {sorted(sleeps)[-5:]}")
@@ -148,9 +148,9 @@ def test_listen_url_must_be_postgresql(backend_url: str, namespace: str, tmp_pat
 def test_listen_url_from_the_environment_on_postgresql_only(backend_url: str, namespace: str, tmp_path: Any,
                                                             monkeypatch: pytest.MonkeyPatch, opened: Any) -> None:
     monkeypatch.setenv(LISTEN_URL_ENV, backend_url)
-    assert opened(backend_url, namespace)._wakeups.listen_url == backend_url
+    assert opened(backend_url, namespace).wakeups.listen_url == backend_url
     lite = opened(f"sqlite:///{tmp_path / 'ct.db'}", namespace)  # an environment-wide setting must not break it
-    assert lite._wakeups.listen_url is None and lite.push_status().state == "unavailable"
+    assert lite.wakeups.listen_url is None and lite.push_status().state == "unavailable"
 
 
 def test_cli_listen_url_reaches_the_listener(pgbouncer_url: Any, backend_url: str,  # noqa: F811
@@ -225,7 +225,7 @@ def test_no_listen_through_a_transaction_pooler_so_it_keeps_taking_logins(
         assert ct.push_status().state == "inactive"
         tables.append(ct)
     details = [ct.push_status().detail for ct in tables]
-    channel = tables[0]._wakeups.channel
+    channel = tables[0].wakeups.channel
     direct = psycopg.connect(backend_url.replace("postgresql+psycopg", "postgresql"), autocommit=True)
     try:
         for i in range(300):

@@ -8,10 +8,11 @@ from support.event_tables import wait_past
 
 from controltable import ControlTable
 
-#: Renewed every third of it (1 s), so one renewal may come up to 2 s late before the lease runs
-#: out: a CI run on a loaded machine saw a 0.6 s lease run out between two renewals (the batch then
-#: rightly counted as lost), and the issue-32 load runs a 1.5 s one.
-LEASE = 3.0
+#: The lease is a hang detector for the renewer: renewed every RENEW_EVERY s, a renewal may come
+#: nearly 5 s late before the lease runs out (a CI run on a loaded machine saw a 0.6 s lease run out
+#: between two renewals, and a 3 s one renewed every second failed once beside two CPU hogs).
+LEASE = 5.0
+RENEW_EVERY = 0.25
 #: Rounding of stored times against the database clock read apart (not machine speed).
 CLOCK_SLACK = 0.01
 
@@ -21,7 +22,7 @@ def test_batch_renews_in_background(ct: ControlTable, event_table: Callable[...,
     batch = ev.claim(3, owner="slow", lease=LEASE)
     assert batch is not None
     claimed_until = batch.expires_at.timestamp()
-    batch.start_renewing()
+    batch.start_renewing(RENEW_EVERY)
     wait_past(ct, claimed_until)  # by the database clock: only renewal keeps the rows now
     refused_at = ct.now()
     assert ev.claim(3, owner="thief") is None
@@ -44,7 +45,7 @@ def test_work_item_renews_in_background(ct: ControlTable) -> None:
     item = wl.allocate("slow", lease=LEASE)
     assert item is not None
     allocated_until = item.expires_at.timestamp()
-    item.start_renewing()
+    item.start_renewing(RENEW_EVERY)
     wait_past(ct, allocated_until)
     refused_at = ct.now()
     assert wl.allocate("thief", lease=LEASE) is None

@@ -13,7 +13,7 @@ from support.live import wait_until
 
 from controltable import AcquireTimeout, ConfigurationError, ControlTable, LeaseLost, PermissionDeniedError
 from controltable.defaults import DEFAULT_PICKUP, FAILOVER_PICKUP, TOKEN_EPOCH_BITS
-from controltable.slots import passes
+from controltable.slots import SlotEngine, passes
 
 
 def test_install_is_idempotent_and_records_version(ct: ControlTable) -> None:
@@ -372,8 +372,7 @@ def test_first_grant_pass_after_a_promotion_shortens_the_pickup_of_inherited_ent
     dead one delays its queue by that, not by its own pickup (8 s by default). The epoch is what
     ``dialects.token_epoch`` reads with the row lock (PostgreSQL's timeline); here it is set to 2
     on the locked rows, as a promotion would."""
-    engine = ct._slots
-    request = engine.t.request
+    request = ct.tables.request
     ct.set_capacity("same", 1)
     ct.set_capacity("promoted", 1)
 
@@ -401,22 +400,27 @@ def test_first_grant_pass_after_a_promotion_shortens_the_pickup_of_inherited_ent
     for dead in ("dead1", "dead2"):
         assert ct.try_acquire("promoted", holder=dead, waiter_ttl=30, pickup=60) is None
     last_token = held.token
-    lock_rows = engine._lock_rows
 
-    def on_epoch_2(*args: Any, **kwargs: Any) -> Any:
-        rows = lock_rows(*args, **kwargs)
-        for res in rows.values():
-            res.epoch = 2
-        return rows
+    class Promoted(passes.GrantPasses):
+        """The grant passes of a promoted server: every row locked reads epoch 2."""
 
-    monkeypatch.setattr(engine, "_lock_rows", on_epoch_2)
-    held.release()
+        def lock_rows(self, *args: Any, **kwargs: Any) -> passes.Locked:
+            rows = super().lock_rows(*args, **kwargs)
+            for res in rows.values():
+                res.epoch = 2
+            return rows
+
+    promoted = SlotEngine(ct.runtime, passes=Promoted.of(ct.runtime))
+    held = promoted.find_lease("promoted", "h")
+    assert held is not None
+    held.release()  # through the promoted engine's passes: its lease holds that engine's holding
     after = entries("promoted")
     assert after["dead1"].state == "granted" and int(after["dead1"].token) == 2**TOKEN_EPOCH_BITS + 1 > last_token
     assert pickup_of_grant(after["dead1"]) == pytest.approx(failover_pickup, abs=0.01)
     assert after["dead2"].state == "waiting" and float(after["dead2"].pickup_seconds) == failover_pickup
     # A live waiter re-entering restores its own pickup; the epoch has begun, so it stays.
-    assert ct.try_acquire("promoted", holder="dead2", waiter_ttl=30, pickup=5) is None
+    assert promoted.try_acquire("promoted", holder="dead2", slots=1, mode="shared", lease=60, waiter_ttl=30,
+                                pickup=5) is None
     assert float(entries("promoted")["dead2"].pickup_seconds) == 5
-    assert ct.try_acquire("promoted", holder="late", waiter_ttl=30) is None
+    assert promoted.try_acquire("promoted", holder="late", slots=1, mode="shared", lease=60, waiter_ttl=30) is None
     assert float(entries("promoted")["late"].pickup_seconds) == DEFAULT_PICKUP

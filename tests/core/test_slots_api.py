@@ -149,10 +149,10 @@ def test_release_holders_prefix_is_escaped_for_each_dialect(dialect: str) -> Non
 
     from controltable.dialects import offline_dialect
     from controltable.schema import build_schema
-    from controltable.slots.statements import prefix_match
+    from controltable.slots.statements import SlotStatements
 
     t = build_schema()
-    compiled = select(t.request.c.id).where(prefix_match(t, "ns", "job[1]_%/")).compile(
+    compiled = select(t.request.c.id).where(SlotStatements(t, "ns").prefix_match("job[1]_%/")).compile(
         dialect=offline_dialect(dialect, (16,) if dialect == "mssql" else (19,)))
     (pattern,) = [v for v in compiled.params.values() if v != "ns"]
     if dialect == "sqlite":  # GLOB: exact case; *, ? and [ as one-character classes

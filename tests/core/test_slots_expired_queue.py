@@ -38,7 +38,7 @@ def _queue_dead(ct: ControlTable, n: int) -> None:
     of processes that died that long ago would have."""
     for i in range(n):
         assert ct.try_acquire("r", holder=f"dead{i}", waiter_ttl=60) is None
-    q = ct._slots.t.request
+    q = ct.tables.request
     with ct.engine.begin() as conn:
         conn.execute(update(q).where(q.c.namespace == ct.namespace, q.c.resource == "r",
                                      q.c.holder.startswith("dead")).values(expires_at=q.c.expires_at - 120))

@@ -18,8 +18,11 @@ from typing import Any, Optional
 import pytest
 from support.live import wait_until
 
-from controltable import ControlTable, DatabaseUnavailableError
+from controltable import ControlTable, DatabaseUnavailableError, Lease
+from controltable.slots import SlotEngine
+from controltable.slots.entering import Entering, Peek
 from controltable.slots.grants import REAP_GRACE
+from controltable.slots.passes import GrantPasses, Request
 
 PICKUP = 1.0
 TTL = 30.0
@@ -36,13 +39,13 @@ def test_live_waiter_behind_dead_entries_is_granted_when_their_pickups_lapse(
     other = ControlTable(backend_url, namespace=namespace)
     got: dict[str, Any] = {}
     sleeps: list[tuple[float, float]] = []  # (when the live waiter began a sleep, how long it asked for)
-    real_wait = other._wakeups.wait
+    real_wait = other.wakeups.wait
 
     def recording_wait(keys: list[str], seconds: float, since: Optional[tuple[int, ...]] = None) -> bool:
         sleeps.append((time.monotonic(), seconds))
         return real_wait(keys, seconds, since)
 
-    monkeypatch.setattr(other._wakeups, "wait", recording_wait)
+    monkeypatch.setattr(other.wakeups, "wait", recording_wait)
 
     def live() -> None:
         try:
@@ -72,20 +75,27 @@ def test_live_waiter_behind_dead_entries_is_granted_when_their_pickups_lapse(
         other.close()
 
 
-def test_failed_acquire_withdraws_its_entry(ct: ControlTable, monkeypatch: pytest.MonkeyPatch) -> None:
+class ServerGone(Entering):
+    """Entering whose looks at the own entry fail as if the server restarted (the wait's next look)."""
+
+    def look(self, req: Request, refresh: bool) -> Peek:
+        raise DatabaseUnavailableError("test: the server restarted")
+
+
+def acquire(engine: SlotEngine, holder: str) -> Lease:
+    """``ControlTable.acquire``'s call of the engine (its defaults), with a timeout as hang detector."""
+    return engine.acquire("r", holder=holder, slots=1, mode="shared", timeout=10, lease=60, waiter_ttl=TTL,
+                          poll_interval=0.05)
+
+
+def test_failed_acquire_withdraws_its_entry(ct: ControlTable) -> None:
     """An acquire that fails while it waits (here: the database 'gone' at its next look) leaves
     no entry behind, so the next release grants the next live waiter, not the dead entry."""
     ct.set_capacity("r", 1)
     holder = ct.acquire("r", holder="h", lease=60)
-    engine = ct._slots
-
-    def gone(*_: Any, **__: Any) -> Any:
-        raise DatabaseUnavailableError("test: the server restarted")
-
-    monkeypatch.setattr(engine, "_look", gone)
+    engine = SlotEngine(ct.runtime, entering=ServerGone(GrantPasses.of(ct.runtime)))
     with pytest.raises(DatabaseUnavailableError):
-        ct.acquire("r", holder="quitter", timeout=10, waiter_ttl=TTL)
-    monkeypatch.undo()
+        acquire(engine, "quitter")
     assert ct.wait_info("r", "quitter") is None, "the failed acquire left its queue entry behind"
     assert ct.try_acquire("r", holder="next", waiter_ttl=TTL) is None
     holder.release()
@@ -94,25 +104,23 @@ def test_failed_acquire_withdraws_its_entry(ct: ControlTable, monkeypatch: pytes
     lease.release()
 
 
-def test_withdrawal_that_fails_is_retried_on_reconnect(ct: ControlTable, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_withdrawal_that_fails_is_retried_on_reconnect(ct: ControlTable) -> None:
     ct.set_capacity("r", 1)
     holder = ct.acquire("r", holder="h", lease=60)
-    engine = ct._slots
-    real_remove = engine._remove
-    down = {"until": time.monotonic() + 1.5}
 
-    def gone(*_: Any, **__: Any) -> Any:
-        raise DatabaseUnavailableError("test: the server restarted")
+    class DownAWhile(ServerGone):
+        """Looks fail, and so do removals until ``up_at``: the withdrawal must be retried later."""
 
-    def remove_when_up(*args: Any, **kwargs: Any) -> Any:
-        if time.monotonic() < down["until"]:
-            raise DatabaseUnavailableError("test: still down")
-        return real_remove(*args, **kwargs)
+        up_at = time.monotonic() + 1.5
 
-    monkeypatch.setattr(engine, "_look", gone)
-    monkeypatch.setattr(engine, "_remove", remove_when_up)
+        def remove(self, req: Request, key: str, deadline: Optional[float] = None) -> int:
+            if time.monotonic() < self.up_at:
+                raise DatabaseUnavailableError("test: still down")
+            return super().remove(req, key, deadline)
+
+    engine = SlotEngine(ct.runtime, entering=DownAWhile(GrantPasses.of(ct.runtime)))
     with pytest.raises(DatabaseUnavailableError):
-        ct.acquire("r", holder="quitter", timeout=10, waiter_ttl=TTL)
+        acquire(engine, "quitter")
     assert ct.wait_info("r", "quitter") is not None  # the database was "down": the entry is still there
     wait_until(lambda: ct.wait_info("r", "quitter") is None, 30,
                "the withdrawal to be retried once the database was back", interval=0.05)

@@ -31,7 +31,7 @@ class Sleeps:
     def __init__(self, ct: ControlTable, monkeypatch: pytest.MonkeyPatch, stretch: Optional[float] = HANG) -> None:
         self.ended: list[tuple[float, bool]] = []  # (when the sleep ended, whether a wake-up ended it)
         self.entered = 0
-        real = ct._wakeups.wait
+        real = ct.wakeups.wait
 
         def wait(keys: list[str], seconds: float, since: Optional[tuple[int, ...]] = None) -> bool:
             self.entered += 1
@@ -39,7 +39,7 @@ class Sleeps:
             self.ended.append((time.monotonic(), woken))
             return woken
 
-        monkeypatch.setattr(ct._wakeups, "wait", wait)
+        monkeypatch.setattr(ct.wakeups, "wait", wait)
 
     def asleep(self) -> bool:
         """Whether a sleep has begun that has not ended yet."""
@@ -55,7 +55,7 @@ def wait_in_thread(ct: ControlTable, holder: str, granted_at: list[float],
         lease = ct.acquire("r", holder=holder, timeout=30)
         granted_at.append(time.monotonic())
         if received is not None:
-            received.append(ct._wakeups.received)  # before our own release notifies ourselves
+            received.append(ct.wakeups.received)  # before our own release notifies ourselves
         lease.release()
 
     t = threading.Thread(target=run)
@@ -84,13 +84,13 @@ def test_waiter_wakes_on_notify(backend_url: str, namespace: str, monkeypatch: p
     t = wait_in_thread(waiter_ct, "waiter", granted)
     # Released only once the waiter is queued and asleep, so its sleep is what the release must end.
     wait_until(lambda: queued(holder_ct, "r", "waiter") and sleeps.asleep(), HANG, "the waiter to queue and sleep")
-    assert waiter_ct._wakeups.active
-    before = waiter_ct._wakeups.received
+    assert waiter_ct.wakeups.active
+    before = waiter_ct.wakeups.received
     released = time.monotonic()
     lease.release()
     t.join(2 * HANG)
     assert granted, f"hang: the waiter was not granted within {2 * HANG:g} s of the release"
-    assert waiter_ct._wakeups.received > before, "no notification arrived"
+    assert waiter_ct.wakeups.received > before, "no notification arrived"
     ended = sleeps.after(released)
     assert ended and ended[0], (f"the sleep the release interrupted was not ended by the notification "
                                 f"(what ended the sleeps since: {ended})")
@@ -107,7 +107,7 @@ def test_lost_notification_still_ends_in_a_grant(backend_url: str, namespace: st
     holder_ct = ControlTable(backend_url, namespace=namespace)
     holder_ct.install()
     holder_ct.set_capacity("r", 1)
-    holder_ct._wakeups.enabled = False  # this process never sends notifications: they are "lost"
+    holder_ct.wakeups.enabled = False  # this process never sends notifications: they are "lost"
     waiter_ct = ControlTable(backend_url, namespace=namespace)
     sleeps = Sleeps(waiter_ct, monkeypatch, stretch=None)  # recorded, not stretched: the poll must grant
     lease = holder_ct.acquire("r", holder="holder", timeout=0)
@@ -115,7 +115,7 @@ def test_lost_notification_still_ends_in_a_grant(backend_url: str, namespace: st
     received: list[int] = []
     t = wait_in_thread(waiter_ct, "waiter", granted, received)
     wait_until(lambda: queued(holder_ct, "r", "waiter") and sleeps.asleep(), HANG, "the waiter to queue and sleep")
-    before = waiter_ct._wakeups.received
+    before = waiter_ct.wakeups.received
     released = time.monotonic()
     lease.release()
     t.join(2 * HANG)

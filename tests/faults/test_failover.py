@@ -165,7 +165,7 @@ def test_failover_keeps_tokens_increasing_and_completions_once(pair: ReplicatedP
         promote_s = promoted_at - t0
         # What the promoted server's queues hold as it starts (the workers race this read): with
         # the standby behind, entries of callers that moved on, each delaying its queue by
-        # FAILOVER_PICKUP, not by its own pickup (SlotEngine._after_promotion).
+        # FAILOVER_PICKUP, not by its own pickup (GrantPasses._after_promotion).
         at_promotion = _retry(lambda: control.status(list(CAPACITIES)))
         inherited = {s.name: (len(s.holders), len(s.waiters)) for s in at_promotion}
         # A holder whose release was lost with the old primary keeps its slot until its lease runs

@@ -31,6 +31,7 @@ from .schema import ControlSchema, build_schema
 from .slots import (
     GrantRecord,
     Lease,
+    PolicyChange,
     Rate,
     ResourceStats,
     ResourceStatus,
@@ -167,11 +168,9 @@ class ControlTable:
         seconds; ``aging=30`` raises a waiter's effective priority by one for every 30 seconds it
         waits, so no priority can starve it. ``None`` clears either; leaving one out keeps it.
         """
-        policy: dict[str, Any] = {}
-        if rate is not KEEP:
-            policy["rate"] = check_rate(rate)
-        if aging is not KEEP:
-            policy["aging"] = check_seconds("aging", aging, allow_none=True)
+        policy = PolicyChange(set_rate=rate is not KEEP, rate=None if rate is KEEP else check_rate(rate),
+                              set_aging=aging is not KEEP,
+                              aging=None if aging is KEEP else check_seconds("aging", aging, allow_none=True))
         self._slots.set_capacity(check_name("resource", name), check_positive_int("capacity", capacity), policy)
 
     def delete_resource(self, name: str, *, force: bool = False) -> bool:
@@ -396,6 +395,15 @@ class ControlTable:
     def push_status(self) -> PushStatus:
         """Whether push wake-ups reach this process and, when not, why and what to set."""
         return self._wakeups.status()
+
+    @property
+    def wakeups(self) -> Wakeups:
+        """This control table's wake-ups (one listener connection shared by every waiter here): its
+        ``listen_url``, ``channel``, ``probe()``, the count of pushes ``received``, ``lost``.
+
+        For diagnostics (``doctor``) and tests; waiting code uses :meth:`add_wakeup_listener`,
+        :meth:`wait_for_wakeup` and :attr:`push_active`."""
+        return self._wakeups
 
     def doctor(self, *, event_tables: Sequence[EventTable] = ()) -> list[Finding]:
         """Check whether this setup keeps controltable's promises: one :class:`Finding` per check.

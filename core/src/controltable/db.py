@@ -32,6 +32,7 @@ from sqlalchemy.exc import (
 from . import connect, defaults, dialects, errorcodes
 from .clock import read_now
 from .defaults import CONNECT_TIMEOUT, DEFAULT_URL, RETRIES, STATEMENT_TIMEOUT  # noqa: F401 - re-exported
+from .dialect_traits import Traits
 from .errorcodes import Kind
 from .errors import (
     AuthenticationError,
@@ -235,10 +236,13 @@ class Database:
             url_or_engine, connect_timeout=self.connect_timeout, statement_timeout=self.statement_timeout,
             deadline=lambda: getattr(self._local, "deadline", None),
         )
+        #: What the running engine's backend offers (:attr:`traits` are the target's, the same but
+        #: under ``controltable sql``): error translation and connection set-up ask these.
+        self.engine_traits: Traits = dialects.traits(self.engine.dialect.name)
         #: The driver keyword arguments connections get (timeouts, keepalives), for connections
         #: opened outside the pool (the wake-up listener): ``cparams.update(db.connect_args)``.
         self.connect_args: dict[str, Any] = (
-            {} if isinstance(url_or_engine, Engine) and not dialects.traits(self.engine.dialect.name).file_database
+            {} if isinstance(url_or_engine, Engine) and not self.engine_traits.file_database
             else connect.connect_args(self.engine.url, connect_timeout=self.connect_timeout,
                                       statement_timeout=self.statement_timeout)
         )
@@ -246,8 +250,11 @@ class Database:
         #: decides server-side prepared statements (:meth:`_stop_preparing`).
         self._own_engine = not isinstance(url_or_engine, Engine)
         self._prepares_dropped = False
-        #: Set only by ``controltable sql``: build statements for this dialect while running on SQLite.
-        self.target_dialect: Optional[str] = None
+        #: What the backend offers (:class:`~controltable.dialect_traits.Traits`), looked up once here:
+        #: the statements and engines ask these instead of the dialect's name. Follows
+        #: :attr:`target_dialect` when that is set.
+        self.traits: Traits = self.engine_traits
+        self._target_dialect: Optional[str] = None
         #: Client-side bounds on every statement and commit (engines created here only: an engine
         #: passed in keeps the caller's settings).
         self._guard: Optional[connect.StatementGuard] = None
@@ -378,8 +385,20 @@ class Database:
         dialect.initialize = bounded_initialize  # type: ignore[method-assign]
 
     @property
+    def target_dialect(self) -> Optional[str]:
+        """Set only by ``controltable sql`` (and tests standing in for a server): build statements
+        for this dialect while running on SQLite. Setting it looks up :attr:`traits` again."""
+        return self._target_dialect
+
+    @target_dialect.setter
+    def target_dialect(self, name: Optional[str]) -> None:
+        self._target_dialect = name
+        self.traits = dialects.traits(name) if name else self.engine_traits
+
+    @property
     def dialect_name(self) -> str:
-        return self.target_dialect or str(self.engine.dialect.name)
+        """The backend's dialect name the statements are built for (the target's, when one is set)."""
+        return self._target_dialect or str(self.engine.dialect.name)
 
     @property
     def safe_url(self) -> str:
@@ -581,7 +600,7 @@ class Database:
         url, short = self.safe_url, self.short(exc)
         user = self.engine.url.username or ""
         dbname = self.engine.url.database or ""
-        sqlite = dialects.traits(self.engine.dialect.name).file_database
+        sqlite = self.engine_traits.file_database
         if kind is Kind.UNAVAILABLE:
             return DatabaseUnavailableError(
                 f"cannot reach the database at {url}: {short}; check that the server is running and "
@@ -650,7 +669,7 @@ class Database:
                 "transactions holding locks"
             )
         if kind is Kind.BAD_VALUE:
-            mysql = dialects.traits(self.engine.dialect.name).utf8mb4_tables
+            mysql = self.engine_traits.utf8mb4_tables
             return ConfigurationError(
                 f"the database rejected a value: {short}; a name, number or text passed in does not fit "
                 "its column (too long, out of range, or characters the database cannot store)"
@@ -689,7 +708,7 @@ class Database:
             if self._guard is not None:
                 alarm = self._guard_start(self._guard, _driver_connection(raw))
             cursor = raw.cursor()
-            cursor.execute(dialects.traits(self.engine.dialect.name).ping_sql)
+            cursor.execute(self.engine_traits.ping_sql)
             cursor.fetchall()
             cursor.close()
         except Exception as exc:

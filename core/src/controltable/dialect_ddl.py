@@ -14,7 +14,7 @@ from sqlalchemy.schema import CreateColumn, CreateIndex, DDLElement
 from sqlalchemy.sql.schema import Column, Table
 
 from .defaults import DDL_LOCK_TIMEOUT
-from .dialect_traits import traits
+from .dialect_traits import Traits
 
 
 class AnalyzeTable(DDLElement):
@@ -97,10 +97,10 @@ def own_charset(type_: Any, length: int) -> Any:
     return type_.with_variant(own, "mysql").with_variant(own, "mariadb")
 
 
-def column_charset(dialect_name: str, table: Table, column: Column[Any]) -> Optional[str]:
+def column_charset(traits: Traits, table: Table, column: Column[Any]) -> Optional[str]:
     """MySQL/MariaDB: a reflected text column's character set (its own, else the table's
     default: SQLAlchemy reflects a column's own only where it differs). ``None`` elsewhere."""
-    if not traits(dialect_name).utf8mb4_tables:
+    if not traits.utf8mb4_tables:
         return None
     own = getattr(column.type, "charset", None)
     if own:
@@ -124,17 +124,6 @@ class ConvertColumns(DDLElement):
 def _convert_columns(element: ConvertColumns, compiler: Any, **kw: Any) -> str:
     specs = ", ".join(f"MODIFY {compiler.process(CreateColumn(c), **kw)}" for c in element.columns)
     return f"ALTER TABLE {compiler.preparer.format_table(element.table)} {specs}"
-
-
-def adds_columns_nullable(dialect_name: str) -> bool:
-    """Whether ``prepare()`` adds the claim counters nullable and then sets them in batches.
-
-    SQL Server: ``ADD c SMALLINT NOT NULL DEFAULT 0`` is metadata-only on Enterprise and Azure
-    only; Standard rewrites the whole table under a schema lock. A nullable column with a
-    default is metadata-only on every edition. Elsewhere the NOT NULL form is already
-    metadata-only (PostgreSQL 11+, MariaDB 10.3+ and MySQL 8.0.12+ instant ADD COLUMN, Oracle
-    11g+, SQLite), so the claim predicates there never meet a NULL."""
-    return traits(dialect_name).adds_columns_nullable
 
 
 #: SQL Server versions whose ``CREATE INDEX ... WITH (ONLINE = ON (WAIT_AT_LOW_PRIORITY ...))``

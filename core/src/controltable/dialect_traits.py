@@ -1,7 +1,8 @@
 """What each database backend offers, as data: the :class:`Traits` per dialect name.
 
 Part of :mod:`controltable.dialects`, which re-exports every name here. Modules outside the
-dialect layer ask :func:`traits` instead of comparing dialect names: whether LISTEN/NOTIFY
+dialect layer ask a :class:`Traits` instead of comparing dialect names (the ``Database`` holds its
+backend's, ``db.traits``, looked up once; :func:`traits` looks one up by name): whether LISTEN/NOTIFY
 exists, how claims index, what doctor reads, what ``controltable sql`` compiles for.
 """
 
@@ -68,17 +69,31 @@ class Traits:
     #: (information_schema) or ``"sqlite_stat1"``; and the statement its fix names.
     table_stats: Optional[str] = None
     analyze_keyword: str = "ANALYZE"
-    #: The most rows one claim or completion statement may touch (lock escalation), or None.
+    #: The most rows one claim or completion statement may touch, or None for no cap: SQL Server
+    #: escalates a statement's row locks to a table lock at about 5,000 locks, which would block
+    #: every other worker and producer; its statements stay below that.
     rows_per_statement: Optional[int] = None
-    #: An UPDATE's ``rowcount`` says how many rows it changed (see :func:`trusts_rowcount`).
+    #: An UPDATE's ``rowcount`` says how many rows it changed. Not on SQL Server: a trigger on the
+    #: table without ``SET NOCOUNT ON``, or a server with NOCOUNT on (-1, which is truthy), changes
+    #: the count the driver reports. There a fenced update of the user's table is confirmed by a
+    #: follow-up select in the same transaction (``dialects.confirmed_count``: ``OUTPUT`` without
+    #: ``INTO`` is refused on a table with an enabled trigger, error 334), and a control table's
+    #: rows are counted by ``OUTPUT deleted.id`` (``dialects.changed_rows``: no triggers there).
     trusts_rowcount: bool = True
-    #: ``CREATE INDEX ... WHERE`` exists, and the ``Index`` keyword that makes one.
+    #: ``CREATE INDEX ... WHERE`` (a partial or filtered index) exists: the ``Index`` keyword that
+    #: makes one (None: no partial indexes; see ``dialects.index_where_kwargs``).
     partial_index: Optional[str] = None
-    #: ``prepare()`` adds claim counters nullable and fills them in batches.
+    #: ``prepare()`` adds the claim counters nullable and then sets them in batches. SQL Server:
+    #: ``ADD c SMALLINT NOT NULL DEFAULT 0`` is metadata-only on Enterprise and Azure only; Standard
+    #: rewrites the whole table under a schema lock, while a nullable column with a default is
+    #: metadata-only on every edition. Elsewhere the NOT NULL form is already metadata-only
+    #: (PostgreSQL 11+, MariaDB 10.3+ and MySQL 8.0.12+ instant ADD COLUMN, Oracle 11g+, SQLite),
+    #: so the claim predicates there never meet a NULL.
     adds_columns_nullable: bool = False
     #: ``FETCH FIRST`` may go with ``FOR UPDATE`` (not on Oracle).
     limit_under_lock: bool = True
-    #: Most keys in one ``IN (...)`` list.
+    #: The most keys in one ``IN (...)`` list: Oracle allows 1000 items and SQL Server 2100
+    #: parameters per statement; the others take far more, and fewer statements is faster.
     max_in_list: int = 5000
     #: A claim may be one ``UPDATE ... RETURNING``; a ``DELETE`` may return its rows; several
     #: writes may go as one statement of data-modifying CTEs.

@@ -10,7 +10,7 @@ dialect names. Only this module, its two parts (:mod:`controltable.dialect_trait
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, TypeVar
+from typing import Any, Mapping, Optional, Sequence, TypeVar
 
 from sqlalchemy import BigInteger, Boolean, Float, Integer, String, Text, bindparam, event, select, type_coerce
 from sqlalchemy.dialects import mssql, oracle
@@ -34,7 +34,6 @@ from .dialect_ddl import (  # noqa: F401 - re-exported: the DDL half of this mod
     CreateIndexOnline,
     DisableLockEscalation,
     RebuildIndex,
-    adds_columns_nullable,
     column_charset,
     ddl_lock_timeout,
     online_ddl_available,
@@ -139,7 +138,7 @@ def _lock_time_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
     return _db_now_sqlite(element, compiler, **kw)
 
 
-def with_lock_clock(stmt: Select, dialect_name: str) -> Optional[Select]:  # type: ignore[type-arg]
+def with_lock_clock(stmt: Select[Any], traits: Traits) -> Optional[Select[Any]]:
     """``stmt`` (a locking select, see :func:`lock_rows`) reading the database time as column
     ``now`` once its locks are held, or None where one statement cannot (the time is then read by
     a statement of its own after the locks: a clock taken when the locking statement starts would
@@ -152,7 +151,7 @@ def with_lock_clock(stmt: Select, dialect_name: str) -> Optional[Select]:  # typ
     database's write lock at ``BEGIN IMMEDIATE``, before any statement. MySQL/MariaDB, SQL Server
     and Oracle: every clock is the statement's start (``UTC_TIMESTAMP``, ``SYSUTCDATETIME``,
     ``SYSTIMESTAMP``), so they keep the separate read."""
-    how = traits(dialect_name).lock_clock
+    how = traits.lock_clock
     if how == "subquery":
         locked = stmt.subquery("locked")
         return select(*locked.c, lock_time().label("now"))
@@ -211,7 +210,8 @@ def epoch_begins(last: int, epoch: int) -> bool:
 
     On a later epoch that is the state right after a promotion, until the first grant on the
     promoted server: what its queue holds was inherited from the old primary, and some entries
-    may belong to callers that moved on (see ``SlotEngine._grant_pass``). Never true on epoch 1.
+    may belong to callers that moved on (see ``slots.passes.GrantPasses._after_promotion``, run by
+    each grant pass). Never true on epoch 1.
     """
     return int(epoch) > 1 and int(last) < ((int(epoch) - 1) << TOKEN_EPOCH_BITS)
 
@@ -371,68 +371,39 @@ def apply_fetch_limit(cursor: Any, context: Any) -> None:
             cursor.prefetchrows = n
 
 
-def rows_per_statement(dialect_name: str) -> Optional[int]:
-    """The most rows one claim or completion statement may touch, or None for no cap.
-
-    SQL Server escalates a statement's row locks to a table lock at about 5,000 locks, which
-    would block every other worker and producer; its statements stay below that."""
-    return traits(dialect_name).rows_per_statement
-
-
-def trusts_rowcount(dialect_name: str) -> bool:
-    """Whether an UPDATE's ``rowcount`` says how many rows it changed.
-
-    Not on SQL Server: a trigger on the table without ``SET NOCOUNT ON``, or a server with
-    NOCOUNT on, changes the count the driver reports. There a fenced update is confirmed by a
-    follow-up select in the same transaction. (``OUTPUT`` without ``INTO`` is refused on a table
-    with an enabled trigger, error 334, so it cannot serve for the user's event tables.)"""
-    return traits(dialect_name).trusts_rowcount
-
-
-def confirmed_count(conn: Any, update_stmt: Any, confirm: Any, dialect_name: str) -> int:
+def confirmed_count(conn: Any, update_stmt: Any, confirm: Any, traits: Traits) -> int:
     """Run a fenced ``UPDATE`` and return how many rows it changed, without trusting ``rowcount``
-    where the driver may misreport it (see :func:`trusts_rowcount`).
+    where the driver may misreport it (see :attr:`Traits.trusts_rowcount`).
 
     ``confirm`` is a ``SELECT count(*)`` of the rows as the update leaves them (for example
     ``token = :t AND expires_at = :new_expiry``); on SQL Server it runs in the same transaction
     and its answer is the count. Elsewhere the update's own ``rowcount`` is the answer.
     """
     result = conn.execute(update_stmt)
-    if trusts_rowcount(dialect_name):
+    if traits.trusts_rowcount:
         return int(result.rowcount)
     return int(conn.scalar(confirm) or 0)
 
 
-def counts_by_output(dialect_name: str) -> bool:
-    """Whether a ``DELETE``/``UPDATE`` of a control table is counted by the rows it returns
-    (``OUTPUT deleted.id`` on SQL Server) instead of its ``rowcount``.
-
-    On SQL Server with NOCOUNT set server-wide (``sp_configure 'user options', 512``) the count
-    is -1, which is truthy: a reap that trusted it would drop a holder that renewed meanwhile
-    from the used count and grant beyond capacity. ``OUTPUT`` without ``INTO`` is refused on a
-    table with an enabled trigger (error 334), which is why the user's event tables use
-    confirming selects (:func:`confirmed_count`) instead; the control tables are controltable's
-    own and carry no triggers."""
-    return not trusts_rowcount(dialect_name)
-
-
-def changed_rows(conn: Any, stmt: Any, id_column: Any, dialect_name: str) -> int:
+def changed_rows(conn: Any, stmt: Any, id_column: Any, traits: Traits,
+                 params: Optional[Mapping[str, Any]] = None) -> int:
     """Run a ``DELETE`` or ``UPDATE`` of a control table and return how many rows it changed.
 
-    Where the row count is trusted, the count; on SQL Server (:func:`counts_by_output`) the
-    statement returns ``id_column`` of each changed row (``OUTPUT deleted.id``) and those rows
-    are counted. A running dialect that cannot return rows at all (SQLite on SQLAlchemy 1.4,
-    standing in for SQL Server in tests and in ``controltable sql``) gives its own count, which
-    is faithful there; every SQL Server dialect returns rows."""
-    if counts_by_output(dialect_name):
+    Where the row count is trusted, the count; on SQL Server (:attr:`Traits.trusts_rowcount`
+    false: NOCOUNT set server-wide reports -1) the statement returns ``id_column`` of each changed
+    row (``OUTPUT deleted.id``) and those rows are counted. A running dialect that cannot return
+    rows at all (SQLite on SQLAlchemy 1.4, standing in for SQL Server in tests and in
+    ``controltable sql``) gives its own count, which is faithful there; every SQL Server dialect
+    returns rows."""
+    if not traits.trusts_rowcount:
         kind = "delete_returning" if getattr(stmt, "is_delete", False) else "update_returning"
         running = conn.dialect
         if getattr(running, kind, None) or getattr(running, "full_returning", False):
-            return len(conn.execute(stmt.returning(id_column)).all())
-    return int(conn.execute(stmt).rowcount)
+            return len(conn.execute(stmt.returning(id_column), params).all())
+    return int(conn.execute(stmt, params).rowcount)
 
 
-def writes_in_one_statement(conn: Any, dialect_name: str) -> bool:
+def writes_in_one_statement(conn: Any, traits: Traits) -> bool:
     """Whether several writes of one transaction can be sent as one statement of data-modifying
     common table expressions (``WITH w0 AS (UPDATE ...), w1 AS (INSERT ...) SELECT ...``): one
     round trip instead of one per write.
@@ -442,16 +413,16 @@ def writes_in_one_statement(conn: Any, dialect_name: str) -> bool:
     sees the same snapshot, so only independent writes are combined (different rows; none reads
     what another writes), which the callers guarantee; MySQL/MariaDB, SQLite, SQL Server and
     Oracle send them one by one."""
-    return traits(dialect_name).cte_writes and getattr(getattr(conn, "dialect", None), "name", None) == dialect_name
+    return traits.cte_writes and getattr(getattr(conn, "dialect", None), "name", None) == traits.name
 
 
-def deletes_returning(conn: Any, dialect_name: str) -> bool:
+def deletes_returning(conn: Any, traits: Traits) -> bool:
     """Whether a ``DELETE`` of control-table rows can return them (``DELETE ... RETURNING``), saving
     the read before it: SQLite 3.35+ and MariaDB 10.5+ (PostgreSQL combines more, see
     :func:`writes_in_one_statement`), as the target and the running dialect, where SQLAlchemy
     supports it (not on 1.4). Not MySQL (no ``RETURNING``); SQL Server and Oracle keep the read."""
     running = getattr(conn, "dialect", None)
-    return (traits(dialect_name).delete_returning and getattr(running, "name", None) == dialect_name
+    return (traits.delete_returning and getattr(running, "name", None) == traits.name
             and bool(getattr(running, "delete_returning", False)))
 
 
@@ -612,32 +583,26 @@ def fit_message(text: str, chars: int) -> str:
     return data[:limit].decode("utf-8", "ignore")
 
 
-def limit_locked(stmt: S, dialect_name: str, n: int) -> S:
+def limit_locked(stmt: S, traits: Traits, n: int) -> S:
     """Limit a locking select to ``n`` rows where the backend allows it.
 
     Oracle rejects ``FETCH FIRST`` together with ``FOR UPDATE`` (ORA-02014); there the caller
     fetches ``n`` rows from the cursor, and SKIP LOCKED locks rows as they are fetched.
     """
-    if not traits(dialect_name).limit_under_lock:
+    if not traits.limit_under_lock:
         return stmt
     return stmt.limit(n)  # type: ignore[return-value]
 
 
-def update_returning(running: Any, target_name: str) -> bool:
+def update_returning(running: Any, target: Traits) -> bool:
     """Whether a claim can be one ``UPDATE ... WHERE key IN (locking subquery) RETURNING``.
 
     PostgreSQL, and SQLite (3.35+ with SQLAlchemy 2). Checked on the dialect actually running
-    (``running``) and the one the statements are built for (``target_name``, which differs only
+    (``running``) and the one the statements are built for (``target``, which differs only
     when ``controltable sql`` prints statements for another backend).
     """
     able = getattr(running, "update_returning", getattr(running, "full_returning", False))
-    return bool(able) and traits(target_name).update_returning
-
-
-def max_in_list(dialect_name: str) -> int:
-    """The most keys to put in one ``IN (...)`` list: Oracle allows 1000 items and SQL Server
-    2100 parameters per statement; the others take far more, and fewer statements is faster."""
-    return traits(dialect_name).max_in_list
+    return bool(able) and target.update_returning
 
 
 #: The lengths key lists are padded to (see :func:`padded_keys`); the last is the most keys one
@@ -659,14 +624,9 @@ def padded_keys(keys: Sequence[Any]) -> list[Any]:
     return out + [out[-1]] * (size - len(out))
 
 
-def supports_partial_index(dialect_name: str) -> bool:
-    """Whether ``CREATE INDEX ... WHERE`` (a partial or filtered index) exists on the backend."""
-    return traits(dialect_name).partial_index is not None
-
-
-def index_where_kwargs(dialect_name: str, predicate: Any) -> dict[str, Any]:
+def index_where_kwargs(traits: Traits, predicate: Any) -> dict[str, Any]:
     """Keyword arguments that make an ``Index`` partial on the backends that support it."""
-    keyword = traits(dialect_name).partial_index
+    keyword = traits.partial_index
     return {keyword: predicate} if keyword else {}
 
 

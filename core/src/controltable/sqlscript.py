@@ -210,7 +210,7 @@ def named_statements(
         # A release prunes history now and then (at a random moment per process); the printed script
         # must not depend on that moment, so this session never prunes on release: pruning has its
         # own section below.
-        ct._slots._next_prune = float("inf")
+        ct._slots.pruner.pause()
         if schema:
             # SQLite's schemas are attached databases: attach one under the schema's name.
             attached = str(Path(tmp) / "schema.db")

@@ -104,13 +104,14 @@ def claim_indexes(
     ordered = [order] if order is k else [order, k]
     pending_literal = dialects.state_literal(PENDING, SmallInteger())
     claimed_literal = dialects.state_literal(CLAIMED, SmallInteger())
-    layout = dialects.traits(dialect).claim_indexes
+    facts = dialects.traits(dialect)
+    layout = facts.claim_indexes
     if layout == "partial":
         return [
             Index(index_name(f"{p}pending_{name}"), order,
-                  **dialects.index_where_kwargs(dialect, state == pending_literal)),
+                  **dialects.index_where_kwargs(facts, state == pending_literal)),
             Index(index_name(f"{p}claimed_{name}"), order,
-                  **dialects.index_where_kwargs(dialect, state == claimed_literal)),
+                  **dialects.index_where_kwargs(facts, state == claimed_literal)),
         ]
     token = cols.of(table, "token")
     if layout == "included":
@@ -282,7 +283,7 @@ def load(db: Database, cols: ClaimColumns, name: str, schema: Optional[str], key
     catalogue queries and retries included; a silent network ends it like any other statement.
     ``prepared``: the claim columns must exist (claims), or not yet (``prepare()``).
     """
-    seeks = dialects.traits(db.dialect_name).seek_hints
+    seeks = db.traits.seek_hints
 
     def fn(conn: Connection) -> tuple[Table, bool]:
         table = reflect_in(conn, db, name, schema)
@@ -309,7 +310,7 @@ def missing_ddl(
 ) -> list[Any]:
     """The DDL that would bring ``table`` (freshly reflected) to a prepared event table."""
     stmts: list[Any] = []
-    metadata_only = dialects.adds_columns_nullable(db.dialect_name)
+    metadata_only = db.traits.adds_columns_nullable
     unset = metadata_only and cols.state in table.c and bool(table.c[cols.state].nullable)
     convert: list[Column[Any]] = []
     for col in cols.ddl(metadata_only=metadata_only):
@@ -328,14 +329,14 @@ def missing_ddl(
             existing -= invalid_index_names(conn, name, schema)
     wanted = claim_indexes(table, cols, name, key, order_by, db.dialect_name, filtered_indexes=filtered_indexes)
     stmts.extend(ix for ix in wanted if ix.name not in existing)
-    if dialects.traits(db.dialect_name).claim_indexes == "included":
+    if db.traits.claim_indexes == "included":
         # Indexes an earlier prepare() built without the INCLUDE list claims now rely on.
         stmts.extend(dialects.RebuildIndex(ix) for ix in dialects.stale_includes(reflected, wanted))
-    if disable_lock_escalation and dialects.traits(db.dialect_name).lock_escalation:
+    if disable_lock_escalation and db.traits.lock_escalation:
         stmts.append(dialects.DisableLockEscalation(table))
     if unset and (stmts or _has_unset(db, table, cols)):
         # After the indexes: each batch then seeks the claim index (state leading) for NULLs.
-        cap = dialects.rows_per_statement(db.dialect_name) or DDL_BACKFILL_BATCH
+        cap = db.traits.rows_per_statement or DDL_BACKFILL_BATCH
         stmts.append(BackfillClaimColumns(table, cols, key, min(cap, DDL_BACKFILL_BATCH)))
     return stmts
 
@@ -348,7 +349,7 @@ def needs_own_charset(db: Database, table: Table, name: str) -> bool:
     col = table.c[name]
     if not isinstance(col.type, String):
         return False
-    have = dialects.column_charset(db.dialect_name, table, col)
+    have = dialects.column_charset(db.traits, table, col)
     return have is not None and have.lower() != dialects.CLAIM_TEXT_CHARSET
 
 

@@ -196,7 +196,7 @@ class EventTable(EventAdministration):
                     self.db, self.cols, self.name, self.table_schema, self.key, self.order_by, self.time_column,
                     prepared=True, deadline=until)
                 self._sql = EventStatements(table, self.cols, self.key, self.order_by,
-                                            dialects.traits(self.db.dialect_name), where=self._where,
+                                            self.db.traits, where=self._where,
                                             time_column=self.time_column, seekable=seekable)
             return self._sql
         finally:
@@ -391,7 +391,7 @@ class EventTable(EventAdministration):
         token = token if token is not None else secrets.randbits(62) + 1
         # The database clock goes into the statements as an expression (one value per
         # statement), except on the key-list path, which needs the value for its second step.
-        one_statement = dialects.update_returning(conn.dialect, self.db.dialect_name)
+        one_statement = dialects.update_returning(conn.dialect, q.traits)
         now: Any = clock() if one_statement else read_now(conn)
         values = q.claim_values(stored_owner or owner, token, now, lease_s)
         # Expired claims first: they are older work, and must not starve behind new events.
@@ -423,7 +423,7 @@ class EventTable(EventAdministration):
 
         Returns the rows as they are after marking. Expired claims that were abandoned
         ``max_attempts`` times are a crash loop, not a retry: they go to the error state instead.
-        On SQL Server this runs in chunks of :func:`dialects.rows_per_statement` rows, so no
+        On SQL Server this runs in chunks of ``Traits.rows_per_statement`` rows, so no
         statement escalates to a table lock.
         """
         cap = self.sql.traits.rows_per_statement or size
@@ -543,7 +543,7 @@ class EventTable(EventAdministration):
         ``whole``: ``keys`` are all the batch's unsettled rows, so one ``UPDATE ... WHERE token``
         marks them without sending the keys (not on SQL Server, where statements go by key
         chunks under the row cap). The update's row count is trusted only where the driver
-        reports it faithfully (:func:`dialects.trusts_rowcount`); otherwise, and whenever the
+        reports it faithfully (``Traits.trusts_rowcount``); otherwise, and whenever the
         count falls short, a select in the same transaction confirms which keys are done under
         the token. Rows already done under it count as completed, so a retry after a lost COMMIT
         reply succeeds. For part of a batch the update runs in a savepoint, so that on a

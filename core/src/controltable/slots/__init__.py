@@ -18,8 +18,9 @@ only judge: a holder whose renewal wins the race keeps its slot, one that loses 
 Where things are: :mod:`.statements` builds every statement (pure functions over the control
 tables), :mod:`.grants` decides who is granted next (a pure function), :mod:`.history` turns the
 grant history into records and statistics, :mod:`.keys` names requests and their wake-ups,
-:mod:`.workflow` is the workflow (:class:`SlotEngine`), made of :mod:`.passes` (locks and the grant
-pass), :mod:`.waiting` (``acquire`` and its wait) and :mod:`.reports` (status, history, statistics);
+:mod:`.workflow` is the workflow (:class:`SlotEngine`), composed of collaborators: :mod:`.passes`
+(locks and the grant pass), :mod:`.entering` (entering a queue, a waiter's look), :mod:`.holding`
+(renew, release), :mod:`.waiting` (``acquire`` and its wait) and :mod:`.reports` (status, history);
 :mod:`.values` holds the value objects (:class:`Lease`, :class:`ResourceStatus`, :class:`Rate`, ...).
 """
 
@@ -47,13 +48,14 @@ from .values import (
     parse_duration,
     parse_rate,
 )
-from .workflow import SlotEngine
+from .workflow import PolicyChange, SlotEngine
 
 __all__ = [
     "Entry",
     "GrantRecord",
     "Lease",
     "LeaseEngine",
+    "PolicyChange",
     "Rate",
     "ResourceStats",
     "ResourceStatus",

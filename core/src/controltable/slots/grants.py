@@ -1,7 +1,7 @@
 """Who is granted next: the slot grant decision as a pure function over a snapshot of the locked queues.
 
-The engine (:mod:`.workflow`) locks the resource rows, reads their holders and the *head* of each
-waiting queue, and asks :func:`decide` which waiters may now run. No I/O happens here, so the
+The grant pass (:meth:`.passes.GrantPasses.grant_pass`) locks the resource rows, reads their holders
+and the *head* of each waiting queue, and asks :func:`decide` which waiters may now run. No I/O happens here, so the
 rules are tested without a database:
 
 * Queue order per resource: higher effective priority first, equal ones in ticket order (FIFO).

@@ -1,31 +1,33 @@
-"""The slot engine's transactions: resource locks in name order, and the grant pass that ends every change.
+"""The slot engine's transactions: resource locks in name order, the grant pass that ends every change, removal.
 
-:class:`PassEngine` is the base of :class:`~controltable.slots.workflow.SlotEngine` and of its parts
-(:mod:`.waiting`, :mod:`.reports`): it holds the runtime, runs a change and a grant pass in one
-transaction under the resource row locks (:meth:`PassEngine._with_pass`), and removes whole
-requests (:meth:`PassEngine._remove`). Who is granted is decided by :mod:`.grants`; this module
-sends the statements of :mod:`.statements` that read the queues and write the grants. The small
-records the parts hand each other (:class:`_Outcome`, :class:`_Request`, ...) are defined here.
+:class:`GrantPasses` is the collaborator every other part of the slot engine works through (the
+entering of a queue in :mod:`.entering`, the leases in :mod:`.holding`, capacity and reaping in
+:mod:`.workflow`): it runs a change and a grant pass in one transaction under the resource row
+locks (:meth:`GrantPasses.with_pass`) and removes whole requests (:meth:`GrantPasses.remove`). It
+calls nothing of those parts. Who is granted is decided by :mod:`.grants`; this module sends the
+statements of :mod:`.statements` that read the queues and write the grants. The records the parts
+hand each other (:class:`Outcome`, :class:`Request`, :class:`LockedResource`, ...) are defined here.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Mapping, Optional, Sequence, TypeVar, Union
 
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
 
 from .. import dialects
 from ..clock import read_now
+from ..db import Database
 from ..defaults import DEFAULT_PICKUP, FAILOVER_PICKUP
+from ..dialect_traits import Traits
 from ..errors import AcquireTimeout, ConfigurationError, UnknownResourceError
-from ..runtime import Runtime, check_runtime
+from ..runtime import Runtime
 from . import grants
 from . import statements as sql
 from .keys import head_key, holder_key, slot_key
-from .statements import EXPIRED, GRANTED, RELEASED
-from .values import Lease
+from .statements import EXPIRED, GRANTED, RELEASED, SlotStatements
 
 #: The shortest pickup deadline of a grant made on a waiter's behalf (its entry's own expiry
 #: shortens the deadline down to this).
@@ -40,7 +42,7 @@ T = TypeVar("T")
 
 
 @dataclass
-class _Outcome:
+class Outcome:
     """Where a request stands after a transaction: granted (with its tokens), or waiting (at a position)."""
 
     granted: bool
@@ -58,19 +60,19 @@ class _Outcome:
 
     @classmethod
     def grant(cls, *, key: str, tokens: Mapping[str, int], parts: Mapping[str, int], expires_at: float,
-              granted_at: float, ticket: int, attempt: Optional[int]) -> _Outcome:
+              granted_at: float, ticket: int, attempt: Optional[int]) -> Outcome:
         """A granted request: its tokens (one per resource of ``parts``) and its lease's expiry."""
         return cls(True, key, {n: tokens[n] for n in parts}, expires_at, granted_at, {}, ticket, attempt)
 
     @classmethod
     def wait(cls, *, key: str, expires_at: float, position: dict[str, int], ticket: int, attempt: Optional[int],
-             capacity: int = 1, rate_limited: bool = False) -> _Outcome:
+             capacity: int = 1, rate_limited: bool = False) -> Outcome:
         """A waiting request: its position in each queue and its entry's expiry."""
         return cls(False, key, {}, expires_at, None, position, ticket, attempt, capacity, rate_limited)
 
 
 @dataclass
-class _Res:
+class LockedResource:
     """A locked resource row, kept up to date by the transaction that holds the lock."""
 
     name: str
@@ -95,11 +97,14 @@ class _Res:
 
 
 @dataclass
-class _Entered:
+class Entered:
+    """What entering a queue did under the locks: the request's key, attempt and first ticket, and,
+    when it found its own grant (an idempotent re-acquire), the outcome already."""
+
     key: str
     attempt: Optional[int]
     ticket: int
-    done: Optional[_Outcome] = None
+    done: Optional[Outcome] = None
 
 
 @dataclass
@@ -120,7 +125,7 @@ class Presnapped(Generic[T]):
 
 
 @dataclass(frozen=True)
-class _Request:
+class Request:
     """What a caller asked for, checked; ``key`` is chosen here, before the first transaction."""
 
     parts: dict[str, int]
@@ -185,7 +190,7 @@ def locked_name(name: str, names: Mapping[str, Any]) -> str:
     return same[0] if len(same) == 1 else name
 
 
-class _NeedLocks(Exception):
+class NeedLocks(Exception):
     """A grant pass met a multi-resource request whose other resources it has not locked."""
 
     def __init__(self, names: set[str]) -> None:
@@ -194,7 +199,7 @@ class _NeedLocks(Exception):
 
 
 def send_grant_writes(conn: Connection, writes: Sequence[tuple[Any, Any]], counters: Sequence[Any],
-                      dialect_name: str) -> None:
+                      traits: Traits) -> None:
     """Send a grant pass's writes: each grant's :func:`.statements.grant_waiter` and
     :func:`.statements.record_grant`, then the resources' :func:`.statements.write_counters`.
 
@@ -203,7 +208,7 @@ def send_grant_writes(conn: Connection, writes: Sequence[tuple[Any, Any]], count
     counters when one resource's changed (an uncontended acquire: one statement for all three): a
     fixed set of statement shapes (2 or 3 writes), whatever the number of grants. Elsewhere one
     statement per write, in order."""
-    if not dialects.writes_in_one_statement(conn, dialect_name):
+    if not dialects.writes_in_one_statement(conn, traits):
         for grant, record in writes:
             conn.execute(*grant)
             conn.execute(*record)
@@ -220,60 +225,62 @@ def send_grant_writes(conn: Connection, writes: Sequence[tuple[Any, Any]], count
         conn.execute(*write)
 
 
-class PassEngine(ABC):
-    """The SQL behind slots, for one namespace of one installation: locks and grant passes.
+#: The resources a transaction holds locked, by name (kept up to date by that transaction).
+Locked = dict[str, LockedResource]
+#: A change made under the locks: ``(conn, locked resources, database time)`` -> its result.
+Change = Callable[[Connection, Locked, float], T]
+#: Inside a transaction: wake the waiters of these keys when it commits (``Runtime.notify``).
+Notify = Callable[[Connection, list[str]], None]
+
+
+class GrantPasses:
+    """Transactions under resource locks in name order, the grant pass, removal of requests: the
+    SQL behind slots, for one namespace of one installation.
 
     Grants are made by whoever changes a queue: every transaction that releases, enqueues,
-    withdraws, reaps or raises a capacity ends with :meth:`_grant_pass` under the resource row
+    withdraws, reaps or raises a capacity ends with :meth:`grant_pass` under the resource row
     locks, which hands the freed capacity to the waiters at the head (decided by
     :func:`grants.decide`). Waiters only read their own entry and pick the grant up.
     """
 
-    def __init__(self, runtime: Runtime) -> None:
-        rt: Runtime = check_runtime(runtime)
-        self.runtime = rt
-        self.db = rt.db
-        self.t = rt.tables
-        self.ns = rt.namespace
+    def __init__(self, db: Database, statements: SlotStatements, notify: Notify) -> None:
+        self.db = db
+        #: The engine's statements (shared with the collaborators built over these passes).
+        self.sql = statements
+        self.t = statements.t
+        self.ns = statements.ns
+        self.notify = notify
 
-    # -- what SlotEngine (workflow.py) provides to its parts; a Lease needs the last three -------
-    @abstractmethod
-    def _enqueue(self, req: _Request) -> _Outcome: ...
-
-    @abstractmethod
-    def renew(self, lease: Lease, seconds: float) -> float: ...
-
-    @abstractmethod
-    def release(self, lease: Lease) -> None: ...
-
-    @abstractmethod
-    def is_held(self, lease: Lease) -> bool: ...
+    @classmethod
+    def of(cls, runtime: Runtime) -> GrantPasses:
+        """The grant passes of ``runtime``'s namespace, notifying through its wake-ups."""
+        return cls(runtime.db, SlotStatements(runtime.tables, runtime.namespace), runtime.notify)
 
     # -- running a change followed by a grant pass ---------------------------------------------
-    def _with_pass(self, names: set[str],
-                   action: Callable[[Connection, dict[str, Any], float], Union[T, Presnapped[T]]],
+    def with_pass(self, names: set[str],
+                   action: Change[Union[T, Presnapped[T]]],
                    deadline: Optional[float] = None) -> T:
         """Run ``action`` and a grant pass in one transaction, holding the locks of ``names``.
 
-        If a chain of multi-resource requests keeps the locks moving (see :meth:`_in_lock_order`),
+        If a chain of multi-resource requests keeps the locks moving (see :meth:`in_lock_order`),
         the change is committed without passing the capacity on here: the waiters at the head run
         a pass themselves when they next look.
         """
 
-        def with_pass(conn: Connection, res: dict[str, Any], now: float) -> T:
+        def with_pass(conn: Connection, res: Locked, now: float) -> T:
             value, snapshot = Presnapped.split(action(conn, res, now))
-            self._grant_pass(conn, res, now, snapshot=snapshot)
+            self.grant_pass(conn, res, now, snapshot=snapshot)
             return value
 
-        def without_pass(conn: Connection, res: dict[str, Any], now: float) -> T:
+        def without_pass(conn: Connection, res: Locked, now: float) -> T:
             value, _ = Presnapped.split(action(conn, res, now))
             return value
 
-        return self._in_lock_order(names, with_pass, fallback=without_pass, deadline=deadline)
+        return self.in_lock_order(names, with_pass, fallback=without_pass, deadline=deadline)
 
-    def _in_lock_order(
-        self, names: set[str], fn: Callable[[Connection, dict[str, Any], float], T], *,
-        deadline: Optional[float] = None, fallback: Optional[Callable[[Connection, dict[str, Any], float], T]] = None,
+    def in_lock_order(
+        self, names: set[str], fn: Change[T], *,
+        deadline: Optional[float] = None, fallback: Optional[Change[T]] = None,
     ) -> T:
         """Run ``fn(conn, resources, now)`` in one transaction holding the locks of ``names``.
 
@@ -292,13 +299,13 @@ class PassEngine(ABC):
 
             try:
                 return self.db.run(run, deadline=deadline)
-            except _NeedLocks as need:
+            except NeedLocks as need:
                 lockset |= need.names
         if fallback is None:  # pragma: no cover - needs a chain of 8 multi-resource requests moving at once
             raise AcquireTimeout(f"could not lock the resources of {sorted(names)} in order; retry")
         return self.db.run(lambda c: fallback(c, *self._lock(c, lockset)))
 
-    def _lock(self, conn: Connection, names: set[str]) -> tuple[dict[str, Any], float]:
+    def _lock(self, conn: Connection, names: set[str]) -> tuple[Locked, float]:
         """Lock the resource rows in name order (so multi-resource requests cannot deadlock), then
         read the database time.
 
@@ -310,13 +317,13 @@ class PassEngine(ABC):
         over).
         """
         clocked: list[float] = []
-        rows = self._lock_rows(conn, names, {}, clocked)
+        rows = self.lock_rows(conn, names, {}, clocked)
         if not rows:
             return rows, 0.0
         return rows, (clocked[0] if clocked else read_now(conn))
 
-    def _lock_rows(self, conn: Connection, names: set[str], rows: dict[str, Any],
-                   clocked: Optional[list[float]] = None) -> dict[str, Any]:
+    def lock_rows(self, conn: Connection, names: set[str], rows: Locked,
+                   clocked: Optional[list[float]] = None) -> Locked:
         """Lock, in name order, the rows of ``names`` not in ``rows`` yet, adding them to ``rows``.
 
         With ``clocked``, the last lock statement also reads the database time after its lock is
@@ -324,8 +331,8 @@ class PassEngine(ABC):
         todo = [name for name in sorted(names) if name not in rows]
         for name in todo:
             last = clocked is not None and name == todo[-1]
-            row = conn.execute(*sql.lock_resource(self.t, self.ns, name,
-                                                  self.db.dialect_name if last else None)).first()
+            row = conn.execute(*self.sql.lock_resource(name,
+                                                  self.db.traits if last else None)).first()
             if last and row is not None and clocked is not None and "now" in row._mapping:
                 clocked.append(float(row.now))
             if row is None:
@@ -333,14 +340,14 @@ class PassEngine(ABC):
                     f"resource {name!r} does not exist in namespace {self.ns!r}; create it with "
                     f"set_capacity({name!r}, n) or `controltable capacity set {name} N`"
                 )
-            rows[name] = _Res(name, int(row.capacity), int(row.last_token), int(row.last_ticket),
+            rows[name] = LockedResource(name, int(row.capacity), int(row.last_token), int(row.last_ticket),
                               rate_count=None if row.rate_count is None else int(row.rate_count),
                               rate_per=None if row.rate_per is None else float(row.rate_per),
                               aging=None if row.aging is None else float(row.aging),
                               epoch=int(row.epoch))
         return rows
 
-    def _snapshot(self, conn: Connection, res: dict[str, Any]) -> list[Any]:
+    def snapshot(self, conn: Connection, res: Locked) -> list[Any]:
         """The holders of the locked resources and the head of each waiting queue, in one statement.
 
         Reads at most ``capacity + 2`` waiters per queue (no more can be granted by one pass, and
@@ -348,38 +355,38 @@ class PassEngine(ABC):
         reaped and the next page read (:func:`.grants.read_again`), so expired entries before the
         first live ones never stop a pass short of them.
         """
-        return list(conn.execute(*sql.snapshot(self.t, self.ns, self._heads(res))).all())
+        return list(conn.execute(*self.sql.snapshot(self.heads(res))).all())
 
-    def _heads(self, res: dict[str, Any]) -> dict[str, int]:
-        """How many waiters a snapshot reads per queue (see :meth:`_snapshot`)."""
+    def heads(self, res: Locked) -> dict[str, int]:
+        """How many waiters a snapshot reads per queue (see :meth:`snapshot`)."""
         return {name: self._head_size(res[name]) for name in res}
 
-    def _snapshot_in_change(self, conn: Connection, res: dict[str, Any]) -> bool:
+    def snapshot_in_change(self, conn: Connection, res: Locked) -> bool:
         """Whether the statement that changes a queue may also read the snapshot the grant pass
         starts from (one round trip fewer): where several writes go as one statement
         (:func:`controltable.dialects.writes_in_one_statement`), and not on the first pass after a
         promotion (:meth:`_after_promotion` changes the queue before the pass reads it)."""
-        return dialects.writes_in_one_statement(conn, self.db.dialect_name) and not any(
+        return dialects.writes_in_one_statement(conn, self.db.traits) and not any(
             not r.rejoined and dialects.epoch_begins(r.last_token, r.epoch) for r in res.values())
 
-    def _budget(self, conn: Connection, res: _Res, now: float) -> Optional[int]:
+    def _budget(self, conn: Connection, res: LockedResource, now: float) -> Optional[int]:
         """Grants the resource's rate window still allows at ``now`` (None: no rate limit)."""
         if res.rate_count is None or res.rate_per is None:
             return None
-        used = int(conn.scalar(sql.window_count(self.t, self.ns, res.name, now - res.rate_per)) or 0)
+        used = int(conn.scalar(*self.sql.window_count(res.name, now - res.rate_per)) or 0)
         return max(res.rate_count - used, 0)
 
-    def _end_grants(self, conn: Connection, rows: list[Any], now: float, outcome: Optional[str] = None) -> None:
+    def end_grants(self, conn: Connection, rows: list[Any], now: float, outcome: Optional[str] = None) -> None:
         """Close the history rows of the granted ``rows`` being removed: released while their lease
         was live, expired otherwise (or ``outcome``)."""
         for row in rows:
             if row.state != GRANTED or row.token is None:
                 continue
             how = outcome or (RELEASED if float(row.expires_at) >= now else EXPIRED)
-            conn.execute(sql.end_grant(self.t, self.ns, row.resource, int(row.token), how, now))
+            conn.execute(*self.sql.end_grant(row.resource, int(row.token), how, now))
 
     @staticmethod
-    def _head_size(res: _Res) -> int:
+    def _head_size(res: LockedResource) -> int:
         # A capacity's worth can be granted by one pass; then the new head and the one behind it
         # (told to look: it times the grants' pickup deadlines in case the head is dead).
         return min(res.capacity, HEAD_READ_LIMIT) + 2
@@ -397,33 +404,33 @@ class PassEngine(ABC):
             seen.add(row.id)
             if float(row.expires_at) < now:
                 # The only judge of expiry: a renewal or pickup committed meanwhile keeps the row.
-                gone = dialects.changed_rows(conn, sql.delete_expired_row(self.t, row.id, now), self.t.request.c.id,
-                                             self.db.dialect_name)
+                stmt, values = self.sql.delete_expired_row(row.id, now)
+                gone = dialects.changed_rows(conn, stmt, self.t.request.c.id, self.db.traits, values)
                 if gone:
                     reaped += 1
-                    self._end_grants(conn, [row], now, EXPIRED)
+                    self.end_grants(conn, [row], now, EXPIRED)
                     continue
             live.append(row)
         return live, reaped
 
-    def _grant_pass(
-        self, conn: Connection, res: dict[str, Any], now: float, own: Optional[tuple[str, float]] = None,
+    def grant_pass(
+        self, conn: Connection, res: Locked, now: float, own: Optional[tuple[str, float]] = None,
         granted: Optional[dict[str, dict[str, int]]] = None, snapshot: Optional[list[Any]] = None,
     ) -> int:
         """Reap expired holders and grant every waiter that may now run, in FIFO order.
 
         Returns how many expired entries it removed. Grants are made on the waiters' behalf:
         state granted, a token from the resource's fencing counter, and ``pickup_seconds`` to
-        pick the grant up before it lapses (see ``SlotEngine._peek``). ``own`` is the (request key,
+        pick the grant up before it lapses (see :meth:`.entering.Entering.look`). ``own`` is the (request key,
         lease) of the caller's own request, granted with its lease at once and not notified;
         ``granted`` collects the tokens of every grant made. The resource rows' counters are
         written once, at the end. ``snapshot``: the first round's rows, read already by the statement
-        that changed the queue (see :meth:`_snapshot_in_change`).
+        that changed the queue (see :meth:`snapshot_in_change`).
         """
         reaped = 0
         for _ in range(MAX_ROUNDS):  # each round grants or reaps, or is the last
             self._after_promotion(conn, res, own[0] if own is not None else None)
-            rows = as_locked(self._snapshot(conn, res) if snapshot is None else snapshot, res)
+            rows = as_locked(self.snapshot(conn, res) if snapshot is None else snapshot, res)
             snapshot = None
             queues = {name: grants.Queue(name, res[name].capacity, aging=res[name].aging,
                                          budget=self._budget(conn, res[name], now)) for name in res}
@@ -432,7 +439,7 @@ class PassEngine(ABC):
             multi = grants.waiting_multi(live)
             spans: dict[str, set[str]] = {}
             if multi:
-                for key, resource in conn.execute(sql.request_spans(self.t, multi)):
+                for key, resource in conn.execute(*self.sql.request_spans(multi)):
                     spans.setdefault(key, set()).add(locked_name(resource, res))
             heads = grants.assemble(queues, live, spans, {name: self._head_size(res[name]) for name in res},
                                     read=grants.waiting_read(rows))
@@ -440,9 +447,9 @@ class PassEngine(ABC):
             decision = grants.decide(queues)
             if decision.need:
                 if min(decision.need) > max(res):
-                    self._lock_rows(conn, decision.need, res)  # still in name order; the pass keeps its time
+                    self.lock_rows(conn, decision.need, res)  # still in name order; the pass keeps its time
                     continue
-                raise _NeedLocks(decision.need)
+                raise NeedLocks(decision.need)
             notify: list[str] = []
             others = False
             # The grants, their history rows and the counters: independent writes (different rows),
@@ -457,15 +464,15 @@ class PassEngine(ABC):
                         granted.setdefault(key, {})[row.resource] = token
                     if mine and own is not None:
                         # The caller's own request: picked up at once, with its lease.
-                        grant = sql.grant_waiter(self.t, row.id, token, now, now + own[1], own[1])
+                        grant = self.sql.grant_waiter(row.id, token, now, now + own[1], own[1])
                     else:
                         pickup = float(row.pickup_seconds) if row.pickup_seconds is not None else DEFAULT_PICKUP
                         # Never longer than the waiter promised to stay alive: a live waiter looks at
                         # its entry before that, a dead one (that stopped refreshing) lapses sooner.
-                        grant = sql.grant_waiter(self.t, row.id, token, now,
+                        grant = self.sql.grant_waiter(row.id, token, now,
                                                  now + min(pickup, max(float(row.expires_at) - now, MIN_PICKUP)))
                     # In the grant's transaction: the rate window counts these rows.
-                    writes.append((grant, sql.record_grant(self.t, self.ns, row.resource, token, row,
+                    writes.append((grant, self.sql.record_grant(row.resource, token, row,
                                                            int(row.priority), now)))
                 if not mine:
                     others = True
@@ -473,10 +480,10 @@ class PassEngine(ABC):
                     notify.append(holder_key(first, next(x.holder for x in rows_by_key[key] if x.resource == first)))
             for name in sorted(res):
                 if res[name].dirty:
-                    counters.append(sql.write_counters(self.t, self.ns, name, res[name].last_token,
+                    counters.append(self.sql.write_counters(name, res[name].last_token,
                                                        res[name].last_ticket))
                     res[name].dirty = False
-            send_grant_writes(conn, writes, counters, self.db.dialect_name)
+            send_grant_writes(conn, writes, counters, self.db.traits)
             for name, key in decision.heads.items():
                 rate_spent = queues[name].budget == 0
                 # A new head times the holders' leases; a head stopped by a spent rate budget times
@@ -494,7 +501,7 @@ class PassEngine(ABC):
             if others or reaped:
                 notify.extend(slot_key(name) for name in sorted(res))
             if notify:
-                self.runtime.notify(conn, notify)
+                self.notify(conn, notify)
             # Expired entries before the first live ones are reaped a page (the head size) per
             # round until the pass reaches a live waiter: a round that only reaped reads on.
             if not grants.read_again(decision, granted=len(decision.grant), reaped=gone):
@@ -504,7 +511,7 @@ class PassEngine(ABC):
         # head a waiter reads skips expired entries: statements.peek) and runs the next pass.
         return reaped
 
-    def _after_promotion(self, conn: Connection, res: dict[str, Any], own_key: Optional[str]) -> None:
+    def _after_promotion(self, conn: Connection, res: Locked, own_key: Optional[str]) -> None:
         """Before the first grant on a promoted server, shorten the pickup of every waiting entry.
 
         With asynchronous replication the promoted server's queue is the old primary's as the
@@ -518,36 +525,36 @@ class PassEngine(ABC):
         for name in sorted(res):
             r = res[name]
             if not r.rejoined and dialects.epoch_begins(r.last_token, r.epoch):
-                conn.execute(sql.shorten_pickups(self.t, self.ns, name, FAILOVER_PICKUP, own_key))
+                conn.execute(*self.sql.shorten_pickups(name, FAILOVER_PICKUP, own_key))
                 r.rejoined = True
 
-    def _remove(self, match: Any, check: Optional[Callable[[Connection], None]] = None,
+    def remove(self, match: ColumnElement[bool], check: Optional[Callable[[Connection], None]] = None,
                 deadline: Optional[float] = None) -> int:
         """Remove the requests with rows matching ``match`` (whole requests), then pass capacity on.
 
         The resources involved are read first without locks, then locked in name order; rows of
         requests that appeared meanwhile on other resources are left for the next call.
         """
-        names = {row[0] for row in self.db.run(lambda c: c.execute(sql.resources_matching(self.t, match)).all(),
+        names = {row[0] for row in self.db.run(lambda c: c.execute(*self.sql.resources_matching(match)).all(),
                                                deadline=deadline)}
         if not names:
             if check is not None:
                 self.db.run(check, deadline=deadline)
             return 0
 
-        def action(conn: Connection, res: dict[str, Any], now: float) -> int:
+        def action(conn: Connection, res: Locked, now: float) -> int:
             if check is not None:
                 check(conn)
-            keys = sorted({row[0] for row in conn.execute(sql.keys_matching(self.t, match, sorted(res)))})
+            keys = sorted({row[0] for row in conn.execute(*self.sql.keys_matching(match, sorted(res)))})
             if not keys:
                 return 0
-            spans = conn.execute(sql.request_spans(self.t, keys)).all()
+            spans = conn.execute(*self.sql.request_spans(keys)).all()
             extra = {row.resource for row in spans} - set(res)
             if extra:
-                raise _NeedLocks(extra)
-            gone = conn.execute(sql.request_rows(self.t, keys)).all()
-            conn.execute(sql.delete_requests(self.t, keys))
-            self._end_grants(conn, list(gone), now)
+                raise NeedLocks(extra)
+            gone = conn.execute(*self.sql.request_rows(keys)).all()
+            conn.execute(*self.sql.delete_requests(keys))
+            self.end_grants(conn, list(gone), now)
             return len(keys)
 
-        return self._with_pass(names, action, deadline=deadline)
+        return self.with_pass(names, action, deadline=deadline)

@@ -1,10 +1,9 @@
-"""Reading the slots: ``status``, ``wait_info``, ``find_lease``, the grant history, its statistics and its pruning.
+"""Reading the slots: ``status``, ``wait_info``, ``find_lease``, the grant history and its statistics; pruning it.
 
-:class:`Reports` is a mixin of :class:`~controltable.slots.workflow.SlotEngine` over
-:class:`~controltable.slots.passes.PassEngine` (the engine is one object, as before the split:
-``release`` prunes through :meth:`Reports._maybe_prune`, and ``find_lease`` hands out leases that
-renew and release through the engine). Nothing here takes a resource lock except pruning's
-short deletes; the figures are computed by :mod:`.history` and :mod:`.grants`.
+:class:`Reports` reads; it takes no resource lock and needs only the database, the tables and the
+namespace, plus the :class:`~.values.LeaseEngine` that the leases ``find_lease`` rebuilds renew and
+release through. :class:`HistoryPruner` deletes old history in short batches (``prune_history``, and
+now and then after a release). The figures are computed by :mod:`.history` and :mod:`.grants`.
 """
 
 from __future__ import annotations
@@ -18,35 +17,38 @@ from sqlalchemy.engine import Connection
 
 from .. import dialects
 from ..clock import read_now, utc
+from ..db import Database
 from ..defaults import HISTORY_PRUNE_BATCH, HISTORY_PRUNE_INTERVAL, HISTORY_RETENTION
 from ..errors import UnknownResourceError
 from . import grants
 from . import statements as sql
 from .history import compute_stats, to_record
-from .passes import PassEngine
-from .statements import GRANTED
-from .values import Entry, GrantRecord, Lease, Rate, ResourceStats, ResourceStatus, WaitInfo
+from .statements import GRANTED, SlotStatements
+from .values import Entry, GrantRecord, Lease, LeaseEngine, Rate, ResourceStats, ResourceStatus, WaitInfo
 
 log = logging.getLogger("controltable")
 
 
-class Reports(PassEngine):
+class Reports:
     """Where holders and waiters stand, and what the grant history says."""
 
-    def __init__(self, runtime: Any) -> None:
-        super().__init__(runtime)
-        #: When this process next prunes a batch of history (``time.monotonic()``).
-        self._next_prune = time.monotonic() + HISTORY_PRUNE_INTERVAL * random.random()
+    def __init__(self, db: Database, statements: SlotStatements, leases: LeaseEngine) -> None:
+        self.db = db
+        self.sql = statements
+        self.t = statements.t
+        self.ns = statements.ns
+        #: What the leases :meth:`find_lease` rebuilds renew and release through.
+        self.leases = leases
 
     # -- where a holder stands -----------------------------------------------------------------
     def wait_info(self, resource: str, holder: str) -> Optional[WaitInfo]:
         """Where ``holder`` stands on ``resource``: None when it neither holds nor waits."""
         def fn(conn: Connection) -> tuple[float, Optional[Any], list[Any]]:
             now = read_now(conn)
-            mine = conn.execute(sql.own_entry(self.t, self.ns, resource, holder)).first()
+            mine = conn.execute(*self.sql.own_entry(resource, holder)).first()
             if mine is None or mine.state == GRANTED:
                 return now, mine, []
-            return now, mine, list(conn.execute(sql.ahead_of(self.t, self.ns, resource, mine)).all())
+            return now, mine, list(conn.execute(*self.sql.ahead_of(resource, mine)).all())
 
         now, mine, ahead = self.db.run(fn)
         if mine is None or float(mine.expires_at) < now:
@@ -67,16 +69,16 @@ class Reports(PassEngine):
     def find_lease(self, resource: str, holder: str) -> Optional[Lease]:
         """The live lease ``holder`` has on ``resource``, rebuilt from the table (for other processes)."""
         def fn(conn: Connection) -> list[Any]:
-            key = conn.scalar(sql.granted_key(self.t, self.ns, resource, holder))
+            key = conn.scalar(*self.sql.granted_key(resource, holder))
             if key is None:
                 return []
-            return list(conn.execute(sql.request_by_key(self.t, key)).all())
+            return list(conn.execute(*self.sql.request_by_key(key)).all())
 
         rows = self.db.run(fn)
         if not rows:
             return None
         return Lease(
-            self,
+            self.leases,
             resources={row.resource: int(row.slots) for row in rows},
             mode=rows[0].mode,
             holder=holder,
@@ -93,12 +95,12 @@ class Reports(PassEngine):
     def status(self, names: Optional[list[str]] = None) -> list[ResourceStatus]:
         def fn(conn: Connection) -> tuple[float, list[Any], list[Any], dict[str, list[float]]]:
             now = read_now(conn)
-            resources = list(conn.execute(sql.resources(self.t, self.ns, names)).all())
+            resources = list(conn.execute(*self.sql.resources(names)).all())
             # The rate window's grant times, for the resources that have a rate (when it next opens).
             times = {res.name: [float(t) for t in conn.execute(
-                sql.window_times(self.t, self.ns, res.name, now - float(res.rate_per))).scalars()]
+                *self.sql.window_times(res.name, now - float(res.rate_per))).scalars()]
                 for res in resources if res.rate_count is not None and res.rate_per is not None}
-            return now, resources, list(conn.execute(sql.requests(self.t, self.ns, names)).all()), times
+            return now, resources, list(conn.execute(*self.sql.requests(names)).all()), times
 
         now, resources, requests, times = self.db.run(fn)
         out = []
@@ -139,7 +141,7 @@ class Reports(PassEngine):
     # -- history -----------------------------------------------------------------------------
     def history(self, resource: Optional[str], since: float, limit: int) -> list[GrantRecord]:
         def fn(conn: Connection) -> list[Any]:
-            return list(conn.execute(sql.records(self.t, self.ns, resource, read_now(conn) - since, limit)).all())
+            return list(conn.execute(*self.sql.records(resource, read_now(conn) - since, limit)).all())
 
         return [to_record(row) for row in self.db.run(fn)]
 
@@ -149,8 +151,8 @@ class Reports(PassEngine):
         def fn(conn: Connection) -> list[ResourceStats]:
             now = read_now(conn)
             out = []
-            for row in conn.execute(sql.capacities(self.t, self.ns, names)).all():
-                rows = conn.execute(sql.overlapping(self.t, self.ns, row.name, now - window, now)).all()
+            for row in conn.execute(*self.sql.capacities(names)).all():
+                rows = conn.execute(*self.sql.overlapping(row.name, now - window, now)).all()
                 out.append(compute_stats(row.name, int(row.capacity), rows, now - window, now))
             return out
 
@@ -159,17 +161,35 @@ class Reports(PassEngine):
     def stats_series(self, name: str, window: float, buckets: int) -> list[ResourceStats]:
         def fn(conn: Connection) -> list[ResourceStats]:
             now = read_now(conn)
-            capacity = conn.scalar(sql.capacity_of(self.t, self.ns, name))
+            capacity = conn.scalar(*self.sql.capacity_of(name))
             if capacity is None:
                 raise UnknownResourceError(
                     f"resource {name!r} does not exist in namespace {self.ns!r}; check the name and namespace")
             start = now - window
-            rows = conn.execute(sql.overlapping(self.t, self.ns, name, start, now)).all()
+            rows = conn.execute(*self.sql.overlapping(name, start, now)).all()
             step = window / buckets
             return [compute_stats(name, int(capacity), rows, start + i * step, start + (i + 1) * step)
                     for i in range(buckets)]
 
         return self.db.run(fn)
+
+
+class HistoryPruner:
+    """Deletes ended grants from the history in short batches, on demand and now and then after a release."""
+
+    def __init__(self, db: Database, statements: SlotStatements) -> None:
+        self.db = db
+        self.sql = statements
+        self.t = statements.t
+        self.ns = statements.ns
+        #: When this process next prunes a batch after a release (``time.monotonic()``): at a random
+        #: moment per process, so processes started together do not prune together.
+        self.next_prune = time.monotonic() + HISTORY_PRUNE_INTERVAL * random.random()
+
+    def pause(self) -> None:
+        """Never prune after a release from now on (``prune_history`` still prunes): for a session
+        whose statements must not depend on when pruning happens (``controltable sql``)."""
+        self.next_prune = float("inf")
 
     def prune_history(self, older_than: float, names: Optional[list[str]] = None,
                       max_batches: Optional[int] = None) -> int:
@@ -180,20 +200,20 @@ class Reports(PassEngine):
         period longer than ``older_than`` (up to 30 days against 7 of retention) keeps its grants
         for the whole period."""
         if names is None:
-            names = [row[0] for row in self.db.run(lambda c: c.execute(sql.resource_names(self.t, self.ns)).all())]
+            names = [row[0] for row in self.db.run(lambda c: c.execute(*self.sql.resource_names()).all())]
         total = 0
         for name in names:
             batches = 0
             while max_batches is None or batches < max_batches:
                 def fn(conn: Connection, name: str = name) -> int:
-                    period = conn.scalar(sql.rate_period(self.t, self.ns, name))
+                    period = conn.scalar(*self.sql.rate_period(name))
                     before = read_now(conn) - max(older_than, float(period or 0.0))
-                    edge = conn.scalar(sql.prune_edge(self.t, self.ns, name, before, HISTORY_PRUNE_BATCH))
+                    edge = conn.scalar(*self.sql.prune_edge(name, before, HISTORY_PRUNE_BATCH))
                     if edge is None:  # fewer than a batch left: the rest
-                        return dialects.changed_rows(conn, sql.delete_ended(self.t, self.ns, name, before, False),
-                                                     self.t.history.c.token, self.db.dialect_name)
-                    return dialects.changed_rows(conn, sql.delete_ended(self.t, self.ns, name, float(edge), True),
-                                                 self.t.history.c.token, self.db.dialect_name)
+                        stmt, values = self.sql.delete_ended(name, before, False)
+                    else:
+                        stmt, values = self.sql.delete_ended(name, float(edge), True)
+                    return dialects.changed_rows(conn, stmt, self.t.history.c.token, self.db.traits, values)
 
                 n = self.db.run(fn)
                 total += n
@@ -202,13 +222,13 @@ class Reports(PassEngine):
                     break
         return total
 
-    def _maybe_prune(self, names: Mapping[str, int]) -> None:
+    def maybe_prune(self, names: Mapping[str, int]) -> None:
         """Now and then (once per ``HISTORY_PRUNE_INTERVAL`` per process), after a release, prune
         one batch of the released resources' history: pruning keeps pace with the grants
         without a job to schedule, and never runs on the grant path."""
-        if time.monotonic() < self._next_prune:
+        if time.monotonic() < self.next_prune:
             return
-        self._next_prune = time.monotonic() + HISTORY_PRUNE_INTERVAL
+        self.next_prune = time.monotonic() + HISTORY_PRUNE_INTERVAL
         try:
             self.prune_history(HISTORY_RETENTION, sorted(names), max_batches=1)
         except Exception as exc:  # pruning is housekeeping: never fail a release for it

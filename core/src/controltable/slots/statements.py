@@ -1,9 +1,10 @@
 """The slot engine's SQL: pure SQLAlchemy builders over the control tables, nothing run here.
 
-Every statement the slot engine sends is built by a function of this module from the declared
-tables (:class:`~controltable.schema.ControlSchema`), the namespace and plain values; the workflow
-(:mod:`controltable.slots.workflow`) decides when to run them, in which transaction and under which
-locks. Queue order is ``(queue_key, ticket)`` everywhere (see :func:`.grants.queue_key`), read
+Every statement the slot engine sends is built by :class:`SlotStatements`, bound once to the
+declared tables (:class:`~controltable.schema.ControlSchema`) and the namespace, from plain values;
+the engine's collaborators (:mod:`controltable.slots.workflow`) decide when to run them, in which
+transaction and under which locks. The module-level helpers build the cached statements of the
+grant path once per tables. Queue order is ``(queue_key, ticket)`` everywhere (see :func:`.grants.queue_key`), read
 through the (namespace, resource, state, queue_key, ticket) index. Per-dialect differences (row
 locks, the clock) are asked of :mod:`controltable.dialects`, never decided here.
 
@@ -15,7 +16,7 @@ misreport ``rowcount`` are answered by the count).
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, TypedDict, Union
 
 from sqlalchemy import and_, bindparam, case, delete, func, insert, literal_column, or_, select, union_all, update
 from sqlalchemy.sql import Delete, Insert, Select, Update
@@ -23,6 +24,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from .. import dialects
 from ..clock import clock
+from ..dialect_traits import Traits
 from ..schema import ControlSchema
 
 #: A request row's states: in the queue, or holding its slots.
@@ -34,7 +36,7 @@ HELD, RELEASED, EXPIRED = "held", "released", "expired"
 SUPERSEDED = "superseded"
 
 #: A fenced change: the UPDATE and the count that confirms it (see the module's docstring).
-Fenced = tuple[Update, Select]  # type: ignore[type-arg]
+Fenced = tuple[Update, Select[Any]]
 #: A statement built once with named binds, and the values of this call: ``conn.execute(*bound)``.
 #: For the statements of every grant: building a SQLAlchemy construct costs as much as its round
 #: trip, and the compiled cache only saves the compile.
@@ -61,24 +63,8 @@ def _resource_row(t: ControlSchema, namespace: str, name: str) -> list[ColumnEle
     return [r.c.namespace == namespace, r.c.name == name]
 
 
-def lock_resource(t: ControlSchema, namespace: str, name: str,
-                  clock_for: Optional[str] = None) -> Bound:
-    """Lock one resource row and read its counters and policy.
-
-    With ``clock_for`` (the dialect name; for the last lock a transaction takes) the statement also
-    reads the database time as ``now`` after the lock is held, where the dialect can
-    (:func:`controltable.dialects.with_lock_clock`); elsewhere the time is read by a statement of
-    its own once every lock is held (see ``SlotEngine._lock``): a clock taken when this statement
-    starts would come from before a lock wait.
-
-    On the path of every grant: built once per (tables, dialect) with named binds and returned
-    with its values (see :data:`Bound`).
-    """
-    return _lock_resource(t, clock_for), {"ct_namespace": namespace, "ct_name": name}
-
-
 @functools.lru_cache(maxsize=64)
-def _lock_resource(t: ControlSchema, clock_for: Optional[str]) -> Select:  # type: ignore[type-arg]
+def _lock_resource(t: ControlSchema, clock_for: Optional[Traits]) -> Select[Any]:
     r = t.resource
     stmt = dialects.lock_rows(
         select(r.c.name, r.c.capacity, r.c.last_token, r.c.last_ticket, r.c.rate_count, r.c.rate_per, r.c.aging,
@@ -90,43 +76,6 @@ def _lock_resource(t: ControlSchema, clock_for: Optional[str]) -> Select:  # typ
     return stmt if clocked is None else clocked
 
 
-def lock_resource_name(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
-    """Lock one resource row, reading only its name (does it exist?)."""
-    r = t.resource
-    return dialects.lock_rows(select(r.c.name).where(*_resource_row(t, namespace, name)), r)
-
-
-def resource_name(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
-    """The resource's name if it exists (no lock)."""
-    return select(t.resource.c.name).where(*_resource_row(t, namespace, name))
-
-
-def resource_names(t: ControlSchema, namespace: str) -> Select:  # type: ignore[type-arg]
-    """Every resource name of the namespace."""
-    r = t.resource
-    return select(r.c.name).where(r.c.namespace == namespace)
-
-
-def create_resource(t: ControlSchema, namespace: str, name: str, capacity: int) -> Insert:
-    return insert(t.resource).values(
-        namespace=namespace, name=name, capacity=capacity, last_token=0, last_ticket=0, created_at=clock(),
-    )
-
-
-def change_resource(t: ControlSchema, namespace: str, name: str, values: Mapping[str, Any]) -> Update:
-    """Set a resource's capacity and policy columns (``values``: column name -> value)."""
-    return update(t.resource).where(*_resource_row(t, namespace, name)).values(**values)
-
-
-def write_counters(t: ControlSchema, namespace: str, name: str, last_token: int, last_ticket: int) -> Bound:
-    """Write back the fencing-token and ticket counters a locked transaction advanced.
-
-    On the path of every grant: built once per tables (see :data:`Bound`); its binds are named
-    ``ct_c_*`` so that :func:`all_at_once` can join it to a grant's statements."""
-    return _write_counters(t), {"ct_c_namespace": namespace, "ct_c_name": name, "ct_c_last_token": last_token,
-                                "ct_c_last_ticket": last_ticket}
-
-
 @functools.lru_cache(maxsize=64)
 def _write_counters(t: ControlSchema) -> Update:
     r = t.resource
@@ -136,37 +85,6 @@ def _write_counters(t: ControlSchema) -> Update:
                     last_ticket=_typed("ct_c_last_ticket", r.c.last_ticket)))
 
 
-def write_last_token(t: ControlSchema, namespace: str, name: str, last_token: int) -> Update:
-    return change_resource(t, namespace, name, {"last_token": last_token})
-
-
-def delete_resource(t: ControlSchema, namespace: str, name: str) -> Delete:
-    return delete(t.resource).where(*_resource_row(t, namespace, name))
-
-
-def resources(t: ControlSchema, namespace: str, names: Optional[Sequence[str]]) -> Select:  # type: ignore[type-arg]
-    """The resource rows of the namespace (all, or ``names``), by name."""
-    r = t.resource
-    query = select(r).where(r.c.namespace == namespace).order_by(r.c.name)
-    return query.where(r.c.name.in_(names)) if names else query
-
-
-def capacities(t: ControlSchema, namespace: str, names: Optional[Sequence[str]]) -> Select:  # type: ignore[type-arg]
-    """(name, capacity) of the namespace's resources (all, or ``names``), by name."""
-    r = t.resource
-    query = select(r.c.name, r.c.capacity).where(r.c.namespace == namespace).order_by(r.c.name)
-    return query.where(r.c.name.in_(names)) if names else query
-
-
-def rate_period(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
-    """The rate limit's period of a resource (NULL without a rate limit): pruning keeps that much."""
-    return select(t.resource.c.rate_per).where(*_resource_row(t, namespace, name))
-
-
-def capacity_of(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
-    return select(t.resource.c.capacity).where(*_resource_row(t, namespace, name))
-
-
 # -- requests: reading ------------------------------------------------------------------------------
 def request_columns(t: ControlSchema) -> list[Any]:
     """The request columns the grant pass and a waiter's own look read."""
@@ -174,18 +92,6 @@ def request_columns(t: ControlSchema) -> list[Any]:
     return [q.c.id, q.c.resource, q.c.holder, q.c.request_key, q.c.slots, q.c.mode, q.c.state, q.c.token,
             q.c.expires_at, q.c.granted_at, q.c.ticket, q.c.attempt, q.c.pickup_seconds, q.c.lease_seconds,
             q.c.priority, q.c.enqueued_at, q.c.queue_key]
-
-
-def snapshot(t: ControlSchema, namespace: str, heads: Mapping[str, int]) -> Bound:
-    """The holders of the resources in ``heads`` and the first ``heads[name]`` waiters of each
-    queue in queue order, in one statement: the work does not depend on how many wait behind.
-
-    On the path of every grant: built once per (tables, head sizes) with named binds for the
-    namespace and names and returned with their values (see :data:`Bound`)."""
-    names = sorted(heads)
-    params: dict[str, Any] = {"ct_namespace": namespace, "ct_names": names}
-    params.update({f"ct_name_{i}": name for i, name in enumerate(names)})
-    return _snapshot(t, tuple(heads[name] for name in names)), params
 
 
 @functools.lru_cache(maxsize=256)
@@ -220,43 +126,11 @@ def _snapshot_parts(t: ControlSchema, limits: tuple[int, ...], tag: Optional[str
 SNAPSHOT_PART = "snap"
 
 
-def enter_and_snapshot(t: ControlSchema, namespace: str, heads: Mapping[str, int], **waiter: Any) -> Bound:
-    """:func:`insert_waiter` and :func:`snapshot` in one statement (dialects where
-    :func:`controltable.dialects.writes_in_one_statement` holds): the new row, returned by the
-    INSERT with ``part`` = ``'new'``, and the snapshot's rows with ``part`` = :data:`SNAPSHOT_PART`.
-
-    The snapshot does not see the new row (every part of a statement reads one snapshot); the
-    caller merges it in (:func:`controltable.slots.grants.merge_entered`). Built once per (tables,
-    head sizes); ``waiter`` are :func:`insert_waiter`'s keyword arguments."""
-    return _with_snapshot(t, namespace, heads, insert_waiter(t, namespace, **waiter)[1], _enter_and_snapshot)
-
-
 @functools.lru_cache(maxsize=256)
 def _enter_and_snapshot(t: ControlSchema, limits: tuple[int, ...]) -> Any:
     entered = _insert_waiter(t).returning(*request_columns(t)).cte("entered")
     new = select(literal_column("'new'").label("part"), *entered.c)
     return union_all(new, *_snapshot_parts(t, limits, SNAPSHOT_PART))
-
-
-def remove_and_snapshot(t: ControlSchema, namespace: str, key: str, attempt: Optional[int], now: float,
-                        heads: Mapping[str, int]) -> Bound:
-    """:func:`remove_request` and :func:`snapshot` in one statement (dialects where
-    :func:`controltable.dialects.writes_in_one_statement` holds): the removed rows with ``part`` =
-    ``'gone'``, then the snapshot's rows with ``part`` = :data:`SNAPSHOT_PART`.
-
-    The snapshot is read as the statement starts, so it still shows the removed rows; the caller
-    drops them (:func:`controltable.slots.grants.after_removal`). Built once per (tables, head sizes)."""
-    return _with_snapshot(t, namespace, heads, remove_request(t, namespace, key, attempt, now)[1],
-                          _remove_and_snapshot)
-
-
-def _with_snapshot(t: ControlSchema, namespace: str, heads: Mapping[str, int], change: dict[str, Any],
-                   build: Any) -> Bound:
-    """A change's values joined by the snapshot's (same names where they mean the same), and the
-    statement ``build`` makes for these head sizes."""
-    params = dict(change)
-    params.update(snapshot(t, namespace, heads)[1])
-    return build(t, tuple(heads[name] for name in sorted(heads))), params
 
 
 @functools.lru_cache(maxsize=256)
@@ -266,15 +140,8 @@ def _remove_and_snapshot(t: ControlSchema, limits: tuple[int, ...]) -> Any:
     return union_all(removed, *_snapshot_parts(t, limits, SNAPSHOT_PART))
 
 
-def holder_rows(t: ControlSchema, namespace: str, names: Sequence[str], holder: str) -> Bound:
-    """A holder's own rows on ``names`` (its request, held or waiting), by (namespace, resource, holder).
-
-    On the path of every acquire: built once per tables (see :data:`Bound`)."""
-    return _holder_rows(t), _own_row_values(namespace, names, holder)
-
-
 @functools.lru_cache(maxsize=64)
-def _holder_rows(t: ControlSchema) -> Select:  # type: ignore[type-arg]
+def _holder_rows(t: ControlSchema) -> Select[Any]:
     return select(*request_columns(t)).where(*_own_rows(t))
 
 
@@ -290,24 +157,9 @@ def _own_row_values(namespace: str, names: Sequence[str], holder: str) -> dict[s
     return {"ct_namespace": namespace, "ct_names": list(names), "ct_holder": holder}
 
 
-def withdraw_rows(t: ControlSchema, namespace: str, names: Sequence[str], holder: str) -> Select:  # type: ignore[type-arg]
-    """What a waiter that gives up must know of its rows: granted meanwhile, or still waiting."""
-    q = t.request
-    return (select(q.c.resource, q.c.state, q.c.token, q.c.expires_at, q.c.granted_at, q.c.ticket, q.c.attempt,
-                   q.c.request_key)
-            .where(q.c.namespace == namespace, q.c.resource.in_(names), q.c.holder == holder))
-
-
 def _keyed(t: ControlSchema, keys: Keys) -> ColumnElement[bool]:
     q = t.request
     return q.c.request_key == keys if isinstance(keys, str) else q.c.request_key.in_(keys)
-
-
-def request_rows(t: ControlSchema, keys: Keys) -> Select:  # type: ignore[type-arg]
-    """The rows of the request ``keys`` (one key or several) as their removal needs them (to close
-    their history)."""
-    q = t.request
-    return select(q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at).where(_keyed(t, keys))
 
 
 def _this_attempt(t: ControlSchema, attempt: Optional[int] = None) -> ColumnElement[bool]:
@@ -325,33 +177,16 @@ def _this_attempt(t: ControlSchema, attempt: Optional[int] = None) -> ColumnElem
     return q.c.attempt.is_not_distinct_from(_bind("ct_attempt", attempt, type_=q.c.attempt.type))
 
 
-def release_rows(t: ControlSchema, key: str, attempt: Optional[int]) -> Bound:
-    """The rows a release of (request ``key``, ``attempt``) removes, as :func:`request_rows` reads
-    them (fenced: :func:`_this_attempt`)."""
-    return _release_rows(t), {"ct_key": key, "ct_attempt": attempt}
-
-
 @functools.lru_cache(maxsize=64)
-def _release_rows(t: ControlSchema) -> Select:  # type: ignore[type-arg]
+def _release_rows(t: ControlSchema) -> Select[Any]:
     q = t.request
     return (select(q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at)
             .where(q.c.request_key == _bind("ct_key"), _this_attempt(t)))
 
 
-def delete_release_rows(t: ControlSchema, key: str, attempt: Optional[int]) -> Bound:
-    """Remove the rows of :func:`release_rows`."""
-    return _delete_release_rows(t), {"ct_key": key, "ct_attempt": attempt}
-
-
 @functools.lru_cache(maxsize=64)
 def _delete_release_rows(t: ControlSchema) -> Any:
     return delete(t.request).where(t.request.c.request_key == _bind("ct_key"), _this_attempt(t))
-
-
-def delete_request_rows(t: ControlSchema, key: str, attempt: Optional[int]) -> Bound:  # a Delete with RETURNING
-    """Remove the rows of :func:`release_rows` and return them (for dialects where
-    :func:`controltable.dialects.deletes_returning` holds: the read and the delete in one)."""
-    return _delete_request_rows(t), {"ct_key": key, "ct_attempt": attempt}
 
 
 @functools.lru_cache(maxsize=64)
@@ -361,32 +196,8 @@ def _delete_request_rows(t: ControlSchema) -> Any:
             .returning(q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at))
 
 
-def request_spans(t: ControlSchema, keys: Sequence[str]) -> Select:  # type: ignore[type-arg]
-    """(request key, resource) of every row of the requests ``keys``: which resources each spans."""
-    q = t.request
-    return select(q.c.request_key, q.c.resource).where(q.c.request_key.in_(keys))
-
-
-def head_ticket(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
-    """The ticket of the first live waiter of ``name``'s queue (an index walk past the expired
-    entries before it, which the next grant pass reaps: they wait for nobody)."""
-    q = t.request
-    return (select(q.c.ticket).where(q.c.namespace == namespace, q.c.resource == name, q.c.state == WAITING,
-                                     q.c.expires_at >= clock())
-            .order_by(q.c.queue_key, q.c.ticket).limit(1))
-
-
-def peek(t: ControlSchema, namespace: str, names: Sequence[str], holder: str) -> Bound:
-    """A waiter's look at its own rows, no locks: with each queue's live head ticket, the holders' usage,
-    exclusive holders and first lease expiry, the resource's capacity and rate, and the database time.
-
-    On the path of every look of every waiter (a handoff's pickup starts with it): built once per
-    tables (see :data:`Bound`); building it cost 0.5 ms, three times its execution."""
-    return _peek(t), _own_row_values(namespace, names, holder)
-
-
 @functools.lru_cache(maxsize=64)
-def _peek(t: ControlSchema) -> Select:  # type: ignore[type-arg]
+def _peek(t: ControlSchema) -> Select[Any]:
     q, r = t.request, t.resource
     hq, wq = q.alias("hq"), q.alias("wq")
     same_h = and_(hq.c.namespace == q.c.namespace, hq.c.resource == q.c.resource, hq.c.state == GRANTED)
@@ -407,103 +218,23 @@ def _peek(t: ControlSchema) -> Select:  # type: ignore[type-arg]
     )
 
 
-def held_count(t: ControlSchema, key: str, attempt: Optional[int]) -> Select:  # type: ignore[type-arg]
-    """How many of a request's rows of ``attempt`` are granted with a live lease (the database
-    clock judges; fenced: :func:`_this_attempt`, a newer attempt's rows are not the older lease's)."""
-    q = t.request
-    return select(func.count()).select_from(q).where(
-        and_(q.c.request_key == key, _this_attempt(t, attempt), q.c.state == GRANTED, q.c.expires_at >= clock()))
-
-
-def own_entry(t: ControlSchema, namespace: str, resource: str, holder: str) -> Select:  # type: ignore[type-arg]
-    q = t.request
-    return select(q).where(q.c.namespace == namespace, q.c.resource == resource, q.c.holder == holder)
-
-
-def ahead_of(t: ControlSchema, namespace: str, resource: str, mine: Any) -> Select:  # type: ignore[type-arg]
-    """The holders and the waiters before the request row ``mine``: holders first, then queue order."""
-    q = t.request
-    before = (q.c.queue_key < mine.queue_key) | ((q.c.queue_key == mine.queue_key) & (q.c.ticket < mine.ticket))
-    return (
-        select(q.c.holder, q.c.state, q.c.expires_at)
-        .where(q.c.namespace == namespace, q.c.resource == resource, (q.c.state == GRANTED) | before)
-        .order_by(q.c.state, q.c.queue_key, q.c.ticket)  # "granted" sorts before "waiting"
-    )
-
-
-def granted_key(t: ControlSchema, namespace: str, resource: str, holder: str) -> Select:  # type: ignore[type-arg]
-    """The request key of what ``holder`` holds on ``resource``."""
-    q = t.request
-    return select(q.c.request_key).where(
-        q.c.namespace == namespace, q.c.resource == resource, q.c.holder == holder, q.c.state == GRANTED)
-
-
-def request_by_key(t: ControlSchema, key: str) -> Select:  # type: ignore[type-arg]
-    """Every row of one request, by resource name."""
-    q = t.request
-    return select(q).where(q.c.request_key == key).order_by(q.c.resource)
-
-
-def requests(t: ControlSchema, namespace: str, names: Optional[Sequence[str]]) -> Select:  # type: ignore[type-arg]
-    """Every request row of the namespace (all resources, or ``names``), by resource and ticket."""
-    q = t.request
-    query = select(q).where(q.c.namespace == namespace).order_by(q.c.resource, q.c.ticket)
-    return query.where(q.c.resource.in_(names)) if names else query
-
-
-def live_request(t: ControlSchema, namespace: str, name: str) -> Select:  # type: ignore[type-arg]
-    """Any request of ``name`` whose lease or waiter entry is still live."""
-    q = t.request
-    return (select(q.c.id).where(q.c.namespace == namespace, q.c.resource == name, q.c.expires_at >= clock())
-            .limit(1))
-
-
-def expired_resources(t: ControlSchema, namespace: str) -> Select:  # type: ignore[type-arg]
-    """The resources that have a holder or waiter whose lease or entry ran out."""
-    q = t.request
-    return select(q.c.resource).where(q.c.namespace == namespace, q.c.expires_at < clock()).distinct()
-
-
-def resources_matching(t: ControlSchema, match: ColumnElement[bool]) -> Select:  # type: ignore[type-arg]
-    return select(t.request.c.resource).where(match).distinct()
-
-
-def keys_matching(t: ControlSchema, match: ColumnElement[bool], names: Sequence[str]) -> Select:  # type: ignore[type-arg]
-    q = t.request
-    return select(q.c.request_key).where(match, q.c.resource.in_(names))
-
-
-def holder_match(t: ControlSchema, namespace: str, resource: str, holder: str) -> ColumnElement[bool]:
-    """The rows of one holder on one resource."""
-    q = t.request
-    return and_(q.c.namespace == namespace, q.c.resource == resource, q.c.holder == holder)
-
-
-def request_match(t: ControlSchema, namespace: str, names: Sequence[str], holder: str, key: str) -> ColumnElement[bool]:
-    """The rows of one request of one holder (a waiter that gave up withdraws exactly these)."""
-    q = t.request
-    return and_(q.c.namespace == namespace, q.c.resource.in_(names), q.c.holder == holder, q.c.request_key == key)
-
-
-def prefix_match(t: ControlSchema, namespace: str, prefix: str) -> ColumnElement[bool]:
-    """The rows of every holder whose id starts with ``prefix``, matched literally (``%``, ``_``
-    and SQL Server's ``[`` escaped: :class:`controltable.dialects.starts_with`)."""
-    q = t.request
-    return and_(q.c.namespace == namespace, dialects.starts_with(q.c.holder, prefix))
-
-
 # -- requests: changing -----------------------------------------------------------------------------
-def insert_waiter(t: ControlSchema, namespace: str, *, resource: str, holder: str, key: str, slots: int,
-                  mode: str, lease: float, now: float, ttl: float, ticket: int, attempt: Optional[int],
-                  pickup: float, priority: int, queue_key: float) -> Bound:
-    """A new request's row in one resource's queue, with its ticket and queue order.
+class NewEntry(TypedDict):
+    """A new request's row in one queue: :func:`insert_waiter`'s (and :func:`enter_and_snapshot`'s) keywords."""
 
-    On the path of every acquire: built once per tables (see :data:`Bound`); binds named ``ct_w_*``
-    (never a control table's name: ``controltable sql --prefix`` renames only those)."""
-    values = dict(namespace=namespace, resource=resource, holder=holder, request_key=key, slots=slots,
-                  mode=mode, state=WAITING, lease_seconds=lease, enqueued_at=now, expires_at=now + ttl,
-                  ticket=ticket, attempt=attempt, pickup_seconds=pickup, priority=priority, queue_key=queue_key)
-    return _insert_waiter(t), {f"ct_w_{name}": value for name, value in values.items()}
+    resource: str
+    holder: str
+    key: str
+    slots: int
+    mode: str
+    lease: float
+    now: float
+    ttl: float
+    ticket: int
+    attempt: Optional[int]
+    pickup: float
+    priority: int
+    queue_key: float
 
 
 _WAITER_COLUMNS = ("namespace", "resource", "holder", "request_key", "slots", "mode", "state", "lease_seconds",
@@ -514,20 +245,6 @@ _WAITER_COLUMNS = ("namespace", "resource", "holder", "request_key", "slots", "m
 def _insert_waiter(t: ControlSchema) -> Insert:
     q = t.request
     return insert(q).values({name: _typed(f"ct_w_{name}", q.c[name]) for name in _WAITER_COLUMNS})
-
-
-def grant_waiter(t: ControlSchema, row_id: int, token: int, now: float, expires_at: float,
-                 lease_seconds: Optional[float] = None) -> Bound:
-    """Grant a waiting row: the next fencing token, and a pickup deadline (or, for the caller's own
-    request, its lease).
-
-    On the path of every grant: built once per tables (see :data:`Bound`); its binds are named
-    ``ct_g_*`` so that :func:`all_at_once` can join it to the grant's history row."""
-    params: dict[str, Any] = {"ct_g_id": row_id, "ct_g_state": GRANTED, "ct_g_token": token, "ct_g_now": now,
-                              "ct_g_expires": expires_at}
-    if lease_seconds is not None:
-        params["ct_g_lease"] = lease_seconds
-    return _grant_waiter(t, lease_seconds is not None), params
 
 
 @functools.lru_cache(maxsize=64)
@@ -541,50 +258,6 @@ def _grant_waiter(t: ControlSchema, with_lease: bool) -> Update:
     return update(q).where(q.c.id == _typed("ct_g_id", q.c.id), q.c.state == WAITING).values(**values)
 
 
-def extend_grant_row(t: ControlSchema, row_id: int, token: int, expires_at: float, lease: float,
-                     attempt: Optional[int]) -> Update:
-    """An idempotent re-acquire (or a newer attempt, with a new token) extends one granted row."""
-    q = t.request
-    return update(q).where(q.c.id == row_id).values(token=token, expires_at=expires_at, lease_seconds=lease,
-                                                    attempt=attempt)
-
-
-def extend_request(t: ControlSchema, key: str, expires_at: float, lease: float) -> Update:
-    """Take up a request's grant with the caller's lease (a waiter that gave up, granted meanwhile)."""
-    q = t.request
-    return update(q).where(q.c.request_key == key).values(expires_at=expires_at, lease_seconds=lease)
-
-
-def requeue_waiter(t: ControlSchema, key: str, expires_at: float, attempt: Optional[int],
-                   pickup: float) -> Update:
-    """A waiter that enters again keeps its place: a new entry expiry, attempt and pickup deadline."""
-    q = t.request
-    return (update(q).where(q.c.request_key == key, q.c.state == WAITING)
-            .values(expires_at=expires_at, attempt=attempt, pickup_seconds=pickup))
-
-
-def shorten_pickups(t: ControlSchema, namespace: str, name: str, pickup: float, keep: Optional[str]) -> Update:
-    """Every waiting entry of ``name`` but ``keep`` (the caller's) gets at most ``pickup`` seconds to
-    pick up a grant made on its behalf: the first grant pass after a promotion (dead entries inherited
-    from the old primary then delay the queue by ``pickup`` each, not by the pickup they asked for)."""
-    q = t.request
-    where = [q.c.namespace == namespace, q.c.resource == name, q.c.state == WAITING,
-             or_(q.c.pickup_seconds.is_(None), q.c.pickup_seconds > pickup)]
-    if keep is not None:
-        where.append(q.c.request_key != keep)
-    return update(q).where(*where).values(pickup_seconds=pickup)
-
-
-def reorder_queue(t: ControlSchema, namespace: str, name: str, aging: Optional[float]) -> Update:
-    """Rewrite the queue order of ``name``'s waiters for a new aging rate (see :func:`.grants.queue_key`)."""
-    q = t.request
-    # Multiplied by a float, never negated or multiplied as an INT: -(-2**31) and -2**31 * 30 overflow
-    # INT on PostgreSQL and SQL Server (queue_key itself is a double, like grants.queue_key).
-    key = q.c.priority * -1.0 if aging is None else q.c.enqueued_at - q.c.priority * float(aging)
-    return (update(q).where(q.c.namespace == namespace, q.c.resource == name, q.c.state == WAITING)
-            .values(queue_key=key))
-
-
 def _fenced_extend(t: ControlSchema, key: str, state: str, now: float, expires_at: float,
                    values: Mapping[str, Any], *fence: ColumnElement[bool]) -> Fenced:
     q = t.request
@@ -593,22 +266,6 @@ def _fenced_extend(t: ControlSchema, key: str, state: str, now: float, expires_a
         select(func.count()).select_from(q).where(
             q.c.request_key == key, *fence, q.c.state == state, q.c.expires_at == expires_at),
     )
-
-
-def extend_lease(t: ControlSchema, key: str, attempt: Optional[int], now: float, lease: float) -> Fenced:
-    """A granted request's rows of ``attempt`` get ``lease`` seconds from ``now``, unless they
-    already ran out (the database clock judges): a holder renewing, or a waiter taking up a grant
-    made on its behalf. Fenced (:func:`_this_attempt`): an older attempt's renewal must not extend
-    the grant a newer attempt took over, nor report it as its own."""
-    return _fenced_extend(t, key, GRANTED, now, now + lease, {"expires_at": now + lease, "lease_seconds": lease},
-                          _this_attempt(t, attempt))
-
-
-def refresh_waiter(t: ControlSchema, key: str, now: float, ttl: float, pickup: float) -> Fenced:
-    """A waiter shows it is alive: its entry's expiry moves on, unless it already ran out, and its
-    pickup deadline is its own again (a grant pass after a promotion shortens it, see
-    :func:`shorten_pickups`)."""
-    return _fenced_extend(t, key, WAITING, now, now + ttl, {"expires_at": now + ttl, "pickup_seconds": pickup})
 
 
 def all_at_once(writes: Sequence[Bound]) -> Bound:
@@ -626,26 +283,15 @@ def all_at_once(writes: Sequence[Bound]) -> Bound:
 
 
 @functools.lru_cache(maxsize=64)
-def _all_at_once(writes: tuple[Union[Insert, Update, Delete], ...]) -> Select:  # type: ignore[type-arg]
-    combined: Select = select(literal_column("1"))  # type: ignore[type-arg]
+def _all_at_once(writes: tuple[Union[Insert, Update, Delete], ...]) -> Select[Any]:
+    combined: Select[Any] = select(literal_column("1"))
     for i, write in enumerate(writes):
         combined = combined.add_cte(write.cte(f"w{i}"))  # one per call: SQLAlchemy 1.4 takes one
     return combined
 
 
-def remove_request(t: ControlSchema, namespace: str, key: str, attempt: Optional[int], now: float) -> Bound:
-    """Delete a request's rows and close the history rows of its grants in one statement (for
-    dialects where :func:`controltable.dialects.writes_in_one_statement` holds), returning the
-    deleted rows as :func:`request_rows` reads them.
-
-    Same outcome as :func:`request_rows`, :func:`delete_requests` and one :func:`end_grant` per
-    granted row: released while the lease was live at ``now``, expired otherwise. Only the rows of
-    ``attempt`` go (:func:`_this_attempt`). Built once per tables (see :data:`Bound`)."""
-    return _remove_request(t), {"ct_namespace": namespace, "ct_key": key, "ct_attempt": attempt, "ct_now": now}
-
-
 @functools.lru_cache(maxsize=64)
-def _remove_request(t: ControlSchema) -> Select:  # type: ignore[type-arg]
+def _remove_request(t: ControlSchema) -> Select[Any]:
     gone, ended = _removal(t, full=False)
     return select(gone.c.id, gone.c.resource, gone.c.state, gone.c.token, gone.c.expires_at).add_cte(ended)
 
@@ -668,51 +314,6 @@ def _removal(t: ControlSchema, full: bool = True) -> tuple[Any, Any]:
     return gone, ended
 
 
-def delete_expired_row(t: ControlSchema, row_id: int, now: float) -> Delete:
-    """Reap one row whose lease ran out; the re-check makes this the only judge of expiry (a renewal
-    or pickup committed meanwhile keeps the row)."""
-    q = t.request
-    return delete(q).where(q.c.id == row_id, q.c.expires_at < now)
-
-
-def delete_expired_request(t: ControlSchema, key: str, now: float) -> Delete:
-    """Remove a request's rows that ran out (re-checked: a pickup may have won)."""
-    q = t.request
-    return delete(q).where(q.c.request_key == key, q.c.expires_at < now)
-
-
-def delete_requests(t: ControlSchema, keys: Keys) -> Delete:
-    """Remove whole requests (every resource's row): one key or several."""
-    return delete(t.request).where(_keyed(t, keys))
-
-
-def delete_expired_waiters(t: ControlSchema, namespace: str, names: Sequence[str], now: float) -> Delete:
-    """Waiters anywhere in the queues of ``names`` whose entries ran out."""
-    q = t.request
-    return delete(q).where(q.c.namespace == namespace, q.c.resource.in_(names), q.c.state == WAITING,
-                           q.c.expires_at < now)
-
-
-def delete_resource_requests(t: ControlSchema, namespace: str, name: str) -> Delete:
-    q = t.request
-    return delete(q).where(q.c.namespace == namespace, q.c.resource == name)
-
-
-# -- grant history ----------------------------------------------------------------------------------
-def record_grant(t: ControlSchema, namespace: str, resource: str, token: int, row: Any, priority: int,
-                 now: float, enqueued_at: Optional[float] = None) -> Bound:
-    """The history row of a grant just made (``row``: the request row granted), in the grant's own
-    transaction: the rate window, counted from these rows, can never miss a grant. ``enqueued_at``:
-    when the request for this token was made, if not the row's (a newer attempt taking a grant over).
-
-    On the path of every grant: built once per tables (see :data:`Bound`); binds named ``ct_h_*``."""
-    values = dict(namespace=namespace, resource=resource, token=token, holder=row.holder, mode=row.mode,
-                  slots=int(row.slots), priority=priority,
-                  enqueued_at=float(row.enqueued_at) if enqueued_at is None else enqueued_at, granted_at=now,
-                  ended_at=None, outcome=HELD)
-    return _record_grant(t), {f"ct_h_{name}": value for name, value in values.items()}
-
-
 _HISTORY_COLUMNS = ("namespace", "resource", "token", "holder", "mode", "slots", "priority", "enqueued_at",
                     "granted_at", "ended_at", "outcome")
 
@@ -723,93 +324,524 @@ def _record_grant(t: ControlSchema) -> Insert:
     return insert(h).values({name: _typed(f"ct_h_{name}", h.c[name]) for name in _HISTORY_COLUMNS})
 
 
-def end_grant(t: ControlSchema, namespace: str, resource: str, token: int, outcome: str, now: float) -> Update:
-    """Close a grant's history row (only once: a row already closed keeps its outcome)."""
-    h = t.history
-    return (
-        update(h)
-        .where(h.c.namespace == namespace, h.c.resource == resource, h.c.token == token, h.c.outcome == HELD)
-        .values(outcome=outcome, ended_at=now)
-    )
+class SlotStatements:
+    """Every statement of the slot engine, bound once to the control tables and the namespace.
 
+    One per engine (its collaborators share it), like pgqueuer's query builder bound to its
+    settings: callers pass only the values of a call. Every builder returns a :data:`Bound`
+    ``(statement, values)``, run as ``conn.execute(*bound)`` (or ``conn.scalar(*bound)``); the
+    statements of the grant path are built once per tables and head sizes (the cached helpers
+    above), the rest per call. A fenced change returns :data:`Fenced` instead, for
+    :func:`controltable.dialects.confirmed_count`; a match (``holder_match`` ...) a condition.
+    """
 
-def retoken_grant(t: ControlSchema, namespace: str, resource: str, old: int, now: float) -> Update:
-    """A newer attempt took the grant over with a new fencing token: the old token's row ends here
-    (``superseded``), and :func:`record_grant` adds the new token's row, so every token keeps its row."""
-    return end_grant(t, namespace, resource, old, SUPERSEDED, now)
+    def __init__(self, tables: ControlSchema, namespace: str) -> None:
+        self.t = tables
+        self.ns = namespace
 
+    def lock_resource(self, name: str,
+                      clock_for: Optional[Traits] = None) -> Bound:
+        """Lock one resource row and read its counters and policy.
 
-def grant_outcomes(t: ControlSchema, namespace: str, tokens: Mapping[str, int]) -> Select:  # type: ignore[type-arg]
-    """How the grants ``tokens`` (resource -> token) ended: released, expired or superseded (what a
-    release that finds its rows gone tells its caller). By the primary key's columns as two IN
-    lists (one statement shape for any number of resources); the caller keeps the rows whose
-    (resource, token) is one of ``tokens``."""
-    h = t.history
-    return select(h.c.resource, h.c.token, h.c.outcome).where(
-        h.c.namespace == namespace, h.c.resource.in_(sorted(tokens)), h.c.token.in_(sorted(set(tokens.values()))))
+        With ``clock_for`` (the dialect's traits; for the last lock a transaction takes) the statement also
+        reads the database time as ``now`` after the lock is held, where the dialect can
+        (:func:`controltable.dialects.with_lock_clock`); elsewhere the time is read by a statement of
+        its own once every lock is held (see ``GrantPasses.lock_rows``): a clock taken when this statement
+        starts would come from before a lock wait.
 
+        On the path of every grant: built once per (tables, dialect) with named binds and returned
+        with its values (see :data:`Bound`).
+        """
+        t, namespace = self.t, self.ns
+        return _lock_resource(t, clock_for), {"ct_namespace": namespace, "ct_name": name}
 
-def window_count(t: ControlSchema, namespace: str, resource: str, since: float) -> Select:  # type: ignore[type-arg]
-    """Grants of ``resource`` made after ``since`` (the rate window), through the time index."""
-    h = t.history
-    return select(func.count()).select_from(h).where(
-        h.c.namespace == namespace, h.c.resource == resource, h.c.granted_at > since)
+    def lock_resource_name(self, name: str) -> Bound:
+        """Lock one resource row, reading only its name (does it exist?)."""
+        t, namespace = self.t, self.ns
+        r = t.resource
+        return dialects.lock_rows(select(r.c.name).where(*_resource_row(t, namespace, name)), r), {}
 
+    def resource_name(self, name: str) -> Bound:
+        """The resource's name if it exists (no lock)."""
+        t, namespace = self.t, self.ns
+        return select(t.resource.c.name).where(*_resource_row(t, namespace, name)), {}
 
-def window_times(t: ControlSchema, namespace: str, resource: str, since: float) -> Select:  # type: ignore[type-arg]
-    """The grant times of ``resource`` after ``since``, oldest first (to find the next opening)."""
-    h = t.history
-    return (select(h.c.granted_at).where(h.c.namespace == namespace, h.c.resource == resource,
-                                         h.c.granted_at > since).order_by(h.c.granted_at))
+    def resource_names(self) -> Bound:
+        """Every resource name of the namespace."""
+        t, namespace = self.t, self.ns
+        r = t.resource
+        return select(r.c.name).where(r.c.namespace == namespace), {}
 
+    def create_resource(self, name: str, capacity: int) -> Bound:
+        t, namespace = self.t, self.ns
+        return insert(t.resource).values(
+            namespace=namespace, name=name, capacity=capacity, last_token=0, last_ticket=0, created_at=clock(),
+        ), {}
 
-def last_left(t: ControlSchema, namespace: str, resource: str, before: float) -> Select:  # type: ignore[type-arg]
-    """The newest grant time at or before ``before`` (the grant that last left the window)."""
-    h = t.history
-    return select(func.max(h.c.granted_at)).where(
-        h.c.namespace == namespace, h.c.resource == resource, h.c.granted_at <= before)
+    def change_resource(self, name: str, values: Mapping[str, Any]) -> Bound:
+        """Set a resource's capacity and policy columns (``values``: column name -> value)."""
+        t, namespace = self.t, self.ns
+        return update(t.resource).where(*_resource_row(t, namespace, name)).values(**values), {}
 
+    def write_counters(self, name: str, last_token: int, last_ticket: int) -> Bound:
+        """Write back the fencing-token and ticket counters a locked transaction advanced.
 
-def records(t: ControlSchema, namespace: str, resource: Optional[str], since: float,
-            limit: int) -> Select:  # type: ignore[type-arg]
-    """The newest ``limit`` grants made since ``since`` (of one resource, or all)."""
-    h = t.history
-    query = select(h).where(h.c.namespace == namespace, h.c.granted_at >= since)
-    if resource is not None:
-        query = query.where(h.c.resource == resource)
-    return query.order_by(h.c.granted_at.desc(), h.c.token.desc()).limit(limit)
+        On the path of every grant: built once per tables (see :data:`Bound`); its binds are named
+        ``ct_c_*`` so that :func:`all_at_once` can join it to a grant's statements."""
+        t, namespace = self.t, self.ns
+        return _write_counters(t), {"ct_c_namespace": namespace, "ct_c_name": name, "ct_c_last_token": last_token,
+                                    "ct_c_last_ticket": last_ticket}
 
+    def write_last_token(self, name: str, last_token: int) -> Bound:
+        return self.change_resource(name, {"last_token": last_token})
 
-def overlapping(t: ControlSchema, namespace: str, resource: str, start: float, end: float) -> Select:  # type: ignore[type-arg]
-    """Grants of ``resource`` that overlap ``[start, end)`` (made before its end, not ended before its start)."""
-    h = t.history
-    return select(h.c.slots, h.c.enqueued_at, h.c.granted_at, h.c.ended_at, h.c.outcome).where(
-        h.c.namespace == namespace, h.c.resource == resource, h.c.granted_at < end,
-        or_(h.c.ended_at.is_(None), h.c.ended_at > start),
-    )
+    def delete_resource(self, name: str) -> Bound:
+        t, namespace = self.t, self.ns
+        return delete(t.resource).where(*_resource_row(t, namespace, name)), {}
 
+    def resources(self, names: Optional[Sequence[str]]) -> Bound:
+        """The resource rows of the namespace (all, or ``names``), by name."""
+        t, namespace = self.t, self.ns
+        r = t.resource
+        query = select(r).where(r.c.namespace == namespace).order_by(r.c.name)
+        return query.where(r.c.name.in_(names)) if names else query, {}
 
-def prune_edge(t: ControlSchema, namespace: str, resource: str, before: float, batch: int) -> Select:  # type: ignore[type-arg]
-    """The grant time of the ``batch``-th oldest ended grant made before ``before`` (None: fewer)."""
-    h = t.history
-    return (
-        select(h.c.granted_at)
-        .where(h.c.namespace == namespace, h.c.resource == resource, h.c.granted_at < before, h.c.outcome != HELD)
-        .order_by(h.c.granted_at)
-        .offset(batch - 1)
-        .limit(1)
-    )
+    def capacities(self, names: Optional[Sequence[str]]) -> Bound:
+        """(name, capacity) of the namespace's resources (all, or ``names``), by name."""
+        t, namespace = self.t, self.ns
+        r = t.resource
+        query = select(r.c.name, r.c.capacity).where(r.c.namespace == namespace).order_by(r.c.name)
+        return query.where(r.c.name.in_(names)) if names else query, {}
 
+    def rate_period(self, name: str) -> Bound:
+        """The rate limit's period of a resource (NULL without a rate limit): pruning keeps that much."""
+        t, namespace = self.t, self.ns
+        return select(t.resource.c.rate_per).where(*_resource_row(t, namespace, name)), {}
 
-def delete_ended(t: ControlSchema, namespace: str, resource: str, upto: float, inclusive: bool) -> Delete:
-    """Delete the ended grants of ``resource`` made before (or at) ``upto``: a range of the time
-    index, so the plan does not depend on the table's statistics (a list of keys may be scanned)."""
-    h = t.history
-    edge = h.c.granted_at <= upto if inclusive else h.c.granted_at < upto
-    return delete(h).where(h.c.namespace == namespace, h.c.resource == resource, edge, h.c.outcome != HELD)
+    def capacity_of(self, name: str) -> Bound:
+        t, namespace = self.t, self.ns
+        return select(t.resource.c.capacity).where(*_resource_row(t, namespace, name)), {}
 
+    def snapshot(self, heads: Mapping[str, int]) -> Bound:
+        """The holders of the resources in ``heads`` and the first ``heads[name]`` waiters of each
+        queue in queue order, in one statement: the work does not depend on how many wait behind.
 
-def delete_history(t: ControlSchema, namespace: str, resource: str) -> Delete:
-    """A deleted resource's history goes with it (a new resource of that name restarts its tokens)."""
-    h = t.history
-    return delete(h).where(h.c.namespace == namespace, h.c.resource == resource)
+        On the path of every grant: built once per (tables, head sizes) with named binds for the
+        namespace and names and returned with their values (see :data:`Bound`)."""
+        t, namespace = self.t, self.ns
+        names = sorted(heads)
+        params: dict[str, Any] = {"ct_namespace": namespace, "ct_names": names}
+        params.update({f"ct_name_{i}": name for i, name in enumerate(names)})
+        return _snapshot(t, tuple(heads[name] for name in names)), params
+
+    def enter_and_snapshot(self, heads: Mapping[str, int], **waiter: Any) -> Bound:
+        """:func:`insert_waiter` and :func:`snapshot` in one statement (dialects where
+        :func:`controltable.dialects.writes_in_one_statement` holds): the new row, returned by the
+        INSERT with ``part`` = ``'new'``, and the snapshot's rows with ``part`` = :data:`SNAPSHOT_PART`.
+
+        The snapshot does not see the new row (every part of a statement reads one snapshot); the
+        caller merges it in (:func:`controltable.slots.grants.merge_entered`). Built once per (tables,
+        head sizes); ``waiter`` are :func:`insert_waiter`'s keyword arguments."""
+        return self._with_snapshot(heads, self.insert_waiter(**waiter)[1], _enter_and_snapshot)
+
+    def remove_and_snapshot(self, key: str, attempt: Optional[int], now: float,
+                            heads: Mapping[str, int]) -> Bound:
+        """:func:`remove_request` and :func:`snapshot` in one statement (dialects where
+        :func:`controltable.dialects.writes_in_one_statement` holds): the removed rows with ``part`` =
+        ``'gone'``, then the snapshot's rows with ``part`` = :data:`SNAPSHOT_PART`.
+
+        The snapshot is read as the statement starts, so it still shows the removed rows; the caller
+        drops them (:func:`controltable.slots.grants.after_removal`). Built once per (tables, head sizes)."""
+        return self._with_snapshot(heads, self.remove_request(key, attempt, now)[1], _remove_and_snapshot)
+
+    def _with_snapshot(self, heads: Mapping[str, int], change: dict[str, Any],
+                       build: Any) -> Bound:
+        """A change's values joined by the snapshot's (same names where they mean the same), and the
+        statement ``build`` makes for these head sizes."""
+        t = self.t
+        params = dict(change)
+        params.update(self.snapshot(heads)[1])
+        return build(t, tuple(heads[name] for name in sorted(heads))), params
+
+    def holder_rows(self, names: Sequence[str], holder: str) -> Bound:
+        """A holder's own rows on ``names`` (its request, held or waiting), by (namespace, resource, holder).
+
+        On the path of every acquire: built once per tables (see :data:`Bound`)."""
+        t, namespace = self.t, self.ns
+        return _holder_rows(t), _own_row_values(namespace, names, holder)
+
+    def withdraw_rows(self, names: Sequence[str], holder: str) -> Bound:
+        """What a waiter that gives up must know of its rows: granted meanwhile, or still waiting."""
+        t, namespace = self.t, self.ns
+        q = t.request
+        return (select(q.c.resource, q.c.state, q.c.token, q.c.expires_at, q.c.granted_at, q.c.ticket, q.c.attempt,
+                       q.c.request_key)
+                .where(q.c.namespace == namespace, q.c.resource.in_(names), q.c.holder == holder), {})
+
+    def request_rows(self, keys: Keys) -> Bound:
+        """The rows of the request ``keys`` (one key or several) as their removal needs them (to close
+        their history)."""
+        t = self.t
+        q = t.request
+        return select(q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at).where(_keyed(t, keys)), {}
+
+    def release_rows(self, key: str, attempt: Optional[int]) -> Bound:
+        """The rows a release of (request ``key``, ``attempt``) removes, as :func:`request_rows` reads
+        them (fenced: :func:`_this_attempt`)."""
+        t = self.t
+        return _release_rows(t), {"ct_key": key, "ct_attempt": attempt}
+
+    def delete_release_rows(self, key: str, attempt: Optional[int]) -> Bound:
+        """Remove the rows of :func:`release_rows`."""
+        t = self.t
+        return _delete_release_rows(t), {"ct_key": key, "ct_attempt": attempt}
+
+    def delete_request_rows(self, key: str, attempt: Optional[int]) -> Bound:  # a Delete with RETURNING
+        """Remove the rows of :func:`release_rows` and return them (for dialects where
+        :func:`controltable.dialects.deletes_returning` holds: the read and the delete in one)."""
+        t = self.t
+        return _delete_request_rows(t), {"ct_key": key, "ct_attempt": attempt}
+
+    def request_spans(self, keys: Sequence[str]) -> Bound:
+        """(request key, resource) of every row of the requests ``keys``: which resources each spans."""
+        t = self.t
+        q = t.request
+        return select(q.c.request_key, q.c.resource).where(q.c.request_key.in_(keys)), {}
+
+    def head_ticket(self, name: str) -> Bound:
+        """The ticket of the first live waiter of ``name``'s queue (an index walk past the expired
+        entries before it, which the next grant pass reaps: they wait for nobody)."""
+        t, namespace = self.t, self.ns
+        q = t.request
+        return (select(q.c.ticket).where(q.c.namespace == namespace, q.c.resource == name, q.c.state == WAITING,
+                                         q.c.expires_at >= clock())
+                .order_by(q.c.queue_key, q.c.ticket).limit(1), {})
+
+    def peek(self, names: Sequence[str], holder: str) -> Bound:
+        """A waiter's look at its own rows, no locks: with each queue's live head ticket, the holders' usage,
+        exclusive holders and first lease expiry, the resource's capacity and rate, and the database time.
+
+        On the path of every look of every waiter (a handoff's pickup starts with it): built once per
+        tables (see :data:`Bound`); building it cost 0.5 ms, three times its execution."""
+        t, namespace = self.t, self.ns
+        return _peek(t), _own_row_values(namespace, names, holder)
+
+    def held_count(self, key: str, attempt: Optional[int]) -> Bound:
+        """How many of a request's rows of ``attempt`` are granted with a live lease (the database
+        clock judges; fenced: :func:`_this_attempt`, a newer attempt's rows are not the older lease's)."""
+        t = self.t
+        q = t.request
+        return select(func.count()).select_from(q).where(and_(
+            q.c.request_key == key, _this_attempt(t, attempt), q.c.state == GRANTED, q.c.expires_at >= clock())), {}
+
+    def own_entry(self, resource: str, holder: str) -> Bound:
+        t, namespace = self.t, self.ns
+        q = t.request
+        return select(q).where(q.c.namespace == namespace, q.c.resource == resource, q.c.holder == holder), {}
+
+    def ahead_of(self, resource: str, mine: Any) -> Bound:
+        """The holders and the waiters before the request row ``mine``: holders first, then queue order."""
+        t, namespace = self.t, self.ns
+        q = t.request
+        before = (q.c.queue_key < mine.queue_key) | ((q.c.queue_key == mine.queue_key) & (q.c.ticket < mine.ticket))
+        return (
+            select(q.c.holder, q.c.state, q.c.expires_at)
+            .where(q.c.namespace == namespace, q.c.resource == resource, (q.c.state == GRANTED) | before)
+            .order_by(q.c.state, q.c.queue_key, q.c.ticket), {}  # "granted" sorts before "waiting"
+        )
+
+    def granted_key(self, resource: str, holder: str) -> Bound:
+        """The request key of what ``holder`` holds on ``resource``."""
+        t, namespace = self.t, self.ns
+        q = t.request
+        return select(q.c.request_key).where(
+            q.c.namespace == namespace, q.c.resource == resource, q.c.holder == holder, q.c.state == GRANTED), {}
+
+    def request_by_key(self, key: str) -> Bound:
+        """Every row of one request, by resource name."""
+        t = self.t
+        q = t.request
+        return select(q).where(q.c.request_key == key).order_by(q.c.resource), {}
+
+    def requests(self, names: Optional[Sequence[str]]) -> Bound:
+        """Every request row of the namespace (all resources, or ``names``), by resource and ticket."""
+        t, namespace = self.t, self.ns
+        q = t.request
+        query = select(q).where(q.c.namespace == namespace).order_by(q.c.resource, q.c.ticket)
+        return query.where(q.c.resource.in_(names)) if names else query, {}
+
+    def live_request(self, name: str) -> Bound:
+        """Any request of ``name`` whose lease or waiter entry is still live."""
+        t, namespace = self.t, self.ns
+        q = t.request
+        return (select(q.c.id).where(q.c.namespace == namespace, q.c.resource == name, q.c.expires_at >= clock())
+                .limit(1), {})
+
+    def expired_resources(self) -> Bound:
+        """The resources that have a holder or waiter whose lease or entry ran out."""
+        t, namespace = self.t, self.ns
+        q = t.request
+        return select(q.c.resource).where(q.c.namespace == namespace, q.c.expires_at < clock()).distinct(), {}
+
+    def resources_matching(self, match: ColumnElement[bool]) -> Bound:
+        t = self.t
+        return select(t.request.c.resource).where(match).distinct(), {}
+
+    def keys_matching(self, match: ColumnElement[bool], names: Sequence[str]) -> Bound:
+        t = self.t
+        q = t.request
+        return select(q.c.request_key).where(match, q.c.resource.in_(names)), {}
+
+    def holder_match(self, resource: str, holder: str) -> ColumnElement[bool]:
+        """The rows of one holder on one resource."""
+        t, namespace = self.t, self.ns
+        q = t.request
+        return and_(q.c.namespace == namespace, q.c.resource == resource, q.c.holder == holder)
+
+    def request_match(self, names: Sequence[str], holder: str, key: str) -> ColumnElement[bool]:
+        """The rows of one request of one holder (a waiter that gave up withdraws exactly these)."""
+        t, namespace = self.t, self.ns
+        q = t.request
+        return and_(q.c.namespace == namespace, q.c.resource.in_(names), q.c.holder == holder, q.c.request_key == key)
+
+    def prefix_match(self, prefix: str) -> ColumnElement[bool]:
+        """The rows of every holder whose id starts with ``prefix``, matched literally (``%``, ``_``
+        and SQL Server's ``[`` escaped: :class:`controltable.dialects.starts_with`)."""
+        t, namespace = self.t, self.ns
+        q = t.request
+        return and_(q.c.namespace == namespace, dialects.starts_with(q.c.holder, prefix))
+
+    def insert_waiter(self, *, resource: str, holder: str, key: str, slots: int,
+                      mode: str, lease: float, now: float, ttl: float, ticket: int, attempt: Optional[int],
+                      pickup: float, priority: int, queue_key: float) -> Bound:
+        """A new request's row in one resource's queue, with its ticket and queue order.
+
+        On the path of every acquire: built once per tables (see :data:`Bound`); binds named ``ct_w_*``
+        (never a control table's name: ``controltable sql --prefix`` renames only those)."""
+        t, namespace = self.t, self.ns
+        values = dict(namespace=namespace, resource=resource, holder=holder, request_key=key, slots=slots,
+                      mode=mode, state=WAITING, lease_seconds=lease, enqueued_at=now, expires_at=now + ttl,
+                      ticket=ticket, attempt=attempt, pickup_seconds=pickup, priority=priority, queue_key=queue_key)
+        return _insert_waiter(t), {f"ct_w_{name}": value for name, value in values.items()}
+
+    def grant_waiter(self, row_id: int, token: int, now: float, expires_at: float,
+                     lease_seconds: Optional[float] = None) -> Bound:
+        """Grant a waiting row: the next fencing token, and a pickup deadline (or, for the caller's own
+        request, its lease).
+
+        On the path of every grant: built once per tables (see :data:`Bound`); its binds are named
+        ``ct_g_*`` so that :func:`all_at_once` can join it to the grant's history row."""
+        t = self.t
+        params: dict[str, Any] = {"ct_g_id": row_id, "ct_g_state": GRANTED, "ct_g_token": token, "ct_g_now": now,
+                                  "ct_g_expires": expires_at}
+        if lease_seconds is not None:
+            params["ct_g_lease"] = lease_seconds
+        return _grant_waiter(t, lease_seconds is not None), params
+
+    def extend_grant_row(self, row_id: int, token: int, expires_at: float, lease: float,
+                         attempt: Optional[int]) -> Bound:
+        """An idempotent re-acquire (or a newer attempt, with a new token) extends one granted row."""
+        t = self.t
+        q = t.request
+        return update(q).where(q.c.id == row_id).values(token=token, expires_at=expires_at, lease_seconds=lease,
+                                                        attempt=attempt), {}
+
+    def extend_request(self, key: str, expires_at: float, lease: float) -> Bound:
+        """Take up a request's grant with the caller's lease (a waiter that gave up, granted meanwhile)."""
+        t = self.t
+        q = t.request
+        return update(q).where(q.c.request_key == key).values(expires_at=expires_at, lease_seconds=lease), {}
+
+    def requeue_waiter(self, key: str, expires_at: float, attempt: Optional[int],
+                       pickup: float) -> Bound:
+        """A waiter that enters again keeps its place: a new entry expiry, attempt and pickup deadline."""
+        t = self.t
+        q = t.request
+        return (update(q).where(q.c.request_key == key, q.c.state == WAITING)
+                .values(expires_at=expires_at, attempt=attempt, pickup_seconds=pickup), {})
+
+    def shorten_pickups(self, name: str, pickup: float, keep: Optional[str]) -> Bound:
+        """Every waiting entry of ``name`` but ``keep`` (the caller's) gets at most ``pickup`` seconds to
+        pick up a grant made on its behalf: the first grant pass after a promotion (dead entries inherited
+        from the old primary then delay the queue by ``pickup`` each, not by the pickup they asked for)."""
+        t, namespace = self.t, self.ns
+        q = t.request
+        where = [q.c.namespace == namespace, q.c.resource == name, q.c.state == WAITING,
+                 or_(q.c.pickup_seconds.is_(None), q.c.pickup_seconds > pickup)]
+        if keep is not None:
+            where.append(q.c.request_key != keep)
+        return update(q).where(*where).values(pickup_seconds=pickup), {}
+
+    def reorder_queue(self, name: str, aging: Optional[float]) -> Bound:
+        """Rewrite the queue order of ``name``'s waiters for a new aging rate (see :func:`.grants.queue_key`)."""
+        t, namespace = self.t, self.ns
+        q = t.request
+        # Multiplied by a float, never negated or multiplied as an INT: -(-2**31) and -2**31 * 30 overflow
+        # INT on PostgreSQL and SQL Server (queue_key itself is a double, like grants.queue_key).
+        key = q.c.priority * -1.0 if aging is None else q.c.enqueued_at - q.c.priority * float(aging)
+        return (update(q).where(q.c.namespace == namespace, q.c.resource == name, q.c.state == WAITING)
+                .values(queue_key=key), {})
+
+    def extend_lease(self, key: str, attempt: Optional[int], now: float, lease: float) -> Fenced:
+        """A granted request's rows of ``attempt`` get ``lease`` seconds from ``now``, unless they
+        already ran out (the database clock judges): a holder renewing, or a waiter taking up a grant
+        made on its behalf. Fenced (:func:`_this_attempt`): an older attempt's renewal must not extend
+        the grant a newer attempt took over, nor report it as its own."""
+        t = self.t
+        return _fenced_extend(t, key, GRANTED, now, now + lease, {"expires_at": now + lease, "lease_seconds": lease},
+                              _this_attempt(t, attempt))
+
+    def refresh_waiter(self, key: str, now: float, ttl: float, pickup: float) -> Fenced:
+        """A waiter shows it is alive: its entry's expiry moves on, unless it already ran out, and its
+        pickup deadline is its own again (a grant pass after a promotion shortens it, see
+        :func:`shorten_pickups`)."""
+        t = self.t
+        return _fenced_extend(t, key, WAITING, now, now + ttl, {"expires_at": now + ttl, "pickup_seconds": pickup})
+
+    def remove_request(self, key: str, attempt: Optional[int], now: float) -> Bound:
+        """Delete a request's rows and close the history rows of its grants in one statement (for
+        dialects where :func:`controltable.dialects.writes_in_one_statement` holds), returning the
+        deleted rows as :func:`request_rows` reads them.
+
+        Same outcome as :func:`request_rows`, :func:`delete_requests` and one :func:`end_grant` per
+        granted row: released while the lease was live at ``now``, expired otherwise. Only the rows of
+        ``attempt`` go (:func:`_this_attempt`). Built once per tables (see :data:`Bound`)."""
+        t, namespace = self.t, self.ns
+        return _remove_request(t), {"ct_namespace": namespace, "ct_key": key, "ct_attempt": attempt, "ct_now": now}
+
+    def delete_expired_row(self, row_id: int, now: float) -> Bound:
+        """Reap one row whose lease ran out; the re-check makes this the only judge of expiry (a renewal
+        or pickup committed meanwhile keeps the row)."""
+        t = self.t
+        q = t.request
+        return delete(q).where(q.c.id == row_id, q.c.expires_at < now), {}
+
+    def delete_expired_request(self, key: str, now: float) -> Bound:
+        """Remove a request's rows that ran out (re-checked: a pickup may have won)."""
+        t = self.t
+        q = t.request
+        return delete(q).where(q.c.request_key == key, q.c.expires_at < now), {}
+
+    def delete_requests(self, keys: Keys) -> Bound:
+        """Remove whole requests (every resource's row): one key or several."""
+        t = self.t
+        return delete(t.request).where(_keyed(t, keys)), {}
+
+    def delete_expired_waiters(self, names: Sequence[str], now: float) -> Bound:
+        """Waiters anywhere in the queues of ``names`` whose entries ran out."""
+        t, namespace = self.t, self.ns
+        q = t.request
+        return delete(q).where(q.c.namespace == namespace, q.c.resource.in_(names), q.c.state == WAITING,
+                               q.c.expires_at < now), {}
+
+    def delete_resource_requests(self, name: str) -> Bound:
+        t, namespace = self.t, self.ns
+        q = t.request
+        return delete(q).where(q.c.namespace == namespace, q.c.resource == name), {}
+
+    # -- grant history ----------------------------------------------------------------------------------
+    def record_grant(self, resource: str, token: int, row: Any, priority: int,
+                     now: float, enqueued_at: Optional[float] = None) -> Bound:
+        """The history row of a grant just made (``row``: the request row granted), in the grant's own
+        transaction: the rate window, counted from these rows, can never miss a grant. ``enqueued_at``:
+        when the request for this token was made, if not the row's (a newer attempt taking a grant over).
+
+        On the path of every grant: built once per tables (see :data:`Bound`); binds named ``ct_h_*``."""
+        t, namespace = self.t, self.ns
+        values = dict(namespace=namespace, resource=resource, token=token, holder=row.holder, mode=row.mode,
+                      slots=int(row.slots), priority=priority,
+                      enqueued_at=float(row.enqueued_at) if enqueued_at is None else enqueued_at, granted_at=now,
+                      ended_at=None, outcome=HELD)
+        return _record_grant(t), {f"ct_h_{name}": value for name, value in values.items()}
+
+    def end_grant(self, resource: str, token: int, outcome: str, now: float) -> Bound:
+        """Close a grant's history row (only once: a row already closed keeps its outcome)."""
+        t, namespace = self.t, self.ns
+        h = t.history
+        return (
+            update(h)
+            .where(h.c.namespace == namespace, h.c.resource == resource, h.c.token == token, h.c.outcome == HELD)
+            .values(outcome=outcome, ended_at=now), {}
+        )
+
+    def retoken_grant(self, resource: str, old: int, now: float) -> Bound:
+        """A newer attempt took the grant over with a new fencing token: the old token's row ends here
+        (``superseded``), and :func:`record_grant` adds the new token's row, so every token keeps its row."""
+        return self.end_grant(resource, old, SUPERSEDED, now)
+
+    def grant_outcomes(self, tokens: Mapping[str, int]) -> Bound:
+        """How the grants ``tokens`` (resource -> token) ended: released, expired or superseded (what a
+        release that finds its rows gone tells its caller). By the primary key's columns as two IN
+        lists (one statement shape for any number of resources); the caller keeps the rows whose
+        (resource, token) is one of ``tokens``."""
+        t, namespace = self.t, self.ns
+        h = t.history
+        return select(h.c.resource, h.c.token, h.c.outcome).where(
+            h.c.namespace == namespace, h.c.resource.in_(sorted(tokens)),
+            h.c.token.in_(sorted(set(tokens.values())))), {}
+
+    def window_count(self, resource: str, since: float) -> Bound:
+        """Grants of ``resource`` made after ``since`` (the rate window), through the time index."""
+        t, namespace = self.t, self.ns
+        h = t.history
+        return select(func.count()).select_from(h).where(
+            h.c.namespace == namespace, h.c.resource == resource, h.c.granted_at > since), {}
+
+    def window_times(self, resource: str, since: float) -> Bound:
+        """The grant times of ``resource`` after ``since``, oldest first (to find the next opening)."""
+        t, namespace = self.t, self.ns
+        h = t.history
+        return (select(h.c.granted_at).where(h.c.namespace == namespace, h.c.resource == resource,
+                                             h.c.granted_at > since).order_by(h.c.granted_at), {})
+
+    def last_left(self, resource: str, before: float) -> Bound:
+        """The newest grant time at or before ``before`` (the grant that last left the window)."""
+        t, namespace = self.t, self.ns
+        h = t.history
+        return select(func.max(h.c.granted_at)).where(
+            h.c.namespace == namespace, h.c.resource == resource, h.c.granted_at <= before), {}
+
+    def records(self, resource: Optional[str], since: float,
+                limit: int) -> Bound:
+        """The newest ``limit`` grants made since ``since`` (of one resource, or all)."""
+        t, namespace = self.t, self.ns
+        h = t.history
+        query = select(h).where(h.c.namespace == namespace, h.c.granted_at >= since)
+        if resource is not None:
+            query = query.where(h.c.resource == resource)
+        return query.order_by(h.c.granted_at.desc(), h.c.token.desc()).limit(limit), {}
+
+    def overlapping(self, resource: str, start: float, end: float) -> Bound:
+        """Grants of ``resource`` that overlap ``[start, end)`` (made before its end, not ended before its start)."""
+        t, namespace = self.t, self.ns
+        h = t.history
+        return select(h.c.slots, h.c.enqueued_at, h.c.granted_at, h.c.ended_at, h.c.outcome).where(
+            h.c.namespace == namespace, h.c.resource == resource, h.c.granted_at < end,
+            or_(h.c.ended_at.is_(None), h.c.ended_at > start),
+        ), {}
+
+    def prune_edge(self, resource: str, before: float, batch: int) -> Bound:
+        """The grant time of the ``batch``-th oldest ended grant made before ``before`` (None: fewer)."""
+        t, namespace = self.t, self.ns
+        h = t.history
+        return (
+            select(h.c.granted_at)
+            .where(h.c.namespace == namespace, h.c.resource == resource, h.c.granted_at < before, h.c.outcome != HELD)
+            .order_by(h.c.granted_at)
+            .offset(batch - 1)
+            .limit(1), {}
+        )
+
+    def delete_ended(self, resource: str, upto: float, inclusive: bool) -> Bound:
+        """Delete the ended grants of ``resource`` made before (or at) ``upto``: a range of the time
+        index, so the plan does not depend on the table's statistics (a list of keys may be scanned)."""
+        t, namespace = self.t, self.ns
+        h = t.history
+        edge = h.c.granted_at <= upto if inclusive else h.c.granted_at < upto
+        return delete(h).where(h.c.namespace == namespace, h.c.resource == resource, edge, h.c.outcome != HELD), {}
+
+    def delete_history(self, resource: str) -> Bound:
+        """A deleted resource's history goes with it (a new resource of that name restarts its tokens)."""
+        t, namespace = self.t, self.ns
+        h = t.history
+        return delete(h).where(h.c.namespace == namespace, h.c.resource == resource), {}

@@ -1,7 +1,8 @@
 """The slot engine's value objects: ``Lease`` and what ``status()``, ``history()`` and ``stats()`` show.
 
-A :class:`Lease` holds the engine that granted it and renews or releases through the small
-:class:`LeaseEngine` interface, so this module imports nothing of the workflow. The policy values
+A :class:`Lease` renews and releases through the small :class:`LeaseEngine` interface it is given
+(the slot engine's :class:`~controltable.slots.holding.Holding`), so this module imports nothing of
+the engine. The policy values
 (:class:`Rate`) and the history figures (:class:`GrantRecord`, :class:`ResourceStats`) are plain
 frozen dataclasses; ``parse_rate`` and ``parse_duration`` read them from the command line.
 """
@@ -27,7 +28,8 @@ log = logging.getLogger("controltable")
 
 
 class LeaseEngine(Protocol):
-    """What a :class:`Lease` needs of the engine that granted it (the slot engine)."""
+    """What a :class:`Lease` needs of the engine that granted it: renew, release, ask whether it is
+    held, and the database whose deadlines bound those calls (``Holding`` implements it)."""
 
     db: Database
 
@@ -63,7 +65,7 @@ class Lease(BackgroundRenewal):
         attempt: Optional[int] = None,
         sent: Optional[float] = None,
     ) -> None:
-        #: The engine that granted it: renewal and release go through it (never the ControlTable).
+        #: What renewal and release go through (the granting engine's ``Holding``, never the ControlTable).
         self.engine = engine
         #: The caller's attempt number this grant belongs to (None when none was given).
         self.attempt = attempt
@@ -343,7 +345,9 @@ def parse_rate(text: str) -> Rate:
         n = int(count)
     except ValueError:
         raise ConfigurationError(f"rate {text!r}: {count!r} is not a whole number; write e.g. 100/60s") from None
-    return check_rate((n, parse_duration(per)))  # type: ignore[return-value]
+    rate = check_rate((n, parse_duration(per)))
+    assert rate is not None  # a tuple is never checked to None
+    return rate
 
 
 def parse_duration(text: str) -> float:

@@ -161,7 +161,7 @@ class WorkList:
                     conn,
                     self.sql.allocate_item(int(row.id), owner, token, now, lease_s, str(row.state),
                                            None if row.token is None else int(row.token)),
-                    self.sql.count_allocated(int(row.id), token, now), self.db.dialect_name,
+                    self.sql.count_allocated(int(row.id), token, now), self.db.traits,
                 )
                 if stamped == 1:
                     break
@@ -241,7 +241,7 @@ class WorkList:
             # no token): that is what confirms the update where rowcount cannot be trusted.
             count = dialects.confirmed_count(
                 conn, self.sql.finish(item.id, item.token, values), self.sql.count_finished(item.id, item.token, state),
-                self.db.dialect_name,
+                self.db.traits,
             )
             if count == 0 and state != NEW:
                 # Already done by this token: the first attempt's COMMIT went through and only
@@ -265,7 +265,7 @@ class WorkList:
             now = read_now(conn)
             n = dialects.confirmed_count(
                 conn, self.sql.renew(item.id, item.token, now + seconds),
-                self.sql.count_renewed(item.id, item.token, now + seconds), self.db.dialect_name,
+                self.sql.count_renewed(item.id, item.token, now + seconds), self.db.traits,
             )
             if n != 1:
                 raise LeaseLost(f"work item {item.id} of {self.name!r} is no longer held under token {item.token}")
@@ -312,7 +312,7 @@ class WorkList:
     def drop(self) -> int:
         """Delete the work list and its items; returns items deleted."""
         def fn(conn: Connection) -> int:
-            n = dialects.changed_rows(conn, self.sql.drop_items(), self.sql.items.c.id, self.db.dialect_name)
+            n = dialects.changed_rows(conn, self.sql.drop_items(), self.sql.items.c.id, self.db.traits)
             conn.execute(self.sql.drop_list())
             return n
 
@@ -320,7 +320,7 @@ class WorkList:
 
     def _update(self, stmt: Any) -> int:
         def fn(conn: Connection) -> int:
-            count = dialects.changed_rows(conn, stmt, self.sql.items.c.id, self.db.dialect_name)
+            count = dialects.changed_rows(conn, stmt, self.sql.items.c.id, self.db.traits)
             self.runtime.notify(conn, [self.wakeup_key])
             return count
 
