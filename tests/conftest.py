@@ -54,6 +54,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "throwaway_server: holds more connections than the shared servers can spare; its "
         "backend_url is a throwaway PostgreSQL/MariaDB of the session's (every slow test has it)"
     )
+    config.addinivalue_line(
+        "markers", "pooler: runs through a throwaway PgBouncer (support/pgbouncer.py); set on every test using "
+        "the pgbouncer_url fixture, so the quick loop (scripts/run-tests --check) can leave them to the full suite"
+    )
     config.pluginmanager.import_plugin("support.sqlcapture")  # inert unless CONTROLTABLE_CAPTURE_SQL is set
     for backend in ("postgres", "mysql"):
         url = server_url(backend)
@@ -75,10 +79,13 @@ def live_backends() -> list[str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A multi-process stress test holds tens of connections: it runs on throwaway servers."""
+    """A multi-process stress test holds tens of connections: it runs on throwaway servers. A test
+    through a throwaway PgBouncer is marked ``pooler`` (by its fixture, wherever the test lives)."""
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("throwaway_server"):
             item.add_marker(pytest.mark.throwaway_server)
+        if "pgbouncer_url" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("pooler"):
+            item.add_marker(pytest.mark.pooler)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

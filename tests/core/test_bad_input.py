@@ -238,7 +238,17 @@ def test_where_callables_that_raise_or_return_junk(ct: ControlTable, backend_url
 
 
 # -- passwords and the command line ---------------------------------------------------------------------
-def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, str]:
+def _cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """``controltable ARGS`` in this process (support/cli.py), without the caller's CONTROLTABLE_URL."""
+    from support import cli
+
+    got = cli.run(*args, env={"CONTROLTABLE_URL": None, **(env or {})})
+    return got.returncode, got.stdout + got.stderr
+
+
+def _cli_process(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, str]:
+    """``python -m controltable.cli ARGS`` as a real process: all it prints, the interpreter's and
+    warnings' lines too (a password must not be in any of them)."""
     import os
     import subprocess
     import sys
@@ -260,9 +270,9 @@ def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> 
 def test_the_cli_never_prints_a_password(url: str) -> None:
     for n, command in enumerate((["status"], ["init"], ["capacity", "list"])):
         if n % 2 == 0:
-            code, output = _cli("--url", url, "--connect-timeout", "2", *command)
+            code, output = _cli_process("--url", url, "--connect-timeout", "2", *command)
         else:
-            code, output = _cli("--connect-timeout", "2", *command, env={"CONTROLTABLE_URL": url})
+            code, output = _cli_process("--connect-timeout", "2", *command, env={"CONTROLTABLE_URL": url})
         assert code in (2, 4), output
         assert "pw-Secret-77" not in output and "error:" in output
 

@@ -1,4 +1,6 @@
-"""The ``controltable`` command, run as a real subprocess (exit codes are part of the contract)."""
+"""The ``controltable`` command: its commands in-process (click's runner, the same entry and exit statuses), and as
+a real ``python -m controltable.cli`` process where the process is the point (exit statuses, signals, a child's
+output, standard input's bytes)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from support import cli
 from support.live import wait_until
 
 from controltable import ControlTable
@@ -17,9 +20,15 @@ from controltable import ControlTable
 CLI = [sys.executable, "-m", "controltable.cli"]
 
 
-def run(
+def run(url: str, namespace: str, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``controltable ARGS`` in this process (support/cli.py), on ``url`` in ``namespace``."""
+    return cli.run(*args, env={"CONTROLTABLE_URL": url, "CONTROLTABLE_NAMESPACE": namespace}, input=input)
+
+
+def run_process(
     url: str, namespace: str, *args: str, input: str | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
+    """``python -m controltable.cli ARGS`` as a real process, for what only a process shows."""
     env = dict(os.environ, CONTROLTABLE_URL=url, CONTROLTABLE_NAMESPACE=namespace, COLUMNS="200")
     return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, input=input, timeout=timeout)
 
@@ -50,12 +59,13 @@ def test_init_capacity_status_acquire_release(backend_url: str, namespace: str) 
 
 
 def test_bad_input_exit_codes(backend_url: str, namespace: str) -> None:
-    run(backend_url, namespace, "init")
-    unknown = run(backend_url, namespace, "acquire", "nope", "--holder", "h", "--timeout", "0")
+    """The exit statuses as a shell sees them: a real ``python -m controltable.cli`` process each."""
+    run_process(backend_url, namespace, "init")
+    unknown = run_process(backend_url, namespace, "acquire", "nope", "--holder", "h", "--timeout", "0")
     assert unknown.returncode == 2 and "set_capacity" in unknown.stderr
-    zero = run(backend_url, namespace, "capacity", "set", "w", "0")
+    zero = run_process(backend_url, namespace, "capacity", "set", "w", "0")
     assert zero.returncode == 2 and "at least 1" in zero.stderr
-    down = run("mysql+pymysql://nobody@127.0.0.1:1/x", namespace, "status")
+    down = run_process("mysql+pymysql://nobody@127.0.0.1:1/x", namespace, "status")
     assert down.returncode == 4 and "cannot reach" in down.stderr
     assert "Traceback" not in unknown.stderr + zero.stderr + down.stderr
 
@@ -66,7 +76,7 @@ def test_run_holds_the_slot_and_passes_the_exit_code(backend_url: str, namespace
     marker = tmp_path / "inside"
     script = f"import pathlib,sys,time; pathlib.Path({str(marker)!r}).write_text('x'); time.sleep(1.5); sys.exit(7)"
     result: dict[str, subprocess.CompletedProcess[str]] = {}
-    t = threading.Thread(target=lambda: result.setdefault("r", run(
+    t = threading.Thread(target=lambda: result.setdefault("r", run_process(
         backend_url, namespace, "run", "--resource", "db", "--holder", "job", "--lease", "3", "--",
         sys.executable, "-c", script)))
     t.start()
@@ -173,8 +183,9 @@ def test_policies_from_the_command_line(backend_url: str, namespace: str) -> Non
     late = run(backend_url, namespace, "acquire", "api", "--holder", "urgent", "--priority", "9", "--timeout", "0.5")
     assert late.returncode == 3  # "first" still holds the only slot
     assert run(backend_url, namespace, "release", "api", "--holder", "first").returncode == 0
-    ran = run(backend_url, namespace, "run", "--resource", "api", "--priority", "3", "--", sys.executable, "-c",
-              "print('ran')")
+    # A real process: ``run`` hands its COMMAND the process's own standard output.
+    ran = run_process(backend_url, namespace, "run", "--resource", "api", "--priority", "3", "--", sys.executable,
+                      "-c", "print('ran')")
     assert ran.returncode == 0 and "ran" in ran.stdout
     table = run(backend_url, namespace, "stats", "--window", "1h")
     assert table.returncode == 0 and "api" in table.stdout and "wait p95" in table.stdout

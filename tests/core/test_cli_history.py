@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
+
+from support import cli
 
 from controltable import ControlTable
 
-CLI = [sys.executable, "-m", "controltable.cli"]
-
 
 def run(url: str, namespace: str, *args: str, columns: int = 200) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, CONTROLTABLE_URL=url, CONTROLTABLE_NAMESPACE=namespace, COLUMNS=str(columns))
-    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=120)
+    """``controltable ARGS`` in this process (support/cli.py)."""
+    return cli.run(*args, env={"CONTROLTABLE_URL": url, "CONTROLTABLE_NAMESPACE": namespace}, columns=columns)
 
 
 def test_history_table_json_since_and_unknown_resource(backend_url: str, namespace: str) -> None:

@@ -1,7 +1,8 @@
 """First steps of a new user with the ``controltable`` command, each a paper cut that was fixed.
 
-Run as real subprocesses on SQLite files in a temporary directory (the working directory matters:
-the default database is relative to it).
+Run on SQLite files in a temporary directory (the working directory matters: the default database is relative
+to it), in-process (support/cli.py) but for ``--version`` and the demo (worker processes), which run as real
+``python -m controltable.cli`` processes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import cli as in_process
 
 import controltable
 from controltable import ControlTable, ControlTableError
@@ -35,8 +37,15 @@ READ_ONLY_COMMANDS = [
 ]
 
 
-def cli(cwd: Path, *args: str, url: str | None = None, columns: int = 200,
-        timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def cli(cwd: Path, *args: str, url: str | None = None, columns: int = 200) -> subprocess.CompletedProcess[str]:
+    """``controltable ARGS`` in ``cwd``, in this process, with no ``CONTROLTABLE_*`` variable but ``url``."""
+    env = in_process.without_controltable_env(CONTROLTABLE_URL=url)
+    return in_process.run(*args, env=env, cwd=cwd, columns=columns)
+
+
+def cli_process(cwd: Path, *args: str, url: str | None = None, columns: int = 200,
+                timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m controltable.cli ARGS`` as a real process in ``cwd``, for what only a process shows."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLTABLE_")}
     env["COLUMNS"] = str(columns)
     if url is not None:
@@ -45,7 +54,7 @@ def cli(cwd: Path, *args: str, url: str | None = None, columns: int = 200,
 
 
 def test_version_is_the_installed_release(tmp_path: Path) -> None:
-    got = cli(tmp_path, "--version")
+    got = cli_process(tmp_path, "--version")
     assert got.returncode == 0, got.stderr
     assert got.stdout.strip() == f"controltable {controltable.__version__}"
     assert not list(tmp_path.iterdir())  # --version opens no database
@@ -194,7 +203,7 @@ def test_status_json_names_the_modes_as_stored(tmp_path: Path) -> None:
 
 
 def test_the_demo_fits_80_columns_in_whole_sentences(tmp_path: Path) -> None:
-    got = cli(tmp_path, "--url", "sqlite:///demo.db", "demo", "--workers", "2", "--rounds", "4",
+    got = cli_process(tmp_path, "--url", "sqlite:///demo.db", "demo", "--workers", "2", "--rounds", "4",
               "--events", "100", columns=80, timeout=300)
     assert got.returncode == 0, got.stdout + got.stderr
     lines = got.stdout.splitlines()

@@ -8,11 +8,11 @@ real code path with that switch forced on, so a confirming select that matched t
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from typing import Any
 
 import pytest
+from support import event_tables
 
 from controltable import LeaseLost
 
@@ -38,7 +38,7 @@ def test_slot_renew_and_pickup_confirmed(ct: Any, distrust_rowcount: None) -> No
 def test_slot_renew_after_loss_is_lease_lost(ct: Any, distrust_rowcount: None) -> None:
     ct.set_capacity("r", 1)
     lease = ct.acquire("r", holder="a", lease=1)
-    time.sleep(1.5)
+    event_tables.wait_past(ct, lease.expires_at.timestamp())  # the lease is over by the database clock
     ct.reap()
     with pytest.raises(LeaseLost):
         lease.renew(30)
@@ -67,7 +67,7 @@ def test_work_item_renew_after_reallocation_is_lease_lost(ct: Any, distrust_rowc
     wl.populate([{"n": 1}], order=1)
     a = wl.allocate(owner="w1", lease=1)
     assert a is not None
-    time.sleep(1.5)
+    event_tables.wait_past(ct, a.expires_at.timestamp())  # the lease is over by the database clock
     b = wl.allocate(owner="w2", lease=30)  # the expired item is handed out again under a new token
     assert b is not None and b.id == a.id and b.token != a.token
     with pytest.raises(LeaseLost):

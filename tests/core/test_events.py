@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -131,7 +130,7 @@ def test_renewing_an_expired_claim_names_its_rows_and_why(ct: Any, events_table:
     ev.prepare()
     batch = ev.claim(2, owner="w", lease=0.5)
     assert batch is not None
-    time.sleep(0.8)
+    event_tables.wait_past(ct, batch.expires_at.timestamp())  # the claim is over by the database clock
     with pytest.raises(LeaseLost, match="already expired when the renewal reached the database") as info:
         batch.renew(60)
     assert sorted(info.value.keys) == [1, 2]
@@ -289,7 +288,7 @@ def test_completing_a_row_twice_is_a_retry_and_only_lost_rows_are_named(
     batch.complete(keys=[2])
     # 2 is done under this batch's token already: a retry after a lost COMMIT reply, not a loss.
     assert batch.complete(keys=[1, 2]) == 2
-    time.sleep(0.8)
+    event_tables.wait_past(ct, batch.expires_at.timestamp())  # row 3's lease is over by the database clock
     other = ct.events(t.name, key="id").claim(3, owner="x")  # row 3's lease ran out: taken over
     assert other is not None and other.keys == [3]
     with pytest.raises(LeaseLost) as info:

@@ -86,6 +86,17 @@ class CT:
                                     listen_url=self.listen_url)
         return self._ct
 
+    def close(self) -> None:
+        """Close the ControlTable if a command opened one: its pool's connections and the wake-up listener.
+
+        Called when the command's click context closes, so the connections end with the command (and
+        the server sees a clean logout), not with the process or a garbage collection of the engine when
+        the command runs in a longer-lived process (click's test runner, an embedding program).
+        """
+        if self._ct is not None:
+            ct, self._ct = self._ct, None
+            ct.close()
+
 
 def handled(fn: F) -> F:
     """Turn controltable errors into a one-line message and a documented exit code.
@@ -178,6 +189,7 @@ def cli(ctx: click.Context, url: str, namespace: str, schema: Optional[str], pre
     Passwords in --url / CONTROLTABLE_URL are never printed (masked as ***).
     """
     ctx.obj = CT(url, namespace, schema, prefix, connect_timeout, statement_timeout)
+    ctx.call_on_close(ctx.obj.close)
     if listen_url:
         ctx.obj.listen_url = listen_url
         secret = _url_password(listen_url)
