@@ -82,7 +82,7 @@ def test_allocate_retried_after_lost_commit_reply_returns_the_same_item(
     assert nxt is not None and nxt.token == 2
 
 
-@pytest.mark.parametrize("finish", ["complete", "fail", "free"])
+@pytest.mark.parametrize("finish", ["complete", "fail", "release"])
 def test_finish_retried_after_lost_commit_reply_succeeds(
     ct: ControlTable, lose_commit_replies: Callable[[int], list[int]], finish: str
 ) -> None:
@@ -95,7 +95,7 @@ def test_finish_retried_after_lost_commit_reply_succeeds(
         item.fail("boom")
     else:
         getattr(item, finish)()
-    expected = {"complete": "done", "fail": "error", "free": "new"}[finish]
+    expected = {"complete": "done", "fail": "error", "release": "new"}[finish]
     assert _states(ct, f"lost-{finish}")[item.id][0] == expected
 
 

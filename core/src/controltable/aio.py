@@ -34,7 +34,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional, S
 
 from sqlalchemy.engine import make_url
 
-from . import defaults, tracing
+from . import defaults, dialects, tracing
 from .control import KEEP, ControlTable
 from .defaults import (
     CONNECT_TIMEOUT,
@@ -62,16 +62,6 @@ log = logging.getLogger("controltable")
 
 T = TypeVar("T")
 
-#: The async driver of each sync one people put in URLs (the same server, the same settings).
-ASYNC_DRIVERS = {
-    ("sqlite", "pysqlite"): "sqlite+aiosqlite",
-    ("postgresql", "psycopg"): "postgresql+psycopg_async",
-    ("postgresql", "psycopg2"): "postgresql+psycopg_async",
-    ("mysql", "pymysql"): "mysql+aiomysql",
-    ("mysql", "mysqldb"): "mysql+aiomysql",
-}
-
-
 def async_url(url: Union[str, Any]) -> str:
     """``url`` with its driver swapped for the asyncio one (``sqlite://`` -> ``sqlite+aiosqlite://``,
     ``postgresql+psycopg://`` -> psycopg's async connection, ``mysql+pymysql://`` -> ``mysql+aiomysql://``).
@@ -92,7 +82,7 @@ def async_url(url: Union[str, Any]) -> str:
             return str(parsed.render_as_string(hide_password=False))
     except Exception:
         pass  # the sync driver is not installed: the async one may well be
-    found = ASYNC_DRIVERS.get((parsed.get_backend_name(), parsed.get_driver_name()))
+    found = dialects.async_driver(parsed.get_backend_name(), parsed.get_driver_name())
     if found is None:
         raise ConfigurationError(
             f"no asyncio driver is supported for {parsed.drivername!r}; use PostgreSQL (psycopg), "

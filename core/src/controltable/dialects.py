@@ -216,6 +216,22 @@ def epoch_begins(last: int, epoch: int) -> bool:
     return int(epoch) > 1 and int(last) < ((int(epoch) - 1) << TOKEN_EPOCH_BITS)
 
 
+#: The asyncio driver of each sync one people put in URLs (the same server, the same settings), for
+#: :mod:`controltable.aio`; SQL Server and Oracle have none SQLAlchemy supports.
+ASYNC_DRIVERS = {
+    ("sqlite", "pysqlite"): "sqlite+aiosqlite",
+    ("postgresql", "psycopg"): "postgresql+psycopg_async",
+    ("postgresql", "psycopg2"): "postgresql+psycopg_async",
+    ("mysql", "pymysql"): "mysql+aiomysql",
+    ("mysql", "mysqldb"): "mysql+aiomysql",
+}
+
+
+def async_driver(backend: str, driver: str) -> Optional[str]:
+    """The ``backend+driver`` name of the asyncio driver for a sync URL's, or None if there is none."""
+    return ASYNC_DRIVERS.get((backend, driver))
+
+
 def lock_rows(stmt: S, table: Table, *, skip_locked: bool = False, seek: bool = False) -> S:
     """Make ``stmt`` take row locks on ``table``'s rows that it returns.
 
