@@ -39,6 +39,7 @@ from controltable import (
     StatementTimeoutError,
     TooManyConnectionsError,
     UnexpectedDatabaseError,
+    dialects,
 )
 from controltable import connect as ct_connect
 from controltable.db import Database
@@ -208,7 +209,10 @@ def db(tmp_path: Path) -> Iterator[Database]:
 def test_every_kind_becomes_a_controltable_error_naming_the_fix(
     db: Database, orig: Exception, error: type[ControlTableError], fix: str
 ) -> None:
-    db.engine.dialect.name = "postgresql"  # translate as if on PostgreSQL (instance attribute only)
+    # Translate as if on PostgreSQL: the dialect's name (instance attribute only) for the classifier,
+    # and the traits the Database looked up once when it was built, for the message.
+    db.engine.dialect.name = "postgresql"
+    db.engine_traits = dialects.traits("postgresql")
     try:
         out = db.translate(wrapped(orig))
     finally:
