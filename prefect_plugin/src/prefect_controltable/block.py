@@ -10,19 +10,25 @@ listener per database, shared by every task of a flow run that uses the same blo
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import threading
+import weakref
 from typing import Any, Optional, Union
 
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
 
 from controltable import ControlTable
+from controltable.aio import AsyncControlTable
 from controltable.defaults import DEFAULT_LEASE, DEFAULT_NAMESPACE, DEFAULT_PREFIX, INTERRUPT_ON_LEASE_LOSS
 from controltable.errors import ConfigurationError, safe_url
 
 _OPEN: dict[tuple[Any, ...], ControlTable] = {}
 _OPEN_LOCK = threading.Lock()
+#: The asyncio twins, per event loop (an async engine's connections belong to the loop that made them).
+_OPEN_ASYNC: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[Any, ...], AsyncControlTable]] = (
+    weakref.WeakKeyDictionary())
 
 
 @atexit.register
@@ -91,21 +97,45 @@ def nightly():
     def control_table(self) -> ControlTable:
         """The :class:`ControlTable` for these settings, opened once per process."""
         url = self.url.get_secret_value()
+        key, settings = self._settings()
+        with _OPEN_LOCK:
+            ct = _OPEN.get(key)
+            if ct is None:
+                ct = ControlTable(url, **settings)
+                _OPEN[key] = ct
+            return ct
+
+    def async_control_table(self) -> AsyncControlTable:
+        """The :class:`~controltable.aio.AsyncControlTable` for these settings, opened once per event loop.
+
+        Async flows and tasks use it: its statements await the running loop over the native async
+        driver (psycopg's async connection, aiomysql, aiosqlite). One per loop, because an async
+        engine's pooled connections belong to the loop that opened them; a loop that is gone takes
+        its entry with it. Call it from code running in that loop.
+        """
+        loop = asyncio.get_running_loop()
+        key, settings = self._settings()
+        with _OPEN_LOCK:
+            per_loop = _OPEN_ASYNC.setdefault(loop, {})
+            act = per_loop.get(key)
+            if act is None:
+                act = AsyncControlTable(self.url.get_secret_value(), **settings)
+                per_loop[key] = act
+            return act
+
+    def _settings(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """(cache key, keyword arguments of ControlTable/AsyncControlTable) for this block; checks the URL."""
+        url = self.url.get_secret_value()
         if not url:
             raise ConfigurationError("ControlTableBlock has no url: give the SQLAlchemy URL of the database "
                                      "holding the control tables, e.g. ControlTableBlock(url=...).save('prod')")
         listen = self.listen_url.get_secret_value() if self.listen_url is not None else None
         key = (url, self.namespace, self.control_schema, self.prefix, self.connect_timeout,
                self.statement_timeout, listen)
-        with _OPEN_LOCK:
-            ct = _OPEN.get(key)
-            if ct is None:
-                timeouts = {k: float(v) for k, v in (("connect_timeout", self.connect_timeout),
-                                                     ("statement_timeout", self.statement_timeout)) if v is not None}
-                ct = ControlTable(url, namespace=self.namespace, schema=self.control_schema, prefix=self.prefix,
-                                  listen_url=listen, **timeouts)
-                _OPEN[key] = ct
-            return ct
+        timeouts = {k: float(v) for k, v in (("connect_timeout", self.connect_timeout),
+                                             ("statement_timeout", self.statement_timeout)) if v is not None}
+        return key, {"namespace": self.namespace, "schema": self.control_schema, "prefix": self.prefix,
+                     "listen_url": listen, **timeouts}
 
     @property
     def safe_url(self) -> str:
