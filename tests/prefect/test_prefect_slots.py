@@ -246,3 +246,70 @@ def test_async_holder_is_cancelled_when_its_lease_is_lost(block: ControlTableBlo
         asyncio.run(asyncio.wait_for(main(), 60))
     assert reached == []
     assert _entries(ct, "wh") == ([], [])
+
+
+def test_async_tasks_queue_fifo_as_their_runs_over_the_native_async_driver(block: ControlTableBlock,
+                                                                             ct: ControlTable) -> None:
+    """Three async task runs of one async flow wait in one event loop: granted in queue order, each
+    as its own task run (holder, attempt 1), the waits in the run's log, the statements on the
+    backend's asyncio driver (no worker thread polls the sync core)."""
+    ct.set_capacity("wh", 1)
+    ct.acquire("wh", holder="shell:blocker", lease=60)
+    granted: list[tuple[int, str, int, int]] = []
+    drivers: list[tuple[str, bool]] = []
+
+    @task
+    async def work(n: int) -> None:
+        async with slot("wh", block=block) as lease:
+            granted.append((n, lease.holder, lease.attempt, lease.token))
+            await asyncio.sleep(0.05)
+
+    @flow
+    async def contend() -> str:
+        from prefect.runtime import flow_run
+
+        act = block.async_control_table()
+        drivers.append((act.sync.engine.dialect.driver, bool(act.sync.engine.dialect.is_async)))
+        jobs = []
+        for n in range(3):  # each queued before the next starts: the queue order is known
+            jobs.append(asyncio.create_task(work(n)))
+            while len((await act.status(["wh"]))[0].waiters) < n + 1:
+                await asyncio.sleep(0.05)
+        await act.release("wh", "shell:blocker")
+        await asyncio.gather(*jobs)
+        return str(flow_run.id)
+
+    run_id = asyncio.run(asyncio.wait_for(contend(), 120))
+    assert drivers == [(drivers[0][0], True)], drivers  # aiosqlite, psycopg (async), aiomysql
+    assert [n for n, *_ in granted] == [0, 1, 2]
+    assert [token for *_, token in granted] == sorted(token for *_, token in granted)
+    holders = [holder for _, holder, _, _ in granted]
+    assert all(h.startswith(f"prefect:{run_id}:") for h in holders) and len(set(holders)) == 3
+    assert [attempt for _, _, attempt, _ in granted] == [1, 1, 1]
+    logs = wait_until(lambda: (text := _logs(UUID(run_id))).count("controltable: granted 'wh'") == 3 and text,
+                      60, "the three task runs' log lines")
+    assert "controltable: waiting for 'wh': 'wh': position 1 behind shell:blocker" in logs
+    assert "position 3 behind shell:blocker, " in logs  # the third names everyone ahead
+    assert _entries(ct, "wh") == ([], [])
+
+
+def test_async_task_failure_releases_and_its_retry_is_a_new_attempt(block: ControlTableBlock, ct: ControlTable) -> None:
+    ct.set_capacity("wh", 1)
+    tries: list[tuple[str, int, int, tuple[list[str], list[str]]]] = []
+
+    @task(retries=1, retry_delay_seconds=0)
+    async def flaky() -> None:
+        async with slot("wh", block=block) as lease:
+            tries.append((lease.holder, lease.attempt, lease.token, _entries(ct, "wh")))
+            if len(tries) == 1:
+                raise RuntimeError("first try fails")
+
+    @flow
+    async def run() -> None:
+        await flaky()
+
+    asyncio.run(asyncio.wait_for(run(), 120))
+    (h1, a1, t1, during1), (h2, a2, t2, _) = tries
+    assert h1 == h2 and during1 == ([h1], [])
+    assert (a1, a2) == (1, 2) and t2 > t1
+    assert _entries(ct, "wh") == ([], [])

@@ -5,16 +5,17 @@ saved once in the server (``ControlTableBlock(url=...).save("prod")``, or from t
 ``prefect block register -m prefect_controltable``) and loaded by name in flows, so no flow's
 code or parameters carry the password. The block only holds the settings; the
 :class:`~controltable.ControlTable` it opens is cached per process (one engine and one wake-up
-listener per database, shared by every task of a flow run that uses the same block).
+listener per database, shared by every task of a flow run that uses the same block); its asyncio
+twin (:class:`~controltable.aio.AsyncControlTable`, for async flows and tasks) per event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import logging
 import threading
-import weakref
-from typing import Any, Optional, Union
+from typing import Any, AsyncGenerator, Optional, Union
 
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
@@ -24,11 +25,12 @@ from controltable.aio import AsyncControlTable
 from controltable.defaults import DEFAULT_LEASE, DEFAULT_NAMESPACE, DEFAULT_PREFIX, INTERRUPT_ON_LEASE_LOSS
 from controltable.errors import ConfigurationError, safe_url
 
+log = logging.getLogger("prefect_controltable")
+
 _OPEN: dict[tuple[Any, ...], ControlTable] = {}
 _OPEN_LOCK = threading.Lock()
 #: The asyncio twins, per event loop (an async engine's connections belong to the loop that made them).
-_OPEN_ASYNC: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[Any, ...], AsyncControlTable]] = (
-    weakref.WeakKeyDictionary())
+_OPEN_ASYNC: dict[asyncio.AbstractEventLoop, dict[tuple[Any, ...], AsyncControlTable]] = {}
 
 
 @atexit.register
@@ -41,6 +43,51 @@ def _close_all() -> None:
             except Exception:  # pragma: no cover - the process is ending; nothing to report to
                 pass
         _OPEN.clear()
+        for acts in _OPEN_ASYNC.values():
+            for act in acts.values():
+                _abandon(act)
+        _OPEN_ASYNC.clear()
+
+
+_CLOSERS: dict[int, AsyncGenerator[None, None]] = {}
+
+
+def _close_with_loop(acts: dict[tuple[Any, ...], AsyncControlTable]) -> None:
+    """Close ``acts`` on the running loop as it shuts down, while their connections can still be closed.
+
+    ``asyncio.run()`` (and Prefect's own loops) call ``loop.shutdown_asyncgens()`` before closing
+    the loop: it ``aclose()``-s every async generator started on it. So an async generator, started
+    here to its first ``yield`` (which registers it with the loop), awaits the closing in its
+    ``finally``. A loop closed without that step is swept by :meth:`ControlTableBlock.async_control_table`.
+    """
+    async def closer() -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            _CLOSERS.pop(id(acts), None)
+            for act in list(acts.values()):
+                try:
+                    await act.close()
+                except Exception as exc:  # best effort: the loop is ending
+                    log.debug("controltable: could not close %r: %s", act, exc)
+            acts.clear()
+
+    gen = closer()
+    _CLOSERS[id(acts)] = gen  # the loop keeps its async generators only weakly
+    try:
+        gen.asend(None).send(None)  # run to the first yield, synchronously (no I/O before it)
+    except StopIteration:
+        pass
+
+
+def _abandon(act: AsyncControlTable) -> None:
+    """Let go of an :class:`AsyncControlTable` whose event loop is closed (nothing can be awaited on it):
+    stop its wake-up listener thread and drop its pool (the connections close as they are collected)."""
+    try:
+        act.sync.runtime.wakeups.close()
+        act.sync.db.engine.dispose(close=False)
+    except Exception as exc:  # pragma: no cover - best effort at the end of a loop or process
+        log.debug("controltable: could not let go of %r: %s", act, exc)
 
 
 class ControlTableBlock(Block):
@@ -116,7 +163,15 @@ def nightly():
         loop = asyncio.get_running_loop()
         key, settings = self._settings()
         with _OPEN_LOCK:
-            per_loop = _OPEN_ASYNC.setdefault(loop, {})
+            for gone in [other for other in _OPEN_ASYNC if other.is_closed()]:  # closed meanwhile
+                acts = _OPEN_ASYNC.pop(gone)
+                _CLOSERS.pop(id(acts), None)
+                for act in acts.values():  # already closed and cleared when the loop shut down properly
+                    _abandon(act)
+            per_loop = _OPEN_ASYNC.get(loop)
+            if per_loop is None:
+                per_loop = _OPEN_ASYNC[loop] = {}
+                _close_with_loop(per_loop)
             act = per_loop.get(key)
             if act is None:
                 act = AsyncControlTable(self.url.get_secret_value(), **settings)

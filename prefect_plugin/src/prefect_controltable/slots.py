@@ -170,8 +170,9 @@ class SlotScope:
                 run.logger.info(f"controltable: waiting for {self.label}: {text}")
                 if run.task_run_id is None:
                     await aset_flow_run_message(run.flow_run_id, f"controltable: waiting for {self.label}: {text}")
-                await anyio.to_thread.run_sync(link_status_page, block.status_url, run.flow_run_id,
-                                               names_list(self.resource), run.logger)
+                if block.status_url:  # a Prefect API call (the artifact), not the control table
+                    await anyio.to_thread.run_sync(link_status_page, block.status_url, run.flow_run_id,
+                                                   names_list(self.resource), run.logger)
                 progress = asyncio.create_task(_progress_async(act, self.resource, who, run, position))
                 granted = await act.acquire(self.resource, holder=who, timeout=self.timeout, lease=lease_s,
                                             attempt=run.attempt, **self.options)  # type: ignore[arg-type]
@@ -186,7 +187,7 @@ class SlotScope:
         waited = time.monotonic() - started
         if position is not None and run.task_run_id is None:
             await aset_flow_run_message(run.flow_run_id, f"controltable: holding {self.label} (waited {waited:.0f} s)")
-        elif position is None:
+        elif position is None and block.status_url:
             await anyio.to_thread.run_sync(link_status_page, block.status_url, run.flow_run_id,
                                            names_list(self.resource), run.logger)
         self._say_granted(granted.sync, run, position, waited)
