@@ -166,17 +166,16 @@ def nightly():
             for gone in [other for other in _OPEN_ASYNC if other.is_closed()]:  # closed meanwhile
                 acts = _OPEN_ASYNC.pop(gone)
                 _CLOSERS.pop(id(acts), None)
-                for act in acts.values():  # already closed and cleared when the loop shut down properly
-                    _abandon(act)
+                for stale in acts.values():  # none left when the loop shut down properly
+                    _abandon(stale)
             per_loop = _OPEN_ASYNC.get(loop)
             if per_loop is None:
                 per_loop = _OPEN_ASYNC[loop] = {}
                 _close_with_loop(per_loop)
-            act = per_loop.get(key)
-            if act is None:
-                act = AsyncControlTable(self.url.get_secret_value(), **settings)
-                per_loop[key] = act
-            return act
+            found = per_loop.get(key)
+            if found is None:
+                found = per_loop[key] = AsyncControlTable(self.url.get_secret_value(), **settings)
+            return found
 
     def _settings(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """(cache key, keyword arguments of ControlTable/AsyncControlTable) for this block; checks the URL."""
