@@ -313,3 +313,33 @@ def test_async_task_failure_releases_and_its_retry_is_a_new_attempt(block: Contr
     assert h1 == h2 and during1 == ([h1], [])
     assert (a1, a2) == (1, 2) and t2 > t1
     assert _entries(ct, "wh") == ([], [])
+
+
+def test_an_async_flow_waiting_says_so_in_its_state_message(block: ControlTableBlock, ct: ControlTable) -> None:
+    ct.set_capacity("wh", 1)
+    ct.acquire("wh", holder="shell:blocker", lease=60)
+    messages: list[str] = []
+
+    @flow
+    async def waits() -> str:
+        from prefect.client.orchestration import get_client
+        from prefect.runtime import flow_run
+
+        async def hold() -> None:
+            async with slot("wh", block=block):
+                pass
+
+        job = asyncio.create_task(hold())
+        async with get_client() as client:
+            while "waiting for 'wh'" not in (message := (await client.read_flow_run(flow_run.id)).state.message or ""):
+                await asyncio.sleep(0.1)
+            messages.append(message)
+            await block.async_control_table().release("wh", "shell:blocker")
+            await job
+            messages.append((await client.read_flow_run(flow_run.id)).state.message or "")
+        return str(flow_run.id)
+
+    asyncio.run(asyncio.wait_for(waits(), 120))
+    assert "controltable: waiting for 'wh': 'wh': position 1 behind shell:blocker" in messages[0]
+    assert messages[1].startswith("controltable: holding 'wh' (waited"), messages
+    assert _entries(ct, "wh") == ([], [])
