@@ -7,13 +7,16 @@ cancelled through the REST API and checked from their own records, their logs an
 table (on a throwaway PostgreSQL, as the Airflow and Dagster deployment tests):
 
 - contention on a capacity-1 and a capacity-2 resource: 0 overlaps (the interval checker), tokens
-  in grant order; queued runs granted FIFO;
-- a cancelled flow run (the worker SIGTERMs its process): a waiter's queue place and a holder's
-  slot are gone, the run's log saying it released on TerminationSignal;
+  in grant order; queued runs granted FIFO, sync and async flow runs in one queue;
+- a cancelled flow run (the worker SIGTERMs its process), sync or async: a waiter's queue place and
+  a holder's slot are gone, the run's log saying it released on TerminationSignal;
 - a SIGKILLed worker: its orphaned flow-run process stops renewing and its work is interrupted; the
   slot comes back within the lease (the orphan gives it back as it stops; the lease's expiry is the
   bound), and no work row is written after the lease's last expiry (on the database clock);
-- several flow runs drain one event table: every event exactly once.
+- several flow runs drain one event table: every event exactly once;
+- traces: flow runs started under ``opentelemetry-instrument`` (the deployment's job variables)
+  export OTLP/HTTP to a receiver this module runs; a sync and an async flow run that waited for a
+  slot show its wait and hold spans as children of Prefect's own flow-run span.
 """
 
 from __future__ import annotations
@@ -166,15 +169,18 @@ def test_queued_flow_runs_are_granted_fifo(live: dict[str, Any]) -> None:
     _check_intervals(records, "fifo", 1)  # type: ignore[arg-type]
 
 
-def test_cancelled_flow_runs_free_their_queue_place_and_slot(live: dict[str, Any]) -> None:
+@pytest.mark.parametrize("kind", ["hold", "hold-async"])
+def test_cancelled_flow_runs_free_their_queue_place_and_slot(live: dict[str, Any], kind: str) -> None:
+    """Sync flows (``with slot``) and async ones (``async with slot`` on the asyncio core)."""
     ct: ControlTable = live["ct"]
     dep: PrefectDeployment = live["dep"]
-    ct.set_capacity("cancel", 1)
-    holder = dep.submit("hold", resource="cancel", seconds=300)
+    resource = "cancel" if kind == "hold" else "cancel-async"
+    ct.set_capacity(resource, 1)
+    holder = dep.submit(kind, resource=resource, seconds=300)
     wait_until(lambda: _record(live, "holding", holder), 180, "the first run to hold the slot")
-    waiter = dep.submit("hold", resource="cancel", seconds=1)
-    wait_until(lambda: _entries(ct, "cancel")[1] == [f"prefect:{waiter}"], 180, "the second run to queue")
-    behind = f"'cancel': position 1 behind prefect:{holder}"
+    waiter = dep.submit(kind, resource=resource, seconds=1)
+    wait_until(lambda: _entries(ct, resource)[1] == [f"prefect:{waiter}"], 180, "the second run to queue")
+    behind = f"{resource!r}: position 1 behind prefect:{holder}"
     wait_until(lambda: behind in dep.logs(waiter), 60, f"the waiting run's log line {behind!r}")
     # ... and so does its state message, on the run's page (set beside the log line, read separately).
     wait_until(lambda: behind in (dep.run(waiter)["state"]["message"] or ""), 60, "the waiting run's state message",
@@ -182,23 +188,26 @@ def test_cancelled_flow_runs_free_their_queue_place_and_slot(live: dict[str, Any
 
     started = time.monotonic()
     dep.cancel(waiter)
-    wait_until(lambda: not _entries(ct, "cancel")[1], 5 * CANCEL_GOAL,
+    wait_until(lambda: not _entries(ct, resource)[1], 5 * CANCEL_GOAL,
                "the cancelled waiter's queue place to go", interval=0.05)
     withdrawn_after = time.monotonic() - started
-    assert _entries(ct, "cancel")[0] == [f"prefect:{holder}"]
+    assert _entries(ct, resource)[0] == [f"prefect:{holder}"]
 
     started = time.monotonic()
     dep.cancel(holder)
-    wait_until(lambda: _entries(ct, "cancel") == ([], []), 5 * CANCEL_GOAL, "the cancelled holder's slot to be freed",
+    wait_until(lambda: _entries(ct, resource) == ([], []), 5 * CANCEL_GOAL, "the cancelled holder's slot to be freed",
                interval=0.05)
     freed_after = time.monotonic() - started
-    print(f"cancel: waiter's place gone after {withdrawn_after:.2f} s, holder's slot freed after {freed_after:.2f} s")
+    print(f"cancel {kind}: waiter's place gone after {withdrawn_after:.2f} s, holder's slot freed after "
+          f"{freed_after:.2f} s")
     dep.wait_for_runs([holder, waiter], {"CANCELLED"}, timeout=120)
-    # The cause: each run's own exit path, on Prefect's TerminationSignal (the worker's SIGTERM).
-    wait_until(lambda: "left the queue of 'cancel' (TerminationSignal)" in dep.logs(waiter), 30,
-               "the waiter's log line on leaving the queue")
-    wait_until(lambda: "released 'cancel' (TerminationSignal)" in dep.logs(holder), 30,
-               "the holder's log line on releasing")
+    # The cause: each run's own exit path, on Prefect's TerminationSignal (the worker's SIGTERM),
+    # which an async flow's engine turns into the cancellation of the flow's asyncio task.
+    why = "TerminationSignal" if kind == "hold" else "CancelledError"
+    wait_until(lambda: f"left the queue of {resource!r} ({why})" in dep.logs(waiter), 30,
+               "the waiter's log line on leaving the queue", state=lambda: dep.logs(waiter)[-2000:])
+    wait_until(lambda: f"released {resource!r} ({why})" in dep.logs(holder), 30,
+               "the holder's log line on releasing", state=lambda: dep.logs(holder)[-2000:])
     assert _record(live, "held", holder) is None  # the work did not run to its end
 
 
