@@ -30,6 +30,12 @@ def _entries(ct: ControlTable, resource: str) -> tuple[list[str], list[str]]:
     return [h.holder for h in st.holders], [w.holder for w in st.waiters]
 
 
+async def _aentries(ct: ControlTable, resource: str) -> tuple[list[str], list[str]]:
+    """:func:`_entries` from async code: in a thread, never blocking the loop (on SQLite a blocked loop
+    would keep the async slot's own transaction from finishing while the sync call waits for its lock)."""
+    return await asyncio.to_thread(_entries, ct, resource)
+
+
 def _logs(flow_run_id: UUID) -> str:
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
@@ -195,7 +201,7 @@ def test_decorator_sync_and_async_and_a_saved_block_by_name(block: ControlTableB
     @task
     @slot("wh", block=name)
     async def async_work() -> None:
-        seen.append(("async", _entries(ct, "wh")[0]))
+        seen.append(("async", (await _aentries(ct, "wh"))[0]))
 
     @flow
     async def run() -> None:
@@ -219,7 +225,7 @@ def test_async_waiter_cancelled_leaves_the_queue(block: ControlTableBlock, ct: C
                 raise AssertionError("granted while the blocker holds the slot")
 
         job = asyncio.create_task(waiter())
-        while _entries(ct, "wh")[1] != ["async:waiter"]:
+        while (await _aentries(ct, "wh"))[1] != ["async:waiter"]:
             await asyncio.sleep(0.05)
         job.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -238,7 +244,7 @@ def test_async_holder_is_cancelled_when_its_lease_is_lost(block: ControlTableBlo
 
     async def main() -> None:
         async with slot("wh", block=block, holder="async:holder", lease=3.0):
-            ct.release("wh", "async:holder")  # the slot is gone: the renewer finds it lost
+            await asyncio.to_thread(ct.release, "wh", "async:holder")  # gone: the renewer finds it lost
             await asyncio.sleep(60)
             reached.append("work ran on after the loss")
 
@@ -300,7 +306,7 @@ def test_async_task_failure_releases_and_its_retry_is_a_new_attempt(block: Contr
     @task(retries=1, retry_delay_seconds=0)
     async def flaky() -> None:
         async with slot("wh", block=block) as lease:
-            tries.append((lease.holder, lease.attempt, lease.token, _entries(ct, "wh")))
+            tries.append((lease.holder, lease.attempt, lease.token, await _aentries(ct, "wh")))
             if len(tries) == 1:
                 raise RuntimeError("first try fails")
 
