@@ -174,9 +174,17 @@ class PrefectDeployment:
 
     # -- runs --------------------------------------------------------------------------------
     def submit(self, deployment: str, **parameters: Any) -> str:
-        """Create a flow run of ``deployment`` (the worker picks it up); its id."""
-        reply = self.http.post(f"/deployments/{self.deployments[deployment]}/create_flow_run",
-                               json={"parameters": parameters})
+        """Create a flow run of ``deployment`` (the worker picks it up); its id.
+
+        A 503 is the server's own database timing out on a loaded machine (its transaction rolled
+        back, no run created): asked again, a few times, before failing.
+        """
+        for _ in range(5):
+            reply = self.http.post(f"/deployments/{self.deployments[deployment]}/create_flow_run",
+                                   json={"parameters": parameters})
+            if reply.status_code != 503:
+                break
+            time.sleep(1.0)
         reply.raise_for_status()
         return str(reply.json()["id"])
 
