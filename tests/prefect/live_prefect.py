@@ -176,8 +176,9 @@ class PrefectDeployment:
     def submit(self, deployment: str, **parameters: Any) -> str:
         """Create a flow run of ``deployment`` (the worker picks it up); its id.
 
-        A 503 is the server's own database timing out on a loaded machine (its transaction rolled
-        back, no run created): asked again, a few times, before failing.
+        A 503 is what the server answers for errors "clients can retry on" (its database locked or
+        timing out on a loaded machine; prefect/server/api/server.py), and Prefect's own client
+        retries it: so does this, a few times, before failing.
         """
         for _ in range(5):
             reply = self.http.post(f"/deployments/{self.deployments[deployment]}/create_flow_run",
