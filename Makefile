@@ -44,7 +44,8 @@ $(VENV_SA14)/.installed: core/pyproject.toml Makefile
 $(VENV_PREFECT)/.installed: core/pyproject.toml prefect_plugin/pyproject.toml
 	$(PYTHON) -m venv $(VENV_PREFECT)
 	$(VENV_PREFECT)/bin/pip install --quiet --upgrade pip
-	$(VENV_PREFECT)/bin/pip install --quiet -e 'core[postgres,mysql]' -e prefect_plugin pytest pytest-timeout psutil
+	$(VENV_PREFECT)/bin/pip install --quiet -e 'core[postgres,mysql,async]' -e prefect_plugin pytest pytest-timeout psutil \
+	  opentelemetry-sdk opentelemetry-exporter-otlp-proto-http opentelemetry-distro
 	touch $@
 
 # The documentation site's tools only (mkdocstrings reads the sources statically, so the plugins' heavy

@@ -8,6 +8,7 @@ hang detectors only.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import textwrap
@@ -403,3 +404,36 @@ def test_async_wait_and_hold_are_spans_nested_in_the_tasks_span(ct: Any) -> None
     assert child_of(wait, task) and child_of(hold, task), "the wait and the hold are the task's children"
     assert child_of(work, hold), "the work inside the async slot is the hold's child"
     assert hold.attributes is not None and hold.attributes["controltable.outcome"] == "released"
+
+
+def test_an_orphaned_process_stops_renewing_and_its_work_is_cancelled(ct: Any, monkeypatch: Any) -> None:
+    """``stop_when_orphaned``: once the parent is gone (the sync renewer's own test,
+    ``renewal.parent_gone``, here made true on cue) the renewal task stops, the work's task is
+    cancelled and the block raises LeaseLostInterrupt saying why; the slot is not held on."""
+    import controltable.aio as aio
+
+    ct.set_capacity("orphan", 1)
+    orphaned = {"now": False}
+    seen_parents: list[int] = []
+
+    def parent_gone(original: int) -> bool:
+        seen_parents.append(original)
+        return orphaned["now"]
+
+    monkeypatch.setattr(aio, "parent_gone", parent_gone)
+
+    async def main() -> BaseException:
+        async with twin(ct) as act:
+            try:
+                async with act.slot("orphan", holder="orphan", lease=30, stop_when_orphaned=True):
+                    orphaned["now"] = True
+                    await asyncio.sleep(300)
+            except LeaseLostInterrupt as exc:
+                return exc
+            raise AssertionError("the work ran to its end")
+
+    exc = run(main())
+    assert "orphaned" in str(exc), exc
+    assert seen_parents and set(seen_parents) == {os.getppid()}
+    (st,) = ct.status("orphan")
+    assert [h.holder for h in st.holders if not h.expired] == []

@@ -150,16 +150,23 @@ class PrefectDeployment:
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
 
-    def deploy(self, flows_dir: Path, entrypoints: dict[str, str]) -> None:
-        """Deploy each ``name: "file.py:flow"`` from the local folder to the work pool."""
+    def deploy(self, flows_dir: Path, entrypoints: dict[str, str],
+               job_variables: Optional[dict[str, Any]] = None) -> None:
+        """Deploy each ``name: "file.py:flow"`` from the local folder to the work pool.
+
+        ``job_variables``: the process work pool's job variables of these deployments (``env``,
+        ``command``), as a user sets them in ``prefect.yaml`` or ``.deploy(job_variables=...)``.
+        """
         script = (
             "import json, sys\nfrom prefect import flow\n"
             "ids = {}\n"
             "for name, entry in json.loads(sys.argv[2]).items():\n"
             "    ids[name] = str(flow.from_source(source=sys.argv[1], entrypoint=entry).deploy(\n"
-            "        name=name, work_pool_name=sys.argv[3], print_next_steps=False))\n"
+            "        name=name, work_pool_name=sys.argv[3], print_next_steps=False,\n"
+            "        job_variables=json.loads(sys.argv[4])))\n"
             "print('DEPLOYED ' + json.dumps(ids))\n")
-        done = subprocess.run([self.python, "-c", script, str(flows_dir), json.dumps(entrypoints), self.pool],
+        done = subprocess.run([self.python, "-c", script, str(flows_dir), json.dumps(entrypoints), self.pool,
+                               json.dumps(job_variables or {})],
                               env=self.env, cwd=self.home, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, f"deploying failed:\n{done.stdout}\n{done.stderr}"
         line = [ln for ln in done.stdout.splitlines() if ln.startswith("DEPLOYED ")][-1]

@@ -7,13 +7,16 @@ cancelled through the REST API and checked from their own records, their logs an
 table (on a throwaway PostgreSQL, as the Airflow and Dagster deployment tests):
 
 - contention on a capacity-1 and a capacity-2 resource: 0 overlaps (the interval checker), tokens
-  in grant order; queued runs granted FIFO;
-- a cancelled flow run (the worker SIGTERMs its process): a waiter's queue place and a holder's
-  slot are gone, the run's log saying it released on TerminationSignal;
+  in grant order; queued runs granted FIFO, sync and async flow runs in one queue;
+- a cancelled flow run (the worker SIGTERMs its process), sync or async: a waiter's queue place and
+  a holder's slot are gone, the run's log saying it released on TerminationSignal;
 - a SIGKILLed worker: its orphaned flow-run process stops renewing and its work is interrupted; the
   slot comes back within the lease (the orphan gives it back as it stops; the lease's expiry is the
   bound), and no work row is written after the lease's last expiry (on the database clock);
-- several flow runs drain one event table: every event exactly once.
+- several flow runs drain one event table: every event exactly once;
+- traces: flow runs started under ``opentelemetry-instrument`` (the deployment's job variables)
+  export OTLP/HTTP to a receiver this module runs; a sync and an async flow run that waited for a
+  slot show its wait and hold spans as children of Prefect's own flow-run span.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import pytest
 pytest.importorskip("prefect")
 
 from live_prefect import PrefectDeployment, wait_until  # noqa: E402
+from otlp_receiver import OtlpReceiver  # noqa: E402
 from sqlalchemy import BigInteger, Column, DateTime, Integer, MetaData, String, Table, func, insert, select  # noqa: E402
 from support.live import deployment_postgres_url  # noqa: E402
 
@@ -71,18 +75,31 @@ def live() -> Iterator[dict[str, Any]]:
                             env={"LIVE_BLOCK": "live", "LIVE_RECORDS": str(records), "LIVE_EVENT_TABLE": events},
                             pythonpath=(str(ROOT / "core" / "src"), str(ROOT / "prefect_plugin" / "src")))
     orphans: list[int] = []
+    otlp = OtlpReceiver().__enter__()
     try:
         dep.start()
         dep.save_block("live", url=url, namespace=namespace, default_lease=30.0)
-        dep.deploy(HERE / "live_flows", {"hold": "flows.py:hold", "drain": "flows.py:drain"})
+        dep.deploy(HERE / "live_flows", {"hold": "flows.py:hold", "hold-async": "flows.py:hold_async",
+                                          "drain": "flows.py:drain"})
+        # Traced: the flow-run process under `opentelemetry-instrument` (the SDK configured from
+        # OTEL_* variables, as Prefect's docs and the `prefect[otel]` extra set it up), exporting
+        # OTLP/HTTP to a receiver this module runs on localhost.
+        instrument = Path(dep.python).parent / "opentelemetry-instrument"
+        dep.deploy(HERE / "live_flows", {"hold-traced": "flows.py:hold", "hold-async-traced": "flows.py:hold_async"},
+                   job_variables={"command": f"{instrument} {dep.python} -m prefect.engine", "env": {
+                       "OTEL_SERVICE_NAME": "prefect-flow-run", "OTEL_TRACES_EXPORTER": "otlp",
+                       "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+                       "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": otlp.endpoint,
+                       "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"}})
         yield {"ct": ct, "dep": dep, "records": records, "events": events, "work": work, "orphans": orphans,
-               "meta": meta}
+               "meta": meta, "otlp": otlp}
     except BaseException:
         for name in dep.procs:
             print(f"--- {name}.log\n{dep.log_tail(name)}")
         raise
     finally:
         dep.stop()
+        otlp.__exit__(None, None, None)
         for pid in orphans:  # flow-run processes a test left running on purpose
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -134,31 +151,36 @@ def test_contending_flow_runs_never_overlap(live: dict[str, Any], capacity: int,
 
 
 def test_queued_flow_runs_are_granted_fifo(live: dict[str, Any]) -> None:
+    """Sync and async flow runs (``with`` and ``async with slot(...)``) in one queue, granted in its order."""
     ct: ControlTable = live["ct"]
     dep: PrefectDeployment = live["dep"]
     ct.set_capacity("fifo", 1)
     ct.acquire("fifo", holder="shell:blocker", lease=300)
     ids: list[str] = []
-    for _ in range(3):  # each run queued before the next is created: the queue order is known
-        ids.append(dep.submit("hold", resource="fifo", seconds=0.5))
+    for kind in ("hold", "hold-async", "hold"):  # each queued before the next is created: the order is known
+        ids.append(dep.submit(kind, resource="fifo", seconds=0.5))
         wait_until(lambda: _entries(ct, "fifo")[1] == [f"prefect:{r}" for r in ids], 180,
                    f"flow run {len(ids)} to queue", state=lambda: (_entries(ct, "fifo"), dep.state(ids[-1])))
     ct.release("fifo", "shell:blocker")
     dep.wait_for_runs(ids, {"COMPLETED"}, timeout=300)
     records = [_record(live, "held", r) for r in ids]
     assert [r["run_id"] for r in sorted(records, key=lambda r: r["token"])] == ids  # type: ignore[index]
+    assert [bool(r.get("async")) for r in records] == [False, True, False]  # type: ignore[union-attr]
     _check_intervals(records, "fifo", 1)  # type: ignore[arg-type]
 
 
-def test_cancelled_flow_runs_free_their_queue_place_and_slot(live: dict[str, Any]) -> None:
+@pytest.mark.parametrize("kind", ["hold", "hold-async"])
+def test_cancelled_flow_runs_free_their_queue_place_and_slot(live: dict[str, Any], kind: str) -> None:
+    """Sync flows (``with slot``) and async ones (``async with slot`` on the asyncio core)."""
     ct: ControlTable = live["ct"]
     dep: PrefectDeployment = live["dep"]
-    ct.set_capacity("cancel", 1)
-    holder = dep.submit("hold", resource="cancel", seconds=300)
+    resource = "cancel" if kind == "hold" else "cancel-async"
+    ct.set_capacity(resource, 1)
+    holder = dep.submit(kind, resource=resource, seconds=300)
     wait_until(lambda: _record(live, "holding", holder), 180, "the first run to hold the slot")
-    waiter = dep.submit("hold", resource="cancel", seconds=1)
-    wait_until(lambda: _entries(ct, "cancel")[1] == [f"prefect:{waiter}"], 180, "the second run to queue")
-    behind = f"'cancel': position 1 behind prefect:{holder}"
+    waiter = dep.submit(kind, resource=resource, seconds=1)
+    wait_until(lambda: _entries(ct, resource)[1] == [f"prefect:{waiter}"], 180, "the second run to queue")
+    behind = f"{resource!r}: position 1 behind prefect:{holder}"
     wait_until(lambda: behind in dep.logs(waiter), 60, f"the waiting run's log line {behind!r}")
     # ... and so does its state message, on the run's page (set beside the log line, read separately).
     wait_until(lambda: behind in (dep.run(waiter)["state"]["message"] or ""), 60, "the waiting run's state message",
@@ -166,23 +188,26 @@ def test_cancelled_flow_runs_free_their_queue_place_and_slot(live: dict[str, Any
 
     started = time.monotonic()
     dep.cancel(waiter)
-    wait_until(lambda: not _entries(ct, "cancel")[1], 5 * CANCEL_GOAL,
+    wait_until(lambda: not _entries(ct, resource)[1], 5 * CANCEL_GOAL,
                "the cancelled waiter's queue place to go", interval=0.05)
     withdrawn_after = time.monotonic() - started
-    assert _entries(ct, "cancel")[0] == [f"prefect:{holder}"]
+    assert _entries(ct, resource)[0] == [f"prefect:{holder}"]
 
     started = time.monotonic()
     dep.cancel(holder)
-    wait_until(lambda: _entries(ct, "cancel") == ([], []), 5 * CANCEL_GOAL, "the cancelled holder's slot to be freed",
+    wait_until(lambda: _entries(ct, resource) == ([], []), 5 * CANCEL_GOAL, "the cancelled holder's slot to be freed",
                interval=0.05)
     freed_after = time.monotonic() - started
-    print(f"cancel: waiter's place gone after {withdrawn_after:.2f} s, holder's slot freed after {freed_after:.2f} s")
+    print(f"cancel {kind}: waiter's place gone after {withdrawn_after:.2f} s, holder's slot freed after "
+          f"{freed_after:.2f} s")
     dep.wait_for_runs([holder, waiter], {"CANCELLED"}, timeout=120)
-    # The cause: each run's own exit path, on Prefect's TerminationSignal (the worker's SIGTERM).
-    wait_until(lambda: "left the queue of 'cancel' (TerminationSignal)" in dep.logs(waiter), 30,
-               "the waiter's log line on leaving the queue")
-    wait_until(lambda: "released 'cancel' (TerminationSignal)" in dep.logs(holder), 30,
-               "the holder's log line on releasing")
+    # The cause: each run's own exit path, on Prefect's TerminationSignal (the worker's SIGTERM),
+    # which an async flow's engine turns into the cancellation of the flow's asyncio task.
+    why = "TerminationSignal" if kind == "hold" else "CancelledError"
+    wait_until(lambda: f"left the queue of {resource!r} ({why})" in dep.logs(waiter), 30,
+               "the waiter's log line on leaving the queue", state=lambda: dep.logs(waiter)[-2000:])
+    wait_until(lambda: f"released {resource!r} ({why})" in dep.logs(holder), 30,
+               "the holder's log line on releasing", state=lambda: dep.logs(holder)[-2000:])
     assert _record(live, "held", holder) is None  # the work did not run to its end
 
 
@@ -255,3 +280,51 @@ def test_several_flow_runs_drain_an_event_table_exactly_once(live: dict[str, Any
         runs = {r for (r,) in conn.execute(select(log.c.run_id).distinct())}
     assert len(counts) == total and set(counts.values()) == {1}, "an event was processed twice or never"
     assert runs <= set(ids)
+
+
+@pytest.mark.parametrize("kind", ["hold-traced", "hold-async-traced"])
+def test_a_waiting_flow_runs_trace_nests_the_wait_and_hold_in_prefects_run_span(live: dict[str, Any],
+                                                                                  kind: str) -> None:
+    """Prefect 3 opens a span per flow run (prefect/telemetry/run_telemetry.py, through the global
+    tracer provider) and makes it current while the flow runs: the slot's wait and hold spans are
+    its children, exported by the flow-run process to the collector (here: the test's receiver)."""
+    ct: ControlTable = live["ct"]
+    dep: PrefectDeployment = live["dep"]
+    resource = f"traced-{kind}"
+    ct.set_capacity(resource, 1)
+    ct.acquire(resource, holder="shell:blocker", lease=300)
+    run = dep.submit(kind, resource=resource, seconds=0.5)
+    wait_until(lambda: _entries(ct, resource)[1] == [f"prefect:{run}"], 180, "the traced flow run to queue",
+               state=lambda: dep.state(run))
+    ct.release(resource, "shell:blocker")
+    dep.wait_for_runs([run], {"COMPLETED"}, timeout=300)
+    held = _record(live, "held", run)
+    assert held is not None
+
+    def exported() -> list[dict[str, Any]]:
+        spans = live["otlp"].spans()
+        runs = [s for s in spans if s["attributes"].get("prefect.run.id") == run]
+        ours = [s for s in spans if s["name"] in (f"controltable.wait {resource}", f"controltable.hold {resource}")]
+        return spans if runs and any(s["name"].startswith("controltable.hold") for s in ours) else []
+
+    spans = wait_until(exported, 60, "the flow run's spans at the receiver",
+                       state=lambda: sorted({s["name"] for s in live["otlp"].spans()}))
+    (prefect_run,) = [s for s in spans if s["attributes"].get("prefect.run.id") == run]
+    assert prefect_run["scope"] == "prefect" and prefect_run["attributes"]["prefect.run.type"] == "flow"
+    waits = [s for s in spans if s["name"] == f"controltable.wait {resource}"]
+    (granted,) = [s for s in waits if s["attributes"].get("controltable.outcome") == "granted"]
+    (hold,) = [s for s in spans if s["name"] == f"controltable.hold {resource}"]
+    for span in (granted, hold):
+        assert span["scope"] == "controltable"
+        assert span["trace_id"] == prefect_run["trace_id"], span
+        assert span["parent_span_id"] == prefect_run["span_id"], span
+        assert span["attributes"]["controltable.resource"] == resource
+        assert span["attributes"]["controltable.holder"] == f"prefect:{run}"
+        assert span["attributes"]["controltable.token"] == held["token"]
+    assert granted["attributes"]["controltable.wait.seconds"] > 0
+    assert hold["attributes"]["controltable.outcome"] == "released"
+    # The first look (try_acquire) found the slot taken: a poll span that says so, in the same run span.
+    assert any(s["attributes"].get("controltable.poll") and s["attributes"].get("controltable.outcome") == "queued"
+               and s["parent_span_id"] == prefect_run["span_id"] for s in waits), waits
+    print(f"{kind}: run span {prefect_run['span_id']} > wait {granted['span_id']} "
+          f"({granted['attributes']['controltable.wait.seconds']:.2f} s), hold {hold['span_id']}")

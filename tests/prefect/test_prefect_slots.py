@@ -30,6 +30,12 @@ def _entries(ct: ControlTable, resource: str) -> tuple[list[str], list[str]]:
     return [h.holder for h in st.holders], [w.holder for w in st.waiters]
 
 
+async def _aentries(ct: ControlTable, resource: str) -> tuple[list[str], list[str]]:
+    """:func:`_entries` from async code: in a thread, never blocking the loop (on SQLite a blocked loop
+    would keep the async slot's own transaction from finishing while the sync call waits for its lock)."""
+    return await asyncio.to_thread(_entries, ct, resource)
+
+
 def _logs(flow_run_id: UUID) -> str:
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
@@ -195,7 +201,7 @@ def test_decorator_sync_and_async_and_a_saved_block_by_name(block: ControlTableB
     @task
     @slot("wh", block=name)
     async def async_work() -> None:
-        seen.append(("async", _entries(ct, "wh")[0]))
+        seen.append(("async", (await _aentries(ct, "wh"))[0]))
 
     @flow
     async def run() -> None:
@@ -219,7 +225,7 @@ def test_async_waiter_cancelled_leaves_the_queue(block: ControlTableBlock, ct: C
                 raise AssertionError("granted while the blocker holds the slot")
 
         job = asyncio.create_task(waiter())
-        while _entries(ct, "wh")[1] != ["async:waiter"]:
+        while (await _aentries(ct, "wh"))[1] != ["async:waiter"]:
             await asyncio.sleep(0.05)
         job.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -238,11 +244,108 @@ def test_async_holder_is_cancelled_when_its_lease_is_lost(block: ControlTableBlo
 
     async def main() -> None:
         async with slot("wh", block=block, holder="async:holder", lease=3.0):
-            ct.release("wh", "async:holder")  # the slot is gone: the renewer finds it lost
+            await asyncio.to_thread(ct.release, "wh", "async:holder")  # gone: the renewer finds it lost
             await asyncio.sleep(60)
             reached.append("work ran on after the loss")
 
     with pytest.raises(LeaseLostInterrupt):
         asyncio.run(asyncio.wait_for(main(), 60))
     assert reached == []
+    assert _entries(ct, "wh") == ([], [])
+
+
+def test_async_tasks_queue_fifo_as_their_runs_over_the_native_async_driver(block: ControlTableBlock,
+                                                                             ct: ControlTable) -> None:
+    """Three async task runs of one async flow wait in one event loop: granted in queue order, each
+    as its own task run (holder, attempt 1), the waits in the run's log, the statements on the
+    backend's asyncio driver (no worker thread polls the sync core)."""
+    ct.set_capacity("wh", 1)
+    ct.acquire("wh", holder="shell:blocker", lease=60)
+    granted: list[tuple[int, str, int, int]] = []
+    drivers: list[tuple[str, bool]] = []
+
+    @task
+    async def work(n: int) -> None:
+        async with slot("wh", block=block) as lease:
+            granted.append((n, lease.holder, lease.attempt, lease.token))
+            await asyncio.sleep(0.05)
+
+    @flow
+    async def contend() -> str:
+        from prefect.runtime import flow_run
+
+        act = block.async_control_table()
+        drivers.append((act.sync.engine.dialect.driver, bool(act.sync.engine.dialect.is_async)))
+        jobs = []
+        for n in range(3):  # each queued before the next starts: the queue order is known
+            jobs.append(asyncio.create_task(work(n)))
+            while len((await act.status(["wh"]))[0].waiters) < n + 1:
+                await asyncio.sleep(0.05)
+        await act.release("wh", "shell:blocker")
+        await asyncio.gather(*jobs)
+        return str(flow_run.id)
+
+    run_id = asyncio.run(asyncio.wait_for(contend(), 120))
+    assert drivers == [(drivers[0][0], True)], drivers  # aiosqlite, psycopg (async), aiomysql
+    assert [n for n, *_ in granted] == [0, 1, 2]
+    assert [token for *_, token in granted] == sorted(token for *_, token in granted)
+    holders = [holder for _, holder, _, _ in granted]
+    assert all(h.startswith(f"prefect:{run_id}:") for h in holders) and len(set(holders)) == 3
+    assert [attempt for _, _, attempt, _ in granted] == [1, 1, 1]
+    logs = wait_until(lambda: (text := _logs(UUID(run_id))).count("controltable: granted 'wh'") == 3 and text,
+                      60, "the three task runs' log lines")
+    assert "controltable: waiting for 'wh': 'wh': position 1 behind shell:blocker" in logs
+    assert "position 3 behind shell:blocker, " in logs  # the third names everyone ahead
+    assert _entries(ct, "wh") == ([], [])
+
+
+def test_async_task_failure_releases_and_its_retry_is_a_new_attempt(block: ControlTableBlock, ct: ControlTable) -> None:
+    ct.set_capacity("wh", 1)
+    tries: list[tuple[str, int, int, tuple[list[str], list[str]]]] = []
+
+    @task(retries=1, retry_delay_seconds=0)
+    async def flaky() -> None:
+        async with slot("wh", block=block) as lease:
+            tries.append((lease.holder, lease.attempt, lease.token, await _aentries(ct, "wh")))
+            if len(tries) == 1:
+                raise RuntimeError("first try fails")
+
+    @flow
+    async def run() -> None:
+        await flaky()
+
+    asyncio.run(asyncio.wait_for(run(), 120))
+    (h1, a1, t1, during1), (h2, a2, t2, _) = tries
+    assert h1 == h2 and during1 == ([h1], [])
+    assert (a1, a2) == (1, 2) and t2 > t1
+    assert _entries(ct, "wh") == ([], [])
+
+
+def test_an_async_flow_waiting_says_so_in_its_state_message(block: ControlTableBlock, ct: ControlTable) -> None:
+    ct.set_capacity("wh", 1)
+    ct.acquire("wh", holder="shell:blocker", lease=60)
+    messages: list[str] = []
+
+    @flow
+    async def waits() -> str:
+        from prefect.client.orchestration import get_client
+        from prefect.runtime import flow_run
+
+        async def hold() -> None:
+            async with slot("wh", block=block):
+                pass
+
+        job = asyncio.create_task(hold())
+        async with get_client() as client:
+            while "waiting for 'wh'" not in (message := (await client.read_flow_run(flow_run.id)).state.message or ""):
+                await asyncio.sleep(0.1)
+            messages.append(message)
+            await block.async_control_table().release("wh", "shell:blocker")
+            await job
+            messages.append((await client.read_flow_run(flow_run.id)).state.message or "")
+        return str(flow_run.id)
+
+    asyncio.run(asyncio.wait_for(waits(), 120))
+    assert "controltable: waiting for 'wh': 'wh': position 1 behind shell:blocker" in messages[0]
+    assert messages[1].startswith("controltable: holding 'wh' (waited"), messages
     assert _entries(ct, "wh") == ([], [])

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from types import TracebackType
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional, Sequence, TypeVar, Union
@@ -45,10 +46,13 @@ from .defaults import (
     DEFAULT_PREFIX,
     DEFAULT_SLOT_PRIORITY,
     DEFAULT_WAITER_TTL,
+    ORPHAN_CHECK_INTERVAL,
     STATEMENT_TIMEOUT,
+    STOP_RENEWING_WHEN_ORPHANED,
 )
 from .errors import ConfigurationError, LeaseLost, LeaseLostInterrupt
 from .events import Batch, EventTable
+from .renewal import parent_gone
 from .slots import Lease, Rate, ResourceStatus, WaitInfo
 from .wakeups import PushStatus, Wakeups
 from .worklist import Item, WorkList
@@ -318,18 +322,22 @@ class AsyncControlTable:
         pickup: float = DEFAULT_PICKUP,
         priority: int = DEFAULT_SLOT_PRIORITY,
         interrupt: Optional[bool] = None,
+        stop_when_orphaned: bool = STOP_RENEWING_WHEN_ORPHANED,
     ) -> AsyncSlotBlock:
         """Hold a slot for an ``async with`` block, renewing its lease in an asyncio task.
 
         A lease found lost or expired cancels the task that entered the block (``interrupt=False``
         lets it run on) and the block raises :class:`LeaseLostInterrupt`; a loss noticed only at
         the end raises :class:`LeaseLost` on exit, as :meth:`ControlTable.slot` does.
+        ``stop_when_orphaned``: stop renewing once this process's parent is gone (a supervised
+        process whose supervisor died lets its lease expire), as the sync renewer's option.
         """
         async def acquire() -> AsyncLease:
             return await self.acquire(resource, holder=holder, slots=slots, mode=mode, timeout=timeout, lease=lease,
                                       waiter_ttl=waiter_ttl, attempt=attempt, pickup=pickup, priority=priority)
 
-        return AsyncSlotBlock(acquire, defaults.INTERRUPT_ON_LEASE_LOSS if interrupt is None else interrupt)
+        return AsyncSlotBlock(acquire, defaults.INTERRUPT_ON_LEASE_LOSS if interrupt is None else interrupt,
+                              stop_when_orphaned=stop_when_orphaned)
 
     async def find_lease(self, resource: str, holder: str) -> Optional[AsyncLease]:
         found = await self._run(self.sync.find_lease, resource, holder)
@@ -420,9 +428,13 @@ class AsyncLease(_Wrapped):
 class AsyncSlotBlock:
     """``async with act.slot(...) as lease``: acquire, renew in a task, cancel the work on a loss, release."""
 
-    def __init__(self, acquire: Callable[[], Any], interrupt: bool) -> None:
+    def __init__(self, acquire: Callable[[], Awaitable[AsyncLease]], interrupt: bool, *,
+                 stop_when_orphaned: bool = False) -> None:
+        """``acquire``: awaited on entry, returns the granted lease (an adapter's own wait may log
+        and show progress around :meth:`AsyncControlTable.acquire`); the rest is this block's."""
         self._acquire = acquire
         self._interrupt = interrupt
+        self._stop_when_orphaned = stop_when_orphaned
         self.lease: Optional[AsyncLease] = None
         self._renewer: Optional[asyncio.Task[None]] = None
         self._owner: Optional[asyncio.Task[Any]] = None
@@ -446,8 +458,18 @@ class AsyncSlotBlock:
         started = time.monotonic()
         expires: Optional[float] = started + float(lease.sync.lease_seconds)
         next_renewal = started + interval
+        parent = os.getppid() if self._stop_when_orphaned else None
+        step = min(interval, ORPHAN_CHECK_INTERVAL) if parent is not None else interval
         while True:
-            await asyncio.sleep(max(next_renewal - time.monotonic(), 0.0))
+            await asyncio.sleep(max(min(step, next_renewal - time.monotonic()), 0.0))
+            if parent is not None and parent_gone(parent):
+                reason = f"the process was orphaned (parent {parent} is gone)"
+                log.warning("controltable: stopped renewing %r: %s; the lease will expire", lease.holder, reason)
+                self._lose(lease, LeaseLost(f"renewal stopped because {reason}; the lease was left to expire",
+                                            gone=False))
+                return
+            if time.monotonic() < next_renewal:
+                continue
             sent = time.monotonic()
             next_renewal = sent + interval
             try:

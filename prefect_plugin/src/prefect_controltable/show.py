@@ -40,6 +40,25 @@ def set_flow_run_message(flow_run_id: Optional[UUID], message: str) -> bool:
         return False
 
 
+async def aset_flow_run_message(flow_run_id: Optional[UUID], message: str) -> bool:
+    """:func:`set_flow_run_message` with Prefect's async client (async flows: the loop is not blocked)."""
+    if flow_run_id is None:
+        return False
+    try:
+        from prefect.client.orchestration import get_client
+        from prefect.states import Running
+
+        async with get_client() as client:
+            current = (await client.read_flow_run(flow_run_id)).state
+            if current is None or not current.is_running():
+                return False  # cancelling, crashed or paused: never overwrite what Prefect decided
+            await client.set_flow_run_state(flow_run_id, Running(message=message[:MESSAGE_LIMIT]), force=True)
+        return True
+    except Exception as exc:  # the wait goes on; the log lines say the same
+        log.debug("controltable: could not set the flow run's state message: %s", exc)
+        return False
+
+
 def link_status_page(status_url: Optional[str], run_key: Optional[UUID], resources: list[str], logger: Any) -> None:
     """Once per run: a link artifact to the status page (and a log line with the URL)."""
     if not status_url or run_key is None or run_key in _LINKED:

@@ -16,10 +16,11 @@ Prefect server, so Airflow tasks, Dagster ops and shell jobs share the limit.
   will record) and so lets the lease run out too, and its work is interrupted by the core when
   the lease is found lost (``LeaseLostInterrupt``, unless the block's ``interrupt_on_lease_loss``
   is off).
-- Async: ``async with slot(...)`` waits by polling ``try_acquire`` between push wake-ups in
-  worker threads (the sync core; an asyncio core API will replace the threads), so cancelling the
-  awaiting task leaves the queue; a lease found lost cancels the task holding it (asyncio's own
-  cancellation) and the block raises ``LeaseLostInterrupt``.
+- Async: ``async with slot(...)`` runs on the core's asyncio API (:mod:`controltable.aio`: native
+  async drivers, the block's :meth:`~.ControlTableBlock.async_control_table`): the same FIFO wait
+  (push wake-ups awaited on the loop), log lines and state message, no thread. Cancelling the
+  awaiting task leaves the queue; renewal is an asyncio task; a lease found lost cancels the task
+  holding it (asyncio's own cancellation) and the block raises ``LeaseLostInterrupt``.
 """
 
 from __future__ import annotations
@@ -29,28 +30,27 @@ import functools
 import inspect
 import threading
 import time
-from typing import Any, Callable, Mapping, Optional, TypeVar, Union, cast
+from typing import Any, Callable, Coroutine, Mapping, Optional, TypeVar, Union, cast
 
 import anyio
 import anyio.to_thread
 
-from controltable import AcquireTimeout, ControlTable, Lease, LeaseLost, LeaseLostInterrupt
+from controltable import ControlTable, Lease, LeaseLost
+from controltable.aio import AsyncControlTable, AsyncLease, AsyncSlotBlock
 from controltable.defaults import DEFAULT_MODE, DEFAULT_SLOT_PRIORITY, DEFAULT_WAITER_TTL
 from controltable.interrupt import protected
 
 from .block import ControlTableBlock, resolve_block
 from .run import RunIdentity, current_run, log
-from .show import link_status_page, set_flow_run_message
-from .text import Resource, names, names_list, where
+from .show import aset_flow_run_message, link_status_page, set_flow_run_message
+from .text import Resource, awhere, names, names_list, where
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: Seconds between two looks at a waiter's queue position (a changed position is logged again).
 PROGRESS_INTERVAL = 15.0
-#: Longest sleep of an async waiter between two polls when no push wake-up comes (seconds).
-ASYNC_POLL = 0.5
-#: How often an async holder looks whether its renewer found the lease lost (seconds).
-LOSS_CHECK = 0.2
+#: Longest an async waiter's clean-up (leaving the queue) is awaited once its task is cancelled again (seconds).
+ASYNC_CLEANUP_BOUND = 30.0
 
 
 class _Held:
@@ -60,8 +60,8 @@ class _Held:
         self.lease = lease
         self.run = run
         self.label = label
-        self.watchdog: Optional[asyncio.Task[None]] = None
-        self.cancelled_for_loss = False
+        #: The core's async slot block holding the lease (``async with``), None in sync use.
+        self.scope: Optional[AsyncSlotBlock] = None
 
 
 class SlotScope:
@@ -127,76 +127,71 @@ class SlotScope:
             _released(held, exc_type)
 
     # -- async -------------------------------------------------------------------------------
-    async def __aenter__(self) -> Lease:
+    async def __aenter__(self) -> AsyncLease:
         block = (await ControlTableBlock.aload(self.block) if isinstance(self.block, str)  # type: ignore[misc]
                  else resolve_block(self.block))
         assert isinstance(block, ControlTableBlock)
-        ct = await anyio.to_thread.run_sync(block.control_table)
+        act = block.async_control_table()
         run = current_run()
+        interrupting = block.interrupt_on_lease_loss if self.interrupt is None else bool(self.interrupt)
+
+        async def acquire() -> AsyncLease:
+            return await self._acquire_async(act, block, run)
+
+        # The core's async slot block: renewal as an asyncio task, a loss cancels this task
+        # (LeaseLostInterrupt at the block's exit), release on every way out, the hold span.
+        scope = AsyncSlotBlock(acquire, interrupting, stop_when_orphaned=run.supervised)
+        granted = await scope.__aenter__()
+        held = _Held(granted.sync, run, self.label)
+        held.scope = scope
+        self._stack.append(held)
+        return granted
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        held = self._stack.pop()
+        assert held.scope is not None
+        try:
+            await held.scope.__aexit__(exc_type, exc, tb)
+        finally:
+            _released(held, exc_type)
+
+    async def _acquire_async(self, act: AsyncControlTable, block: ControlTableBlock, run: RunIdentity) -> AsyncLease:
+        """Poll once; else say where the run stands and wait in the core's FIFO queue, logging progress."""
         who = self.holder or run.holder
         lease_s = self.lease_seconds or block.default_lease
         started = time.monotonic()
         position: Optional[int] = None
+        progress: Optional[asyncio.Task[None]] = None
         try:
-            granted = await anyio.to_thread.run_sync(self._try, ct, who, lease_s, run)
+            granted = await act.try_acquire(self.resource, holder=who, lease=lease_s, attempt=run.attempt,
+                                            **self.options)  # type: ignore[arg-type]
             if granted is None:
-                position = await anyio.to_thread.run_sync(self._waiting, ct, who, run, block)
-                granted = await self._wait_async(ct, who, lease_s, run, position)
+                position, text = await awhere(act, self.resource, who)
+                run.logger.info(f"controltable: waiting for {self.label}: {text}")
+                if run.task_run_id is None:
+                    await aset_flow_run_message(run.flow_run_id, f"controltable: waiting for {self.label}: {text}")
+                if block.status_url:  # a Prefect API call (the artifact), not the control table
+                    await anyio.to_thread.run_sync(link_status_page, block.status_url, run.flow_run_id,
+                                                   names_list(self.resource), run.logger)
+                progress = asyncio.create_task(_progress_async(act, self.resource, who, run, position))
+                granted = await act.acquire(self.resource, holder=who, timeout=self.timeout, lease=lease_s,
+                                            attempt=run.attempt, **self.options)  # type: ignore[arg-type]
         except BaseException as exc:  # cancelled or timed out: leave the queue before going on
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(_withdraw, ct, self.resource, who)
+            if progress is not None:
+                progress.cancel()
+            await _shielded(_awithdraw(act, self.resource, who))
             run.logger.info(f"controltable: left the queue of {self.label} ({type(exc).__name__})")
             raise
-        self._granted(granted, run, block, position, time.monotonic() - started)
-        granted.interrupt = False  # no signal into the event loop's thread: the watchdog cancels the task
-        granted.start_renewing(stop_when_orphaned=run.supervised)
-        held = _Held(granted.__enter__(), run, self.label)
-        interrupting = block.interrupt_on_lease_loss if self.interrupt is None else bool(self.interrupt)
-        host = asyncio.current_task()
-        if interrupting and host is not None:
-            held.watchdog = asyncio.create_task(_watch_loss(held, host))
-        self._stack.append(held)
-        return held.lease
-
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        held = self._stack.pop()
-        if held.watchdog is not None:
-            held.watchdog.cancel()
-        lease = held.lease
-        try:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(lease.__exit__, exc_type, exc, tb)
-        finally:
-            _released(held, exc_type)
-        if held.cancelled_for_loss and lease.lost is not None:
-            host = asyncio.current_task()
-            if host is not None and hasattr(host, "uncancel"):
-                host.uncancel()
-            raise LeaseLostInterrupt(f"the work holding {held.label} was cancelled: {lease.lost}",
-                                     lease.lost.keys) from lease.lost
-
-    async def _wait_async(self, ct: ControlTable, who: str, lease_s: float, run: RunIdentity,
-                          position: Optional[int]) -> Lease:
-        """Poll ``try_acquire`` (which keeps the queue place) between push wake-ups, up to the timeout."""
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        keys = ct.wakeup_keys(self.resource, who)
-        last_look = time.monotonic()
-        while True:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise AcquireTimeout(f"{self.label} was not granted within {self.timeout:g} s (still queued behind "
-                                     "others: raise the timeout or the capacity, or see `controltable status`)")
-            pause = ASYNC_POLL if remaining is None else min(ASYNC_POLL, remaining)
-            await anyio.to_thread.run_sync(ct.wait_for_wakeup, keys, pause)
-            granted = await anyio.to_thread.run_sync(self._try, ct, who, lease_s, run)
-            if granted is not None:
-                return granted
-            if time.monotonic() - last_look >= PROGRESS_INTERVAL:
-                last_look = time.monotonic()
-                now, text = await anyio.to_thread.run_sync(where, ct, self.resource, who)
-                if now != position:
-                    position = now
-                    run.logger.info(f"controltable: still waiting for {self.label}: {text}")
+        if progress is not None:
+            progress.cancel()
+        waited = time.monotonic() - started
+        if position is not None and run.task_run_id is None:
+            await aset_flow_run_message(run.flow_run_id, f"controltable: holding {self.label} (waited {waited:.0f} s)")
+        elif position is None and block.status_url:
+            await anyio.to_thread.run_sync(link_status_page, block.status_url, run.flow_run_id,
+                                           names_list(self.resource), run.logger)
+        self._say_granted(granted.sync, run, position, waited)
+        return granted
 
     # -- shared ------------------------------------------------------------------------------
     def _try(self, ct: ControlTable, who: str, lease_s: float, run: RunIdentity) -> Optional[Lease]:
@@ -215,12 +210,16 @@ class SlotScope:
     def _granted(self, granted: Lease, run: RunIdentity, block: ControlTableBlock, position: Optional[int],
                  waited: float) -> None:
         if position is not None:
-            run.logger.info(f"controltable: granted {self.label} after waiting {waited:.1f} s from queue position "
-                            f"{position}")
             if run.task_run_id is None:
                 set_flow_run_message(run.flow_run_id, f"controltable: holding {self.label} (waited {waited:.0f} s)")
         else:
             link_status_page(block.status_url, run.flow_run_id, names_list(self.resource), run.logger)
+        self._say_granted(granted, run, position, waited)
+
+    def _say_granted(self, granted: Lease, run: RunIdentity, position: Optional[int], waited: float) -> None:
+        if position is not None:
+            run.logger.info(f"controltable: granted {self.label} after waiting {waited:.1f} s from queue position "
+                            f"{position}")
         run.logger.info(f"controltable: holding {self.label} ({granted.mode}, {granted.slots} slot(s)) as "
                         f"{granted.holder!r}, attempt {run.attempt}, fencing token {granted.token}")
 
@@ -296,13 +295,34 @@ def _released(held: _Held, exc_type: Any) -> None:
         pass
 
 
-async def _watch_loss(held: _Held, host: asyncio.Task[Any]) -> None:
-    """Cancel ``host`` once the renewer finds the lease lost: asyncio's own way of stopping awaiting work."""
-    while held.lease.lost is None:
-        await asyncio.sleep(LOSS_CHECK)
-    if not held.cancelled_for_loss:
-        held.cancelled_for_loss = True
-        host.cancel()
+async def _awithdraw(act: AsyncControlTable, resource: Resource, who: str) -> None:
+    """:func:`_withdraw` through the asyncio API."""
+    for name in names_list(resource):
+        try:
+            await act.release(name, who)
+        except Exception as exc:  # the place expires after waiter_ttl on its own
+            log.warning("controltable: could not withdraw %r from %r: %s", who, name, exc)
+
+
+async def _shielded(work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` to its end even if the awaiting task is cancelled again meanwhile (clean-up)."""
+    job = asyncio.ensure_future(work)
+    try:
+        await asyncio.shield(job)
+    except asyncio.CancelledError:
+        await asyncio.wait([job], timeout=ASYNC_CLEANUP_BOUND)
+        raise
+
+
+async def _progress_async(act: AsyncControlTable, resource: Resource, who: str, run: RunIdentity,
+                          position: Optional[int]) -> None:
+    """While an async waiter waits: log its position again when it changes (a task, cancelled at the grant)."""
+    while True:
+        await asyncio.sleep(PROGRESS_INTERVAL)
+        now, text = await awhere(act, resource, who)
+        if now is not None and now != position:
+            position = now
+            run.logger.info(f"controltable: still waiting for {names(resource)}: {text}")
 
 
 class _Progress:

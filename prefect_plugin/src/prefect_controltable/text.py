@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from controltable import ControlTable
+from controltable.aio import AsyncControlTable
+from controltable.slots import ResourceStatus, WaitInfo
 
 #: How many of the holders and waiters ahead a log line names before "and N more".
 AHEAD_SHOWN = 5
@@ -40,6 +42,28 @@ def where(ct: ControlTable, resource: Resource, who: str) -> tuple[Optional[int]
         infos = {name: ct.wait_info(name, who) for name in names_list(resource)}
     except Exception as exc:
         return None, f"position unavailable ({exc})"
+    try:
+        queue = describe_queue(ct.status(names_list(resource)))
+    except Exception as exc:
+        queue = f"status unavailable ({exc})"
+    return describe_place(infos, queue)
+
+
+async def awhere(act: AsyncControlTable, resource: Resource, who: str) -> tuple[Optional[int], str]:
+    """:func:`where`, read through the asyncio API (async flows and tasks)."""
+    try:
+        infos = {name: await act.wait_info(name, who) for name in names_list(resource)}
+    except Exception as exc:
+        return None, f"position unavailable ({exc})"
+    try:
+        queue = describe_queue(await act.status(names_list(resource)))
+    except Exception as exc:
+        queue = f"status unavailable ({exc})"
+    return describe_place(infos, queue)
+
+
+def describe_place(infos: Mapping[str, Optional[WaitInfo]], queue: str) -> tuple[Optional[int], str]:
+    """(worst queue position, the text) of a waiter's entries ``infos`` (per resource) and ``queue``."""
     parts = []
     worst: Optional[int] = None
     for name, info in infos.items():
@@ -50,20 +74,17 @@ def where(ct: ControlTable, resource: Resource, who: str) -> tuple[Optional[int]
         else:
             worst = info.position if worst is None else max(worst, info.position)
             parts.append(f"{name!r}: position {info.position} behind {ahead_text(list(info.ahead))}")
-    return worst, "; ".join(parts) + f" ({describe_queue(ct, resource)})"
+    return worst, "; ".join(parts) + f" ({queue})"
 
 
-def describe_queue(ct: ControlTable, resource: Resource) -> str:
+def describe_queue(statuses: Sequence[ResourceStatus]) -> str:
     """ "'r' 1/1 used, held by a, 2 waiting" per resource."""
-    try:
-        parts = []
-        for st in ct.status(names_list(resource)):
-            holders = ", ".join(h.holder for h in st.holders if not h.expired) or "nobody"
-            parts.append(f"{st.name!r} {st.used}/{st.capacity} used, held by {holders}, "
-                         f"{len([w for w in st.waiters if not w.expired])} waiting")
-        return "; ".join(parts) or "no status"
-    except Exception as exc:
-        return f"status unavailable ({exc})"
+    parts = []
+    for st in statuses:
+        holders = ", ".join(h.holder for h in st.holders if not h.expired) or "nobody"
+        parts.append(f"{st.name!r} {st.used}/{st.capacity} used, held by {holders}, "
+                     f"{len([w for w in st.waiters if not w.expired])} waiting")
+    return "; ".join(parts) or "no status"
 
 
 def jsonable(value: Any) -> Any:

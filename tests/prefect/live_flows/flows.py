@@ -1,4 +1,5 @@
-"""The flows the live tests deploy to a process work pool: hold a slot and record it, do fenced work, drain events.
+"""The flows the live tests deploy to a process work pool: hold a slot (sync or async) and record it, do fenced
+work, drain events.
 
 Run by a real Prefect worker (``prefect worker start --type process``), each flow run in its own
 process. Configured through the worker's environment: LIVE_BLOCK (the saved ControlTableBlock),
@@ -75,6 +76,24 @@ def hold(resource: str, seconds: float = 1.0, lease: float = 30.0, work_table: s
                 time.sleep(0.1)
         else:
             time.sleep(seconds)
+        end = time.time()
+    _write(f"held_{run_id}.json", {**info, "end": end})
+
+
+@flow
+async def hold_async(resource: str, seconds: float = 1.0, lease: float = 30.0) -> None:
+    """:func:`hold` as an async flow: ``async with slot(...)`` on the core's asyncio API."""
+    import asyncio
+
+    run_id = str(flow_run.id)
+    _log_to_records()
+    async with slot(resource, block=BLOCK, lease=lease) as held:
+        start = time.time()
+        info = {"run_id": run_id, "holder": held.holder, "resource": resource, "token": held.token,
+                "ticket": held.ticket, "mode": held.mode, "slots": held.slots, "pid": os.getpid(),
+                "ppid": os.getppid(), "start": start, "async": True}
+        _write(f"holding_{run_id}.json", info)
+        await asyncio.sleep(seconds)
         end = time.time()
     _write(f"held_{run_id}.json", {**info, "end": end})
 
