@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Callable, Optional
 
+from . import threads
 from .dialects import traits
 
 log = logging.getLogger("controltable")
@@ -70,7 +71,7 @@ class RunningStatements:
             return 0
         sent: list[object] = []
         helper = threading.Thread(target=_cancel_all, args=(targets, sent), name="controltable-cancel", daemon=True)
-        helper.start()
+        threads.start(helper)
         helper.join(wait)
         if sent:
             log.info("controltable: cancelled %d running statement(s) of the stopped work", len(sent))

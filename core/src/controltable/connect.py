@@ -49,7 +49,7 @@ from typing import Any, Callable, Optional
 
 import sqlalchemy
 
-from . import defaults
+from . import defaults, threads
 from .dialect_traits import URL_BACKENDS, backend_drivers
 from .errors import ConfigurationError, safe_url
 
@@ -337,7 +337,7 @@ class _Alarm:
                 self.stage = 1
                 self.fired = "cancelled"
                 self.canceller = threading.Thread(target=self._cancel, name="controltable-cancel", daemon=True)
-                self.canceller.start()
+                threads.start(self.canceller)
                 if not self.hurry:
                     _WATCHDOG.schedule(time.monotonic() + defaults.CANCEL_GRACE, self)
                     return
@@ -414,7 +414,7 @@ class _Watchdog:
             heapq.heappush(heap, (when, next(self._seq), alarm))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="controltable-watchdog", daemon=True)
-                self._thread.start()
+                threads.start(self._thread)
             elif heap[0][2] is alarm:
                 self._cond.notify()
 

@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import Any, Callable, Optional
 
 from . import interrupt as interrupts
+from . import threads
 from .defaults import INTERRUPT_ON_LEASE_LOSS, ORPHAN_CHECK_INTERVAL, STOP_RENEWING_WHEN_ORPHANED
 from .errors import LeaseLost, LeaseLostInterrupt
 
@@ -183,7 +184,7 @@ class BackgroundRenewal:
                 self, interval or max(self._renew_interval(), 0.05), type(self).__name__,
                 stop_when_orphaned=orphan, alive=alive,
             )
-            self._renewer.start()
+            threads.start(self._renewer)
 
     def stop_renewing(self) -> None:
         if self._renewer is not None:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable, Optional
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection, make_url
 
+from . import threads
 from .connect import connect_args
 from .defaults import PUSH_PROBE_TIMEOUT
 from .dialects import traits
@@ -249,7 +250,7 @@ class Wakeups:
                 return
             self._stop.clear()
             self._thread = threading.Thread(target=self._listen_forever, name="controltable-listen", daemon=True)
-            self._thread.start()
+            threads.start(self._thread)
         # The first wait may fall back to polling if the server is slow; the self-probe is bounded.
         self._settled.wait(self.probe_timeout + 0.5)
 

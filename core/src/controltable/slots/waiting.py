@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Mapping, Optional, Protocol, Union
 
-from .. import tracing
+from .. import threads, tracing
 from ..defaults import DEFAULT_PICKUP, WITHDRAW_GRACE, WITHDRAW_RETRY_INTERVAL
 from ..errors import AcquireTimeout
 from ..validation import check_name, check_poll_interval, check_seconds
@@ -240,7 +240,7 @@ class Waiter:
             if self._withdrawer is None or not self._withdrawer.is_alive():
                 self._withdrawer = threading.Thread(target=self._retry_withdrawals, daemon=True,
                                                     name="controltable-withdraw")
-                self._withdrawer.start()
+                threads.start(self._withdrawer)
 
     def _forget_withdrawal(self, req: Request) -> None:
         """A new acquire of the same holder and resources: its old entry is its own again."""
