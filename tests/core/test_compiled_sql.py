@@ -10,6 +10,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+import sqlalchemy
 
 from controltable.errors import ConfigurationError
 from controltable.events import EventStatements
@@ -106,6 +107,13 @@ def test_epoch_columns_are_double_precision() -> None:
 
 
 # -- the golden files, by name -----------------------------------------------------------------------
+#: As test_dialect_conformance's whole-file comparison: SQLAlchemy 1.4 compiles the same statements
+#: with other details (casts, bind names, statement order of its session), so the files are SA 2's.
+PRINTED_BY_SA2 = pytest.mark.skipif(sqlalchemy.__version__.startswith("1."),
+                                    reason="the golden files are printed by SQLAlchemy 2")
+
+
+@PRINTED_BY_SA2
 @pytest.mark.parametrize("dialect", GOLDEN_DIALECTS)
 def test_every_statement_the_engine_sends_is_named(dialect: str) -> None:
     """Every statement of the scripted session outside the DDL carries a name, and the file a
@@ -145,6 +153,7 @@ def test_a_renamed_builder_renames_its_statements(monkeypatch: pytest.MonkeyPatc
     assert "take_next" in names and "next_item" not in names, names
 
 
+@PRINTED_BY_SA2
 @pytest.mark.parametrize("dialect", GOLDEN_DIALECTS)
 def test_the_golden_file_holds_each_statement_under_its_name(dialect: str) -> None:
     """Compared statement by statement: a changed statement is reported by the builder's name."""

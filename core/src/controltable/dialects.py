@@ -415,8 +415,14 @@ def changed_rows(conn: Any, stmt: Any, id_column: Any, traits: Traits,
         kind = "delete_returning" if getattr(stmt, "is_delete", False) else "update_returning"
         running = conn.dialect
         if getattr(running, kind, None) or getattr(running, "full_returning", False):
-            return len(conn.execute(stmt.returning(id_column), params).all())
-    return int(conn.execute(stmt, params).rowcount)
+            return len(conn.execute(stmt.returning(id_column), *_bound(params)).all())
+    return int(conn.execute(stmt, *_bound(params)).rowcount)
+
+
+def _bound(params: Optional[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
+    """``execute``'s positional parameters: none at all when there are none (SQLAlchemy 1.4 takes an
+    explicit ``None`` for a parameter set and fails to compile the statement)."""
+    return () if params is None else (params,)
 
 
 def writes_in_one_statement(conn: Any, traits: Traits) -> bool:
