@@ -47,7 +47,26 @@ def _check_reachable(backend: str, url: str) -> str | None:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
 
 
+def _import_anyio_now() -> None:
+    """Import all of anyio here, in the main thread, before any test runs.
+
+    anyio (4.16) imports its submodules lazily, on first use, in whichever thread uses them; under
+    pytest that import also parses the module to rewrite its asserts (anyio is a pytest plugin). A
+    Starlette test client's portal thread opening a file did that while another thread parsed, and
+    CPython 3.11's AST constructor, whose recursion counter is shared by the interpreter's threads,
+    failed the test with "SystemError: AST constructor recursion depth mismatch" (python/cpython
+    gh-106905; a loaded CI run, tests/web/test_web_app.py). Nothing here parses in a thread later.
+    """
+    try:
+        import anyio
+    except ImportError:  # pragma: no cover - the web extra is not installed
+        return
+    for name in dir(anyio):
+        getattr(anyio, name, None)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _import_anyio_now()
     config.addinivalue_line("markers", "backends(*names): run only on these backends")
     config.addinivalue_line("markers", "slow: multi-process stress tests (they run on throwaway servers)")
     config.addinivalue_line(
