@@ -19,6 +19,10 @@ pytest.importorskip("aiosqlite")
 
 from controltable.aio import AsyncControlTable
 
+#: Up to 15 pool connections plus the listener's: on a throwaway server, not the shared one (a loaded CI
+#: run held 19 here beside another lane's 30 on the shared PostgreSQL, over the suite's budget of 40).
+pytestmark = pytest.mark.throwaway_server
+
 #: PostgreSQL (push) serves 1,000 waiters in about half a minute here; SQLite, whose waiters poll and
 #: whose writers take turns, proves the same with fewer (1,000 take minutes: set the variable to see).
 WAITERS = {"postgresql": 1000, "sqlite": int(os.environ.get("CONTROLTABLE_TEST_AIO_SQLITE_WAITERS", "200"))}
