@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import httpx
+from support.live import wait_until
 
 #: The states a flow run ends in.
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "CRASHED"}
@@ -37,19 +38,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.2, state: Any = None) -> Any:
-    """Poll until ``predicate()`` is truthy; the timeout is a hang detector (the message says "hang")."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            where = f": {state()}" if state is not None else ""
-            raise AssertionError(f"hang: timed out after {timeout:g} s waiting for {what}{where}")
-        time.sleep(interval)
 
 
 class PrefectDeployment:
