@@ -47,8 +47,8 @@ def _check_reachable(backend: str, url: str) -> str | None:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
 
 
-def _import_anyio_now() -> None:
-    """Import all of anyio here, in the main thread, before any test runs.
+def _import_lazy_plugins_now() -> None:
+    """Import all of anyio and hypothesis here, in the main thread, before any test runs.
 
     anyio (4.16) imports its submodules lazily, on first use, in whichever thread uses them; under
     pytest that import also parses the module to rewrite its asserts (anyio is a pytest plugin). A
@@ -56,7 +56,12 @@ def _import_anyio_now() -> None:
     CPython 3.11's AST constructor, whose recursion counter is shared by the interpreter's threads,
     failed the test with "SystemError: AST constructor recursion depth mismatch" (python/cpython
     gh-106905; a loaded CI run, tests/web/test_web_app.py). Nothing here parses in a thread later.
+    hypothesis's plugin imports hypothesis at the session's end when no test did; that parse was
+    re-entered by a garbage-collected aiomysql connection's ``__del__`` failing on its closed loop,
+    with the same SystemError, after every test had passed.
     """
+    import hypothesis  # noqa: F401 - imported for its side effect: parsed now, not at the end
+
     try:
         import anyio
     except ImportError:  # pragma: no cover - the web extra is not installed
@@ -66,7 +71,7 @@ def _import_anyio_now() -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    _import_anyio_now()
+    _import_lazy_plugins_now()
     config.addinivalue_line("markers", "backends(*names): run only on these backends")
     config.addinivalue_line("markers", "slow: multi-process stress tests (they run on throwaway servers)")
     config.addinivalue_line(

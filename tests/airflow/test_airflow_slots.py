@@ -190,6 +190,51 @@ def test_trigger_yields_when_granted(conn_id: str, ct: Any) -> None:
     assert holders(ct, "warehouse") == [HOLDER_A]
 
 
+def _server_connections(url: str) -> int:
+    """TCP connections this process holds to the test server (what the shared server counts)."""
+    import psutil
+    from sqlalchemy.engine import make_url
+
+    port = make_url(url).port or 5432
+    return sum(1 for c in psutil.Process().net_connections(kind="tcp")
+               if c.raddr and c.raddr.port == port and c.status == "ESTABLISHED")
+
+
+@pytest.mark.backends("postgres")
+def test_a_loop_that_ends_closes_its_twins_connections(conn_id: str, ct: Any, backend_url: str) -> None:
+    """``asyncio.run`` per trigger (what ``dag.test()`` does) leaves no connection behind per loop.
+
+    The loop's async twin holds a pooled and a listening connection bound to that loop; before the
+    twin was closed at the loop's end, every loop left both open on the server (a test run held 29).
+    """
+    from controltable import aio
+
+    ct.set_capacity("warehouse", 1)
+    twins: list[Any] = []
+    loops: list[Any] = []
+
+    async def granted_once(holder: str) -> Any:
+        trigger = _trigger(conn_id, holder)
+        event = await _first_event(trigger, timeout=20)
+        twins.append(trigger._act)
+        loops.append(asyncio.get_running_loop())
+        assert trigger._act in aio._PER_LOOP[loops[-1]].values()  # the loop's twin while it runs
+        return event
+
+    counts = []
+    for i in range(4):
+        event = asyncio.run(granted_once(f"{HOLDER_A}-{i}"))
+        assert event.payload["status"] == "granted"
+        ct.release("warehouse", f"{HOLDER_A}-{i}")
+        twin = twins[-1]
+        assert twin.sync.db.engine.pool.checkedin() == 0  # closed at the loop's end, not left pooled
+        # (its listener's connection too: the count below; reading push_active would start a new one)
+        counts.append(_server_connections(backend_url))
+    assert not set(loops) & set(aio._PER_LOOP)  # no loop's entry outlives it
+    # The first loop may have opened what the process keeps (the hook's shared table); later ones add none.
+    assert counts[1:] == [counts[0]] * 3, counts
+
+
 def test_trigger_is_safe_to_run_twice(conn_id: str, ct: Any) -> None:
     """Two copies of the trigger (triggerer failover) and a re-run after the event grant one slot once."""
     ct.set_capacity("warehouse", 1)

@@ -437,3 +437,43 @@ def test_an_orphaned_process_stops_renewing_and_its_work_is_cancelled(ct: Any, m
     assert seen_parents and set(seen_parents) == {os.getppid()}
     (st,) = ct.status("orphan")
     assert [h.holder for h in st.holders if not h.expired] == []
+
+
+@pytest.mark.backends("sqlite", "postgres")
+def test_loop_shared_is_one_twin_per_loop_and_key_closed_when_its_loop_ends(ct: Any) -> None:
+    """What the Airflow triggers and Prefect's async tasks share: one twin per loop, closed at its end.
+
+    The database's side is the pool: a twin still pooling after ``asyncio.run`` returned is a
+    connection left open on the server for every loop (``tests/airflow/test_airflow_slots.py``
+    counts the sockets). A loop closed without ``shutdown_asyncgens`` is swept on the next call.
+    (Not on MariaDB: an aiomysql connection dropped after its loop closed raises from ``__del__``,
+    which the sweep cannot prevent; the closing at the loop's end is the same code on every backend.)
+    """
+    from controltable import aio
+
+    ct.set_capacity("r", 1)
+    made: list[AsyncControlTable] = []
+
+    def make() -> AsyncControlTable:
+        made.append(twin(ct))
+        return made[-1]
+
+    async def use() -> asyncio.AbstractEventLoop:
+        first = aio.loop_shared(("test", id(ct)), make)
+        assert aio.loop_shared(("test", id(ct)), make) is first  # one per loop and key
+        lease = await first.acquire("r", holder="h", timeout=10)
+        await lease.release()
+        assert first.sync.db.engine.pool.checkedin() >= 1  # pooled while the loop runs
+        return asyncio.get_running_loop()
+
+    ended = [asyncio.run(use()) for _ in range(2)]
+    assert len(made) == 2 and made[0] is not made[1]  # a loop's twin is never another loop's
+    assert all(m.sync.db.engine.pool.checkedin() == 0 for m in made)  # closed at each loop's end
+    assert not set(ended) & set(aio._PER_LOOP)
+
+    bare = asyncio.new_event_loop()  # closed without shutdown_asyncgens: nothing runs the closer
+    bare.run_until_complete(use())
+    bare.close()
+    assert bare in aio._PER_LOOP and made[-1].sync.db.engine.pool.checkedin() >= 1
+    asyncio.run(use())  # the next call from any loop sweeps it
+    assert bare not in aio._PER_LOOP and made[2].sync.db.engine.pool.checkedin() == 0

@@ -26,12 +26,26 @@ its async connection built in).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import os
+import threading
 import time
 from types import TracebackType
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional, Sequence, TypeVar, Union
+from typing import (
+    Any,
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Hashable,
+    Mapping,
+    Optional,
+    Sequence,
+    TypeVar,
+    Union,
+)
 
 from sqlalchemy.engine import make_url
 
@@ -636,3 +650,91 @@ class AsyncItem(_Wrapped):
 
     async def check(self) -> None:
         await self._run(self.sync.check)
+
+
+# -- one twin per event loop ---------------------------------------------------------------------------
+# An async engine's connections belong to the loop that opened them, so an integration that serves
+# many coroutines (a triggerer's triggers, a flow's async tasks) shares one AsyncControlTable per
+# loop and key. Nothing else closes it: the loop holds it in a module dict, and its connections keep
+# the loop alive, so garbage collection would not either. Every loop that ran `asyncio.run` would
+# leave a pooled and a listening connection open on the server (a test process reached 29).
+_PER_LOOP: dict[asyncio.AbstractEventLoop, dict[Hashable, AsyncControlTable]] = {}
+_PER_LOOP_LOCK = threading.Lock()
+_CLOSERS: dict[int, AsyncGenerator[None, None]] = {}  # the loop keeps its async generators only weakly
+
+
+def loop_shared(key: Hashable, make: Callable[[], AsyncControlTable]) -> AsyncControlTable:
+    """The running loop's :class:`AsyncControlTable` for ``key``, made by ``make()`` on first use.
+
+    It is closed (pool and listener) when the loop shuts down: ``asyncio.run()``, Airflow's
+    triggerer and Prefect's loops call ``loop.shutdown_asyncgens()`` first, which runs a closer
+    registered here with the loop. A loop closed without that step is swept on the next call from
+    any loop, and at exit: its twins' listeners stop and their pools are dropped. Call it from code
+    running in the loop; ``make`` must do no I/O (it runs under a lock).
+    """
+    loop = asyncio.get_running_loop()
+    with _PER_LOOP_LOCK:
+        for gone in [other for other in _PER_LOOP if other.is_closed()]:
+            stale = _PER_LOOP.pop(gone)
+            _CLOSERS.pop(id(stale), None)
+            for act in stale.values():
+                _abandon(act)
+        twins = _PER_LOOP.get(loop)
+        if twins is None:
+            twins = _PER_LOOP[loop] = {}
+            _close_at_shutdown(loop, twins)
+        found = twins.get(key)
+        if found is None:
+            found = twins[key] = make()
+        return found
+
+
+def _close_at_shutdown(loop: asyncio.AbstractEventLoop, twins: dict[Hashable, AsyncControlTable]) -> None:
+    """Register with ``loop`` an async generator whose ``finally`` closes ``twins``.
+
+    Started here to its first ``yield`` (synchronously: no I/O before it), the generator is one the
+    loop knows; ``loop.shutdown_asyncgens()`` ``aclose()``-s it while the loop can still run the
+    closing's I/O.
+    """
+    async def closer() -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            with _PER_LOOP_LOCK:
+                _CLOSERS.pop(id(twins), None)
+                if _PER_LOOP.get(loop) is twins:
+                    del _PER_LOOP[loop]
+                closing = list(twins.values())
+                twins.clear()
+            for act in closing:
+                try:
+                    await act.close()
+                except Exception as exc:  # the loop is ending: say so, never raise from its shutdown
+                    log.warning("controltable: closing %r at the end of its event loop failed: %s", act, exc)
+
+    gen = closer()
+    _CLOSERS[id(twins)] = gen
+    try:
+        gen.asend(None).send(None)
+    except StopIteration:
+        pass
+
+
+def _abandon(act: AsyncControlTable) -> None:
+    """Let go of a twin whose loop is closed (nothing can be awaited on it): stop its listener thread
+    and drop its pool (the connections close as they are collected)."""
+    try:
+        act.sync.runtime.wakeups.close()
+        act.sync.db.engine.dispose(close=False)
+    except Exception as exc:  # best effort at the end of a loop or the process
+        log.debug("controltable: could not let go of %r: %s", act, exc)
+
+
+@atexit.register
+def _abandon_all() -> None:
+    with _PER_LOOP_LOCK:
+        for twins in _PER_LOOP.values():
+            for act in twins.values():
+                _abandon(act)
+        _PER_LOOP.clear()
+        _CLOSERS.clear()

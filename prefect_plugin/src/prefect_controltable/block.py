@@ -11,17 +11,16 @@ twin (:class:`~controltable.aio.AsyncControlTable`, for async flows and tasks) p
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import logging
 import threading
-from typing import Any, AsyncGenerator, Optional, Union
+from typing import Any, Optional, Union
 
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
 
 from controltable import ControlTable
-from controltable.aio import AsyncControlTable
+from controltable.aio import AsyncControlTable, loop_shared
 from controltable.defaults import DEFAULT_LEASE, DEFAULT_NAMESPACE, DEFAULT_PREFIX, INTERRUPT_ON_LEASE_LOSS
 from controltable.errors import ConfigurationError, safe_url
 
@@ -29,10 +28,6 @@ log = logging.getLogger("prefect_controltable")
 
 _OPEN: dict[tuple[Any, ...], ControlTable] = {}
 _OPEN_LOCK = threading.Lock()
-#: The asyncio twins, per event loop (an async engine's connections belong to the loop that made them).
-_OPEN_ASYNC: dict[asyncio.AbstractEventLoop, dict[tuple[Any, ...], AsyncControlTable]] = {}
-
-
 @atexit.register
 def _close_all() -> None:
     """Dispose the engines this process opened (a flow-run process ends after its run)."""
@@ -43,51 +38,6 @@ def _close_all() -> None:
             except Exception:  # pragma: no cover - the process is ending; nothing to report to
                 pass
         _OPEN.clear()
-        for acts in _OPEN_ASYNC.values():
-            for act in acts.values():
-                _abandon(act)
-        _OPEN_ASYNC.clear()
-
-
-_CLOSERS: dict[int, AsyncGenerator[None, None]] = {}
-
-
-def _close_with_loop(acts: dict[tuple[Any, ...], AsyncControlTable]) -> None:
-    """Close ``acts`` on the running loop as it shuts down, while their connections can still be closed.
-
-    ``asyncio.run()`` (and Prefect's own loops) call ``loop.shutdown_asyncgens()`` before closing
-    the loop: it ``aclose()``-s every async generator started on it. So an async generator, started
-    here to its first ``yield`` (which registers it with the loop), awaits the closing in its
-    ``finally``. A loop closed without that step is swept by :meth:`ControlTableBlock.async_control_table`.
-    """
-    async def closer() -> AsyncGenerator[None, None]:
-        try:
-            yield
-        finally:
-            _CLOSERS.pop(id(acts), None)
-            for act in list(acts.values()):
-                try:
-                    await act.close()
-                except Exception as exc:  # best effort: the loop is ending
-                    log.debug("controltable: could not close %r: %s", act, exc)
-            acts.clear()
-
-    gen = closer()
-    _CLOSERS[id(acts)] = gen  # the loop keeps its async generators only weakly
-    try:
-        gen.asend(None).send(None)  # run to the first yield, synchronously (no I/O before it)
-    except StopIteration:
-        pass
-
-
-def _abandon(act: AsyncControlTable) -> None:
-    """Let go of an :class:`AsyncControlTable` whose event loop is closed (nothing can be awaited on it):
-    stop its wake-up listener thread and drop its pool (the connections close as they are collected)."""
-    try:
-        act.sync.runtime.wakeups.close()
-        act.sync.db.engine.dispose(close=False)
-    except Exception as exc:  # pragma: no cover - best effort at the end of a loop or process
-        log.debug("controltable: could not let go of %r: %s", act, exc)
 
 
 class ControlTableBlock(Block):
@@ -160,22 +110,9 @@ def nightly():
         engine's pooled connections belong to the loop that opened them; a loop that is gone takes
         its entry with it. Call it from code running in that loop.
         """
-        loop = asyncio.get_running_loop()
         key, settings = self._settings()
-        with _OPEN_LOCK:
-            for gone in [other for other in _OPEN_ASYNC if other.is_closed()]:  # closed meanwhile
-                acts = _OPEN_ASYNC.pop(gone)
-                _CLOSERS.pop(id(acts), None)
-                for stale in acts.values():  # none left when the loop shut down properly
-                    _abandon(stale)
-            per_loop = _OPEN_ASYNC.get(loop)
-            if per_loop is None:
-                per_loop = _OPEN_ASYNC[loop] = {}
-                _close_with_loop(per_loop)
-            found = per_loop.get(key)
-            if found is None:
-                found = per_loop[key] = AsyncControlTable(self.url.get_secret_value(), **settings)
-            return found
+        url = self.url.get_secret_value()
+        return loop_shared(("prefect", *key), lambda: AsyncControlTable(url, **settings))
 
     def _settings(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """(cache key, keyword arguments of ControlTable/AsyncControlTable) for this block; checks the URL."""

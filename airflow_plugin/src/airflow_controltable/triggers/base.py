@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from collections.abc import AsyncIterator
 from typing import Any, Callable, Optional
 
@@ -34,15 +33,10 @@ from airflow_controltable.defaults import DEFAULT_REFRESH_INTERVAL, DEFAULT_TRIG
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
 from airflow_controltable.resume_race import SettleBeforeFiring, in_deferring_process
 from controltable import DatabaseUnavailableError
-from controltable.aio import AsyncControlTable
+from controltable.aio import AsyncControlTable, loop_shared
 from controltable.errors import is_retryable
 
 log = logging.getLogger("airflow_controltable.triggers")  # one logger for the triggers' wait
-
-#: The async twin of each shared table, per event loop (a triggerer runs one loop; its pool and
-#: listener are bound to it): every trigger of the loop shares one pool and one listener.
-_ASYNC: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, AsyncControlTable]] = (
-    weakref.WeakKeyDictionary())
 
 
 class _ControlTableTrigger(SettleBeforeFiring, UsesControlTable, BaseTrigger):
@@ -98,11 +92,8 @@ class _ControlTableTrigger(SettleBeforeFiring, UsesControlTable, BaseTrigger):
         """The asyncio API over the shared table's database and settings, shared by this loop's triggers."""
         if self._act is None:
             table = await asyncio.to_thread(self._shared_table)
-            twins = _ASYNC.setdefault(asyncio.get_running_loop(), {})
-            found = twins.get(id(table))
-            if found is None:  # made here, with no await in between: one twin for all triggers
-                found = twins[id(table)] = AsyncControlTable.from_control_table(table)  # no I/O yet
-            self._act = found
+            # One twin per table and loop, shared by the loop's triggers, closed when the loop ends.
+            self._act = loop_shared(table, lambda: AsyncControlTable.from_control_table(table))  # no I/O
         return self._act
 
     def _wakeup_keys(self, table: Any) -> list[str]:  # pragma: no cover - abstract
