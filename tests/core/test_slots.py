@@ -419,8 +419,9 @@ def test_first_grant_pass_after_a_promotion_shortens_the_pickup_of_inherited_ent
     assert pickup_of_grant(after["dead1"]) == pytest.approx(failover_pickup, abs=0.01)
     assert after["dead2"].state == "waiting" and float(after["dead2"].pickup_seconds) == failover_pickup
     # A live waiter re-entering restores its own pickup; the epoch has begun, so it stays.
-    assert promoted.try_acquire("promoted", holder="dead2", slots=1, mode="shared", lease=60, waiter_ttl=30,
-                                pickup=5) is None
+    assert promoted.waiter.try_acquire("promoted", holder="dead2", slots=1, mode="shared", lease=60, waiter_ttl=30,
+                                       pickup=5) is None
     assert float(entries("promoted")["dead2"].pickup_seconds) == 5
-    assert promoted.try_acquire("promoted", holder="late", slots=1, mode="shared", lease=60, waiter_ttl=30) is None
+    assert promoted.waiter.try_acquire("promoted", holder="late", slots=1, mode="shared", lease=60,
+                                       waiter_ttl=30) is None
     assert float(entries("promoted")["late"].pickup_seconds) == DEFAULT_PICKUP

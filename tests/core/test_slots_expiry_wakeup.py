@@ -84,8 +84,8 @@ class ServerGone(Entering):
 
 def acquire(engine: SlotEngine, holder: str) -> Lease:
     """``ControlTable.acquire``'s call of the engine (its defaults), with a timeout as hang detector."""
-    return engine.acquire("r", holder=holder, slots=1, mode="shared", timeout=10, lease=60, waiter_ttl=TTL,
-                          poll_interval=0.05)
+    return engine.waiter.acquire("r", holder=holder, slots=1, mode="shared", timeout=10, lease=60, waiter_ttl=TTL,
+                                 poll_interval=0.05)
 
 
 def test_failed_acquire_withdraws_its_entry(ct: ControlTable) -> None:

@@ -206,7 +206,7 @@ class ControlTable:
         ``priority`` (higher first, equal ones FIFO; raised by the resource's aging while waiting)
         orders the queue.
         """
-        return self._slots.acquire(
+        return self._slots.waiter.acquire(
             resource, holder=holder, slots=slots, mode=mode, timeout=timeout, lease=lease,
             waiter_ttl=waiter_ttl, poll_interval=poll_interval, attempt=attempt, pickup=pickup,
             priority=check_priority(priority),
@@ -234,7 +234,7 @@ class ControlTable:
         Pass a ``pickup`` longer than the interval between calls: a grant made on this request's
         behalf in between waits that long for the next call.
         """
-        return self._slots.try_acquire(
+        return self._slots.waiter.try_acquire(
             resource, holder=holder, slots=slots, mode=mode, lease=lease, waiter_ttl=waiter_ttl,
             attempt=attempt, pickup=pickup, priority=check_priority(priority),
         )

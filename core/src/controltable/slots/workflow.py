@@ -5,9 +5,10 @@ on those before it: :class:`~.passes.GrantPasses` (transactions under the resour
 order, the grant pass, removal), :class:`~.entering.Entering` (entering a queue, looking at one's
 own entry) over the passes, :class:`~.holding.Holding` (renew, release: what a ``Lease`` holds) over
 the passes, :class:`~.waiting.Waiter` (``acquire``'s wait) over entering, the wake-ups and the
-holding, and :class:`~.reports.Reports` and :class:`~.reports.HistoryPruner` over the database. The
-engine forwards the public calls to them; capacity, removing a holder's requests and reaping are
-its own (short changes under the locks, through the passes).
+holding, and :class:`~.reports.Reports` and :class:`~.reports.HistoryPruner` over the database.
+``ControlTable`` waits through ``engine.waiter`` itself; the engine forwards the reports and what a
+``Lease`` holds, and capacity, removing a holder's requests and reaping are its own (short changes
+under the locks, through the passes).
 
 Statements come from :mod:`.statements`, the decisions of who is granted and when a waiter runs a
 pass itself from :mod:`.grants`, through the database layer (``Database.run``).
@@ -16,12 +17,11 @@ pass itself from :mod:`.grants`, through the database layer (``Database.run``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Optional, Union
+from typing import Iterator, Optional, Union
 
 from sqlalchemy.engine import Connection
 
 from .. import dialects, errorcodes
-from ..defaults import DEFAULT_PICKUP
 from ..errors import ConfigurationError, UnknownResourceError
 from ..runtime import Runtime, check_runtime
 from .entering import Entering
@@ -118,42 +118,6 @@ class SlotEngine:
             return True
 
         return self.db.run(fn)
-
-    # -- waiting (the waiter) ---------------------------------------------------------------------
-    def acquire(
-        self,
-        resource: Union[str, Mapping[str, int]],
-        *,
-        holder: Optional[str],
-        slots: int,
-        mode: str,
-        timeout: Optional[float],
-        lease: float,
-        waiter_ttl: float,
-        poll_interval: float,
-        attempt: Optional[int] = None,
-        pickup: float = DEFAULT_PICKUP,
-        priority: int = 0,
-    ) -> Lease:
-        return self.waiter.acquire(resource, holder=holder, slots=slots, mode=mode, timeout=timeout, lease=lease,
-                                   waiter_ttl=waiter_ttl, poll_interval=poll_interval, attempt=attempt,
-                                   pickup=pickup, priority=priority)
-
-    def try_acquire(
-        self,
-        resource: Union[str, Mapping[str, int]],
-        *,
-        holder: str,
-        slots: int,
-        mode: str,
-        lease: float,
-        waiter_ttl: float,
-        attempt: Optional[int] = None,
-        pickup: float = DEFAULT_PICKUP,
-        priority: int = 0,
-    ) -> Optional[Lease]:
-        return self.waiter.try_acquire(resource, holder=holder, slots=slots, mode=mode, lease=lease,
-                                       waiter_ttl=waiter_ttl, attempt=attempt, pickup=pickup, priority=priority)
 
     # -- holding (what a Lease calls) ---------------------------------------------------------------
     def renew(self, lease: Lease, seconds: float) -> float:
