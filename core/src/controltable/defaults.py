@@ -221,3 +221,7 @@ WEB_ERROR_ROWS = 20
 #: require; ``serve --actions`` refuses to start without it.
 WEB_TOKEN_ENV = "CONTROLTABLE_WEB_TOKEN"
 
+
+# -- the integrations' log lines (``controltable.waiting_text``) -------------------------------------
+#: Holders and waiters ahead a "position 3 behind a, b and c" line names before "and N more".
+AHEAD_SHOWN = 5

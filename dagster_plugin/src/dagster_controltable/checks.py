@@ -27,10 +27,11 @@ from dagster import (
 )
 
 from controltable import ConfigurationError, ControlTableError
+from controltable.waiting_text import jsonable
 
 from . import defaults
 from .resource import ControlTableResource
-from .text import duration, jsonable
+from .text import duration
 
 AssetRef = Union[str, AssetKey, AssetsDefinition, SourceAsset]
 

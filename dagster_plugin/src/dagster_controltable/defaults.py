@@ -50,8 +50,6 @@ WATCH_INTERRUPT_RETRIES = 3
 BATCH_SIZE = 100
 #: Keys, tokens and items listed in one metadata entry (the rest is counted, not listed).
 MAX_METADATA_KEYS = 100
-#: Holders named in a "position 3 behind a, b and c" log line before "and N more".
-AHEAD_SHOWN = 5
 
 # -- sensors -----------------------------------------------------------------------------------------
 #: The longest backlog signature kept in a run's ``controltable/backlog`` tag (characters).

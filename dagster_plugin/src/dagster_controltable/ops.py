@@ -23,11 +23,11 @@ from dagster import (
 )
 
 from controltable import ControlTableError, LeaseLost
+from controltable.waiting_text import jsonable
 
 from . import defaults
 from .resource import ControlTableResource, batch_metadata
 from .step import current_step
-from .text import jsonable
 
 try:  # type hints only
     from controltable.events import Batch

@@ -40,6 +40,7 @@ from controltable import (
     ResourceStatus,
 )
 from controltable.errors import safe_url
+from controltable.waiting_text import jsonable, names, names_list
 
 from . import defaults, waiting
 from .defaults import DEFAULT_LEASE, DEFAULT_MODE, DEFAULT_WAITER_TTL, INTERRUPT_ON_LEASE_LOSS
@@ -48,7 +49,6 @@ from .run_config import keep_defined_fields, namespace_override_note
 from .run_status import RUN_ENDED_BADLY
 from .run_watch import RunRequests, watch_from_outside
 from .step import StepIdentity, add_output_metadata, current_step, run_holder_prefix
-from .text import jsonable, names, names_list
 from .waiting import DEFAULT_MAX_RETRIES, DEFAULT_RETRY_INTERVAL, WAIT_MODES, head_retry_interval, retry_waiter_ttl
 
 try:  # only for type hints: these classes are reached through ControlTable.events()/worklist()

@@ -11,10 +11,10 @@ import time
 from typing import Any, Callable, Mapping, Optional, Union
 
 from controltable import ControlTable
+from controltable.waiting_text import names_list
 
 from . import defaults, retry_watch
 from .run_status import RUN_ENDED_BADLY
-from .text import names_list
 
 log = logging.getLogger("dagster_controltable")
 

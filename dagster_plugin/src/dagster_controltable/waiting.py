@@ -2,21 +2,21 @@
 
 import math
 import time
-from typing import Any, Callable, Mapping, Optional, TypeVar, Union
+from typing import Any, Callable, Optional, TypeVar
 
 from dagster import Failure, RetryRequested
 
 from controltable import ControlTable, ControlTableError, Lease
+from controltable.waiting_text import Resource, names, names_list, where
 
 from . import defaults, retry_watch
 from .run_watch import RunRequests
 from .step import StepIdentity
-from .text import ahead_text, names, names_list, timestamp
+from .text import timestamp
 
 T = TypeVar("T")
 #: ``fail(exc, action)``: the resource's ``Failure`` for a controltable error (``ControlTableResource.failure``).
 Fail = Callable[[BaseException, str], Failure]
-Resource = Union[str, Mapping[str, int]]
 
 WAIT_MODES = ("block", "retry")
 #: ``slot(wait="retry")``: seconds between a busy step's retries, and how many retries before it fails
@@ -171,36 +171,3 @@ def waited(ct: ControlTable, infos: list[Any]) -> float:
     except ControlTableError:
         return 0.0
     return max(0.0, now - min(timestamp(t) for t in since))
-
-
-def where(ct: ControlTable, resource: Resource, who: str) -> tuple[Optional[int], str]:
-    """(queue position, "position 3 behind dagster:<run>:load and airflow:<dag>:<run>; 'r' 1/1 used")."""
-    try:
-        infos = {name: ct.wait_info(name, who) for name in names_list(resource)}
-    except Exception as exc:  # the position is only for the log line and metadata
-        return None, f"position unavailable ({exc})"
-    parts = []
-    worst: Optional[int] = None
-    for name, info in infos.items():
-        if info is None:
-            parts.append(f"{name!r}: not queued")
-            continue
-        if info.state == "granted":
-            parts.append(f"{name!r}: granted, waiting for pickup")
-            continue
-        worst = info.position if worst is None else max(worst, info.position)
-        parts.append(f"{name!r}: position {info.position} behind {ahead_text(list(info.ahead))}")
-    return worst, "; ".join(parts) + f" ({describe_queue(ct, resource)})"
-
-
-def describe_queue(ct: ControlTable, resource: Resource) -> str:
-    """"'r' 1/1 used, held by a, 2 waiting" per resource, for the log line."""
-    try:
-        parts = []
-        for st in ct.status(list(names_list(resource))):
-            holders = ", ".join(h.holder for h in st.holders if not h.expired) or "none"
-            parts.append(f"{st.name!r} {st.used}/{st.capacity} used, held by {holders}, "
-                         f"{len([w for w in st.waiters if not w.expired])} waiting")
-        return "; ".join(parts) or "no status"
-    except Exception as exc:  # the status is only for the log line
-        return f"status unavailable ({exc})"

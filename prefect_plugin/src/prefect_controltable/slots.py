@@ -39,11 +39,11 @@ from controltable import ControlTable, Lease, LeaseLost
 from controltable.aio import AsyncControlTable, AsyncLease, AsyncSlotBlock
 from controltable.defaults import DEFAULT_MODE, DEFAULT_SLOT_PRIORITY, DEFAULT_WAITER_TTL
 from controltable.interrupt import protected
+from controltable.waiting_text import Resource, awhere, names, names_list, where
 
 from .block import ControlTableBlock, resolve_block
 from .run import RunIdentity, current_run, log
 from .show import aset_flow_run_message, link_status_page, set_flow_run_message
-from .text import Resource, awhere, names, names_list, where
 
 F = TypeVar("F", bound=Callable[..., Any])
 

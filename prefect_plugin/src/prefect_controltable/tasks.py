@@ -15,11 +15,11 @@ from prefect import Task, task
 
 from controltable import LeaseLost
 from controltable.events import Batch
+from controltable.waiting_text import jsonable
 from controltable.worklist import Item
 
 from .block import ControlTableBlock, resolve_block
 from .run import current_run
-from .text import jsonable
 
 #: Keys shown in a task's summary at most.
 MAX_KEYS = 100

@@ -68,6 +68,7 @@ from airflow_controltable.utils import (
 from airflow_controltable.worker_wait import typical_hold, wait_for_grant, worker_wait_budget
 from controltable import ControlTableError, LeaseLostInterrupt
 from controltable import defaults as core_defaults
+from controltable.waiting_text import ahead_text
 
 __all__ = [
     "DEFAULT_DEFERRED_PICKUP", "HoldSlotMixin", "ReleaseSlotOperator", "SlotPythonOperator",
@@ -263,7 +264,7 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
         if info is not None:
             log.info(
                 "controltable: waiting for %r as %r at position %s behind %s; deferring to the triggerer",
-                self.resource, holder, info.position, ", ".join(info.ahead[:5]) or "nobody",
+                self.resource, holder, info.position, ahead_text(info.ahead),
             )
         else:
             log.info("controltable: waiting for %r as %r; deferring to the triggerer", self.resource, holder)
