@@ -118,7 +118,7 @@ def test_non_finite_and_huge_durations_are_refused(ct: ControlTable, value: floa
             ct.acquire("w", holder="h", **kwargs)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="lease"):
         ct.try_acquire("w", holder="h", lease=value)
-    lease = ct.acquire("w", holder="h", timeout=0)
+    lease = ct.acquire("w", holder="h", timeout=30)  # a free slot; 30 s: a hang detector (see below)
     with pytest.raises(ConfigurationError, match="lease"):
         lease.renew(value)
     lease.release()
@@ -359,7 +359,9 @@ def test_durations_below_their_lower_bound_are_refused(ct: ControlTable, backend
         ct.worklist("wl").allocate("w", lease=1e-9)
     with pytest.raises(ConfigurationError, match="lease must be at least"):
         ct.events("ev", key="id", lease=1e-9)
-    lease = ct.acquire("w", holder="h", lease=60, timeout=0)  # still held at the release, however loaded the machine
+    # A free slot: timeout=0 would allow its statements only a second of grace, which a loaded CI run
+    # used up before the first one (DatabaseUnavailableError). 30 s is a hang detector, not a wait.
+    lease = ct.acquire("w", holder="h", lease=60, timeout=30)  # still held at the release, however loaded
     with pytest.raises(ConfigurationError, match="lease must be at least"):
         lease.renew(1e-9)
     lease.release()

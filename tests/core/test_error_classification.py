@@ -841,3 +841,21 @@ def test_a_server_that_takes_no_writes_is_reported_as_read_only(backend_url: str
         assert is_retryable(caught.value)
     finally:
         ct.close()
+
+
+def test_a_statement_starved_of_its_callers_time_is_not_blamed_on_the_network_alone(tmp_path: Any) -> None:
+    """A loaded CI run: ``acquire(timeout=0)`` spent its second of grace before its first statement, which
+    the guard then stopped with 0.1 s left; the error blamed a silent network. Below ``SHORT_BUDGET``
+    it names both causes and the fix (a longer timeout); with a real budget, the silent path alone."""
+    from controltable import ControlTable
+    from controltable.db import SHORT_BUDGET
+
+    ct = ControlTable(f"sqlite:///{tmp_path / 'x.db'}")
+    try:
+        starved = str(ct.db.overran(RuntimeError("server closed the connection"), "closed", 0.1, True))
+        assert "did not answer within the call's timeout" in starved and "mostly gone before" in starved
+        assert "longer timeout" in starved
+        silent = str(ct.db.overran(RuntimeError("server closed the connection"), "closed", SHORT_BUDGET * 5, True))
+        assert "is silent" in silent and "mostly gone" not in silent
+    finally:
+        ct.close()

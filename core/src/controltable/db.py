@@ -61,6 +61,9 @@ log = logging.getLogger("controltable")
 log.addHandler(logging.NullHandler())
 
 T = TypeVar("T")
+#: A statement stopped by its caller's deadline with less than this left of it (seconds) may have
+#: been starved by a busy machine rather than met a silent network: its error says both.
+SHORT_BUDGET = 1.0
 
 
 def make_engine(
@@ -563,6 +566,16 @@ class Database:
                 f"cancelled: {short}; look for a long transaction holding locks on the control or event "
                 "tables, or raise the timeout (ControlTable(..., statement_timeout=...) / "
                 "`controltable --statement-timeout`)"
+            )
+        if past_deadline and budget < SHORT_BUDGET:
+            # Little of the call's time was left for this statement: a busy machine or server (or a
+            # slow connect) may have spent the rest, so a silent path is only one of two causes.
+            return DatabaseUnavailableError(
+                f"the database at {url} did not answer within the call's timeout (the {budget:.1f} s left "
+                f"of it for this statement), so the connection was closed: {short}; either the network "
+                "path or a pooler/proxy in between is silent, or the call's time had mostly gone before "
+                "this statement (a busy machine or server, a slow connect). Check the path to the server, "
+                "or give the call a longer timeout; the call can be retried"
             )
         return DatabaseUnavailableError(
             f"the database at {url} did not answer within {limit} ({budget:.1f} s), so the connection was "
