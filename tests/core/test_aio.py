@@ -477,3 +477,20 @@ def test_loop_shared_is_one_twin_per_loop_and_key_closed_when_its_loop_ends(ct: 
     assert bare in aio._PER_LOOP and made[-1].sync.db.engine.pool.checkedin() >= 1
     asyncio.run(use())  # the next call from any loop sweeps it
     assert bare not in aio._PER_LOOP and made[2].sync.db.engine.pool.checkedin() == 0
+
+
+def test_a_failed_withdrawal_is_left_to_expire_not_retried_from_a_thread(tmp_path: Any, caplog: Any) -> None:
+    """The sync API retries a withdrawal the database refused from a background thread; under an async
+    driver that thread's statements failed with MissingGreenlet (seen in a loaded run's log, after a
+    cancelled wait), so the entry is left to expire, and the log says within how long."""
+    import logging
+
+    from controltable.slots.entering import new_request
+
+    act = AsyncControlTable(f"sqlite+aiosqlite:///{tmp_path / 'w.db'}")
+    waiter = act.sync._slots.waiter
+    req = new_request("r", "h", 1, "exclusive", 60, 30, 8, None)
+    with caplog.at_level(logging.INFO, logger="controltable"):
+        waiter._defer_withdrawal(req, "key")
+    assert waiter._withdrawer is None and not waiter._withdrawals  # no thread, nothing pending
+    assert "expires within 38 s" in caplog.text

@@ -232,6 +232,13 @@ class Waiter:
             self._defer_withdrawal(req, key)
 
     def _defer_withdrawal(self, req: Request, key: str) -> None:
+        if getattr(self.entering.db.engine.dialect, "is_async", False):
+            # An async driver's I/O runs on its event loop, never in a thread of ours (the statement
+            # would fail with MissingGreenlet): the entry is left to expire, as documented for the
+            # asyncio API (docs/async.md), and the next grant pass reaps it.
+            log.info("controltable: the queue entry of %r on %s expires within %g s (no background "
+                     "withdrawal under an async driver)", req.holder, sorted(req.parts), req.ttl + req.pickup)
+            return
         # Past the entry's own expiry (plus a pickup window for a grant made meanwhile) it can no
         # longer hold anyone up: the next grant pass reaps it.
         give_up = time.monotonic() + req.ttl + req.pickup
