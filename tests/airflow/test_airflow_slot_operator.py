@@ -401,6 +401,22 @@ def test_killed_while_waiting_on_the_worker_withdraws_from_the_queue(conn_id: st
     assert waiters(ct) == [] and holders(ct) == ["other"]
 
 
+def test_a_kill_before_the_wait_on_the_worker_began_is_not_lost(conn_id: str, ct: Any) -> None:
+    """A loaded CI run: the SIGTERM came after the task had queued but before its wait on the worker
+    began, when nothing was there to stop; the task then waited its 120 s and deferred. ``on_kill``
+    now records the kill, and a wait or work about to start never starts. Here the handler has run
+    before ``execute`` (the widest form of that window): the task queues, stops and withdraws."""
+    from airflow_controltable.kill import ControlTableTaskKilled
+
+    ct.set_capacity("warehouse", 1)
+    ct.acquire("warehouse", holder="other", timeout=0)
+    op = operator(conn_id, lambda lease=None: lease.token, worker_wait=120)
+    op.on_kill()  # nothing stoppable runs yet: before the fix, this did nothing at all
+    with pytest.raises(ControlTableTaskKilled, match="waiting for a slot"):
+        op.execute(ctx())
+    assert waiters(ct) == [] and holders(ct) == ["other"]
+
+
 def test_the_head_resumes_early_when_holds_are_short_and_waits_on_the_worker(conn_id: str, ct: Any) -> None:
     """A deferred request that becomes the head, on a resource whose recent holds were short, fires "near"
     (no grant yet): the task resumes and waits for the grant on its worker. With nothing known of the

@@ -52,7 +52,7 @@ from airflow_controltable.defaults import (
 )
 from airflow_controltable.exceptions import ControlTableAcquireTimeout, ControlTableLeaseLost
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
-from airflow_controltable.kill import WORK_ENDED_KEY, WorkStopper
+from airflow_controltable.kill import WORK_ENDED_KEY, ControlTableTaskKilled, WorkStopper
 from airflow_controltable.operators.base import ControlTableBaseOperator
 from airflow_controltable.resume_race import deferral_facts
 from airflow_controltable.utils import (
@@ -169,6 +169,9 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
         self.control_schema = control_schema
         self.slot_lease = None
         self._stopper: Optional[WorkStopper] = None
+        #: Set by ``on_kill`` even when no stoppable wait or work runs yet: a SIGTERM between entering
+        #: the queue and the start of the wait on the worker (or of the work) must not be lost.
+        self._kill_requested = False
 
     # -- helpers ------------------------------------------------------------------------------------
     def _slot_holder(self, context: Context) -> str:
@@ -231,6 +234,8 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
         )
         try:
             with self._stopper:
+                if self._kill_requested:  # the SIGTERM came before this wait began: it never starts
+                    raise ControlTableTaskKilled(self._stopper.message)
                 lease = wait_for_grant(
                     table, list(table.wakeup_keys(self.resource, holder)), lambda: self._try_slot(context), seconds,
                     poll=min(float(self.poll_interval), 1.0),
@@ -361,6 +366,8 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
             # A lease found lost or expired by the renewer raises LeaseLostInterrupt in the work
             # (disarmed on the way out of the inner block, before the statements are untracked).
             with self._stopper, lease.interrupting(bool(self.interrupt_on_lease_loss)):
+                if self._kill_requested:  # killed before the work began: it never starts
+                    raise ControlTableTaskKilled(self._stopper.message)
                 result = self._slot_work(context)
         except LeaseLostInterrupt as exc:
             self._release(lease, failed=True)
@@ -411,6 +418,7 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
         running is cancelled in the server before the work's stack unwinds (psycopg 3); the lease
         is renewed until then.
         """
+        self._kill_requested = True  # before anything else: a wait or work about to start sees it
         try:
             super().on_kill()  # type: ignore[misc]
         finally:
