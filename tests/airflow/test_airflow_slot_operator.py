@@ -330,6 +330,26 @@ def test_next_in_line_waits_on_the_worker_and_the_release_grants_it_there(conn_i
     assert holders(ct) == [] and waiters(ct) == []
 
 
+def test_a_grant_between_the_first_look_and_the_decision_is_taken_on_the_worker(conn_id: str, ct: Any) -> None:
+    """A loaded CI run: the release came after the task's first look queued it but before it decided how
+    long to wait on its worker; the decision read no waiting place and deferred, handing a grant already
+    made to the triggerer. The release is put in that window here: the grant is taken on the worker."""
+    ct.set_capacity("warehouse", 1)
+    other = ct.acquire("warehouse", holder="other", timeout=30)  # 30 s: a hang detector
+    op = operator(conn_id, lambda lease=None: lease.token, worker_wait=120)
+    decide = op._worker_wait_budget
+
+    def release_then_decide(context: Any) -> float:
+        assert waiters(ct) == [HOLDER]  # queued by the first look
+        other.release()  # the grant is made on the queued task's behalf
+        return decide(context)
+
+    op._worker_wait_budget = release_then_decide
+    assert op.execute(ctx()) == 2  # no TaskDeferred
+    assert op.slot_granted_by == "worker" and not op.slot_resumed
+    assert holders(ct) == [] and waiters(ct) == []
+
+
 def test_a_wait_that_runs_out_on_the_worker_defers_keeping_the_queue_place(conn_id: str, ct: Any) -> None:
     """Not granted within worker_wait: the task defers with its place (still the head), and the trigger
     gets the grant."""

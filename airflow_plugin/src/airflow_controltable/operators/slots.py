@@ -208,6 +208,12 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
         except (ControlTableError, ValueError) as exc:  # cannot tell: defer, as without the option
             self.log.info("controltable: cannot tell how soon %r comes (%s); deferring", self.resource, exc)  # type: ignore[attr-defined]
             return 0.0
+        if position is None:
+            # Not waiting any more: a release since the first look granted it (to be picked up), so
+            # deferring would only hand that grant to the triggerer. Picked up at once on the worker.
+            self.log.info("controltable: %r was granted since the first look; taking it on the worker",  # type: ignore[attr-defined]
+                          self.resource)
+            return float(self.worker_wait)
         budget = worker_wait_budget(position=position, capacity=status.capacity, slots=self.slots,
                                     exclusive=self.slot_mode == "exclusive", worker_wait=float(self.worker_wait),
                                     hold=hold)
