@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from types import TracebackType
-from typing import Optional
+from typing import Callable, Optional
 
 from airflow.sdk.exceptions import AirflowTaskTerminated
 
@@ -52,9 +52,12 @@ class WorkStopper:
     block for a caller whose start and end are separate callbacks (the listener's hooks).
     """
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, killed: Optional[Callable[[], bool]] = None) -> None:
         #: The ``ControlTableTaskKilled`` message: what was stopped, and when the slot is released.
         self.message = message
+        #: Whether a kill came before the block began (``on_kill`` records it): then the block never
+        #: starts, since nothing was there to stop when the signal arrived.
+        self._killed = killed
         #: True from :meth:`start` until the work finished or was stopped.
         self.working = False
         self._thread: Optional[threading.Thread] = None
@@ -88,6 +91,9 @@ class WorkStopper:
 
     def __enter__(self) -> WorkStopper:
         self.start()
+        if self._killed is not None and self._killed():
+            self.finish()
+            raise ControlTableTaskKilled(self.message)
         return self
 
     def __exit__(

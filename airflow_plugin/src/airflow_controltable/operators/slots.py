@@ -52,7 +52,7 @@ from airflow_controltable.defaults import (
 )
 from airflow_controltable.exceptions import ControlTableAcquireTimeout, ControlTableLeaseLost
 from airflow_controltable.hooks.controltable import DEFAULT_CONN_ID, UsesControlTable
-from airflow_controltable.kill import WORK_ENDED_KEY, ControlTableTaskKilled, WorkStopper
+from airflow_controltable.kill import WORK_ENDED_KEY, WorkStopper
 from airflow_controltable.operators.base import ControlTableBaseOperator
 from airflow_controltable.resume_race import deferral_facts
 from airflow_controltable.utils import (
@@ -236,12 +236,10 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
         started = time.monotonic()
         self._stopper = WorkStopper(
             f"the task is being killed: stopped waiting for a slot of {self.resource!r} on the worker "
-            "and withdrew from its queue"
+            "and withdrew from its queue", killed=lambda: self._kill_requested,
         )
         try:
             with self._stopper:
-                if self._kill_requested:  # the SIGTERM came before this wait began: it never starts
-                    raise ControlTableTaskKilled(self._stopper.message)
                 lease = wait_for_grant(
                     table, list(table.wakeup_keys(self.resource, holder)), lambda: self._try_slot(context), seconds,
                     poll=min(float(self.poll_interval), 1.0),
@@ -366,14 +364,12 @@ class HoldSlotMixin(UsesControlTable, BaseOperator):
         self.slot_lease = lease
         self._stopper = WorkStopper(
             f"the task is being killed: stopped the work under the slot of {self.resource!r}; "
-            "the slot is released now that the work has stopped"
+            "the slot is released now that the work has stopped", killed=lambda: self._kill_requested,
         )
         try:
             # A lease found lost or expired by the renewer raises LeaseLostInterrupt in the work
             # (disarmed on the way out of the inner block, before the statements are untracked).
             with self._stopper, lease.interrupting(bool(self.interrupt_on_lease_loss)):
-                if self._kill_requested:  # killed before the work began: it never starts
-                    raise ControlTableTaskKilled(self._stopper.message)
                 result = self._slot_work(context)
         except LeaseLostInterrupt as exc:
             self._release(lease, failed=True)
