@@ -171,9 +171,10 @@ def _run_page(page: Path, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if prefect_page:
         pytest.importorskip("prefect_controltable")
         from prefect.testing.utilities import prefect_test_harness
+        from support.live import PREFECT_SERVER_START_HANG
     namespace = _namespace(url, with_events=not _MAKES_EVENTS.search(code))
     try:
-        with prefect_test_harness(server_startup_timeout=120) if prefect_page else nullcontext():
+        with prefect_test_harness(server_startup_timeout=PREFECT_SERVER_START_HANG) if prefect_page else nullcontext():
             for snippet in runnable:
                 if re.search(r"^\s*(from|import) dagster", snippet.code, re.M):
                     pytest.importorskip("dagster_controltable")

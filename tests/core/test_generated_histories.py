@@ -15,8 +15,8 @@ Time is the database clock's: an abandoned client's short leases and waiter entr
 on ``ControlTable.now()``, never on a sleep of this machine. Live clients use leases far longer
 than an example, so nothing expires that the model does not know of.
 
-Budget: ``CONTROLTABLE_HISTORY_EXAMPLES`` examples per backend (default 12, the CI run), or
-``CONTROLTABLE_HISTORY_MINUTES`` of examples per backend and machine (the longer run; see
+Budget: ``CONTROLTABLE_HISTORY_EXAMPLES`` examples per backend (default 10, the full suite; the quick
+loop runs 4), or ``CONTROLTABLE_HISTORY_MINUTES`` of examples per backend and machine (the longer run; see
 CONTRIBUTING.md). Each test prints how many examples it tried.
 """
 

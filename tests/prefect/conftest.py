@@ -21,8 +21,9 @@ from prefect_controltable import ControlTableBlock  # noqa: E402
 def prefect_server() -> Iterator[None]:
     """One temporary Prefect server (its own SQLite database) for the in-process tests."""
     from prefect.testing.utilities import prefect_test_harness
+    from support.live import PREFECT_SERVER_START_HANG
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_test_harness(server_startup_timeout=PREFECT_SERVER_START_HANG):
         yield
 
 
