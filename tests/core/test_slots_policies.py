@@ -6,7 +6,9 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import create_engine, select
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.engine import Connection
+from support.live import wait_until
 
 from controltable import AcquireTimeout, ConfigurationError, ControlTable, GrantRecord, LeaseLost, Rate, ResourceStats
 from controltable.checks import Grant, aging_violations, priority_violations, rate_violations
@@ -197,6 +199,21 @@ def test_every_attempt_keeps_its_history_row(ct: ControlTable) -> None:
     assert old.ended_at <= new.granted_at and new.wait_seconds == 0.0, "the new attempt was granted at once"
 
 
+def blocked_behind(probe: Connection, holder: Connection, namespace: str) -> bool:
+    """Whether a session of this test's namespace waits on a lock the ``holder`` connection holds."""
+    if probe.dialect.name == "mysql":
+        # PyMySQL sends its parameters inlined, so the waiting statement's text names the namespace.
+        found = probe.scalar(text("SELECT count(*) FROM information_schema.innodb_trx "
+                                  "WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE :pattern"),
+                             {"pattern": f"%{namespace}%"})
+    else:
+        pid = holder.scalar(text("SELECT pg_backend_pid()"))
+        found = probe.scalar(text("SELECT count(*) FROM pg_stat_activity "
+                                  "WHERE wait_event_type = 'Lock' AND :pid = ANY(pg_blocking_pids(pid))"), {"pid": pid})
+    probe.rollback()  # a fresh snapshot of the server's tables at each look
+    return bool(found)
+
+
 def test_policy_checks_detect_violations() -> None:
     # A low-priority grant while a higher one waited.
     g = [Grant("r", "low", 0, 0.0, 5.0), Grant("r", "high", 5, 1.0, 6.0)]
@@ -222,12 +239,15 @@ def test_a_request_that_waited_for_the_resource_lock_is_stamped_after_the_lock(c
     r = ct.tables.resource
     engine = create_engine(backend_url)
     try:
-        with engine.connect() as conn:
+        with engine.connect() as conn, engine.connect() as probe:
             tx = conn.begin()
             conn.execute(select(r.c.name).where(r.c.namespace == ct.namespace, r.c.name == "r").with_for_update())
             waiter = threading.Thread(target=lambda: ct.try_acquire("r", holder="second"))
             waiter.start()
-            time.sleep(0.6)  # the waiter's transaction is now blocked on the row lock held here
+            # Released only once the server shows the waiter blocked on the row lock held here (else
+            # it could start its statement after the release, and the test would prove nothing).
+            wait_until(lambda: blocked_behind(probe, conn, ct.namespace), 60,
+                       "the waiter's transaction to block on the resource row's lock")
             assert waiter.is_alive()
             released = read_now(conn)
             tx.commit()
