@@ -183,6 +183,15 @@ def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _note_test("")
     throwaway.close()
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:  # a pytest-xdist worker (`make check`): its counts go to the summary the controller prints
+        out["backends_seen"] = backends_seen.export()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist's controller: add a finished worker's backend counts to this run's summary."""
+    backends_seen.merge(getattr(node, "workeroutput", {}).get("backends_seen", {}))
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -859,3 +859,27 @@ def test_a_statement_starved_of_its_callers_time_is_not_blamed_on_the_network_al
         assert "is silent" in silent and "mostly gone" not in silent
     finally:
         ct.close()
+
+
+@pytest.mark.backends("postgres", "mysql")
+def test_a_full_connection_pool_is_a_controltable_error_naming_the_fix(backend_url: str, namespace: str,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """SQLAlchemy's pool timeout (every pooled connection in use past ``pool_timeout``) leaves as a
+    controltable error saying how to fix it, not as ``sqlalchemy.exc.TimeoutError``; and it is not
+    retried (a second wait would meet the same full pool). A server's engine passed in is used as
+    it is, pool included (SQLite's is rebuilt), so the fix the message names is one that works."""
+    engine = create_engine(backend_url, pool_size=1, max_overflow=0, pool_timeout=0.2)
+    ct = ControlTable(engine, namespace=namespace)
+    ct.install()
+    held = engine.connect()
+    try:
+        with pytest.raises(DatabaseBusyError) as caught:
+            ct.status()
+    finally:
+        held.close()
+        ct.close()
+        engine.dispose()
+    message = str(caught.value)
+    assert "every pooled connection of this process" in message and "pool_size=" in message
+    assert isinstance(caught.value.__cause__, sa_exc.TimeoutError)
+    assert not [r for r in caplog.records if "retrying" in r.getMessage()], "the pool wait was retried"

@@ -29,5 +29,16 @@ def summary(backends: tuple[str, ...]) -> str:
     return ", ".join(parts) or "none"
 
 
+def export() -> dict[str, dict[str, int]]:
+    """The counts as plain data, for a pytest-xdist worker to send to the controller."""
+    return {"tests": dict(TESTS), "deployments": dict(DEPLOYMENTS), "throwaway": dict(THROWAWAY)}
+
+
+def merge(counts: dict[str, dict[str, int]]) -> None:
+    """Add a worker's :func:`export` to this process's counts (the controller prints the summary)."""
+    for counter, key in ((TESTS, "tests"), (DEPLOYMENTS, "deployments"), (THROWAWAY, "throwaway")):
+        counter.update(counts.get(key, {}))
+
+
 def used(name: str) -> bool:
     return bool(TESTS[name] or DEPLOYMENTS[name] or THROWAWAY[name])

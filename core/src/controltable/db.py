@@ -28,6 +28,7 @@ from sqlalchemy.exc import (
     ResourceClosedError,
     StatementError,
 )
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from . import connect, defaults, dialects, errorcodes
 from .clock import read_now
@@ -418,7 +419,7 @@ class Database:
         """Whether ``exc`` came from the driver (wrapped by SQLAlchemy or raw, e.g. from a pool hook)."""
         if isinstance(exc, ControlTableError):
             return False
-        if isinstance(exc, StatementError):  # DBAPIError and the errors SQLAlchemy met binding values
+        if isinstance(exc, (StatementError, PoolTimeout)):  # DBAPIError, binding values, a full pool
             return True
         if self._driver_error is not None and isinstance(exc, self._driver_error):
             return True
@@ -605,6 +606,13 @@ class Database:
         :func:`errorcodes.classify`)."""
         if isinstance(exc, ControlTableError):
             return exc
+        if isinstance(exc, PoolTimeout):  # not retried: another wait for the same full pool
+            return DatabaseBusyError(
+                f"every pooled connection of this process to {self.safe_url} stayed in use: {self.short(exc)}. "
+                "More threads or tasks call this ControlTable at once than its pool holds (a call holds a "
+                "connection only while its statements run); call it from fewer at once, give each group of "
+                "threads a ControlTable of its own, or pass an engine with a larger pool "
+                "(ControlTable(create_engine(url, pool_size=..., max_overflow=...)))")
         kind = errorcodes.classify(exc, self.engine.dialect.name, connecting=connecting)
         if kind is Kind.OTHER and getattr(exc, "connection_invalidated", False):
             kind = Kind.UNAVAILABLE

@@ -87,7 +87,8 @@ class StatementTimeoutError(DatabaseUnavailableError):
 
 
 class DatabaseBusyError(DatabaseUnavailableError):
-    """Deadlocks or lock timeouts kept rolling the transaction back, through every safe retry."""
+    """Deadlocks or lock timeouts kept rolling the transaction back, through every safe retry, or every
+    connection of this process's pool stayed in use while a call waited for one."""
 
 
 class PermissionDeniedError(ControlTableError):
@@ -240,7 +241,8 @@ ERROR_TABLE: tuple[tuple[type[BaseException], Optional[Callable[[BaseException],
         "`statement_timeout`")),
     (DatabaseBusyError, None, ErrorOutcome(
         "control-table database busy", "unavailable", True, EXIT_DATABASE,
-        "the database kept rolling back on locks; the work may be retried")),
+        "the database kept rolling back on locks, or this process's connection pool stayed full; the work "
+        "may be retried")),
     (DatabaseUnavailableError, None, ErrorOutcome(
         "control-table database unreachable", "unavailable", True, EXIT_DATABASE,
         "check the URL (e.g. the CONTROLTABLE_URL variable) and that the database server is running and "
