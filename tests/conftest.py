@@ -12,7 +12,11 @@ installed ControlTable in a namespace of its own). A summary line says which bac
 
 from __future__ import annotations
 
+import ast
+import gc
 import os
+import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
@@ -45,6 +49,39 @@ def _check_reachable(backend: str, url: str) -> str | None:
         return None
     except Exception as exc:  # pragma: no cover - reported below
         return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+
+
+def _serialise_ast_parse() -> None:
+    """Make :func:`ast.parse` one call at a time, with the garbage collector paused (CPython < 3.13).
+
+    CPython's AST constructor keeps its recursion counter in interpreter-wide state (python/cpython
+    gh-106905): a second ``ast.parse`` that starts while one runs (another thread's traceback, whose
+    carets Python 3.11 finds with ``ast.parse``, or a ``__del__`` the garbage collector runs in the
+    middle of a parse) makes the first fail with "SystemError: AST constructor recursion depth
+    mismatch". pytest parses to format a failing test's traceback, so the crash replaced a failure's
+    report with an INTERNALERROR and hid which test failed (a loaded CI run's SQLAlchemy 1.4 lane).
+    The imports below removed two such parses; this removes the race itself, for the test processes.
+    """
+    if sys.version_info >= (3, 13) or getattr(ast.parse, "_controltable_serialised", False):
+        return
+    lock = threading.RLock()
+    parse = ast.parse
+
+    def serialised(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            collecting = gc.isenabled()
+            gc.disable()
+            try:
+                return parse(*args, **kwargs)
+            finally:
+                if collecting:
+                    gc.enable()
+
+    serialised._controltable_serialised = True  # type: ignore[attr-defined]
+    ast.parse = serialised  # type: ignore[assignment]
+
+
+_serialise_ast_parse()
 
 
 def _import_lazy_plugins_now() -> None:
