@@ -5,9 +5,11 @@ golden files name every statement by its builder, with the builder's own notes o
 from __future__ import annotations
 
 import re
+import time
 import types
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy
@@ -172,3 +174,21 @@ def test_notes_name_a_backend_in_one_line() -> None:
         sql_notes(sqlserver="hints")
     with pytest.raises(ConfigurationError, match="one line"):
         sql_notes(mssql="two\nlines")
+
+
+@PRINTED_BY_SA2
+def test_the_script_does_not_depend_on_the_machines_speed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scripted session runs real calls on the database clock: on a slow machine nothing may run out
+    that runs out nowhere else (a loaded CI run printed other statements when its 1 s leases lapsed
+    between two steps). Every ``try_acquire`` of the session is made 1.1 s late here."""
+    from controltable.control import ControlTable
+
+    try_acquire = ControlTable.try_acquire
+
+    def late(self: ControlTable, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(1.1)
+        return try_acquire(self, *args, **kwargs)
+
+    monkeypatch.setattr(ControlTable, "try_acquire", late)
+    golden = (GOLDEN / "sqlite.sql").read_text(encoding="utf-8")
+    assert not changed_statements(golden, render("sqlite"))
