@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from support.live import PREFECT_HARNESS_TEST_TIMEOUT
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted([ROOT / "README.md", ROOT / "core" / "README.md", ROOT / "airflow_plugin" / "README.md",
@@ -150,7 +151,18 @@ def _ids(page: Path) -> str:
     return str(page.relative_to(ROOT))
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if any(s.no_run is None for s in snippets(p))], ids=_ids)
+_PREFECT_IMPORT = re.compile(r"^\s*(from|import) prefect", re.M)
+
+
+def _page_param(page: Path) -> Any:
+    """A page whose snippets run a temporary Prefect server counts its start-up in the test's own time."""
+    if any(_PREFECT_IMPORT.search(s.code) for s in snippets(page) if s.no_run is None):
+        return pytest.param(page, marks=pytest.mark.timeout(PREFECT_HARNESS_TEST_TIMEOUT))
+    return page
+
+
+@pytest.mark.parametrize("page", [_page_param(p) for p in PAGES if any(s.no_run is None for s in snippets(p))],
+                         ids=_ids)
 def test_every_python_snippet_of_the_page_runs(page: Path, backend: str, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     if backend not in offered(page):
@@ -167,7 +179,7 @@ def _run_page(page: Path, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     runnable = [s for s in snippets(page) if s.no_run is None]
     monkeypatch.setenv("CONTROLTABLE_URL", url)  # for EnvVar("CONTROLTABLE_URL")
     code = "".join(s.code for s in runnable)
-    prefect_page = re.search(r"^\s*(from|import) prefect", code, re.M) is not None
+    prefect_page = _PREFECT_IMPORT.search(code) is not None
     if prefect_page:
         pytest.importorskip("prefect_controltable")
         from prefect.testing.utilities import prefect_test_harness

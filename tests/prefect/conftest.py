@@ -17,6 +17,16 @@ pytest.importorskip("prefect_controltable")
 from prefect_controltable import ControlTableBlock  # noqa: E402
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The test that starts the shared Prefect server counts its start-up in its own time: every test
+    that may be the first gets a pytest-timeout above the start-up's hang detector."""
+    from support.live import PREFECT_HARNESS_TEST_TIMEOUT
+
+    for item in items:
+        if "prefect_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.timeout(PREFECT_HARNESS_TEST_TIMEOUT))
+
+
 @pytest.fixture(scope="session")
 def prefect_server() -> Iterator[None]:
     """One temporary Prefect server (its own SQLite database) for the in-process tests."""

@@ -33,8 +33,10 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
 
 #: How long a temporary Prefect server (``prefect_test_harness``) may take to answer: a hang detector.
 #: It starts in a few seconds on a quiet machine; a loaded CI run (two CPU hogs beside five lanes)
-#: took over 120 s, and the harness counts only its own 0.1 s sleeps toward the limit.
+#: took over 120 s, and the harness counts only its own 0.1 s sleeps toward the limit, so it waits
+#: longer than this. A test that starts it gets pytest-timeout's PREFECT_HARNESS_TEST_TIMEOUT.
 PREFECT_SERVER_START_HANG = 600
+PREFECT_HARNESS_TEST_TIMEOUT = PREFECT_SERVER_START_HANG + 600
 
 
 def wait_for_file(path: Any, timeout: float, what: str, parse: Callable[[str], Any] = str,

@@ -607,12 +607,15 @@ class Database:
         if isinstance(exc, ControlTableError):
             return exc
         if isinstance(exc, PoolTimeout):  # not retried: another wait for the same full pool
+            # A server's engine passed in is used with its own pool; SQLite's is rebuilt (see make_engine).
+            larger = "" if self.engine_traits.file_database else (
+                ", or pass an engine with a larger pool (ControlTable(create_engine(url, pool_size=..., "
+                "max_overflow=...)))")
             return DatabaseBusyError(
                 f"every pooled connection of this process to {self.safe_url} stayed in use: {self.short(exc)}. "
                 "More threads or tasks call this ControlTable at once than its pool holds (a call holds a "
-                "connection only while its statements run); call it from fewer at once, give each group of "
-                "threads a ControlTable of its own, or pass an engine with a larger pool "
-                "(ControlTable(create_engine(url, pool_size=..., max_overflow=...)))")
+                "connection only while its statements run); call it from fewer at once, or give each group "
+                f"of threads a ControlTable of its own{larger}")
         kind = errorcodes.classify(exc, self.engine.dialect.name, connecting=connecting)
         if kind is Kind.OTHER and getattr(exc, "connection_invalidated", False):
             kind = Kind.UNAVAILABLE

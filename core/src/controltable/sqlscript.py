@@ -260,7 +260,7 @@ def named_statements(
         section("acquire: lock the resource rows, enqueue under the next ticket, grant pass over holders and head",
                 acquire)
         section("try_acquire while held: read its own entry without locks, then enqueue as a waiter (ticketed FIFO)",
-                lambda: ct.try_acquire("warehouse", holder="b", lease=60))
+                lambda: ct.try_acquire("warehouse", holder="b", lease=60, pickup=60))
         section("renew a lease: extend on the database clock while granted and unexpired (fenced by key and attempt)",
                 lambda: holder["a"].renew())
         section("release a lease: lock the resource row, delete the entry, grant pass for the next in line",
@@ -278,7 +278,8 @@ def named_statements(
 
             The script must not depend on how fast the machine runs the session: with short leases
             and sleeps, a loaded run saw an entry run out before the next step and printed other
-            statements. Nothing else runs out here: every other length is a minute or more."""
+            statements. Nothing else runs out here: every lease, waiter entry and pickup of the session
+            is a minute or more (b's pickup after a's release, r3's place in the rate-limited queue)."""
             r = ct.tables.request
             event.remove(ct.db.engine, "before_execute", capture)
             try:
@@ -306,8 +307,8 @@ def named_statements(
         def rate_limited() -> None:
             ct.acquire("api", holder="r1", priority=1).release()
             ct.acquire("api", holder="r2").release()
-            ct.try_acquire("api", holder="r3", priority=2)  # queued: the budget is spent
-            ct.try_acquire("api", holder="r3", priority=2)  # the head's look times the window
+            ct.try_acquire("api", holder="r3", priority=2, waiter_ttl=600)  # queued: the budget is spent
+            ct.try_acquire("api", holder="r3", priority=2, waiter_ttl=600)  # the head's look times the window
 
         section("rate-limited grants: the window's budget from the grant history; the head times the "
                 "next opening", rate_limited)
