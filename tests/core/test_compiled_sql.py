@@ -180,15 +180,22 @@ def test_notes_name_a_backend_in_one_line() -> None:
 def test_the_script_does_not_depend_on_the_machines_speed(monkeypatch: pytest.MonkeyPatch) -> None:
     """The scripted session runs real calls on the database clock: on a slow machine nothing may run out
     that runs out nowhere else (a loaded CI run printed other statements when its 1 s leases lapsed
-    between two steps). Every ``try_acquire`` of the session is made 1.1 s late here."""
+    between two steps). Every ``try_acquire`` of the session is made 1.1 s late here, and every
+    ``reap`` a default pickup window late (a grant waiting for its pickup must not lapse either)."""
     from controltable.control import ControlTable
+    from controltable.defaults import DEFAULT_PICKUP
 
-    try_acquire = ControlTable.try_acquire
+    try_acquire, reap = ControlTable.try_acquire, ControlTable.reap
 
     def late(self: ControlTable, *args: Any, **kwargs: Any) -> Any:
         time.sleep(1.1)
         return try_acquire(self, *args, **kwargs)
 
+    def late_reap(self: ControlTable) -> int:
+        time.sleep(DEFAULT_PICKUP + 0.5)
+        return reap(self)
+
     monkeypatch.setattr(ControlTable, "try_acquire", late)
+    monkeypatch.setattr(ControlTable, "reap", late_reap)
     golden = (GOLDEN / "sqlite.sql").read_text(encoding="utf-8")
     assert not changed_statements(golden, render("sqlite"))
