@@ -111,14 +111,23 @@ def test_a_block_that_fell_back_to_the_async_exception_still_leaves_the_signal_l
     signum = interrupts.interrupt_signal()
     before = signal.getsignal(signum)
     item = Held()
-    done = threading.Event()
+    # An asynchronous exception lands in whatever bytecode the main thread runs next: sent while the
+    # main thread was still inside ``Thread.start()`` it surfaced as that method's KeyError (CI, stop
+    # 39). So the sender waits until the main thread has set this plain flag (no lock, no call into
+    # threading) and from then on runs only the polling loop below.
+    polling: list[bool] = []
+
+    def send() -> None:
+        wait_until(lambda: polling, HANG, "the main thread to start polling (a hang)", interval=0.005)
+        interrupts.interrupt(block)
+
     with pytest.raises(LeaseLostInterrupt) as info, item.interrupting(True):
         block = item._arming
         assert block is not None and block.by_signal
         signal.signal(signum, lambda number, frame: None)  # the work takes the signal for itself
         item.lost = LeaseLost("test: taken over")
-        threading.Thread(target=lambda: (interrupts.interrupt(block), done.set()), daemon=True).start()
-        wait_until(done.is_set, HANG, "the interrupt to be sent (a hang)")
+        threading.Thread(target=send, daemon=True).start()
+        polling.append(True)
         wait_until(lambda: False, HANG, "the asynchronous exception (a hang)", interval=0.01)
     assert isinstance(info.value.__context__, LeaseLostInterrupt), "the asynchronous exception never came"
     assert not block.by_signal, "the interrupt did not take the fallback path"
