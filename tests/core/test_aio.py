@@ -73,6 +73,21 @@ def test_a_backend_without_an_async_driver_runs_in_threads() -> None:
     assert str(_target("sqlite:///x.db")).startswith("sqlite+aiosqlite:")
 
 
+@pytest.mark.backends("postgres", "mysql")
+def test_an_event_loops_tasks_wait_longer_for_the_shared_pool_than_threads(ct: Any) -> None:
+    """A loaded CI run's 1,000 tasks entering one queue at once waited over SQLAlchemy's 30 s for the
+    loop's 15 pooled connections and failed with DatabaseBusyError: an asyncio engine's pool waits
+    ASYNC_POOL_TIMEOUT (its FIFO is the tasks' turn), a thread's the sync bound."""
+    from controltable import defaults
+
+    act = AsyncControlTable.from_control_table(ct)
+    try:
+        assert act.sync.db.engine.pool.timeout() == defaults.ASYNC_POOL_TIMEOUT
+        assert ct.db.engine.pool.timeout() == defaults.POOL_TIMEOUT < defaults.ASYNC_POOL_TIMEOUT
+    finally:
+        asyncio.run(act.close())
+
+
 def test_fifo_behind_a_sync_holder_in_another_process(ct: Any, namespace: str) -> None:
     """Async waiters queued one after another are granted in that order once the holder in
     another process (the sync API) lets go."""

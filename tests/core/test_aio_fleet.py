@@ -88,6 +88,9 @@ def test_a_thousand_waiters_in_one_loop_are_served_fifo(ct: Any) -> None:
     assert tickets == sorted(tickets), "grants did not follow queue order"
     assert peak <= POOL_LIMIT, f"{peak} connections checked out at once, more than the pool's {POOL_LIMIT}"
     if on_server:
-        # The pool and the push listener (and, at start, its self-probe's sender; an overflow
-        # connection being closed is still counted for a moment): the budget for one test is 40.
-        assert 0 < server_peak < 40, f"{server_peak} connections on the server at once, 1,000 tasks waiting"
+        # The server's own count, against a connection per task (1,000): the pool and the push
+        # listener (and, at start, its self-probe's sender), plus overflow connections the pool has
+        # closed whose backends have not exited yet (on a loaded machine, for a while; this is a
+        # throwaway server). The pool's exact bound is the client-side peak above.
+        print(f"\n{waiters} tasks: {peak} pooled connections in use at most, {server_peak} on the server at once")
+        assert 0 < server_peak < 100, f"{server_peak} connections on the server at once, 1,000 tasks waiting"

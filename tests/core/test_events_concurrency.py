@@ -107,7 +107,10 @@ def test_killed_workers_rows_are_reclaimed_after_lease(ct: Any, backend_url: str
     workers_mod.wait_for_files(ready.values(), 120, procs)
     hung = {name: json.loads(path.read_text()) for name, path in ready.items()}
     hung_keys = {k for h in hung.values() for k in h["keys"]}
-    assert len(hung_keys) == 100, hung
+    # Each claimed a full batch. They may hold the same rows: a worker that took more than the 2 s lease
+    # to start (a loaded CI run) finds the first one's batch run out and takes it over, as it should.
+    # Every check below holds either way (each row ends done by a survivor, after each claim ran out).
+    assert [len(h["keys"]) for h in hung.values()] == [50, 50], hung
 
     # A draining worker (3 s lease, 4 s of "work" per batch) that is SIGKILLed in the middle of
     # its batch once the survivors are draining.

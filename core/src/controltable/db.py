@@ -117,11 +117,16 @@ def _new_engine(url: Any, **kw: Any) -> Engine:
     """``create_engine``, or for an asyncio driver's URL (``sqlite+aiosqlite``, ``mysql+aiomysql``,
     ``postgresql+psycopg_async``) the sync face of an async engine: the same statements then run in
     greenlets whose I/O awaits the event loop (:mod:`controltable.aio`)."""
-    if getattr(make_url(url).get_dialect(), "is_async", False):
+    if _is_async_url(url):
         from sqlalchemy.ext.asyncio import create_async_engine
 
         return create_async_engine(url, **kw).sync_engine
     return create_engine(url, **kw)
+
+
+def _is_async_url(url: Any) -> bool:
+    """Whether ``url`` names an asyncio driver (its engine is used from greenlets, :mod:`controltable.aio`)."""
+    return bool(getattr(make_url(url).get_dialect(), "is_async", False))
 
 
 def _server_engine(
@@ -132,6 +137,8 @@ def _server_engine(
         args = connect.connect_args(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
         engine = _new_engine(
             url, pool_size=5, max_overflow=10, pool_recycle=1800,
+            # One event loop's tasks share an asyncio engine's pool: their bursts wait longer for it.
+            pool_timeout=defaults.ASYNC_POOL_TIMEOUT if _is_async_url(url) else defaults.POOL_TIMEOUT,
             # Set once per new connection by the dialect, not on every checkout.
             isolation_level=connect.READ_COMMITTED, connect_args=args,
             **dialects.typed_binds(url.get_backend_name(), url.get_driver_name()),

@@ -116,6 +116,14 @@ CONNECT_TIMEOUT = 10.0
 #: server's own setting. Raise it for ``EventTable.prepare()`` on a very large table, whose
 #: index build is one statement.
 STATEMENT_TIMEOUT = 120.0
+#: Seconds a call waits for a pooled connection while all 15 (5 + 10 at peaks) are in use, past which
+#: it raises ``DatabaseBusyError``. A ``ControlTable``'s pool is shared by its threads: SQLAlchemy's 30 s.
+POOL_TIMEOUT = 30.0
+#: The same for an ``AsyncControlTable``, whose pool every task of its event loop shares (a thousand
+#: waiting tasks are its use): a burst of tasks that each need a statement at once (all entering the
+#: queue, say) waits its turn in the pool's FIFO, about (tasks / 15) statement times, which took over
+#: 30 s for 1,000 tasks on a loaded machine (CI). Ten times the threads' bound, still a bound.
+ASYNC_POOL_TIMEOUT = 300.0
 #: TCP keepalives on server connections: first probe after this many idle seconds...
 KEEPALIVE_IDLE = 10
 #: ...then one probe every this many seconds...

@@ -98,6 +98,9 @@ def slot_dag(dag_id: str, **options: Any) -> DAG:
 default_slot_dag = slot_dag("ct_live_slot")
 #: Every wait deferred (``worker_wait=0``): the triggerer's path, for the tests of deferral and resume.
 deferred_slot_dag = slot_dag("ct_live_slot_deferred", worker_wait=0)
+#: A wait on the worker bounded only by a hang detector (``worker_wait=900``): the worker's path, its
+#: decision the default's (the next two in line wait there), whatever the scheduler's pace.
+worker_slot_dag = slot_dag("ct_live_slot_worker", worker_wait=900)
 
 
 #: The writes of the SQL-statement loads: one row per statement that ran to its end (server clock).
