@@ -31,6 +31,22 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
         time.sleep(interval)
 
 
+def parent_of(pid: int) -> Optional[int]:
+    """The parent process id of ``pid``, None once it has exited.
+
+    How a test knows an orphan has been re-parented: its renewer checks ``getppid()`` before each
+    renewal, so from then on no renewal starts (one sent before may still commit).
+    """
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("PPid:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
 #: How long a temporary Prefect server (``prefect_test_harness``) may take to answer: a hang detector.
 #: It starts in a few seconds on a quiet machine; a loaded CI run (two CPU hogs beside five lanes)
 #: took over 120 s, and the harness counts only its own 0.1 s sleeps toward the limit, so it waits
