@@ -12,6 +12,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Optional
 
 from dagster import (
     Config,
@@ -47,6 +48,7 @@ class HoldConfig(Config):
     lease: float = 30.0
     retry_interval: float = 5.0
     max_retries: int = 200
+    waiter_ttl: Optional[float] = None
 
 
 def _write(name: str, record: dict) -> None:
@@ -59,7 +61,7 @@ def _write(name: str, record: dict) -> None:
 def hold(context: OpExecutionContext, config: HoldConfig, controltable: ControlTableResource) -> None:
     """Hold one slot of ``config.resource`` for ``config.hold`` seconds and record the interval."""
     key = f"{context.run_id}_{context.op.name}"
-    with controltable.slot(config.resource, lease=config.lease, wait=config.wait,
+    with controltable.slot(config.resource, lease=config.lease, wait=config.wait, waiter_ttl=config.waiter_ttl,
                            retry_interval=config.retry_interval, max_retries=config.max_retries) as lease:
         start = time.time()
         info = {"run_id": context.run_id, "holder": lease.holder, "resource": config.resource,
