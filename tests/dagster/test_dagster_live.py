@@ -147,7 +147,8 @@ def _alive(pid: int) -> bool:
 
 
 def _hold(resource: str, hold: float, **extra: Any) -> dict[str, Any]:
-    return {"resource": resource, "hold": hold, **extra}
+    """The hold op's config; an option given as None is left to the op's default."""
+    return {"resource": resource, "hold": hold, **{k: v for k, v in extra.items() if v is not None}}
 
 
 SENSOR_TICKS = """query { sensorsOrError(repositorySelector: {repositoryLocationName: "live",
@@ -197,8 +198,9 @@ def test_terminate_a_waiting_and_a_holding_run(live: dict[str, Any], wait: str) 
     dep: Deployment = live["one"]
     resource = f"term_{wait}"
     ct.set_capacity(resource, 1)
+    # (between retries a place lives its retry interval and a margin: waiter_ttl must exceed the interval)
     config = _hold(resource, 300.0, wait=wait, retry_interval=TERMINATED_EXPIRY, lease=TERMINATED_EXPIRY,
-                   waiter_ttl=TERMINATED_EXPIRY)
+                   waiter_ttl=TERMINATED_EXPIRY if wait == "block" else None)
     holder_run = dep.submit("hold_job", config)
     wait_until(lambda: _holding(live, holder_run), 120, "the first run to hold the slot")
     waiter_run = dep.submit("hold_job", config)
@@ -240,7 +242,7 @@ def test_retry_waiter_of_the_multiprocess_executor_leaves_the_queue_when_the_run
     resource = "term_mp"
     ct.set_capacity(resource, 1)
     ct.acquire(resource, holder="shell:blocker", lease=300)
-    config = _hold(resource, 1.0, wait="retry", retry_interval=TERMINATED_EXPIRY, waiter_ttl=TERMINATED_EXPIRY)
+    config = _hold(resource, 1.0, wait="retry", retry_interval=TERMINATED_EXPIRY)  # its place: the interval + a margin
     run = dep.submit("hold_job_mp", config)
     wait_until(lambda: "STEP_UP_FOR_RETRY" in dep.run_logs([run]), 120, "the step's retry")
     (holder,) = [w for w in _entries(ct, resource)[1] if w.startswith(f"dagster:{run}:")]
