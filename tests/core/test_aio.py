@@ -88,6 +88,45 @@ def test_an_event_loops_tasks_wait_longer_for_the_shared_pool_than_threads(ct: A
         asyncio.run(act.close())
 
 
+def test_a_renewal_still_waiting_when_the_lease_ends_interrupts_the_work() -> None:
+    """A renewal that waits (for a pooled connection the loop's other tasks hold, up to
+    ASYNC_POOL_TIMEOUT, or for the database) past the lease's end cannot save it: the block's work is
+    cancelled at the end (the renewer's own bound), not when the wait ends, and the loss says why.
+    Here the renewal never returns; before the bound the work ran on until the wait gave up."""
+    import types
+
+    from controltable.aio import AsyncSlotBlock
+
+    class Stuck:
+        """A lease whose renewal never comes back; no database behind it."""
+
+        def __init__(self) -> None:
+            self.sync = types.SimpleNamespace(lease_seconds=0.6, lost=None)
+            self.holder = "stuck"
+            self.renewals = 0
+
+        async def renew(self) -> None:
+            self.renewals += 1
+            await asyncio.Event().wait()
+
+        async def __aexit__(self, *exc: Any) -> None:
+            return None
+
+    stuck = Stuck()
+
+    async def acquire() -> Any:
+        return stuck
+
+    async def main() -> None:
+        async with AsyncSlotBlock(acquire, True):
+            await asyncio.sleep(HANG)  # the work: only the loss can end it before the hang detector
+
+    with pytest.raises(LeaseLostInterrupt) as info:
+        asyncio.run(main())
+    assert stuck.renewals == 1
+    assert "still waiting" in str(info.value.__cause__), info.value.__cause__
+
+
 def test_fifo_behind_a_sync_holder_in_another_process(ct: Any, namespace: str) -> None:
     """Async waiters queued one after another are granted in that order once the holder in
     another process (the sync API) lets go."""

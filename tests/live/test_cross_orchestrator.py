@@ -64,7 +64,7 @@ from support.required import fail_or_skip
 from controltable import ControlTable
 from controltable.checks import Interval, peak_usage, violations
 
-pytestmark = [pytest.mark.timeout(3600)]  # above the start's, two rounds' and the end's hang detectors
+pytestmark = [pytest.mark.timeout(3600)]  # a hang detector for the whole test, its own waits' ones inside
 
 HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent

@@ -487,17 +487,23 @@ class AsyncSlotBlock:
             sent = time.monotonic()
             next_renewal = sent + interval
             try:
-                await lease.renew()
+                # Bounded by the lease's own end: a renewal still waiting then (for one of the pool's
+                # connections the loop's other tasks hold, or for the database) cannot save the lease,
+                # and the work must stop now, not when the wait ends (ASYNC_POOL_TIMEOUT is minutes).
+                left = None if expires is None else max(expires - time.monotonic(), 0.0)
+                await asyncio.wait_for(lease.renew(), left)
             except LeaseLost as exc:
                 log.error("controltable: %s", exc)
                 self._lose(lease, exc)
                 return
             except Exception as exc:
                 if expires is not None and time.monotonic() >= expires:
-                    log.error("controltable: lease of %r expired while renewal failed: %s", lease.holder, exc)
-                    self._lose(lease, LeaseLost(
-                        f"the lease expired: renewals kept failing for its whole length ({exc}); another "
-                        "holder may have it now"))
+                    if isinstance(exc, asyncio.TimeoutError):  # the wait_for above: still waiting at the end
+                        why = "its renewal was still waiting (for a pooled connection or the database)"
+                    else:
+                        why = f"renewals kept failing for its whole length ({exc})"
+                    log.error("controltable: lease of %r expired: %s", lease.holder, why)
+                    self._lose(lease, LeaseLost(f"the lease expired: {why}; another holder may have it now"))
                     return
                 log.warning("controltable: lease renewal failed, will retry: %s", exc)
                 if expires is not None:

@@ -119,10 +119,11 @@ STATEMENT_TIMEOUT = 120.0
 #: Seconds a call waits for a pooled connection while all 15 (5 + 10 at peaks) are in use, past which
 #: it raises ``DatabaseBusyError``. A ``ControlTable``'s pool is shared by its threads: SQLAlchemy's 30 s.
 POOL_TIMEOUT = 30.0
-#: The same for an ``AsyncControlTable``, whose pool every task of its event loop shares (a thousand
-#: waiting tasks are its use): a burst of tasks that each need a statement at once (all entering the
-#: queue, say) waits its turn in the pool's FIFO, about (tasks / 15) statement times, which took over
-#: 30 s for 1,000 tasks on a loaded machine (CI). Ten times the threads' bound, still a bound.
+#: The same for an ``AsyncControlTable`` on a server (PostgreSQL, MySQL/MariaDB), whose pool every
+#: task of its event loop shares (a thousand waiting tasks are its use): a burst of tasks that each
+#: need a statement at once (all entering the queue, say) waits its turn in the pool's FIFO, about
+#: (tasks / 15) statement times, which took over 30 s for 1,000 tasks on a loaded machine (CI). Ten
+#: times the threads' bound, still a bound; a lease's renewal is bounded by the lease's end instead.
 ASYNC_POOL_TIMEOUT = 300.0
 #: TCP keepalives on server connections: first probe after this many idle seconds...
 KEEPALIVE_IDLE = 10
