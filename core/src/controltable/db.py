@@ -29,6 +29,7 @@ from sqlalchemy.exc import (
     StatementError,
 )
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.pool import QueuePool
 
 from . import connect, defaults, dialects, errorcodes
 from .clock import read_now
@@ -117,7 +118,13 @@ def _new_engine(url: Any, **kw: Any) -> Engine:
     """``create_engine``, or for an asyncio driver's URL (``sqlite+aiosqlite``, ``mysql+aiomysql``,
     ``postgresql+psycopg_async``) the sync face of an async engine: the same statements then run in
     greenlets whose I/O awaits the event loop (:mod:`controltable.aio`)."""
-    if _is_async_url(url):
+    parsed = make_url(url)
+    default_pool = getattr(parsed.get_dialect(), "get_pool_class", None)  # DefaultDialect's, per URL
+    if "poolclass" not in kw and default_pool is not None and issubclass(default_pool(parsed), QueuePool):
+        # One event loop's tasks share an asyncio engine's pool (SQLite's file databases included):
+        # their bursts wait longer for it than threads do (SQLAlchemy 1.4's SQLite has no pool).
+        kw.setdefault("pool_timeout", defaults.ASYNC_POOL_TIMEOUT if _is_async_url(parsed) else defaults.POOL_TIMEOUT)
+    if _is_async_url(parsed):
         from sqlalchemy.ext.asyncio import create_async_engine
 
         return create_async_engine(url, **kw).sync_engine
@@ -137,8 +144,6 @@ def _server_engine(
         args = connect.connect_args(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
         engine = _new_engine(
             url, pool_size=5, max_overflow=10, pool_recycle=1800,
-            # One event loop's tasks share an asyncio engine's pool: their bursts wait longer for it.
-            pool_timeout=defaults.ASYNC_POOL_TIMEOUT if _is_async_url(url) else defaults.POOL_TIMEOUT,
             # Set once per new connection by the dialect, not on every checkout.
             isolation_level=connect.READ_COMMITTED, connect_args=args,
             **dialects.typed_binds(url.get_backend_name(), url.get_driver_name()),
