@@ -73,7 +73,8 @@ def fleet(url: str, namespace: str, worker: str, threads: int, seed: int, out: s
             mode = "exclusive" if rng.random() < 0.1 else "shared"
             time.sleep(rng.uniform(0, 0.5))
             try:
-                with ct.slot("fleet", holder=f"{worker}-{i}", mode=mode, lease=60, timeout=150) as lease:
+                # timeout: a hang detector (200 waiters, capacity 4; a loaded run's MariaDB ran out 150 s)
+                with ct.slot("fleet", holder=f"{worker}-{i}", mode=mode, lease=60, timeout=900) as lease:
                     start = time.time()
                     time.sleep(rng.uniform(0.1, 0.2))
                     end = time.time()
