@@ -122,6 +122,17 @@ def handoffs(rows: list[dict[str, Any]]) -> list[float]:
     return [b["started"] - a["finished"] for a, b in zip(rows, rows[1:])]
 
 
+def queued(ct: ControlTable, resource: str) -> list[str]:
+    """The holders waiting on ``resource``, in queue order."""
+    (st,) = ct.status([resource])
+    return [w.holder for w in st.waiters]
+
+
+def queue_order(ct: ControlTable, resource: str, runs: list[str]) -> list[str]:
+    """The runs in their queue order on ``resource`` (a task's holder id holds its run id)."""
+    return [next(r for r in runs if r in holder) for holder in queued(ct, resource)]
+
+
 def start_runs(airflow: LiveAirflow, dag_id: str, n: int, **conf: Any) -> list[str]:
     return [airflow.trigger(dag_id, conf) for _ in range(n)]
 
@@ -150,14 +161,11 @@ def test_six_runs_on_one_slot_defer_and_hand_over_in_grant_order(live: tuple[Liv
         return {run_id for (run_id, _task, _), state in airflow.task_states("ct_live_slot_deferred").items()
                 if run_id in runs and state == "deferred"}
 
-    def queued() -> list[str]:
-        (st,) = ct.status(["cap1"])
-        return [w.holder for w in st.waiters]
-
-    LiveAirflow.wait_until(lambda: deferred() == set(runs) and len(queued()) == len(runs), 600,
+    LiveAirflow.wait_until(lambda: deferred() == set(runs) and len(queued(ct, "cap1")) == len(runs), 600,
                            "the six loads to queue and defer behind the test's hold (a hang)", interval=1.0,
-                           state=lambda: f"deferred {sorted(deferred())}, queued {queued()}\n{airflow.diagnostics()}")
-    queue = [next(r for r in runs if r in holder) for holder in queued()]
+                           state=lambda: f"deferred {sorted(deferred())}, queued {queued(ct, 'cap1')}\n"
+                                         f"{airflow.diagnostics()}")
+    queue = queue_order(ct, "cap1", runs)
     assert sorted(queue) == sorted(runs), (queue, runs)
     blocker.release()
 
@@ -201,18 +209,15 @@ def test_a_short_queue_is_granted_on_the_workers_without_deferring(live: tuple[L
         seen.update((run_id, state) for (run_id, _task, _), state in airflow.task_states("ct_live_slot_worker").items()
                     if run_id in runs)
 
-    def queued() -> list[str]:
-        (st,) = ct.status(["shortq"])
-        return [w.holder for w in st.waiters]
-
     def both_wait_on_workers() -> bool:
         sample()
         running = {run_id for run_id, state in seen if state == "running"}
-        return running == set(runs) and len(queued()) == len(runs)
+        return running == set(runs) and len(queued(ct, "shortq")) == len(runs)
 
     LiveAirflow.wait_until(both_wait_on_workers, 600, "both loads to queue on their workers (a hang)", interval=1.0,
-                           state=lambda: f"task states seen {sorted(seen)}, queued {queued()}\n{airflow.diagnostics()}")
-    queue = [next(r for r in runs if r in holder) for holder in queued()]
+                           state=lambda: f"task states seen {sorted(seen)}, queued {queued(ct, 'shortq')}\n"
+                                         f"{airflow.diagnostics()}")
+    queue = queue_order(ct, "shortq", runs)
     blocker.release()
     states = airflow.wait_for_runs("ct_live_slot_worker", runs, 600, sampler=sample)
     assert set(states.values()) == {"success"}, [airflow.task_logs("ct_live_slot_worker", r) for r in runs

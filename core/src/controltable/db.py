@@ -119,21 +119,18 @@ def _new_engine(url: Any, **kw: Any) -> Engine:
     ``postgresql+psycopg_async``) the sync face of an async engine: the same statements then run in
     greenlets whose I/O awaits the event loop (:mod:`controltable.aio`)."""
     parsed = make_url(url)
-    default_pool = getattr(parsed.get_dialect(), "get_pool_class", None)  # DefaultDialect's, per URL
+    dialect = parsed.get_dialect()
+    is_async = bool(getattr(dialect, "is_async", False))
+    default_pool = getattr(dialect, "get_pool_class", None)  # DefaultDialect's, per URL
     if "poolclass" not in kw and default_pool is not None and issubclass(default_pool(parsed), QueuePool):
         # One event loop's tasks share an asyncio engine's pool (SQLite's file databases included):
         # their bursts wait longer for it than threads do (SQLAlchemy 1.4's SQLite has no pool).
-        kw.setdefault("pool_timeout", defaults.ASYNC_POOL_TIMEOUT if _is_async_url(parsed) else defaults.POOL_TIMEOUT)
-    if _is_async_url(parsed):
+        kw.setdefault("pool_timeout", defaults.ASYNC_POOL_TIMEOUT if is_async else defaults.POOL_TIMEOUT)
+    if is_async:
         from sqlalchemy.ext.asyncio import create_async_engine
 
         return create_async_engine(url, **kw).sync_engine
     return create_engine(url, **kw)
-
-
-def _is_async_url(url: Any) -> bool:
-    """Whether ``url`` names an asyncio driver (its engine is used from greenlets, :mod:`controltable.aio`)."""
-    return bool(getattr(make_url(url).get_dialect(), "is_async", False))
 
 
 def _server_engine(
