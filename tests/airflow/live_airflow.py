@@ -59,6 +59,22 @@ def state_mismatches(scheduler_log: str) -> list[str]:
             if "but the task instance's state attribute is" in line or "state mismatch" in line]
 
 
+def workload_failures(scheduler_log: str, limit: int = 3, lines: int = 40) -> list[str]:
+    """The first ``limit`` "Workload execution failed" reports of the LocalExecutor's workers, with their traceback.
+
+    A task process that dies before its task runs (its start call to the execution API, its DAG file's
+    import) leaves no task log; the worker's traceback in the scheduler's log is the only record of why.
+    """
+    found: list[str] = []
+    log_lines = scheduler_log.splitlines()
+    for i, line in enumerate(log_lines):
+        if "Workload execution failed" in line:
+            found.append("\n".join(part[:600] for part in log_lines[i:i + lines]))
+            if len(found) == limit:
+                break
+    return found
+
+
 #: Airflow's own defaults of what the harness speeds up (scheduler and triggerer loops), for a
 #: deployment that must run as a user's does (the heartbeat waits a trigger may do included).
 SCHEDULER_DEFAULTS = {
@@ -138,6 +154,11 @@ class LiveAirflow:
             # Airflow's default order of magnitude: a task marked failed is SIGTERMed at the next heartbeat
             # and SIGKILLed 5 s later, the window a teardown must not release in.
             "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "10",
+            # A task process's calls to the execution API (its start first) give up after 5 attempts of
+            # Airflow's default 5 s each: on a machine at load average 20 the one api-server answered later,
+            # and loads failed before they ran ("finished with state failed, but ... queued"). Airflow's
+            # documented setting for a loaded machine; a hang detector, not a speed.
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
             "AIRFLOW_CONN_CONTROLTABLE_DEFAULT": json.dumps(
                 {"conn_type": "controltable", "extra": {"url": control_url, "namespace": namespace}}
@@ -223,6 +244,8 @@ class LiveAirflow:
         parts = [f"--- {name}.log (last {tail} characters)\n{self.logs(name, tail)}"
                  for name in ("scheduler", "triggerer")]
         parts.append("--- state mismatches:\n" + "\n".join(state_mismatches(self.logs("scheduler", 50_000_000))))
+        parts.append("--- task processes that failed before or outside their task (the executor's own words):\n"
+                     + "\n".join(workload_failures(self.logs("scheduler", 50_000_000))))
         parts.append(f"--- AIRFLOW_HOME: {self.home} (kept when CT_LIVE_KEEP_HOME=1)")
         return "\n".join(parts)
 

@@ -19,12 +19,14 @@ from prefect_controltable import ControlTableBlock  # noqa: E402
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The test that starts the shared Prefect server counts its start-up in its own time: every test
-    that may be the first gets a pytest-timeout above the start-up's hang detector."""
+    that may be the first gets the start-up's hang detector added to its own pytest-timeout."""
     from support.live import PREFECT_HARNESS_TEST_TIMEOUT
 
     for item in items:
         if "prefect_server" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.timeout(PREFECT_HARNESS_TEST_TIMEOUT))
+            own = item.get_closest_marker("timeout")  # the test's own hang detectors come on top of the start-up
+            extra = float(own.args[0]) if own is not None and own.args else 0.0
+            item.add_marker(pytest.mark.timeout(PREFECT_HARNESS_TEST_TIMEOUT + extra))
 
 
 @pytest.fixture(scope="session")
