@@ -96,7 +96,7 @@ def async_url(url: Union[str, Any]) -> str:
             f"{url!r} is not a database URL; use e.g. postgresql+psycopg://user@host:5432/db or "
             "sqlite:///controltable.db") from None
     try:
-        if getattr(parsed.get_dialect(), "is_async", False):
+        if dialects.on_asyncio(parsed.get_dialect()):
             return str(parsed.render_as_string(hide_password=False))
     except Exception:
         pass  # the sync driver is not installed: the async one may well be
@@ -179,7 +179,7 @@ def _sleep(seconds: float) -> None:
 
 def _is_async(url: Union[str, Any]) -> bool:
     try:
-        return bool(getattr(make_url(url).get_dialect(), "is_async", False))
+        return dialects.on_asyncio(make_url(url).get_dialect())
     except Exception:
         return False
 

@@ -49,7 +49,7 @@ from typing import Any, Callable, Optional
 
 import sqlalchemy
 
-from . import defaults, threads
+from . import defaults, dialects, threads
 from .dialect_traits import URL_BACKENDS, backend_drivers
 from .errors import ConfigurationError, safe_url
 
@@ -258,7 +258,7 @@ def on_connect(dialect: Any, dbapi_conn: Any, *, statement_timeout: Optional[flo
     taken = _query_keys(url)
     # An asyncio connection is not asked (its adapter runs no sync query here): it never prepares.
     if (name == "postgresql" and driver == "psycopg" and "prepare_threshold" not in taken and CHECK_BEFORE_PREPARING
-            and not getattr(dialect, "is_async", False)):
+            and not dialects.on_asyncio(dialect)):
         _prepare_when_direct(dbapi_conn, url, statement_timeout or defaults.CONNECT_TIMEOUT)
     if name == "mysql" and statement_timeout:
         mariadb = "mariadb" in str(getattr(dbapi_conn, "get_server_info", lambda: "")()).lower()
@@ -463,7 +463,7 @@ class StatementGuard:
     @classmethod
     def for_dialect(cls, dialect: Any, statement_timeout: Optional[float], url: Any) -> Optional[StatementGuard]:
         name, driver = dialect.name, getattr(dialect, "driver", "")
-        if getattr(dialect, "is_async", False):
+        if dialects.on_asyncio(dialect):
             return None  # asyncio drivers: the caller's task is cancelled instead (controltable.aio)
         if name == "postgresql" and driver in ("psycopg", "psycopg2"):
             return cls("cancel", None)

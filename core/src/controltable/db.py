@@ -120,7 +120,7 @@ def _new_engine(url: Any, **kw: Any) -> Engine:
     greenlets whose I/O awaits the event loop (:mod:`controltable.aio`)."""
     parsed = make_url(url)
     dialect = parsed.get_dialect()
-    is_async = bool(getattr(dialect, "is_async", False))
+    is_async = dialects.on_asyncio(dialect)
     default_pool = getattr(dialect, "get_pool_class", None)  # DefaultDialect's, per URL
     if "poolclass" not in kw and default_pool is not None and issubclass(default_pool(parsed), QueuePool):
         # One event loop's tasks share an asyncio engine's pool (SQLite's file databases included):

@@ -227,6 +227,13 @@ ASYNC_DRIVERS = {
 }
 
 
+def on_asyncio(dialect: Any) -> bool:
+    """Whether ``dialect`` (a SQLAlchemy dialect, class or instance) is an asyncio driver's: its engine
+    runs statements in greenlets that await an event loop, so a thread with no loop must not use it and
+    an event loop's tasks share its pool (:mod:`controltable.aio`)."""
+    return bool(getattr(dialect, "is_async", False))
+
+
 def async_driver(backend: str, driver: str) -> Optional[str]:
     """The ``backend+driver`` name of the asyncio driver for a sync URL's, or None if there is none."""
     return ASYNC_DRIVERS.get((backend, driver))

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Optional
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection, make_url
 
-from . import threads
+from . import dialects, threads
 from .connect import connect_args
 from .defaults import PUSH_PROBE_TIMEOUT
 from .dialects import traits
@@ -171,7 +171,7 @@ class Wakeups:
 
     def _send_probe_now(self, key: str) -> None:
         """Notify ``key`` through the work URL, committed."""
-        if getattr(self.db.engine.dialect, "is_async", False):
+        if dialects.on_asyncio(self.db.engine.dialect):
             # This thread has no event loop for the async pool: the same URL, a plain connection.
             sender = self._plain_connect(self.db.engine.url)
             try:
@@ -276,7 +276,7 @@ class Wakeups:
     def _plain_connect(self, url: Any) -> Any:
         """A psycopg connection of this thread's own to ``url``, outside the pool."""
         dialect = self.db.engine.dialect
-        if getattr(dialect, "is_async", False):  # this thread has no event loop: plain psycopg
+        if dialects.on_asyncio(dialect):  # this thread has no event loop: plain psycopg
             plain = url.set(drivername="postgresql+psycopg").get_dialect()
             dialect = plain(dbapi=plain.import_dbapi())
         cargs, cparams = dialect.create_connect_args(url)

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Mapping, Optional, Protocol, Union
 
-from .. import threads, tracing
+from .. import dialects, threads, tracing
 from ..defaults import DEFAULT_PICKUP, WITHDRAW_GRACE, WITHDRAW_RETRY_INTERVAL
 from ..errors import AcquireTimeout
 from ..validation import check_name, check_poll_interval, check_seconds
@@ -232,7 +232,7 @@ class Waiter:
             self._defer_withdrawal(req, key)
 
     def _defer_withdrawal(self, req: Request, key: str) -> None:
-        if getattr(self.entering.db.engine.dialect, "is_async", False):
+        if dialects.on_asyncio(self.entering.db.engine.dialect):
             # An async driver's I/O runs on its event loop, never in a thread of ours (the statement
             # would fail with MissingGreenlet): the entry is left to expire, as documented for the
             # asyncio API (docs/async.md), and the next grant pass reaps it.
