@@ -55,3 +55,22 @@ def task_states(dag_run: Any) -> dict[str, list[str]]:
     for ti in dag_run.get_task_instances():
         states.setdefault(ti.task_id, []).append(str(ti.state))
     return states
+
+
+def record_checks(trigger: Any) -> list[Any]:
+    """The results of ``trigger``'s checks from now on, in order (None: not ready yet).
+
+    What a test waits on to show a trigger keeps waiting: a number of checks that found nothing,
+    rather than a sleep that passes when no check ran at all. Wraps the check hook that the
+    trigger's loop calls (``_ControlTableTrigger._check``, the one method each trigger implements).
+    """
+    checks: list[Any] = []
+    check = trigger._check
+
+    async def recorded() -> Any:
+        result = await check()
+        checks.append(result)
+        return result
+
+    trigger._check = recorded
+    return checks

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from airflow_helpers import make_context
+from support.live import await_until
 
 pytestmark = [pytest.mark.usefixtures("airflow_db"), pytest.mark.backends("sqlite", "postgres")]
 
@@ -39,7 +40,11 @@ def operator(conn_id: str, fn: Any, **kwargs: Any) -> Any:
     return SlotPythonOperator(task_id="load", python_callable=fn, conn_id=conn_id, poll_interval=0.05, **kwargs)
 
 
-async def first_event(trigger: Any, timeout: float = 20) -> Any:
+#: A hang detector for the triggers' waits: several times what a loaded machine takes.
+HANG = 300.0
+
+
+async def first_event(trigger: Any, timeout: float = HANG) -> Any:
     async def first() -> Any:
         async for event in trigger.run():
             return event
@@ -237,16 +242,21 @@ def test_triggers_of_one_process_share_one_listener_and_wake_on_push(conn_id: st
 
     ct.set_capacity("warehouse", 1)
     blocker = ct.acquire("warehouse", holder="blocker", timeout=0)
-    triggers = [SlotTrigger(resource="warehouse", holder=f"h{i}", lease=60, waiter_ttl=120, conn_id=conn_id,
-                            poll_interval=30, refresh_interval=30) for i in range(5)]
+    # No poll and no refresh within the hour: after its first check a trigger checks again only when
+    # a push wakes it, so a grant within the test's hang detector came by the push.
+    triggers = [SlotTrigger(resource="warehouse", holder=f"h{i}", lease=60, waiter_ttl=4 * 3600, conn_id=conn_id,
+                            poll_interval=3600, refresh_interval=3600) for i in range(5)]
+
+    async def queued() -> int:
+        return len((await asyncio.to_thread(ct.status, ["warehouse"]))[0].waiters)
+
+    async def queued_all() -> bool:
+        return await queued() == 5
 
     async def scenario() -> tuple[list[Any], float, int]:
-        tasks = [asyncio.ensure_future(first_event(t, 60)) for t in triggers]
+        tasks = [asyncio.ensure_future(first_event(t)) for t in triggers]
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + 60
-        while len((await asyncio.to_thread(ct.status, ["warehouse"]))[0].waiters) < 5:  # all queued
-            assert loop.time() < deadline, "hang: the five triggers did not queue within 60 s"
-            await asyncio.sleep(0.05)
+        await await_until(queued_all, HANG, "the five triggers to queue", state=queued)
         assert not any(t.done() for t in tasks)
         # The triggers check through the loop's one async twin of the hook's shared table.
         twins = {id(t._act) for t in triggers}
@@ -264,10 +274,9 @@ def test_triggers_of_one_process_share_one_listener_and_wake_on_push(conn_id: st
 
     events, elapsed, pushes = asyncio.run(scenario())
     assert events[0].payload["status"] == "granted"
-    # By cause: a push arrived, and the grant came before any trigger's next poll (30 s apart
-    # here), so the push is what woke it; how soon is printed, not asserted.
+    # By cause: a push arrived, and no trigger polls within the hour, so the push is what woke the
+    # granted one; how soon is printed, not asserted.
     assert pushes > 0, "no notification reached the triggers' listener"
-    assert elapsed < 30, f"granted {elapsed:.1f} s after the release: by a poll, not by the push"
     print(f"granted {elapsed:.2f} s after the release")
     tables = {id(t._ct) for t in triggers}
     assert len(tables) == 1 and next(iter(t._ct for t in triggers)) is ControlTableHook(conn_id).get_control_table()

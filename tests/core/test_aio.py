@@ -12,13 +12,14 @@ import os
 import subprocess
 import sys
 import textwrap
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, TypeVar
 
 import pytest
 
 pytest.importorskip("greenlet")
 pytest.importorskip("aiosqlite")
 from sqlalchemy import Column, Integer, MetaData, Table, func, insert, select
+from support.live import await_until
 
 from controltable.aio import AsyncControlTable, AsyncLease, async_url
 from controltable.errors import AcquireTimeout, ConfigurationError, LeaseLost, LeaseLostInterrupt, UnknownResourceError
@@ -35,15 +36,6 @@ def run(coro: Awaitable[T]) -> T:
             raise AssertionError(f"hang: the async test did not finish within {HANG} s") from None
 
     return asyncio.run(bounded())
-
-
-async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    """Await until ``check()`` says so (it reads the database: what happened, not a sleep)."""
-    for _ in range(6000):
-        if await check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"hang: {what}")
 
 
 def twin(ct: Any) -> AsyncControlTable:
@@ -159,7 +151,7 @@ def test_fifo_behind_a_sync_holder_in_another_process(ct: Any, namespace: str) -
                 tasks = []
                 for i, name in enumerate(names):
                     tasks.append(asyncio.create_task(worker(name)))
-                    await until(lambda n=i: _count_is(act, n + 1), f"waiter {name} never entered the queue")
+                    await await_until(lambda n=i: _count_is(act, n + 1), HANG, f"waiter {name} to enter the queue")
                 assert await waiting(act, "fifo") == names
                 holder.stdin.write("\n")  # type: ignore[union-attr]
                 holder.stdin.flush()  # type: ignore[union-attr]
@@ -212,7 +204,7 @@ def test_cancelling_a_waiting_task_withdraws_its_entry(ct: Any) -> None:
     async def main() -> None:
         async with twin(ct) as act:
             task = asyncio.create_task(act.acquire("cancel", holder="gives-up"))
-            await until(lambda: _has_waiter(act, "cancel", "gives-up"), "the waiter never entered the queue")
+            await await_until(lambda: _has_waiter(act, "cancel", "gives-up"), HANG, "the waiter to enter the queue")
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -267,7 +259,7 @@ def test_push_wakeup_ends_the_wait(ct: Any) -> None:
 
             wakeups.waiter = recording
             task = asyncio.create_task(act.acquire("push", holder="woken", timeout=60))
-            await until(lambda: _has_waiter(act, "push", "woken"), "the waiter never entered the queue")
+            await await_until(lambda: _has_waiter(act, "push", "woken"), HANG, "the waiter to enter the queue")
             await asyncio.to_thread(held.release)
             lease = await task
             await lease.release()
@@ -405,12 +397,8 @@ def test_interrupt_false_lets_the_work_run_on_and_the_exit_reports_the_loss(ct: 
             try:
                 async with act.slot("runs-on", holder="stubborn", lease=1.5, interrupt=False) as lease:
                     await asyncio.to_thread(ct.release, "runs-on", "stubborn")  # taken away behind its back
-                    for _ in range(3000):  # the renewer records the loss; the work is not cancelled
-                        if lease.sync.lost is not None:
-                            break
-                        await asyncio.sleep(0.01)
-                    else:
-                        raise AssertionError("hang: the renewer never noticed the loss")
+                    # the renewer records the loss; the work is not cancelled
+                    await await_until(lambda: lease.sync.lost is not None, HANG, "the renewer to notice the loss")
             except LeaseLost as exc:
                 return exc
             raise AssertionError("the exit did not report the lost lease")

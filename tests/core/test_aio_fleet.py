@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 import uuid
 from typing import Any
 
@@ -17,6 +16,8 @@ from sqlalchemy import text
 
 pytest.importorskip("greenlet")
 pytest.importorskip("aiosqlite")
+
+from support.live import await_until
 
 from controltable.aio import AsyncControlTable
 
@@ -73,14 +74,15 @@ def test_a_thousand_waiters_in_one_loop_are_served_fifo(ct: Any) -> None:
 
             sampler = asyncio.create_task(sample())
             tasks = [asyncio.create_task(waiter(f"w{i:04d}")) for i in range(waiters)]
-            deadline = time.monotonic() + HANG
-            while True:
+
+            async def queued() -> int:
                 (st,) = await act.status("fleet")
-                if len(st.waiters) == waiters:
-                    break
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"hang: {len(st.waiters)} of {waiters} waiters queued in {HANG:g} s")
-                await asyncio.sleep(0.05)
+                return len(st.waiters)
+
+            async def all_queued() -> bool:
+                return await queued() == waiters
+
+            await await_until(all_queued, HANG, f"all {waiters} waiters to queue (shown: how many had)", state=queued)
             await asyncio.to_thread(held.release)
             await asyncio.wait_for(asyncio.gather(*tasks), HANG)
             stop.set()

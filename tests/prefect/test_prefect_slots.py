@@ -18,7 +18,7 @@ from prefect import flow, task
 from prefect.client.orchestration import get_client
 from prefect.exceptions import TerminationSignal
 from prefect_controltable import ControlTableBlock, slot
-from support.live import wait_until
+from support.live import await_until, wait_until
 
 from controltable import ControlTable, LeaseLostInterrupt
 
@@ -228,8 +228,11 @@ def test_async_waiter_cancelled_leaves_the_queue(block: ControlTableBlock, ct: C
                 raise AssertionError("granted while the blocker holds the slot")
 
         job = asyncio.create_task(waiter())
-        while (await _aentries(ct, "wh"))[1] != ["async:waiter"]:
-            await asyncio.sleep(0.05)
+
+        async def queued() -> bool:
+            return (await _aentries(ct, "wh"))[1] == ["async:waiter"]
+
+        await await_until(queued, HANG, "the waiter to queue", state=lambda: _aentries(ct, "wh"))
         job.cancel()
         with pytest.raises(asyncio.CancelledError):
             await job
@@ -280,10 +283,15 @@ def test_async_tasks_queue_fifo_as_their_runs_over_the_native_async_driver(block
         act = block.async_control_table()
         drivers.append((act.sync.engine.dialect.driver, bool(act.sync.engine.dialect.is_async)))
         jobs = []
+        async def queued() -> list[str]:
+            return [w.holder for w in (await act.status(["wh"]))[0].waiters]
+
+        async def queued_runs_are(n: int) -> bool:
+            return len(await queued()) == n
+
         for n in range(3):  # each queued before the next starts: the queue order is known
             jobs.append(asyncio.create_task(work(n)))
-            while len((await act.status(["wh"]))[0].waiters) < n + 1:
-                await asyncio.sleep(0.05)
+            await await_until(lambda n=n: queued_runs_are(n + 1), HANG, f"task run {n} to queue", state=queued)
         await act.release("wh", "shell:blocker")
         await asyncio.gather(*jobs)
         return str(flow_run.id)
@@ -340,9 +348,15 @@ def test_an_async_flow_waiting_says_so_in_its_state_message(block: ControlTableB
 
         job = asyncio.create_task(hold())
         async with get_client() as client:
-            while "waiting for 'wh'" not in (message := (await client.read_flow_run(flow_run.id)).state.message or ""):
-                await asyncio.sleep(0.1)
-            messages.append(message)
+            async def message() -> str:
+                return (await client.read_flow_run(flow_run.id)).state.message or ""
+
+            async def waiting() -> str:
+                text = await message()
+                return text if "waiting for 'wh'" in text else ""
+
+            messages.append(await await_until(waiting, HANG, "the run's state message to show the wait",
+                                              state=message))
             await block.async_control_table().release("wh", "shell:blocker")
             await job
             messages.append((await client.read_flow_run(flow_run.id)).state.message or "")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import time
 from typing import Any, Callable, Optional
@@ -29,6 +31,31 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
             where = f": {state()}" if state is not None else ""
             raise AssertionError(f"hang: timed out after {timeout:g} s waiting for {what}{where}")
         time.sleep(interval)
+
+
+async def await_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05,
+                      state: Optional[Callable[[], Any]] = None) -> Any:
+    """The asyncio twin of :func:`wait_until`, for tests whose checks run on an event loop.
+
+    ``predicate`` (and ``state``) may be a coroutine function (a check through the asyncio API, or a
+    sync one moved off the loop with ``asyncio.to_thread``): the loop keeps running the code under
+    test between checks, which a blocking poll would stop. ``timeout`` is a hang detector, as there.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if loop.time() > deadline:
+            where = ""
+            if state is not None:
+                shown = state()
+                where = f": {await shown if inspect.isawaitable(shown) else shown}"
+            raise AssertionError(f"hang: timed out after {timeout:g} s waiting for {what}{where}")
+        await asyncio.sleep(interval)
 
 
 def parent_of(pid: int) -> Optional[int]:
