@@ -51,10 +51,12 @@ def test_lease_lost_rolls_back_the_callers_writes(ct: Any, events_table: Callabl
     )
     ev = ct.events(t.name, key="id")
     ev.prepare()
-    # 5 s: the first claim must still run at the next claim (a hang detector; 1 s can lapse under load).
-    first = ev.claim(4, owner="first", lease=5)
+    # The first claim still runs at the next claim, however loaded the machine (a 5 s lease lapsed
+    # between two claims on a loaded MariaDB); then it is cut to 1 s and runs out.
+    first = ev.claim(4, owner="first", lease=3600)
     assert first is not None and first.keys == [1, 2, 3, 4]
-    assert ev.claim(4, owner="early", lease=5).keys == [5, 6, 7, 8]  # the held rows are not claimable
+    assert ev.claim(4, owner="early", lease=3600).keys == [5, 6, 7, 8]  # the held rows are not claimable
+    first.renew(1)
     _wait_past(ct, first.expires_at.timestamp())
     second = ev.claim(4, owner="second", where=ev.c.id <= 4)
     assert second is not None and second.keys == first.keys and second.token != first.token
@@ -113,13 +115,14 @@ def test_renew_extends_the_lease(ct: Any, events_table: Callable[..., Table]) ->
     t = events_table(3)
     ev = ct.events(t.name, key="id")
     ev.prepare()
-    # The first lease must still run when the renewal reaches the database: 5 s is a hang detector for
-    # the one round trip between the claim and the renewal (1 s lapsed on a loaded CI machine).
-    batch = ev.claim(3, owner="w", lease=5)
+    # The first lease must still run when the renewal reaches the database: 20 s is a hang detector for
+    # the one round trip between the claim and the renewal (1 s lapsed on a loaded CI machine, and 5 s
+    # between two claims on a loaded MariaDB); the test then waits it out.
+    batch = ev.claim(3, owner="w", lease=20)
     assert batch is not None
     before = batch.expires_at
-    batch.renew(60)
-    assert (batch.expires_at - before).total_seconds() > 50
+    batch.renew(120)
+    assert (batch.expires_at - before).total_seconds() > 99  # 120 s from the renewal, not 20 from the claim
     event_tables.wait_past(ct, before.timestamp())  # the first lease is over by the database clock
     assert ev.claim(3, owner="other") is None  # still held thanks to the renewal
     assert batch.complete() == 3
@@ -340,12 +343,17 @@ def test_stats_and_reap(ct: Any, events_table: Callable[..., Table]) -> None:
     ev = ct.events(t.name, key="id")
     assert ev.prepare()  # it ran DDL
     assert ev.prepare() == []  # idempotent
-    b = ev.claim(2, owner="w", lease=5)  # still held when the stats are read (5 s: a hang detector)
-    assert b is not None
-    ev.claim(1, owner="w").complete()
+    # Held until the stats are read, however loaded the machine: with a 5 s lease a loaded MariaDB run
+    # let it lapse before the next claim, which then took row 1 back (an expired claim is claimable).
+    b = ev.claim(2, owner="w", lease=3600)
+    assert b is not None and b.keys == [1, 2]
+    third = ev.claim(1, owner="w")
+    assert third is not None and third.keys == [3]
+    third.complete()
     st = ev.stats()
     assert (st.pending, st.claimed, st.done, st.error, st.total) == (3, 2, 1, 0, 6)
     assert st.oldest_pending_key == 4
+    b.renew(1)  # now let its claims run out, to be reaped
     _wait_past(ct, b.expires_at.timestamp())
     assert ev.stats().expired == 2
     assert ev.reap() == 2

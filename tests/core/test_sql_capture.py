@@ -131,15 +131,15 @@ def test_the_capture_can_be_limited_to_some_test_files(tmp_path: Path) -> None:
         "    ct.acquire('warehouse', holder='h', timeout=0).release()\n"
         "    ct.close()\n", encoding="utf-8")
 
-    def shapes(only: str | None) -> set[str]:
-        out = tmp_path / f"capture-{only}"
+    def shapes(only: str | None, *xdist: str) -> set[str]:
+        out = tmp_path / f"capture-{only}-{len(xdist)}"
         env = dict(os.environ, CONTROLTABLE_CAPTURE_SQL=str(out),
                    PYTHONPATH=os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]))
         env.pop("CONTROLTABLE_CAPTURE_SQL_ONLY", None)
         if only is not None:
             env["CONTROLTABLE_CAPTURE_SQL_ONLY"] = only
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "support.sqlcapture",
-                   "test_a.py", "test_b.py"]
+                   *xdist, "test_a.py", "test_b.py"]
         run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert "2 passed" in run.stdout, run.stdout + run.stderr
         return set((out / "sqlite.shapes").read_text(encoding="utf-8").splitlines())
@@ -147,3 +147,28 @@ def test_the_capture_can_be_limited_to_some_test_files(tmp_path: Path) -> None:
     everything, only_a = shapes(None), shapes("test_a.py")
     assert only_a, "the listed file's statements were not captured"
     assert only_a < everything, "the other file's statements were captured too"
+    # The suite's main run spreads its files over pytest-xdist workers: the same capture, judged once.
+    assert shapes("test_a.py", "-n", "2", "--dist", "loadfile") == only_a
+
+
+def test_under_xdist_the_controller_judges_what_the_workers_captured(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker hands its shapes to the controller and writes nothing; the controller's verdict fails
+    the run on a shape no golden file holds, as a run without workers would."""
+    import types
+
+    from support import sqlcapture
+
+    novel = "DELETE FROM ct_request WHERE ct_request.holder LIKE %(holder_1)s"
+    monkeypatch.setenv(sqlcapture.ENV, str(tmp_path / "out"))
+    monkeypatch.setattr(sqlcapture, "_SEEN", {"postgresql": {statement_shape(novel): novel}})
+    worker = types.SimpleNamespace(config=types.SimpleNamespace(stash={}, workeroutput={}), exitstatus=0)
+    sqlcapture.pytest_sessionfinish(worker, 0)  # type: ignore[arg-type]
+    assert worker.exitstatus == 0 and not (tmp_path / "out").exists()
+
+    monkeypatch.setattr(sqlcapture, "_SEEN", {})
+    sqlcapture.pytest_testnodedown(types.SimpleNamespace(workeroutput=worker.config.workeroutput), None)
+    controller = types.SimpleNamespace(config=types.SimpleNamespace(stash={}), exitstatus=0)
+    sqlcapture.pytest_sessionfinish(controller, 0)  # type: ignore[arg-type]
+    assert controller.exitstatus == pytest.ExitCode.TESTS_FAILED
+    assert novel in (tmp_path / "out" / "postgresql.missing.sql").read_text(encoding="utf-8")

@@ -176,7 +176,9 @@ def test_crashed_workers_item_returns_after_its_lease(ct: Any, wl: Any) -> None:
 
 def test_renew_and_get(ct: Any, wl: Any) -> None:
     wl.populate([{"k": 1}], order=100)
-    item = wl.allocate(owner="w", lease=5)  # the renewal must reach it before it lapses (5 s: a hang detector)
+    # The renewal must reach it before it lapses: 20 s is a hang detector (5 s lapsed between two
+    # statements on a loaded MariaDB); the test then waits it out.
+    item = wl.allocate(owner="w", lease=20)
     first_expiry = item.expires_at.timestamp()
     item.renew(60)
     wait_past(ct, first_expiry)  # the first lease is over by the database clock

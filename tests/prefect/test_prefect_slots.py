@@ -9,6 +9,7 @@ SIGTERM and SIGKILL, is in test_prefect_live.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import Any
 from uuid import UUID
@@ -261,10 +262,12 @@ def test_async_holder_is_cancelled_when_its_lease_is_lost(block: ControlTableBlo
 
 
 def test_async_tasks_queue_fifo_as_their_runs_over_the_native_async_driver(block: ControlTableBlock,
-                                                                             ct: ControlTable) -> None:
+                                                                             ct: ControlTable,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
     """Three async task runs of one async flow wait in one event loop: granted in queue order, each
     as its own task run (holder, attempt 1), the waits in the run's log, the statements on the
     backend's asyncio driver (no worker thread polls the sync core)."""
+    caplog.set_level(logging.INFO)
     ct.set_capacity("wh", 1)
     ct.acquire("wh", holder="shell:blocker", lease=3600)
     granted: list[tuple[int, str, int, int]] = []
@@ -289,9 +292,18 @@ def test_async_tasks_queue_fifo_as_their_runs_over_the_native_async_driver(block
         async def queued_runs_are(n: int) -> bool:
             return len(await queued()) == n
 
-        for n in range(3):  # each queued before the next starts: the queue order is known
+        def waits_logged() -> int:
+            return sum("controltable: waiting for 'wh'" in r.getMessage() for r in caplog.records)
+
+        # Each queued, and its wait logged, before the next starts: the queue order is known, and each
+        # log line says where its run stood before the blocker left. (A run logs its place after it has
+        # entered the queue, from a second read: waiting for the entry alone let the release come
+        # between the two under load, and the third run's line named two ahead instead of three.)
+        for n in range(3):
             jobs.append(asyncio.create_task(work(n)))
             await await_until(lambda n=n: queued_runs_are(n + 1), HANG, f"task run {n} to queue", state=queued)
+            await await_until(lambda n=n: waits_logged() == n + 1, HANG, f"task run {n}'s wait to be logged",
+                              state=waits_logged)
         await act.release("wh", "shell:blocker")
         await asyncio.gather(*jobs)
         return str(flow_run.id)

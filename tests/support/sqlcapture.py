@@ -22,6 +22,9 @@ exactly by ``tests/core/test_dialect_conformance.py``.
 ``tests/core/test_events.py,...``) limits the capture to those files' tests, so the suite's main run
 captures them as it goes instead of running them a second time for the capture (``scripts/run-tests``).
 
+Under pytest-xdist each worker captures its own tests and hands what it saw to the controller,
+which writes the files and judges the run once.
+
 ``CONTROLTABLE_CAPTURE_SQL_WRITE=1`` rewrites ``core/sql/<dialect>.suite.sql`` of the live dialects
 from the run instead (every shape the suite sent that the scripted golden file lacks), to review
 with ``git diff``.
@@ -160,8 +163,24 @@ def _write_suite(dialect: str) -> None:
     (GOLDEN / f"{dialect}.suite.sql").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist's controller: take in what a finished worker captured (judged here, once, below)."""
+    for dialect, shapes in getattr(node, "workeroutput", {}).get("sqlcapture", {}).items():
+        seen = _SEEN.setdefault(dialect, {})
+        for shape, statement in shapes.items():
+            seen.setdefault(shape, statement)
+    for dialect, count in getattr(node, "workeroutput", {}).get("sqlcapture_errors", {}).items():
+        _ERRORS[dialect] = _ERRORS.get(dialect, 0) + count
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     out = enabled()
+    worker = getattr(session.config, "workeroutput", None)
+    if out is not None and worker is not None:  # a pytest-xdist worker: its controller judges the whole run
+        worker["sqlcapture"] = _SEEN
+        worker["sqlcapture_errors"] = _ERRORS
+        return
     if out is None or not _SEEN:
         return
     out.mkdir(parents=True, exist_ok=True)
