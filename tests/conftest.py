@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import gc
 import os
+import signal
 import sys
 import threading
 import uuid
@@ -240,3 +241,30 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         why = _UNREACHABLE.get(b) or (f"{_ENV[b]} not set" if not server_url(b) else "no test selected")
         terminalreporter.write_line(f"backend not run: {b} ({why})")
     terminalreporter.write_line("SQL Server and Oracle: compiled-SQL tests only (no server here)")
+
+
+
+#: The signals whose process-wide handling a test can change and a later test's child process inherits.
+_SHARED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@pytest.fixture(autouse=True)
+def _signal_dispositions() -> Iterator[None]:
+    """Each test starts with the signal handling a terminal gives, and what it changes is put back.
+
+    Two things broke a CLI signal test once the main lane ran over pytest-xdist workers (test files in
+    another order): a non-interactive shell starts a background command (``make test &`` in
+    ``.ci/run``, the lanes of ``scripts/run-tests``) with SIGINT ignored, and Dagster's in-process
+    sensor and run code maps SIGTERM to SIGINT's handler and leaves it so; a later test's child
+    process then inherited SIGTERM ignored, and the SIGTERM it was sent was dropped.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    before = {s: signal.getsignal(s) for s in _SHARED_SIGNALS}
+    yield
+    for s, handler in before.items():
+        if signal.getsignal(s) != handler and handler is not None:
+            signal.signal(s, handler)
