@@ -126,3 +126,39 @@ def test_a_signal_right_after_the_grant_releases_it_and_exits_128_plus_n(
     lease = ct.try_acquire("r", holder="B")
     assert lease is not None
     lease.release()
+
+
+@pytest.mark.parametrize("command", ["run", "acquire"])
+def test_a_signal_ignored_by_whoever_started_the_command_stays_ignored(
+        ct: ControlTable, backend_url: str, namespace: str, tmp_path: Path, command: str) -> None:
+    """``nohup controltable run ...``: the hangup ends neither the wait nor COMMAND, which starts with
+    SIGHUP still ignored. Before, the command's handler replaced the ignore: the hangup withdrew the
+    wait (exit 129), and COMMAND started with SIGHUP's default and was passed the next one."""
+    ct.set_capacity("r", 1)
+    holder = ct.acquire("r", holder="h", lease=120)
+    probe = "import signal; print('COMMAND', signal.getsignal(signal.SIGHUP).name)"
+    args = {"run": ["run", "--resource", "r", "--holder", "W", "--", sys.executable, "-c", probe],
+            "acquire": ["acquire", "r", "--holder", "W"]}[command]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLTABLE_")}
+    env.update(CONTROLTABLE_URL=backend_url, CONTROLTABLE_NAMESPACE=namespace)
+    proc = subprocess.Popen(["nohup", sys.executable, "-m", "controltable.cli", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: "W" in _waiters(ct) or proc.poll() is not None, START_HANG,
+                   "the command to queue (a hang)")
+        assert proc.poll() is None, f"the command ended before it queued: {proc.communicate()}"
+        proc.send_signal(signal.SIGHUP)  # the terminal closed
+        holder.release()  # grants W: its own pass, before W looks again
+        out, err = proc.communicate(timeout=START_HANG)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, (proc.returncode, out, err)
+    assert "SIGHUP" not in err and "left the queue" not in err, err
+    if command == "run":
+        assert "COMMAND SIG_IGN" in out, out
+        assert _holders(ct) == [], "run did not release after COMMAND"
+    else:
+        assert _holders(ct) == ["W"], "acquire did not keep its grant"
+        ct.release("r", "W")

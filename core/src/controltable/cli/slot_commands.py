@@ -241,8 +241,13 @@ class _QueueSignals:
     def __enter__(self) -> _QueueSignals:
         # Handlers can be set only in the main thread (the command's own; a caller running the CLI
         # in another thread keeps its signals, and Ctrl-C there is its business).
+        # A signal the command was started with ignored stays ignored: ``nohup controltable run ...``
+        # ignores SIGHUP so that closing the terminal ends neither the wait nor COMMAND, which inherits
+        # the ignored signal (a handler here would have let COMMAND start with SIGHUP's default and be
+        # sent the hangup).
         if threading.current_thread() is threading.main_thread():
-            self._old = {s: signal.signal(s, self._end) for s in QUEUE_SIGNALS}
+            self._old = {s: signal.signal(s, self._end) for s in QUEUE_SIGNALS
+                         if signal.getsignal(s) != signal.SIG_IGN}
         return self
 
     def __exit__(self, *exc: Any) -> None:
