@@ -31,6 +31,17 @@ CASES = [
 ]
 
 
+def _from_a_terminal(argv: list[str]) -> list[str]:
+    """``argv`` started with the signal handling a terminal gives it. The CLI leaves a signal it was
+    started with ignored ignored (nohup), and this run may itself run under nohup (SIGHUP ignored) or in
+    a shell's background (SIGINT ignored), which every child would inherit."""
+    reset = ("import os, signal, sys\n"
+             "for s in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):\n"
+             "    signal.signal(s, signal.SIG_DFL)\n"
+             "os.execvp(sys.argv[1], sys.argv[1:])")
+    return [sys.executable, "-c", reset, *argv]
+
+
 def _waiters(ct: ControlTable) -> list[str]:
     (st,) = ct.status(["r"])
     return [w.holder for w in st.waiters]
@@ -51,8 +62,8 @@ def test_a_signal_while_queued_withdraws_the_entry_and_the_release_grants_the_ne
             "acquire": ["acquire", "r", "--holder", "W"]}[command]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLTABLE_")}
     env.update(CONTROLTABLE_URL=backend_url, CONTROLTABLE_NAMESPACE=namespace)
-    proc = subprocess.Popen([sys.executable, "-m", "controltable.cli", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(_from_a_terminal([sys.executable, "-m", "controltable.cli", *args]), cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: "W" in _waiters(ct) or proc.poll() is not None, START_HANG,
                    "the command to queue (a hang)")
@@ -118,8 +129,8 @@ def test_a_signal_right_after_the_grant_releases_it_and_exits_128_plus_n(
     env.update(CONTROLTABLE_URL=backend_url, CONTROLTABLE_NAMESPACE=namespace)
     script = tmp_path / "cli.py"
     script.write_text(_AFTER_GRANT[command])
-    proc = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=START_HANG)
+    proc = subprocess.run(_from_a_terminal([sys.executable, str(script), *args]), cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=START_HANG)
     assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, proc.stdout, proc.stderr)
     assert "SIGTERM" in proc.stderr and "released the grant" in proc.stderr, proc.stderr
     assert _holders(ct) == [] and _waiters(ct) == [], "the grant was left held"
@@ -141,8 +152,8 @@ def test_a_signal_ignored_by_whoever_started_the_command_stays_ignored(
             "acquire": ["acquire", "r", "--holder", "W"]}[command]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLTABLE_")}
     env.update(CONTROLTABLE_URL=backend_url, CONTROLTABLE_NAMESPACE=namespace)
-    proc = subprocess.Popen(["nohup", sys.executable, "-m", "controltable.cli", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(_from_a_terminal(["nohup", sys.executable, "-m", "controltable.cli", *args]),
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: "W" in _waiters(ct) or proc.poll() is not None, START_HANG,
                    "the command to queue (a hang)")

@@ -117,3 +117,20 @@ def test_judge_event_table(backend: str, stats: EventStats, age: Any, errors: An
     verdict = judge_event_table(stats, max_pending_age=age, max_error_rows=errors, key="id")
     assert verdict.passed is passed
     assert bool(verdict.problems) is not passed
+
+
+def test_dagster_in_the_process_leaves_controltables_ddl_as_printed() -> None:
+    """Dagster's storage module registers ``@compiles(Float, "mysql")`` for the whole process (every
+    MySQL float becomes ``FLOAT(32)``); the control tables' DDL stays what ``core/sql/mysql.sql`` holds.
+    Found when the main lane ran over xdist workers: a worker that had imported Dagster printed FLOAT(32)."""
+    from pathlib import Path
+
+    import dagster._core.storage.sql  # noqa: F401 - the hook, as any Dagster process has it
+
+    from controltable.sqlscript import control_ddl, golden_statements
+
+    ddl = control_ddl("mysql")
+    assert any("expires_at FLOAT(53)" in statement for statement in ddl)
+    golden = (Path(__file__).resolve().parents[2] / "core" / "sql" / "mysql.sql").read_text(encoding="utf-8")
+    held = set(golden_statements(golden))
+    assert [s for s in ddl if s.rstrip(";") not in held and s not in held] == []

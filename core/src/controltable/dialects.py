@@ -564,10 +564,18 @@ def text_type() -> Any:
     return Text().with_variant(mssql.NVARCHAR(), "mssql")
 
 
+class _EpochFloat(Float):  # type: ignore[type-arg]
+    """``Float`` with a compiler dispatch of its own, so that another library's process-wide
+    ``@compiles(Float, "mysql")`` leaves controltable's DDL as the golden files print it (Dagster's
+    storage module, imported in every Dagster process, prints each MySQL float as ``FLOAT(32)``)."""
+
+    __visit_name__ = "float"
+
+
 def epoch_seconds_type() -> Any:
     """Epoch seconds: ``FLOAT(53)``, a double on every backend (MySQL's plain FLOAT is single
     precision), and ``BINARY_DOUBLE`` on Oracle."""
-    return Float(precision=53).with_variant(oracle.BINARY_DOUBLE(), "oracle")
+    return _EpochFloat(precision=53).with_variant(oracle.BINARY_DOUBLE(), "oracle")
 
 
 def id_type() -> Any:
