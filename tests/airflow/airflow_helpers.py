@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import sys
@@ -74,3 +75,17 @@ def record_checks(trigger: Any) -> list[Any]:
 
     trigger._check = recorded
     return checks
+
+
+#: A hang detector for the triggers' waits in the tests: several times what a loaded machine takes.
+TRIGGER_HANG = 300.0
+
+
+async def first_event(trigger: Any, timeout: float = TRIGGER_HANG) -> Any:
+    """The first event ``trigger.run()`` yields (a trigger that ends without one fails the test)."""
+    async def first() -> Any:
+        async for event in trigger.run():
+            return event
+        raise AssertionError("the trigger ended without an event")
+
+    return await asyncio.wait_for(first(), timeout)

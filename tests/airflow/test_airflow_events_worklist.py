@@ -8,15 +8,13 @@ import time
 from typing import Any
 
 import pytest
-from airflow_helpers import make_context, record_checks
+from airflow_helpers import TRIGGER_HANG, first_event, make_context, record_checks
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert
 from support.live import await_until
 
 pytestmark = [pytest.mark.usefixtures("airflow_db"), pytest.mark.backends("sqlite", "postgres")]
 
 CTX = make_context(run_id="run_a", task_id="claim")
-#: A hang detector for the trigger's waits: several times what a loaded machine takes.
-HANG = 300.0
 
 
 @pytest.fixture
@@ -126,19 +124,15 @@ def test_pending_events_sensor_poke_and_deferrable(conn_id: str, events: Any) ->
     checked = record_checks(trigger)
 
     async def scenario() -> Any:
-        async def first() -> Any:
-            async for event in trigger.run():
-                return event
-
-        task = asyncio.ensure_future(first())
+        task = asyncio.ensure_future(first_event(trigger))
         # Two checks that found 25 of 30 rows: the trigger is waiting, not ready.
-        await await_until(lambda: task.done() or len(checked) >= 2, HANG, "two checks of the trigger")
+        await await_until(lambda: task.done() or len(checked) >= 2, TRIGGER_HANG, "two checks of the trigger")
         assert not task.done() and checked[:2] == [None, None]
         # Off the loop: on SQLite a sync statement there would wait for the write lock the
         # trigger's open transaction holds, which needs the loop to finish.
         table = await asyncio.to_thread(lambda: Table(events.name, MetaData(), autoload_with=events.engine))
         await asyncio.to_thread(_insert, events.engine, table, range(26, 31))
-        return await asyncio.wait_for(task, HANG)
+        return await asyncio.wait_for(task, TRIGGER_HANG)
 
     event = asyncio.run(scenario())
     assert event.payload == {"status": "ready", "pending": 30}

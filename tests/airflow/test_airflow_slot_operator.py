@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 import pytest
-from airflow_helpers import make_context
+from airflow_helpers import TRIGGER_HANG, first_event, make_context
 from support.live import await_until
 
 pytestmark = [pytest.mark.usefixtures("airflow_db"), pytest.mark.backends("sqlite", "postgres")]
@@ -38,19 +38,6 @@ def operator(conn_id: str, fn: Any, **kwargs: Any) -> Any:
     ExecutorSafeguard.test_mode = True
     kwargs.setdefault("resource", "warehouse")
     return SlotPythonOperator(task_id="load", python_callable=fn, conn_id=conn_id, poll_interval=0.05, **kwargs)
-
-
-#: A hang detector for the triggers' waits: several times what a loaded machine takes.
-HANG = 300.0
-
-
-async def first_event(trigger: Any, timeout: float = HANG) -> Any:
-    async def first() -> Any:
-        async for event in trigger.run():
-            return event
-        raise AssertionError("no event")
-
-    return await asyncio.wait_for(first(), timeout)
 
 
 def holders(ct: Any, resource: str = "warehouse") -> list[str]:
@@ -256,7 +243,7 @@ def test_triggers_of_one_process_share_one_listener_and_wake_on_push(conn_id: st
     async def scenario() -> tuple[list[Any], float, int]:
         tasks = [asyncio.ensure_future(first_event(t)) for t in triggers]
         loop = asyncio.get_running_loop()
-        await await_until(queued_all, HANG, "the five triggers to queue", state=queued)
+        await await_until(queued_all, TRIGGER_HANG, "the five triggers to queue", state=queued)
         assert not any(t.done() for t in tasks)
         # The triggers check through the loop's one async twin of the hook's shared table.
         twins = {id(t._act) for t in triggers}

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from airflow_helpers import make_context, record_checks
+from airflow_helpers import TRIGGER_HANG, first_event, make_context, record_checks
 from support.live import await_until
 
 pytestmark = [pytest.mark.usefixtures("airflow_db"), pytest.mark.backends("sqlite", "postgres")]
@@ -19,8 +19,6 @@ RUN_A = make_context(run_id="run_a")
 RUN_B = make_context(run_id="run_b")
 HOLDER_A = "airflow:test_dag:run_a"
 HOLDER_B = "airflow:test_dag:run_b"
-#: A hang detector for the triggers' waits: several times what a loaded machine takes.
-HANG = 300.0
 
 
 def holders(ct: Any, resource: str) -> list[str]:
@@ -133,7 +131,7 @@ def test_deferrable_sensor_defers_then_resumes_with_the_lease(conn_id: str, ct: 
     rebuilt = SlotTrigger(**kwargs)  # what the triggerer does
 
     threading.Timer(0.3, ct.release, args=("warehouse", "other")).start()
-    event = asyncio.run(_first_event(rebuilt, timeout=HANG))
+    event = asyncio.run(first_event(rebuilt))
     assert event.payload["status"] == "granted" and event.payload["holder"] == HOLDER_A
     result = op.execute_complete(RUN_A, event=event.payload)
     assert result["token"] == event.payload["token"] == 2
@@ -157,15 +155,6 @@ def test_execute_complete_fails_clearly_when_the_grant_expired(conn_id: str, ct:
         op.execute_complete(RUN_A, event={"status": "error", "message": "boom"})
 
 
-async def _first_event(trigger: Any, timeout: float) -> Any:
-    async def first() -> Any:
-        async for event in trigger.run():
-            return event
-        raise AssertionError("trigger ended without an event")
-
-    return await asyncio.wait_for(first(), timeout)
-
-
 def _trigger(conn_id: str, holder: str, **kwargs: Any) -> Any:
     from airflow_controltable.triggers.slot import SlotTrigger
 
@@ -180,14 +169,14 @@ def test_trigger_yields_when_granted(conn_id: str, ct: Any) -> None:
     async def scenario() -> Any:
         trigger = _trigger(conn_id, HOLDER_A)
         checked = record_checks(trigger)
-        task = asyncio.ensure_future(_first_event(trigger, timeout=HANG))
+        task = asyncio.ensure_future(first_event(trigger))
         # The trigger queues up, then keeps waiting: checks after it is queued find no grant.
         # Sync calls leave the loop free (the trigger's own statements await it, and on SQLite a
         # blocked loop would hold the write lock its transaction has).
-        await await_until(lambda: task.done() or asyncio.to_thread(_queued, ct, [HOLDER_A]), HANG,
+        await await_until(lambda: task.done() or asyncio.to_thread(_queued, ct, [HOLDER_A]), TRIGGER_HANG,
                           "the trigger to queue")
         queued_at = len(checked)
-        await await_until(lambda: task.done() or len(checked) >= queued_at + 2, HANG,
+        await await_until(lambda: task.done() or len(checked) >= queued_at + 2, TRIGGER_HANG,
                           "two more checks of the trigger")
         assert not task.done() and checked[queued_at:] == [None] * (len(checked) - queued_at)
         assert await asyncio.to_thread(waiters, ct, "warehouse") == [HOLDER_A]
@@ -224,7 +213,7 @@ def test_a_loop_that_ends_closes_its_twins_connections(conn_id: str, ct: Any, ba
 
     async def granted_once(holder: str) -> Any:
         trigger = _trigger(conn_id, holder)
-        event = await _first_event(trigger, timeout=HANG)
+        event = await first_event(trigger)
         twins.append(trigger._act)
         loops.append(asyncio.get_running_loop())
         assert trigger._act in aio._PER_LOOP[loops[-1]].values()  # the loop's twin while it runs
@@ -251,16 +240,16 @@ def test_trigger_is_safe_to_run_twice(conn_id: str, ct: Any) -> None:
 
     async def scenario() -> list[Any]:
         both = asyncio.gather(
-            _first_event(_trigger(conn_id, HOLDER_A), HANG), _first_event(_trigger(conn_id, HOLDER_A), HANG)
+            first_event(_trigger(conn_id, HOLDER_A)), first_event(_trigger(conn_id, HOLDER_A))
         )
         # Both copies wait (one queue entry: one holder) before the slot frees up.
-        await await_until(lambda: asyncio.to_thread(_queued, ct, [HOLDER_A]), HANG, "the triggers to queue")
+        await await_until(lambda: asyncio.to_thread(_queued, ct, [HOLDER_A]), TRIGGER_HANG, "the triggers to queue")
         await asyncio.to_thread(ct.release, "warehouse", "other")
         return list(await both)
 
     first, second = asyncio.run(scenario())
     assert first.payload["token"] == second.payload["token"] == 2
-    again = asyncio.run(_first_event(_trigger(conn_id, HOLDER_A), HANG))  # event delivered twice / trigger re-run
+    again = asyncio.run(first_event(_trigger(conn_id, HOLDER_A)))  # event delivered twice / trigger re-run
     assert again.payload["token"] == 2
     assert holders(ct, "warehouse") == [HOLDER_A]
     status = ct.status(["warehouse"])[0]
@@ -268,7 +257,7 @@ def test_trigger_is_safe_to_run_twice(conn_id: str, ct: Any) -> None:
 
 
 def test_trigger_reports_a_missing_resource_as_an_error_event(conn_id: str) -> None:
-    event = asyncio.run(_first_event(_trigger(conn_id, HOLDER_A, slots=1), HANG))
+    event = asyncio.run(first_event(_trigger(conn_id, HOLDER_A, slots=1)))
     assert event.payload["status"] == "error"
     assert "does not exist" in event.payload["message"]
 
