@@ -5,7 +5,9 @@ and ``benchmarks/out/throughput.png``. Scenarios 2, 4, 5, 6 and 7 are PostgreSQL
 and LISTEN/NOTIFY are PostgreSQL's; the history and scaling goals are set for it); scenarios 1 and
 3 also run on MariaDB and SQLite, where the server is reachable. Scenario 8 (slots for fleets) runs
 fully on PostgreSQL and its scale figure on MariaDB and SQLite too. Scenario ``goals`` (benchmarks/goals.py)
-prints each timing goal the tests no longer assert (handoff, lease interrupt, renewal) beside its figure.
+prints each timing goal the tests no longer assert (handoff, lease interrupt, renewal, cancel, orphan slot
+back) beside its figure. The Dagster retry watcher's goal is benchmarks/dagster_withdrawal.py, run on its
+own from the project's .venv (it needs Dagster): this module never imports it.
 """
 
 from __future__ import annotations

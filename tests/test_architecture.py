@@ -183,7 +183,7 @@ PRIVATE_FLAGGED = [
     "ct._slots.acquire('r')",
     "self._ct._slots.wait_info('r', 'h')",
     "resource._fail(exc, 'x')",
-    "lease.ct._notify(conn, [])",
+    "lease.ct._wakeups.notify(conn, [])",
     "getattr(ct, '_slots')",
     "from controltable.events import _age",
     "from controltable._private import x",

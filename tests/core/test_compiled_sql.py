@@ -13,19 +13,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy
+from support.golden import changed_statements, golden_named
 
 from controltable.errors import ConfigurationError
 from controltable.events import EventStatements
 from controltable.sqlnotes import notes_of, sql_notes
-from controltable.sqlscript import (
-    GOLDEN_DIALECTS,
-    Statement,
-    changed_statements,
-    control_ddl,
-    golden_named,
-    named_statements,
-    render,
-)
+from controltable.sqlscript import GOLDEN_DIALECTS, Statement, control_ddl, named_statements, render
 from controltable.worklist import WorkListStatements
 
 GOLDEN = Path(__file__).resolve().parents[2] / "core" / "sql"

@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 import sqlalchemy
 from click.testing import CliRunner
+from support.golden import captured_statements
 
 from controltable.cli.group import cli
 from controltable.defaults import MSSQL_ROWS_PER_STATEMENT
 from controltable.schema import build_schema
-from controltable.sqlscript import GOLDEN_DIALECTS, captured_statements, control_ddl, render
+from controltable.sqlscript import GOLDEN_DIALECTS, control_ddl, render
 
 GOLDEN = Path(__file__).resolve().parents[2] / "core" / "sql"
 REGENERATE = ".venv/bin/python -m controltable.sqlscript core/sql"

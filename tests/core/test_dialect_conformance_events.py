@@ -15,12 +15,12 @@ import pytest
 from sqlalchemy import CHAR, VARCHAR, Column, Index, Integer, MetaData, Table
 from sqlalchemy.dialects import mssql, mysql, oracle, postgresql, sqlite
 from sqlalchemy.schema import CreateIndex
+from support.golden import captured_statements
 
 from controltable import dialects
 from controltable.defaults import MSSQL_ROWS_PER_STATEMENT
 from controltable.events import ClaimColumns, EventStatements, claim_columns
 from controltable.events.ddl import claim_indexes
-from controltable.sqlscript import captured_statements
 
 COLS = ClaimColumns()
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.golden import golden_shapes, golden_statements, statement_shape
 
-from controltable.sqlscript import GOLDEN_DIALECTS, golden_shapes, golden_statements, statement_shape
+from controltable.sqlscript import GOLDEN_DIALECTS
 
 GOLDEN = Path(__file__).resolve().parents[2] / "core" / "sql"
 

@@ -126,8 +126,9 @@ def test_dagster_in_the_process_leaves_controltables_ddl_as_printed() -> None:
     from pathlib import Path
 
     import dagster._core.storage.sql  # noqa: F401 - the hook, as any Dagster process has it
+    from support.golden import golden_statements
 
-    from controltable.sqlscript import control_ddl, golden_statements
+    from controltable.sqlscript import control_ddl
 
     ddl = control_ddl("mysql")
     assert any("expires_at FLOAT(53)" in statement for statement in ddl)

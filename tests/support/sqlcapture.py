@@ -3,7 +3,7 @@ the golden files (``core/sql/``).
 
 Inert unless ``CONTROLTABLE_CAPTURE_SQL`` names a directory. Then every SQLAlchemy statement
 object that controltable's own code executes (not the tests' set-up statements: the caller is found
-on the stack) is recorded per running dialect, as its shape (:func:`controltable.sqlscript.statement_shape`:
+on the stack) is recorded per running dialect, as its shape (:func:`support.golden.statement_shape`:
 binds, IN-list lengths, row counts, prefixes and the user's table names made uniform). Statements
 run on SQLite are also compiled for SQL Server and Oracle (the dialects that cannot run here).
 
@@ -98,7 +98,7 @@ def _from_controltable() -> bool:
 
 
 def _record(dialect: str, text: str) -> None:
-    from controltable.sqlscript import statement_shape
+    from support.golden import statement_shape
 
     _SEEN.setdefault(dialect, {}).setdefault(statement_shape(text), text)
 
@@ -144,14 +144,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def missing_shapes(dialect: str) -> dict[str, str]:
     """Shapes sent for ``dialect`` that the golden files do not hold (shape -> a statement)."""
-    from controltable.sqlscript import golden_shapes
+    from support.golden import golden_shapes
 
     held = golden_shapes(GOLDEN, dialect)
     return {shape: text for shape, text in _SEEN.get(dialect, {}).items() if shape not in held}
 
 
 def _write_suite(dialect: str) -> None:
-    from controltable.sqlscript import _terminated, golden_statements, statement_shape
+    from controltable.sqlscript import _terminated
+    from support.golden import golden_statements, statement_shape
 
     scripted = {statement_shape(s) for s in golden_statements((GOLDEN / f"{dialect}.sql").read_text(encoding="utf-8"))}
     extra = sorted(shape for shape in _SEEN.get(dialect, {}) if shape not in scripted)

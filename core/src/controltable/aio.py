@@ -13,11 +13,9 @@ engine (``sqlite+aiosqlite``, ``postgresql+psycopg`` in its async form, ``mysql+
 * :attr:`Database.sleep <controltable.db.Database.sleep>`: a retry's back-off.
 
 Lease renewal is an asyncio task, and a lease found lost cancels the task that entered
-``async with act.slot(...)``: asyncio's own cancellation, which stops an awaiting statement or
-sleep (the statement's transaction rolls back); the block then raises
-:class:`~controltable.errors.LeaseLostInterrupt`, as the sync ``slot()`` does. Cancelling a task
-that waits in :meth:`AsyncControlTable.acquire` withdraws its queue entry (the core's own
-clean-up path runs in the greenlet).
+``async with act.slot(...)``: asyncio's own cancellation stops an awaiting statement or sleep (its
+transaction rolls back). Cancelling a task that waits in :meth:`AsyncControlTable.acquire`
+withdraws its queue entry (the core's own clean-up path runs in the greenlet).
 
 Install with ``pip install 'controltable[async]'`` (greenlet, aiosqlite, aiomysql; psycopg has
 its async connection built in).
@@ -43,7 +41,6 @@ from typing import (
     Mapping,
     Optional,
     Sequence,
-    TypeVar,
     Union,
 )
 
@@ -78,8 +75,6 @@ except ImportError:  # pragma: no cover - SQLAlchemy without its asyncio support
 
 log = logging.getLogger("controltable")
 
-T = TypeVar("T")
-
 def async_url(url: Union[str, Any]) -> str:
     """``url`` with its driver swapped for the asyncio one (``sqlite://`` -> ``sqlite+aiosqlite://``,
     ``postgresql+psycopg://`` -> psycopg's async connection, ``mysql+pymysql://`` -> ``mysql+aiomysql://``).
@@ -106,16 +101,6 @@ def async_url(url: Union[str, Any]) -> str:
             f"no asyncio driver is supported for {parsed.drivername!r}; use PostgreSQL (psycopg), "
             "MySQL/MariaDB (aiomysql) or SQLite (aiosqlite), or run the sync ControlTable with asyncio.to_thread")
     return str(parsed.set(drivername=found).render_as_string(hide_password=False))
-
-
-async def _in_greenlet(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run sync core code in a greenlet whose statements await the event loop (native async drivers)."""
-    return await greenlet_spawn(fn, *args, **kwargs)  # type: ignore[no-any-return]
-
-
-async def _in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run sync core code in the loop's default thread pool (a backend without an async driver)."""
-    return await asyncio.to_thread(fn, *args, **kwargs)
 
 
 Runner = Callable[..., Awaitable[Any]]
@@ -227,7 +212,8 @@ class AsyncControlTable:
         target = _target(url)
         #: Whether calls run over a native async driver (else in threads: SQL Server, Oracle).
         self.native = target != url or _is_async(target)
-        self._run: Runner = _in_greenlet if self.native else _in_thread
+        # Sync core code runs in a greenlet whose statements await the event loop, else in the loop's thread pool.
+        self._run: Runner = greenlet_spawn if self.native else asyncio.to_thread
         #: The sync core this object runs (in greenlets, its engine an async engine's sync face).
         self.sync = ControlTable(target, namespace=namespace, schema=schema, prefix=prefix,
                                  connect_timeout=connect_timeout, statement_timeout=statement_timeout,
@@ -292,12 +278,9 @@ class AsyncControlTable:
         pickup: float = DEFAULT_PICKUP,
         priority: int = DEFAULT_SLOT_PRIORITY,
     ) -> AsyncLease:
-        """Wait in queue order and take the slots (:meth:`ControlTable.acquire <controltable.ControlTable.acquire>`).
+        """:meth:`ControlTable.acquire <controltable.ControlTable.acquire>`, its sleeps awaited on the loop.
 
-        The wait is the core's own (FIFO, pickup, refresh of the entry), its sleeps awaited on the
-        loop. On ``timeout`` the entry is withdrawn and :class:`AcquireTimeout` raised; a cancelled
-        task withdraws its entry too.
-        """
+        A cancelled task withdraws its queue entry, as a timeout does."""
         found = await self._run(self.sync.acquire, resource, holder=holder, slots=slots, mode=mode, timeout=timeout,
                              lease=lease, waiter_ttl=waiter_ttl, poll_interval=poll_interval, attempt=attempt,
                              pickup=pickup, priority=priority)
@@ -338,14 +321,9 @@ class AsyncControlTable:
         interrupt: Optional[bool] = None,
         stop_when_orphaned: bool = STOP_RENEWING_WHEN_ORPHANED,
     ) -> AsyncSlotBlock:
-        """Hold a slot for an ``async with`` block, renewing its lease in an asyncio task.
-
-        A lease found lost or expired cancels the task that entered the block (``interrupt=False``
-        lets it run on) and the block raises :class:`LeaseLostInterrupt`; a loss noticed only at
-        the end raises :class:`LeaseLost` on exit, as :meth:`ControlTable.slot` does.
-        ``stop_when_orphaned``: stop renewing once this process's parent is gone (a supervised
-        process whose supervisor died lets its lease expire), as the sync renewer's option.
-        """
+        """:meth:`ControlTable.slot` for ``async with``: renewal is an asyncio task, and a loss cancels the task
+        that entered the block. ``stop_when_orphaned``: stop renewing once this process's parent is gone (a
+        supervised process whose supervisor died lets its lease expire), as the sync renewer's option."""
         async def acquire() -> AsyncLease:
             return await self.acquire(resource, holder=holder, slots=slots, mode=mode, timeout=timeout, lease=lease,
                                       waiter_ttl=waiter_ttl, attempt=attempt, pickup=pickup, priority=priority)

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, Callable, Optional
 
 from . import threads
@@ -173,14 +171,3 @@ def untrack_thread(tracker: RunningStatements) -> None:
             trackers.remove(tracker)
             if not trackers:
                 del _TRACKED[tracker.thread]
-
-
-@contextmanager
-def tracked_statements() -> Iterator[RunningStatements]:
-    """Note the statements this thread runs through SQLAlchemy while the block runs."""
-    tracker = RunningStatements()
-    track_thread(tracker)
-    try:
-        yield tracker
-    finally:
-        untrack_thread(tracker)

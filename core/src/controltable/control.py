@@ -6,7 +6,7 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
 from sqlalchemy import inspect, select
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine import Engine, make_url
 
 from . import connect, migrations, tracing
 from .db import DEFAULT_URL, Database
@@ -282,8 +282,7 @@ class ControlTable:
         holder ids that start with the scope, e.g. ``f"{dag_id}/{run_id}/"``. The prefix is
         matched literally. Whoever can run then is granted. Returns the requests removed.
         """
-        prefix = check_prefix("holder prefix", prefix)
-        return self._slots.release_holders(prefix)
+        return self._slots.release_holders(check_prefix("holder prefix", prefix))
 
     def wait_info(self, resource: str, holder: str) -> Optional[WaitInfo]:
         """Where ``holder`` stands on ``resource`` (state, position, who is ahead), or None."""
@@ -418,14 +417,6 @@ class ControlTable:
         from .doctor import run_checks
 
         return run_checks(self, self._wakeups, event_tables=event_tables)
-
-    def _notify(self, conn: Connection, keys: list[str]) -> None:
-        """Inside ``conn``'s transaction: wake waiters of ``keys`` when it commits (PostgreSQL)."""
-        self._wakeups.notify(conn, keys)
-
-    def _wait_for_wakeup(self, keys: list[str], seconds: float, since: Optional[tuple[int, ...]] = None) -> bool:
-        """Sleep up to ``seconds``, or less when a wake-up arrives for one of ``keys``."""
-        return self._wakeups.wait(keys, seconds, since)
 
 
 def _listen_url(given: Optional[str], db: Database) -> Optional[str]:

@@ -297,19 +297,14 @@ class Database:
         finally:
             self._local.deadline = previous
 
-    def _budget(self) -> Optional[float]:
-        assert self._guard is not None
+    def _guard_start(self, guard: connect.StatementGuard, dbapi_conn: Any) -> Optional[connect._Alarm]:
         until = getattr(self._local, "deadline", None)
         left = None if until is None else until + defaults.DEADLINE_STATEMENT_GRACE - time.monotonic()
-        return self._guard.budget(self.statement_timeout, left)
-
-    def _guard_start(self, guard: connect.StatementGuard, dbapi_conn: Any) -> Optional[connect._Alarm]:
-        budget = self._budget()
+        budget = guard.budget(self.statement_timeout, left)
         if budget is None:
             return None
         # Under a caller's deadline there is no time to wait for a cancel's answer.
-        hurry = getattr(self._local, "deadline", None) is not None
-        return guard.start(dbapi_conn, budget, hurry)
+        return guard.start(dbapi_conn, budget, until is not None)
 
     def _guard_finish(self, guard: Optional[connect.StatementGuard], alarm: Optional[connect._Alarm]) -> None:
         if guard is None or alarm is None:
@@ -325,12 +320,6 @@ class Database:
         alarm: Optional[connect._Alarm] = getattr(self._local, "alarm", None)
         self._local.alarm = None
         return alarm
-
-    def _settle_alarm(self) -> None:
-        """End the guard of a statement that failed without SQLAlchemy's ``handle_error`` event, so
-        that the budget which stopped it is known (:meth:`overran`, not "server down"): the MySQL
-        dialect's reflection runs ``SHOW CREATE TABLE`` with ``skip_user_error_events``."""
-        self._guard_finish(self._guard, self._running_alarm())
 
     def _install_guard(self, guard: connect.StatementGuard) -> None:
         """Every statement, commit and rollback on this engine runs under a budget (see :meth:`deadline`)."""
@@ -498,7 +487,10 @@ class Database:
                     try:
                         result = fn(conn)
                     except BaseException:
-                        self._settle_alarm()
+                        # End the guard of a statement that failed without SQLAlchemy's handle_error
+                        # event, so that the budget which stopped it is known (overran, not "server
+                        # down"): MySQL's reflection runs SHOW CREATE TABLE with skip_user_error_events.
+                        self._guard_finish(self._guard, self._running_alarm())
                         if trans.is_active:
                             trans.rollback()
                         raise

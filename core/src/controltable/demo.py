@@ -27,8 +27,6 @@ from .checks import Interval, peak_usage, violations
 
 RESOURCE = "demo-warehouse"
 EVENTS = "ct_demo_events"
-
-
 THREADS = 3  # requesters per worker process: enough for a queue to form behind the resource
 
 

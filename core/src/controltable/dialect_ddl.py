@@ -140,14 +140,6 @@ ONLINE_EDITIONS = (3,) + AZURE_EDITIONS
 EDITION_ATTRIBUTE = "controltable_engine_edition"
 
 
-def low_priority_index_available(dialect: Any) -> bool:
-    """Whether the SQL Server behind ``dialect`` accepts ``WAIT_AT_LOW_PRIORITY`` on ``CREATE
-    INDEX``: SQL Server 2022+ by its version, Azure SQL Database and Managed Instance by their
-    engine edition (read by :func:`online_ddl_available`; they report version 12)."""
-    version = tuple(getattr(dialect, "server_version_info", None) or ())
-    return version >= LOW_PRIORITY_INDEX_VERSION or getattr(dialect, EDITION_ATTRIBUTE, None) in AZURE_EDITIONS
-
-
 class CreateIndexOnline(DDLElement):
     """``CREATE INDEX`` that lets writers go on while it builds, where the server offers it:
     ``CONCURRENTLY`` on PostgreSQL (outside a transaction), ``WITH (ONLINE = ON)`` on SQL Server
@@ -160,16 +152,17 @@ class CreateIndexOnline(DDLElement):
 
 @compiles(CreateIndexOnline)
 def _create_index_online(element: CreateIndexOnline, compiler: Any, **kw: Any) -> str:
-    from sqlalchemy.schema import CreateIndex
-
     text = str(compiler.process(CreateIndex(element.index), **kw)).strip()
     name = compiler.dialect.name
     if name == "postgresql":
         return text.replace("CREATE INDEX ", "CREATE INDEX CONCURRENTLY ", 1)
     if name == "mssql":
-        if low_priority_index_available(compiler.dialect):
-            # SQL Server 2022+ / Azure: the build's schema-lock request waits in a low-priority
-            # queue (new readers and writers pass it) and gives up itself, as a lock timeout.
+        version = tuple(getattr(compiler.dialect, "server_version_info", None) or ())
+        azure = getattr(compiler.dialect, EDITION_ATTRIBUTE, None) in AZURE_EDITIONS
+        if version >= LOW_PRIORITY_INDEX_VERSION or azure:
+            # SQL Server 2022+ by its version, Azure by its engine edition (see AZURE_EDITIONS): the build's
+            # schema-lock request waits in a low-priority queue (new readers and writers pass it) and
+            # gives up itself, as a lock timeout.
             return (text + f" WITH (ONLINE = ON (WAIT_AT_LOW_PRIORITY (MAX_DURATION = {LOW_PRIORITY_MINUTES} "
                     "MINUTES, ABORT_AFTER_WAIT = SELF)))")
         return text + " WITH (ONLINE = ON)"
@@ -217,7 +210,6 @@ def online_ddl_available(conn: Any) -> bool:
         return True
     try:
         if name == "mssql":
-            # 3 = Enterprise/Developer/Evaluation, 5 = Azure SQL Database, 8 = Managed Instance.
             edition = int(conn.exec_driver_sql("SELECT CAST(SERVERPROPERTY('EngineEdition') AS INT)").scalar())
             setattr(conn.dialect, EDITION_ATTRIBUTE, edition)
             return edition in ONLINE_EDITIONS

@@ -620,17 +620,6 @@ def fit_message(text: str, chars: int) -> str:
     return data[:limit].decode("utf-8", "ignore")
 
 
-def limit_locked(stmt: S, traits: Traits, n: int) -> S:
-    """Limit a locking select to ``n`` rows where the backend allows it.
-
-    Oracle rejects ``FETCH FIRST`` together with ``FOR UPDATE`` (ORA-02014); there the caller
-    fetches ``n`` rows from the cursor, and SKIP LOCKED locks rows as they are fetched.
-    """
-    if not traits.limit_under_lock:
-        return stmt
-    return stmt.limit(n)  # type: ignore[return-value]
-
-
 def update_returning(running: Any, target: Traits) -> bool:
     """Whether a claim can be one ``UPDATE ... WHERE key IN (locking subquery) RETURNING``.
 

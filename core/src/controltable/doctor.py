@@ -15,6 +15,7 @@ own, never an exception: doctor is what a user runs when something is wrong.
 from __future__ import annotations
 
 import functools
+import operator
 import time
 import uuid
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 #: ``warning``: a promise is weakened (exit 1); ``error``: a promise is broken or work fails (exit 2).
 LEVELS = ("ok", "info", "warning", "error")
 NOTHING = "nothing to do"
+_SET_LISTEN_URL = ("set listen_url (ControlTable(url, listen_url=...), CONTROLTABLE_LISTEN_URL or --listen-url) to a "
+                   "direct URL of the PostgreSQL server")
 
 
 class Checked(Protocol):
@@ -167,8 +170,7 @@ def pooler_finding(probe: PoolerProbe, push_active: bool, listen_url: bool) -> F
         if push_active and listen_url:
             return Finding("pooler", "info", message + "; push wake-ups go through listen_url", NOTHING)
         return Finding("pooler", "info", message + "; LISTEN does not survive it",
-                       "set listen_url (ControlTable(url, listen_url=...), CONTROLTABLE_LISTEN_URL or --listen-url) "
-                       "to a direct URL of the PostgreSQL server, for push wake-ups")
+                       _SET_LISTEN_URL + ", for push wake-ups")
     if probe.server_port is not None and probe.url_port is not None and probe.server_port != probe.url_port:
         message = (f"a proxy or a pooler in session mode: the URL's port is {probe.url_port}, the server's "
                    f"{probe.server_port}; each client keeps its server connection, so sessions behave as direct")
@@ -177,8 +179,7 @@ def pooler_finding(probe: PoolerProbe, push_active: bool, listen_url: bool) -> F
         # The listener cannot tell this from a transaction pooler before it LISTENs, and LISTEN through
         # one breaks it: it stays off this path, so pushes need listen_url here too.
         return Finding("pooler", "info", message + "; the listener does not LISTEN through it",
-                       "set listen_url (ControlTable(url, listen_url=...), CONTROLTABLE_LISTEN_URL or --listen-url) "
-                       "to a direct URL of the PostgreSQL server, for push wake-ups")
+                       _SET_LISTEN_URL + ", for push wake-ups")
     return Finding("pooler", "ok", "no connection pooler in transaction mode between this client and the server",
                    NOTHING)
 
@@ -197,9 +198,7 @@ def push_finding(state: str, detail: str, round_trip_ms: Optional[float], listen
     if listen_url:
         return Finding("push", "warning", seen, "point listen_url at the PostgreSQL server itself (the same server "
                        "the URL reaches, not a pooler or a replica); until then waiters poll")
-    return Finding("push", "warning", seen,
-                   "set listen_url (ControlTable(url, listen_url=...), CONTROLTABLE_LISTEN_URL or --listen-url) to "
-                   "a direct URL of the PostgreSQL server; until then waiters poll")
+    return Finding("push", "warning", seen, _SET_LISTEN_URL + "; until then waiters poll")
 
 
 def role_finding(dialect: str, read_only: Optional[bool]) -> Finding:
@@ -329,7 +328,6 @@ def run_checks(ct: Checked, wakeups: Wakeups, *, event_tables: Sequence[EventTab
     """Every check against ``ct``'s database, in a stable order; each failure is a finding of its own.
 
     ``wakeups`` is ``ct``'s push listener: the pooler and push checks probe it and read its listen URL.
-
     A database that cannot be reached at all raises :class:`DatabaseUnavailableError` (the CLI's exit 4).
     """
     db = ct.db
@@ -451,14 +449,10 @@ def _denied(ct: Checked, table: Table) -> dict[str, str]:
     denied: dict[str, str] = {}
     for privilege, stmt in privilege_probes(table).items():
         try:
-            ct.db.run(functools.partial(_execute, stmt))
+            ct.db.run(operator.methodcaller("execute", stmt))
         except PermissionDeniedError as exc:
             denied[privilege] = str(exc)
     return denied
-
-
-def _execute(stmt: Any, conn: Connection) -> None:
-    conn.execute(stmt)
 
 
 def _event_table(ct: Checked, ev: EventTable, label: str) -> list[Finding]:

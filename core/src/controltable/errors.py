@@ -216,10 +216,6 @@ class ErrorOutcome:
     fix: str
 
 
-def _event_table(exc: BaseException) -> bool:
-    return "event table" in str(exc)
-
-
 #: (error class, extra test or None, outcome), most specific first; :func:`error_outcome` takes the
 #: first row that matches. Retryable: the database unreachable, busy or slow (it may come back), a
 #: slot not granted in time (the holders move on), a lost lease (a new attempt gets a new fencing
@@ -254,7 +250,7 @@ ERROR_TABLE: tuple[tuple[type[BaseException], Optional[Callable[[BaseException],
         "connection pooler in the way", "configuration", False, EXIT_DATABASE,
         "use the plain URL through the pooler, set listen_url to a direct connection, or use a session-mode "
         "pool; `controltable doctor` checks the setup")),
-    (NotInstalledError, _event_table, ErrorOutcome(
+    (NotInstalledError, lambda exc: "event table" in str(exc), ErrorOutcome(
         "event table not prepared", "configuration", False, EXIT_DATABASE,
         "add the claim columns once with `controltable events prepare TABLE --key KEY` (or "
         "ControlTable.events(TABLE, key=KEY).prepare())")),

@@ -76,7 +76,8 @@ def install(db: Database, tables: ControlSchema, *, version: int = SCHEMA_VERSIO
     for step in range(installed or version, version):
         upgrade = upgrades[step]
         _retry_busy(lambda: upgrade(db, tables))  # noqa: B023 - called at once
-        db.run(_record_version(tables, step + 1))
+        record = update(meta).where(meta.c.key == "schema_version").values(value=str(step + 1))
+        db.run(lambda c: c.execute(record))  # noqa: B023 - called at once
     return version
 
 
@@ -93,15 +94,6 @@ def _create(db: Database, tables: ControlSchema) -> None:
                         for e in (exc, exc.__cause__) if e is not None)
             if attempt == 2 or not raced:
                 raise
-
-
-def _record_version(tables: ControlSchema, version: int) -> Callable[[Connection], None]:
-    meta = tables.meta
-
-    def fn(conn: Connection) -> None:
-        conn.execute(update(meta).where(meta.c.key == "schema_version").values(value=str(version)))
-
-    return fn
 
 
 def _retry_busy(fn: Callable[[], object], within: float = INSTALL_BUSY_WINDOW) -> None:
@@ -144,7 +136,7 @@ def add_column(db: Database, table: Table, name: str) -> None:
     dialect: Dialect = db.engine.dialect
 
     def add(conn: Connection) -> None:
-        if name.lower() not in _columns(conn, table):
+        if name.lower() not in {c["name"].lower() for c in inspect(conn).get_columns(table.name, schema=table.schema)}:
             conn.execute(add_column_sql(table, table.c[name], dialect))
 
     _ddl(db, add)
@@ -154,18 +146,11 @@ def ensure_index(db: Database, table: Table, index: Index) -> None:
     """Create ``index`` of ``table`` unless it exists (check-then-act)."""
 
     def create(conn: Connection) -> None:
-        if str(index.name).lower() not in _indexes(conn, table):
+        have = inspect(conn).get_indexes(table.name, schema=table.schema)
+        if str(index.name).lower() not in {str(i["name"]).lower() for i in have if i["name"]}:
             index.create(conn)
 
     _ddl(db, create)
-
-
-def _columns(conn: Connection, table: Table) -> set[str]:
-    return {c["name"].lower() for c in inspect(conn).get_columns(table.name, schema=table.schema)}
-
-
-def _indexes(conn: Connection, table: Table) -> set[str]:
-    return {str(i["name"]).lower() for i in inspect(conn).get_indexes(table.name, schema=table.schema) if i["name"]}
 
 
 def _ddl(db: Database, step: Callable[[Connection], None]) -> None:

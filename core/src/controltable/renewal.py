@@ -55,15 +55,8 @@ class Renewer(threading.Thread):
     also interrupts the owner's work if it armed the interrupt.
     """
 
-    def __init__(
-        self,
-        target: BackgroundRenewal,
-        interval: float,
-        name: str,
-        *,
-        stop_when_orphaned: bool = False,
-        alive: Optional[Callable[[], bool]] = None,
-    ) -> None:
+    def __init__(self, target: BackgroundRenewal, interval: float, name: str, *, stop_when_orphaned: bool = False,
+                 alive: Optional[Callable[[], bool]] = None) -> None:
         super().__init__(name=f"controltable-renew-{name}", daemon=True)
         self.target = target
         self.interval = interval
@@ -167,13 +160,9 @@ class BackgroundRenewal:
         A loss is recorded in ``lost`` and raised by the next complete/release (or ``check``).
 
         ``stop_when_orphaned``: stop renewing (and let the lease expire) once the parent process
-        this process started under is gone. Default
-        :data:`~controltable.defaults.STOP_RENEWING_WHEN_ORPHANED` (off), because a plain script or
-        a ``nohup`` job legitimately outlives the shell that started it, and letting its lease go
-        would hand its slot to a second holder while it still works. Worker processes that a
-        supervisor owns (Airflow task runners, Dagster step processes) pass ``True``: when the
-        supervisor is killed, nobody will record the outcome, and the slot must come back within
-        one lease rather than when the orphan finally ends.
+        this process started under is gone, so the slot comes back within one lease rather than when
+        the orphan ends. Default :data:`~controltable.defaults.STOP_RENEWING_WHEN_ORPHANED` (off: a
+        ``nohup`` job outlives its shell on purpose); supervised workers (Airflow, Dagster) pass ``True``.
 
         ``alive``: a callback checked as often as the orphan test; renewal stops when it returns
         false (or raises), e.g. ``lambda: not finished.is_set()`` or a run-status check.
@@ -222,15 +211,11 @@ class BackgroundRenewal:
     def interrupting(self, interrupt: Optional[bool] = None) -> Interrupting:
         """While the block runs, a lease found lost or expired by the renewer interrupts it.
 
-        The block gets :class:`~controltable.errors.LeaseLostInterrupt` (a ``LeaseLost``) in
-        this thread, also while it waits in a sleep, a socket read, a running statement or a
-        subprocess (main thread; see :mod:`controltable.interrupt`), and its running statements
-        are cancelled in the server. Whatever the block raises once the interrupt was sent
-        reaches the caller as ``LeaseLostInterrupt`` (that error chained), and a block that ends
-        normally after it raises one on exit. ``interrupt``: ``False`` turns it off for this block
-        (default: :attr:`interrupt`, i.e. :data:`~controltable.defaults.INTERRUPT_ON_LEASE_LOSS`).
-        Nested blocks of the same thread share the outer one's arming. Only a background renewer
-        (:meth:`start_renewing`) interrupts; without one the block runs as before.
+        Its running statements are cancelled in the server and the block gets
+        :class:`~controltable.errors.LeaseLostInterrupt` in this thread, blocked or not (how, and what
+        the caller then sees: :mod:`controltable.interrupt`). ``interrupt=False`` turns it off for this
+        block (default: :attr:`interrupt`). Nested blocks of the same thread share the outer one's
+        arming. Only a background renewer (:meth:`start_renewing`) interrupts.
         """
         return Interrupting(self, self.interrupt if interrupt is None else bool(interrupt))
 

@@ -113,14 +113,6 @@ def check_encodable(kind: str, value: str) -> str:
     return value
 
 
-def check_text(kind: str, value: object, *, limit: Optional[int] = None) -> str:
-    """Free text such as a failure reason: a string that every backend can store."""
-    if not isinstance(value, str):
-        raise ConfigurationError(f"{kind} must be a string, got {type(value).__name__}")
-    check_encodable(kind, value)
-    return value if limit is None else value[:limit]
-
-
 FAIL_MARKER = "... [cut: {n} more characters]"
 
 

@@ -180,10 +180,7 @@ class Wakeups:
             finally:
                 sender.close()
         else:
-            self.db.run(lambda conn: self._send_probe(conn, key))
-
-    def _send_probe(self, conn: Connection, key: str) -> None:
-        conn.execute(select(func.pg_notify(self.channel, f"{self.namespace}\x1f{key}")))
+            self.db.run(lambda conn: conn.execute(select(func.pg_notify(self.channel, f"{self.namespace}\x1f{key}"))))
 
     def _target_text(self) -> str:
         if self.listen_url:

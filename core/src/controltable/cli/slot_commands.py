@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import asdict
 from typing import Any, Callable, NoReturn, Optional, TypeVar
 
 import click
@@ -83,13 +84,6 @@ def capacity_delete(obj: CT, name: str, force: bool) -> None:
 
 
 # -- status ------------------------------------------------------------------------------------------
-def _note_push(ct: ControlTable) -> None:
-    """Say so when push wake-ups do not arrive (behind a pooler in transaction mode): waiters poll then."""
-    push = ct.push_status()
-    if push.state == "inactive":
-        err.print(f"note: {push.detail}")
-
-
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.argument("resources", nargs=-1)
@@ -100,9 +94,11 @@ def status(obj: CT, as_json: bool, resources: tuple[str, ...]) -> None:
     ct = obj.get()
     states = ct.status(list(resources) or None)
     if as_json:
-        click.echo(json.dumps([_status_dict(s) for s in states], default=str, indent=2))
+        click.echo(json.dumps([asdict(s) for s in states], default=str, indent=2))
         return
-    _note_push(ct)
+    push = ct.push_status()
+    if push.state == "inactive":  # behind a pooler in transaction mode: waiters poll
+        err.print(f"note: {push.detail}")
     now = ct.now()
     if not states:
         console.print(f"no resources in namespace {obj.namespace!r}; "
@@ -175,12 +171,6 @@ def _behind(ahead: list[str], show: int = 3) -> str:
         return ""
     more = f" +{len(ahead) - show} more" if len(ahead) > show else ""
     return ", ".join(ahead[:show]) + more
-
-
-def _status_dict(st: Any) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return asdict(st)
 
 
 @cli.command()

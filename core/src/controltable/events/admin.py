@@ -91,11 +91,7 @@ class EventAdministration:
     def pending_count(self, where: Where = None) -> int:
         """How many rows a claim could take right now."""
         q = self.sql
-
-        def fn(conn: Connection) -> int:
-            return int(conn.scalar(q.pending_count(read_now(conn), where)) or 0)
-
-        return self.db.run(fn)
+        return self.db.run(lambda conn: int(conn.scalar(q.pending_count(read_now(conn), where)) or 0))
 
     def _update_where(self, conditions: list[ColumnElement[Any]], values: dict[str, Any]) -> int:
         """``UPDATE <table> SET values WHERE conditions``; returns how many rows it changed.

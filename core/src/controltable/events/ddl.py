@@ -174,18 +174,11 @@ def key_is_unique(bind: Any, table: Table, name: str, schema: Optional[str], key
     return False
 
 
-def _control_table_signatures() -> dict[str, frozenset[str]]:
-    """Per control-table name suffix (``meta``, ``request``, ...): the columns every installed
-    version of that table has (declared NOT NULL without a server default: the columns later
-    versions added all have a default or allow NULL)."""
-    tables = build_schema("").tables
-    return {
-        t.name: frozenset(c.name.lower() for c in t.columns if not c.nullable and c.server_default is None)
-        for t in tables
-    }
-
-
-_CONTROL_TABLES = _control_table_signatures()
+#: Per control-table name suffix (``meta``, ``request``, ...): the columns every installed version of
+#: that table has (declared NOT NULL without a server default: the columns later versions added all
+#: have a default or allow NULL).
+_CONTROL_TABLES = {t.name: frozenset(c.name.lower() for c in t.columns if not c.nullable and c.server_default is None)
+                   for t in build_schema("").tables}
 
 
 def control_table_kind(table: Table) -> Optional[str]:
@@ -334,7 +327,8 @@ def missing_ddl(
         stmts.extend(dialects.RebuildIndex(ix) for ix in dialects.stale_includes(reflected, wanted))
     if disable_lock_escalation and db.traits.lock_escalation:
         stmts.append(dialects.DisableLockEscalation(table))
-    if unset and (stmts or _has_unset(db, table, cols)):
+    # Without other DDL: whether an interrupted metadata-only prepare() left rows to set (it is then resumed).
+    if unset and (stmts or db.run(lambda conn: conn.scalar(any_unset(table, cols)))):
         # After the indexes: each batch then seeks the claim index (state leading) for NULLs.
         cap = db.traits.rows_per_statement or DDL_BACKFILL_BATCH
         stmts.append(BackfillClaimColumns(table, cols, key, min(cap, DDL_BACKFILL_BATCH)))
@@ -351,11 +345,6 @@ def needs_own_charset(db: Database, table: Table, name: str) -> bool:
         return False
     have = dialects.column_charset(db.traits, table, col)
     return have is not None and have.lower() != dialects.CLAIM_TEXT_CHARSET
-
-
-def _has_unset(db: Database, table: Table, cols: ClaimColumns) -> bool:
-    """Whether an interrupted metadata-only ``prepare()`` left rows to set (it is then resumed)."""
-    return bool(db.run(lambda conn: conn.scalar(any_unset(table, cols))))
 
 
 def _run_each(conn: Connection, statements: list[str], autocommit: bool) -> None:

@@ -313,10 +313,7 @@ class EventStatements:
         once with an OR of both: with one equality on the state column the claim index returns
         rows already in claim order, so the database reads and locks only the rows it returns.
         (With the OR, MariaDB sorted every candidate and locked them all, so a concurrent claim
-        found nothing to take.) On SQL Server the select seeks the claim index (``FORCESEEK``,
-        once ``prepare()`` made it) and is capped at the traits' ``rows_per_statement``; on
-        Oracle it carries ``FIRST_ROWS(size)`` and the cursor fetches (and so locks) ``size``
-        rows at most.
+        found nothing to take.) The backends' own shapes are in the ``@sql_notes`` above.
         """
         cap = self.traits.rows_per_statement
         if cap is not None:
@@ -445,12 +442,9 @@ class EventStatements:
     def page_keys(self, conditions: Sequence[ColumnElement[Any]], after: Any, cap: int) -> Any:
         """The next ``cap`` keys meeting ``conditions`` after ``after``, locked (SQL Server paging).
 
-        A seek (``FORCESEEK``) is demanded from the second page on, where ``key > after`` seeks the
-        key's unique index. The first page has no predicate every layout can seek: ``reset()`` has none
-        at all, and ``retry_errors()``'s ``ct_state = 3`` is in no index when the claim indexes are
-        filtered (they hold states 0 and 1); SQL Server refuses ``FORCESEEK`` without a seek predicate
-        (error 8622), so that page is left to the optimizer (a key-ordered read that stops after
-        ``cap`` rows)."""
+        The first page has no predicate every layout can seek (``reset()`` has none, and
+        ``retry_errors()``'s ``ct_state = 3`` is in no filtered claim index), and SQL Server refuses
+        ``FORCESEEK`` without one (error 8622), so that page is left to the optimizer."""
         k = self.table.c[self.key]
         stmt = select(k).where(*conditions, *([self._key() > after] if after is not None else []))
         return dialects.lock_rows(stmt.order_by(k).limit(cap), self.table, seek=after is not None)

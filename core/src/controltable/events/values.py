@@ -151,8 +151,7 @@ class Batch(BackgroundRenewal):
 
         Table, key column, keys, token and owner, plus the batch's history: ``attempts`` (a list
         parallel to ``keys``, as JSON object keys would turn integer keys into strings),
-        ``claimed_at``, ``expires_at`` and ``lease`` (seconds). The event table's schema is
-        ``table_schema``.
+        ``claimed_at``, ``expires_at`` and ``lease`` (seconds); the event table's schema is ``table_schema``.
         ``ControlTable.events(h["table"], key=h["key"], ...).batch(h)`` rebuilds the batch elsewhere.
         """
         return {

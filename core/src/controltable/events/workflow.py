@@ -155,15 +155,7 @@ class EventTable(EventAdministration):
     def _reflect_deadline(self, deadline: Optional[float]) -> float:
         """A reflection's deadline: the call's own, else one statement timeout for all its
         statements (several catalogue queries must not add up to several timeouts)."""
-        if deadline is not None:
-            return deadline
-        return time.monotonic() + (self.db.statement_timeout or STATEMENT_TIMEOUT)
-
-    def _checked(self) -> Table:
-        """The table reflected and its named columns checked, claim columns or not (``prepare()``)."""
-        table, _ = ddl.load(self.db, self.cols, self.name, self.table_schema, self.key, self.order_by,
-                            self.time_column, prepared=False, deadline=self._reflect_deadline(None))
-        return table
+        return deadline if deadline is not None else time.monotonic() + (self.db.statement_timeout or STATEMENT_TIMEOUT)
 
     @property
     def table(self) -> Table:
@@ -221,7 +213,8 @@ class EventTable(EventAdministration):
         DISABLE)``, for tables where even chunked statements of many workers should never
         escalate. Statistics are refreshed after these (see :class:`dialects.AnalyzeTable`).
         """
-        table = self._checked()
+        table, _ = ddl.load(self.db, self.cols, self.name, self.table_schema, self.key, self.order_by,
+                            self.time_column, prepared=False, deadline=self._reflect_deadline(None))
         return ddl.missing_ddl(self.db, table, self.cols, self.name, self.table_schema, self.key, self.order_by,
                                filtered_indexes=filtered_indexes, disable_lock_escalation=disable_lock_escalation)
 
@@ -295,9 +288,7 @@ class EventTable(EventAdministration):
     def notify(self) -> None:
         """Tell waiting claimers that new rows arrived (PostgreSQL; elsewhere they poll).
 
-        For producers: call after inserting events, so that ``claim(wait=...)`` wakes at once
-        instead of at its next poll.
-        """
+        For producers, after inserting events: ``claim(wait=...)`` then wakes at once, not at its next poll."""
         self.db.run(lambda conn: self.runtime.notify(conn, [self.wakeup_key]))
 
     def _claim_once(
@@ -333,10 +324,10 @@ class EventTable(EventAdministration):
         def run(stored_owner: str) -> Optional[Batch]:
             def fn(conn: Connection) -> Optional[Batch]:
                 attempt[0] += 1
-                if attempt[0] > 1:
-                    already = self._batch_with_token(conn, token, owner, lease_s)
-                    if already is not None:
-                        return already
+                if attempt[0] > 1:  # the batch an earlier, committed attempt of this claim made, if any
+                    already = [dict(r._mapping) for r in conn.execute(self.sql.with_token(token))]
+                    if already:
+                        return self._make_batch(already, owner, token, lease_s)
                 if complete is not None:
                     self._complete(conn, complete[0], complete[1], whole=True)
                 return self._claim_in(conn, size, owner, lease_s, where, token=token, stored_owner=stored_owner)
@@ -362,13 +353,6 @@ class EventTable(EventAdministration):
                         "prepare() (`controltable events prepare`) again to give them a Unicode character set",
                         self.qualified_name, what, text, safe)
             return run(safe)
-
-    def _batch_with_token(self, conn: Connection, token: int, owner: str, lease_s: float) -> Optional[Batch]:
-        """The batch an earlier, committed attempt of this claim made, or None if none did."""
-        rows = [dict(r._mapping) for r in conn.execute(self.sql.with_token(token))]
-        if not rows:
-            return None
-        return self._make_batch(rows, owner, token, lease_s)
 
     def _make_batch(self, claimed: list[dict[str, Any]], owner: str, token: int, lease_s: float) -> Batch:
         user_cols = [c.name for c in self.table.c if not self.cols.is_claim_column(c.name)]
@@ -408,8 +392,9 @@ class EventTable(EventAdministration):
                 self._next_expired_check = time.monotonic() + EXPIRED_CHECK_INTERVAL
         need = size - len(claimed)
         if need > 0:
-            if one_statement:
-                claimed += self._claim_returning(conn, q.due_pending(now), need, values, where)
+            if one_statement:  # see EventStatements.claim_returning
+                claimed += [dict(r._mapping)
+                            for r in conn.execute(q.claim_returning(need, q.due_pending(now), where, values))]
             else:
                 claimed += self._claim_by_keys(conn, q.due_pending(now), need, values, where)
         if not claimed:
@@ -467,12 +452,6 @@ class EventTable(EventAdministration):
             r[cols.expires_at] = expires
         return rows
 
-    def _claim_returning(
-        self, conn: Connection, condition: ColumnElement[bool], size: int, values: dict[str, Any], where: Where
-    ) -> list[dict[str, Any]]:
-        """Claim in one statement (see :meth:`controltable.events.statements.EventStatements.claim_returning`)."""
-        return [dict(r._mapping) for r in conn.execute(self.sql.claim_returning(size, condition, where, values))]
-
     def batch(self, handle: dict[str, Any]) -> Batch:
         """Rebuild a :class:`Batch` from :meth:`Batch.handle` (e.g. in another Airflow task).
 
@@ -481,8 +460,7 @@ class EventTable(EventAdministration):
         from ``expires_at - claimed_at``, else the table's default lease).
         """
         h = read_handle(handle, self.lease)
-        keys, token, owner, lease, claimed_at, expires_at = (
-            h.keys, h.token, h.owner, h.lease, h.claimed_at, h.expires_at)
+        keys, token, lease, claimed_at, expires_at = h.keys, h.token, h.lease, h.claimed_at, h.expires_at
         t, cols = self.table, self.cols
         rows: list[dict[str, Any]] = []
 
@@ -503,21 +481,13 @@ class EventTable(EventAdministration):
         if claimed_at <= 0:
             claimed_at = expires_at - lease
         user_names = [c.name for c in t.c if not cols.is_claim_column(c.name)]
-        return Batch(self, owner, token, [{c: r[c] for c in user_names} for r in rows], attempts,
+        return Batch(self, h.owner, token, [{c: r[c] for c in user_names} for r in rows], attempts,
                      claimed_at, expires_at, lease_seconds=lease)
 
     # -- finishing (all fenced on the batch token) -----------------------------------------------
     def _key_chunks(self, keys: Sequence[Any]) -> Iterator[list[Any]]:
         """``keys`` in lists short enough for one ``IN (...)`` and one statement's row cap."""
         return chunks(keys, self.sql.key_chunk)
-
-    def _raise_lost(self, missing: int, keys: Sequence[Any], lost: list[Any]) -> None:
-        raise LeaseLost(
-            f"{missing} of {len(set(keys))} rows of {self.qualified_name!r} are no longer held by this "
-            f"batch (lease expired and they were re-claimed or reaped): {describe_keys(lost)}; nothing was "
-            "completed and the transaction was rolled back",
-            keys=lost,
-        )
 
     def _keys_where(self, conn: Connection, keys: Sequence[Any], *conditions: ColumnElement[bool],
                     lock: bool = False) -> set[Any]:
@@ -531,11 +501,6 @@ class EventTable(EventAdministration):
         """Keys that are done under ``token``: completed by this call or by an earlier one of
         the same batch whose commit went through (a retry after a lost reply)."""
         return self._keys_where(conn, keys, self.sql.col("token") == token, self.sql.is_state(DONE))
-
-    def _held_lost(self, conn: Connection, token: int, keys: Sequence[Any]) -> list[Any]:
-        """Keys not claimed under ``token`` right now (done already, re-claimed or reset)."""
-        held = self._keys_where(conn, keys, self.sql.fenced(token))
-        return [k for k in keys if k not in held]
 
     def _complete(self, conn: Connection, token: int, keys: Sequence[Any], *, whole: bool = False) -> int:
         """Mark ``keys`` done if, and only if, every one is claimed (or already done) under ``token``.
@@ -574,8 +539,11 @@ class EventTable(EventAdministration):
             savepoint.rollback()
         done = self._done_under(conn, token, keys)
         lost = [k for k in keys if k not in done and k not in self._keys_where(conn, keys, q.fenced(token))]
-        self._raise_lost(len(unique) - n, keys, lost or [k for k in keys if k not in done])
-        return n  # pragma: no cover - _raise_lost raises
+        lost = lost or [k for k in keys if k not in done]
+        raise LeaseLost(
+            f"{len(unique) - n} of {len(set(keys))} rows of {self.qualified_name!r} are no longer held by this "
+            f"batch (lease expired and they were re-claimed or reaped): {describe_keys(lost)}; nothing was "
+            "completed and the transaction was rolled back", keys=lost)
 
     def _fail(self, token: int, keys: Sequence[Any], reason: str) -> int:
         """Give ``keys`` back for a retry, or to the error state, deciding in SQL from each row's
@@ -625,7 +593,8 @@ class EventTable(EventAdministration):
             now = read_now(conn)
             held = self._keys_where(conn, keys, q.fenced(token), q.col("expires_at") >= now, lock=True)
             if len(held) != len(set(keys)):
-                lost = self._held_lost(conn, token, keys)
+                fenced = self._keys_where(conn, keys, q.fenced(token))  # else done, re-claimed or reset
+                lost = [k for k in keys if k not in fenced]
                 if lost:
                     raise LeaseLost(f"cannot renew rows no longer held by this batch: {describe_keys(lost)}",
                                     keys=lost)

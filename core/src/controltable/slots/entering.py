@@ -10,7 +10,7 @@ itself is decided by :func:`.grants.waiter_runs_pass`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
 from sqlalchemy.engine import Connection
 
@@ -70,7 +70,6 @@ class Entering:
         self.sql = passes.sql
         self.db = passes.db
         self.t = passes.t
-        self.ns = passes.ns
 
     def remove(self, req: Request, key: str, deadline: Optional[float] = None) -> int:
         """Remove ``req``'s entry under request key ``key`` whatever its state, passing capacity on."""
@@ -151,7 +150,7 @@ class Entering:
                 res[name].last_ticket += 1
                 res[name].dirty = True  # written by the grant pass that follows
                 tickets[name] = res[name].last_ticket
-                waiter = sql.NewEntry(
+                waiter: dict[str, Any] = dict(
                     resource=name, holder=req.holder, key=key, slots=req.parts[name], mode=req.mode,
                     lease=req.lease, now=now, ttl=req.ttl, ticket=tickets[name], attempt=attempt, pickup=req.pickup,
                     priority=req.priority, queue_key=grants.queue_key(req.priority, now, res[name].aging))
@@ -204,10 +203,7 @@ class Entering:
         return self.passes.with_pass(set(req.parts), action)
 
     def look(self, req: Request, refresh: bool) -> Peek:
-        def fn(conn: Connection) -> Peek:
-            return self._peek(conn, req, refresh)
-
-        return self.db.run(fn, deadline=req.deadline)
+        return self.db.run(lambda conn: self._peek(conn, req, refresh), deadline=req.deadline)
 
     def _peek(self, conn: Connection, req: Request, refresh: bool) -> Peek:
         """Read our own entry by (namespace, resource, holder), no locks; pick up a grant made for us.

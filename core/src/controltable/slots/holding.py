@@ -36,14 +36,11 @@ class Holding:
         self.sql = passes.sql
         self.after_release = after_release
         self.db = passes.db
-        self.t = passes.t
-        self.ns = passes.ns
 
     def renew(self, lease: Lease, seconds: float) -> float:
         """Extend the lease's rows of its own attempt; a lapsed lease's rows go (its history closed
-        ``expired``). Fenced on the lease's attempt like :meth:`release`: when a newer attempt took
-        the grant over (same request key, new tokens), nothing is changed and :class:`LeaseLost`
-        says so: the newer attempt's rows are neither extended nor removed."""
+        ``expired``). When a newer attempt took the grant over, nothing is changed (the fence: see
+        the module's docstring) and :class:`LeaseLost` says so."""
         n = len(lease.resources)
         taken_over = -2.0
 
@@ -82,11 +79,9 @@ class Holding:
 
         Retry-safe: the request key was chosen by the client, so when a retry (after a COMMIT whose
         reply was lost) finds no rows while the lease could not yet have expired, the first
-        COMMIT is what removed them and the release succeeded. Releasing a grant that was
-        released already (another :class:`Lease` of the same grant) is a no-op; one that expired,
-        was reaped or was taken over raises :class:`LeaseLost` saying which
-        (:meth:`_released_before`). Only the rows of the lease's own attempt are removed: a newer
-        attempt re-tokens the same rows in place, and an older attempt's release must not free it.
+        COMMIT is what removed them and the release succeeded. Other releases that find no rows:
+        :meth:`_released_before`. Only the rows of the lease's own attempt are removed (the fence:
+        see the module's docstring).
         """
         n = len(lease.resources)
         completed = 0

@@ -203,11 +203,10 @@ def send_grant_writes(conn: Connection, writes: Sequence[tuple[Any, Any]], count
     """Send a grant pass's writes: each grant's :func:`.statements.grant_waiter` and
     :func:`.statements.record_grant`, then the resources' :func:`.statements.write_counters`.
 
-    Where the dialect allows (:func:`controltable.dialects.writes_in_one_statement`), each grant and
-    its history row go as one statement (:func:`.statements.all_at_once`), the last one with the
-    counters when one resource's changed (an uncontended acquire: one statement for all three): a
-    fixed set of statement shapes (2 or 3 writes), whatever the number of grants. Elsewhere one
-    statement per write, in order."""
+    Where the dialect allows (:func:`controltable.dialects.writes_in_one_statement`), each grant goes
+    with its history row as one statement (:func:`.statements.all_at_once`), the last one with the
+    counters when one resource's changed: a fixed set of statement shapes (2 or 3 writes), whatever
+    the number of grants. Elsewhere one statement per write, in order."""
     if not dialects.writes_in_one_statement(conn, traits):
         for grant, record in writes:
             conn.execute(*grant)
@@ -235,13 +234,8 @@ Notify = Callable[[Connection, list[str]], None]
 
 class GrantPasses:
     """Transactions under resource locks in name order, the grant pass, removal of requests: the
-    SQL behind slots, for one namespace of one installation.
-
-    Grants are made by whoever changes a queue: every transaction that releases, enqueues,
-    withdraws, reaps or raises a capacity ends with :meth:`grant_pass` under the resource row
-    locks, which hands the freed capacity to the waiters at the head (decided by
-    :func:`grants.decide`). Waiters only read their own entry and pick the grant up.
-    """
+    SQL behind slots, for one namespace of one installation. Every change of a queue ends with
+    :meth:`grant_pass` under the locks (the grant model: see :mod:`controltable.slots`)."""
 
     def __init__(self, db: Database, statements: SlotStatements, notify: Notify) -> None:
         self.db = db
@@ -257,9 +251,8 @@ class GrantPasses:
         return cls(runtime.db, SlotStatements(runtime.tables, runtime.namespace), runtime.notify)
 
     # -- running a change followed by a grant pass ---------------------------------------------
-    def with_pass(self, names: set[str],
-                   action: Change[Union[T, Presnapped[T]]],
-                   deadline: Optional[float] = None) -> T:
+    def with_pass(self, names: set[str], action: Change[Union[T, Presnapped[T]]],
+                  deadline: Optional[float] = None) -> T:
         """Run ``action`` and a grant pass in one transaction, holding the locks of ``names``.
 
         If a chain of multi-resource requests keeps the locks moving (see :meth:`in_lock_order`),
@@ -278,10 +271,8 @@ class GrantPasses:
 
         return self.in_lock_order(names, with_pass, fallback=without_pass, deadline=deadline)
 
-    def in_lock_order(
-        self, names: set[str], fn: Change[T], *,
-        deadline: Optional[float] = None, fallback: Optional[Change[T]] = None,
-    ) -> T:
+    def in_lock_order(self, names: set[str], fn: Change[T], *, deadline: Optional[float] = None,
+                      fallback: Optional[Change[T]] = None) -> T:
         """Run ``fn(conn, resources, now)`` in one transaction holding the locks of ``names``.
 
         If the grant pass inside meets a multi-resource request whose resources are not all locked
@@ -323,7 +314,7 @@ class GrantPasses:
         return rows, (clocked[0] if clocked else read_now(conn))
 
     def lock_rows(self, conn: Connection, names: set[str], rows: Locked,
-                   clocked: Optional[list[float]] = None) -> Locked:
+                  clocked: Optional[list[float]] = None) -> Locked:
         """Lock, in name order, the rows of ``names`` not in ``rows`` yet, adding them to ``rows``.
 
         With ``clocked``, the last lock statement also reads the database time after its lock is
@@ -331,8 +322,7 @@ class GrantPasses:
         todo = [name for name in sorted(names) if name not in rows]
         for name in todo:
             last = clocked is not None and name == todo[-1]
-            row = conn.execute(*self.sql.lock_resource(name,
-                                                  self.db.traits if last else None)).first()
+            row = conn.execute(*self.sql.lock_resource(name, self.db.traits if last else None)).first()
             if last and row is not None and clocked is not None and "now" in row._mapping:
                 clocked.append(float(row.now))
             if row is None:
@@ -387,8 +377,6 @@ class GrantPasses:
 
     @staticmethod
     def _head_size(res: LockedResource) -> int:
-        # A capacity's worth can be granted by one pass; then the new head and the one behind it
-        # (told to look: it times the grants' pickup deadlines in case the head is dead).
         return min(res.capacity, HEAD_READ_LIMIT) + 2
 
     def _reap_rows(self, conn: Connection, rows: list[Any], now: float) -> tuple[list[Any], int]:
@@ -403,7 +391,6 @@ class GrantPasses:
                 continue
             seen.add(row.id)
             if float(row.expires_at) < now:
-                # The only judge of expiry: a renewal or pickup committed meanwhile keeps the row.
                 stmt, values = self.sql.delete_expired_row(row.id, now)
                 gone = dialects.changed_rows(conn, stmt, self.t.request.c.id, self.db.traits, values)
                 if gone:
@@ -441,8 +428,7 @@ class GrantPasses:
             if multi:
                 for key, resource in conn.execute(*self.sql.request_spans(multi)):
                     spans.setdefault(key, set()).add(locked_name(resource, res))
-            heads = grants.assemble(queues, live, spans, {name: self._head_size(res[name]) for name in res},
-                                    read=grants.waiting_read(rows))
+            heads = grants.assemble(queues, live, spans, self.heads(res), read=grants.waiting_read(rows))
             rows_by_key = heads.rows_by_key
             decision = grants.decide(queues)
             if decision.need:
@@ -469,19 +455,17 @@ class GrantPasses:
                         pickup = float(row.pickup_seconds) if row.pickup_seconds is not None else DEFAULT_PICKUP
                         # Never longer than the waiter promised to stay alive: a live waiter looks at
                         # its entry before that, a dead one (that stopped refreshing) lapses sooner.
-                        grant = self.sql.grant_waiter(row.id, token, now,
-                                                 now + min(pickup, max(float(row.expires_at) - now, MIN_PICKUP)))
+                        expires = now + min(pickup, max(float(row.expires_at) - now, MIN_PICKUP))
+                        grant = self.sql.grant_waiter(row.id, token, now, expires)
                     # In the grant's transaction: the rate window counts these rows.
-                    writes.append((grant, self.sql.record_grant(row.resource, token, row,
-                                                           int(row.priority), now)))
+                    writes.append((grant, self.sql.record_grant(row.resource, token, row, int(row.priority), now)))
                 if not mine:
                     others = True
                     first = min(row.resource for row in rows_by_key[key])
                     notify.append(holder_key(first, next(x.holder for x in rows_by_key[key] if x.resource == first)))
             for name in sorted(res):
                 if res[name].dirty:
-                    counters.append(self.sql.write_counters(name, res[name].last_token,
-                                                       res[name].last_ticket))
+                    counters.append(self.sql.write_counters(name, res[name].last_token, res[name].last_ticket))
                     res[name].dirty = False
             send_grant_writes(conn, writes, counters, self.db.traits)
             for name, key in decision.heads.items():
@@ -529,7 +513,7 @@ class GrantPasses:
                 r.rejoined = True
 
     def remove(self, match: ColumnElement[bool], check: Optional[Callable[[Connection], None]] = None,
-                deadline: Optional[float] = None) -> int:
+               deadline: Optional[float] = None) -> int:
         """Remove the requests with rows matching ``match`` (whole requests), then pass capacity on.
 
         The resources involved are read first without locks, then locked in name order; rows of

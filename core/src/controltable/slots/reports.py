@@ -21,9 +21,8 @@ from ..db import Database
 from ..defaults import HISTORY_PRUNE_BATCH, HISTORY_PRUNE_INTERVAL, HISTORY_RETENTION
 from ..errors import UnknownResourceError
 from . import grants
-from . import statements as sql
 from .history import compute_stats, to_record
-from .statements import GRANTED, SlotStatements
+from .statements import GRANTED, WAITING, SlotStatements
 from .values import Entry, GrantRecord, Lease, LeaseEngine, Rate, ResourceStats, ResourceStatus, WaitInfo
 
 log = logging.getLogger("controltable")
@@ -35,7 +34,6 @@ class Reports:
     def __init__(self, db: Database, statements: SlotStatements, leases: LeaseEngine) -> None:
         self.db = db
         self.sql = statements
-        self.t = statements.t
         self.ns = statements.ns
         #: What the leases :meth:`find_lease` rebuilds renew and release through.
         self.leases = leases
@@ -54,7 +52,7 @@ class Reports:
         if mine is None or float(mine.expires_at) < now:
             return None
         live = [row for row in ahead if float(row.expires_at) >= now]
-        waiting_ahead = sum(1 for row in live if row.state == sql.WAITING)
+        waiting_ahead = sum(1 for row in live if row.state == WAITING)
         return WaitInfo(
             resource=resource,
             holder=holder,
@@ -181,7 +179,6 @@ class HistoryPruner:
         self.db = db
         self.sql = statements
         self.t = statements.t
-        self.ns = statements.ns
         #: When this process next prunes a batch after a release (``time.monotonic()``): at a random
         #: moment per process, so processes started together do not prune together.
         self.next_prune = time.monotonic() + HISTORY_PRUNE_INTERVAL * random.random()

@@ -16,7 +16,7 @@ misreport ``rowcount`` are answered by the count).
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, Optional, Sequence, TypedDict, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from sqlalchemy import and_, bindparam, case, delete, func, insert, literal_column, or_, select, union_all, update
 from sqlalchemy.sql import Delete, Insert, Select, Update
@@ -58,11 +58,6 @@ Keys = Union[str, Sequence[str]]
 
 
 # -- resources --------------------------------------------------------------------------------------
-def _resource_row(t: ControlSchema, namespace: str, name: str) -> list[ColumnElement[bool]]:
-    r = t.resource
-    return [r.c.namespace == namespace, r.c.name == name]
-
-
 @functools.lru_cache(maxsize=64)
 def _lock_resource(t: ControlSchema, clock_for: Optional[Traits]) -> Select[Any]:
     r = t.resource
@@ -164,15 +159,11 @@ def _keyed(t: ControlSchema, keys: Keys) -> ColumnElement[bool]:
 
 def _this_attempt(t: ControlSchema, attempt: Optional[int] = None) -> ColumnElement[bool]:
     """The fence of a release, a renewal and a look at a lease: only the rows of the lease's own
-    attempt (bind ``ct_attempt``, None for a lease taken without one). A newer attempt of the same
-    holder takes the grant over in place (same request key, new tokens, its attempt written on the
-    rows), so a release by the request key alone would free the newer attempt's grant, a renewal
-    would extend it and a look would call it the older lease's. The attempt changes exactly when
-    the tokens do, on every row of the request at once, so it tells the two generations apart on
-    all resources with one comparison (a token comparison would need each resource's own token).
-
-    A :data:`Bound` statement passes ``ct_attempt`` at execution (``attempt`` stays None, the
-    placeholder); a statement built per call carries it as ``attempt``."""
+    attempt (bind ``ct_attempt``; None: a lease taken without one). A newer attempt of the same holder
+    takes the grant over in place (same request key, new tokens), so by the request key alone an older
+    lease would free, extend or claim the newer one's grant. The attempt changes with the tokens, on
+    every row at once: one comparison tells the generations apart (tokens differ per resource).
+    ``attempt``: the value of a statement built per call (a :data:`Bound` one passes it at execution)."""
     q = t.request
     return q.c.attempt.is_not_distinct_from(_bind("ct_attempt", attempt, type_=q.c.attempt.type))
 
@@ -185,15 +176,10 @@ def _release_rows(t: ControlSchema) -> Select[Any]:
 
 
 @functools.lru_cache(maxsize=64)
-def _delete_release_rows(t: ControlSchema) -> Any:
-    return delete(t.request).where(t.request.c.request_key == _bind("ct_key"), _this_attempt(t))
-
-
-@functools.lru_cache(maxsize=64)
-def _delete_request_rows(t: ControlSchema) -> Any:
+def _delete_release_rows(t: ControlSchema, returning: bool) -> Any:
     q = t.request
-    return (delete(q).where(q.c.request_key == _bind("ct_key"), _this_attempt(t))
-            .returning(q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at))
+    stmt = delete(q).where(q.c.request_key == _bind("ct_key"), _this_attempt(t))
+    return stmt.returning(q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at) if returning else stmt
 
 
 @functools.lru_cache(maxsize=64)
@@ -219,24 +205,6 @@ def _peek(t: ControlSchema) -> Select[Any]:
 
 
 # -- requests: changing -----------------------------------------------------------------------------
-class NewEntry(TypedDict):
-    """A new request's row in one queue: :func:`insert_waiter`'s (and :func:`enter_and_snapshot`'s) keywords."""
-
-    resource: str
-    holder: str
-    key: str
-    slots: int
-    mode: str
-    lease: float
-    now: float
-    ttl: float
-    ticket: int
-    attempt: Optional[int]
-    pickup: float
-    priority: int
-    queue_key: float
-
-
 _WAITER_COLUMNS = ("namespace", "resource", "holder", "request_key", "slots", "mode", "state", "lease_seconds",
                    "enqueued_at", "expires_at", "ticket", "attempt", "pickup_seconds", "priority", "queue_key")
 
@@ -325,102 +293,81 @@ def _record_grant(t: ControlSchema) -> Insert:
 
 
 class SlotStatements:
-    """Every statement of the slot engine, bound once to the control tables and the namespace.
+    """Every statement of the slot engine, bound once to the control tables and the namespace (one
+    per engine, shared by its collaborators: callers pass only the values of a call).
 
-    One per engine (its collaborators share it), like pgqueuer's query builder bound to its
-    settings: callers pass only the values of a call. Every builder returns a :data:`Bound`
-    ``(statement, values)``, run as ``conn.execute(*bound)`` (or ``conn.scalar(*bound)``); the
-    statements of the grant path are built once per tables and head sizes (the cached helpers
-    above), the rest per call. A fenced change returns :data:`Fenced` instead, for
-    :func:`controltable.dialects.confirmed_count`; a match (``holder_match`` ...) a condition.
-    """
+    Every builder returns a :data:`Bound` ``(statement, values)`` for ``conn.execute(*bound)``; the
+    grant path's statements are built once (the cached helpers above), the rest per call. A fenced
+    change returns :data:`Fenced` instead; a match (``holder_match`` ...) a condition."""
 
     def __init__(self, tables: ControlSchema, namespace: str) -> None:
         self.t = tables
         self.ns = namespace
 
-    def lock_resource(self, name: str,
-                      clock_for: Optional[Traits] = None) -> Bound:
-        """Lock one resource row and read its counters and policy.
+    def _resource_row(self, name: str) -> list[ColumnElement[bool]]:
+        r = self.t.resource
+        return [r.c.namespace == self.ns, r.c.name == name]
 
-        With ``clock_for`` (the dialect's traits; for the last lock a transaction takes) the statement also
-        reads the database time as ``now`` after the lock is held, where the dialect can
-        (:func:`controltable.dialects.with_lock_clock`); elsewhere the time is read by a statement of
-        its own once every lock is held (see ``GrantPasses.lock_rows``): a clock taken when this statement
-        starts would come from before a lock wait.
-
-        On the path of every grant: built once per (tables, dialect) with named binds and returned
-        with its values (see :data:`Bound`).
-        """
-        t, namespace = self.t, self.ns
-        return _lock_resource(t, clock_for), {"ct_namespace": namespace, "ct_name": name}
+    def lock_resource(self, name: str, clock_for: Optional[Traits] = None) -> Bound:
+        """Lock one resource row and read its counters and policy; with ``clock_for`` (the dialect's
+        traits, for a transaction's last lock) also the database time as ``now`` once the lock is held,
+        where the dialect can (:func:`controltable.dialects.with_lock_clock`; why after the lock: see
+        ``GrantPasses._lock``). On the path of every grant: built once per (tables, dialect), see :data:`Bound`."""
+        return _lock_resource(self.t, clock_for), {"ct_namespace": self.ns, "ct_name": name}
 
     def lock_resource_name(self, name: str) -> Bound:
         """Lock one resource row, reading only its name (does it exist?)."""
-        t, namespace = self.t, self.ns
-        r = t.resource
-        return dialects.lock_rows(select(r.c.name).where(*_resource_row(t, namespace, name)), r), {}
+        r = self.t.resource
+        return dialects.lock_rows(select(r.c.name).where(*self._resource_row(name)), r), {}
 
     def resource_name(self, name: str) -> Bound:
         """The resource's name if it exists (no lock)."""
-        t, namespace = self.t, self.ns
-        return select(t.resource.c.name).where(*_resource_row(t, namespace, name)), {}
+        return select(self.t.resource.c.name).where(*self._resource_row(name)), {}
 
     def resource_names(self) -> Bound:
         """Every resource name of the namespace."""
-        t, namespace = self.t, self.ns
-        r = t.resource
+        namespace, r = self.ns, self.t.resource
         return select(r.c.name).where(r.c.namespace == namespace), {}
 
     def create_resource(self, name: str, capacity: int) -> Bound:
-        t, namespace = self.t, self.ns
-        return insert(t.resource).values(
-            namespace=namespace, name=name, capacity=capacity, last_token=0, last_ticket=0, created_at=clock(),
+        return insert(self.t.resource).values(
+            namespace=self.ns, name=name, capacity=capacity, last_token=0, last_ticket=0, created_at=clock(),
         ), {}
 
     def change_resource(self, name: str, values: Mapping[str, Any]) -> Bound:
         """Set a resource's capacity and policy columns (``values``: column name -> value)."""
-        t, namespace = self.t, self.ns
-        return update(t.resource).where(*_resource_row(t, namespace, name)).values(**values), {}
+        return update(self.t.resource).where(*self._resource_row(name)).values(**values), {}
 
     def write_counters(self, name: str, last_token: int, last_ticket: int) -> Bound:
-        """Write back the fencing-token and ticket counters a locked transaction advanced.
-
-        On the path of every grant: built once per tables (see :data:`Bound`); its binds are named
-        ``ct_c_*`` so that :func:`all_at_once` can join it to a grant's statements."""
-        t, namespace = self.t, self.ns
-        return _write_counters(t), {"ct_c_namespace": namespace, "ct_c_name": name, "ct_c_last_token": last_token,
+        """Write back the fencing-token and ticket counters a locked transaction advanced. On the path of
+        every grant: built once per tables; binds named ``ct_c_*`` (see :meth:`grant_waiter`)."""
+        return _write_counters(self.t), {"ct_c_namespace": self.ns, "ct_c_name": name, "ct_c_last_token": last_token,
                                     "ct_c_last_ticket": last_ticket}
 
     def write_last_token(self, name: str, last_token: int) -> Bound:
         return self.change_resource(name, {"last_token": last_token})
 
     def delete_resource(self, name: str) -> Bound:
-        t, namespace = self.t, self.ns
-        return delete(t.resource).where(*_resource_row(t, namespace, name)), {}
+        return delete(self.t.resource).where(*self._resource_row(name)), {}
 
     def resources(self, names: Optional[Sequence[str]]) -> Bound:
         """The resource rows of the namespace (all, or ``names``), by name."""
-        t, namespace = self.t, self.ns
-        r = t.resource
+        namespace, r = self.ns, self.t.resource
         query = select(r).where(r.c.namespace == namespace).order_by(r.c.name)
         return query.where(r.c.name.in_(names)) if names else query, {}
 
     def capacities(self, names: Optional[Sequence[str]]) -> Bound:
         """(name, capacity) of the namespace's resources (all, or ``names``), by name."""
-        t, namespace = self.t, self.ns
-        r = t.resource
+        namespace, r = self.ns, self.t.resource
         query = select(r.c.name, r.c.capacity).where(r.c.namespace == namespace).order_by(r.c.name)
         return query.where(r.c.name.in_(names)) if names else query, {}
 
     def rate_period(self, name: str) -> Bound:
         """The rate limit's period of a resource (NULL without a rate limit): pruning keeps that much."""
-        t, namespace = self.t, self.ns
-        return select(t.resource.c.rate_per).where(*_resource_row(t, namespace, name)), {}
+        return select(self.t.resource.c.rate_per).where(*self._resource_row(name)), {}
 
     def capacity_of(self, name: str) -> Bound:
-        t, namespace = self.t, self.ns
-        return select(t.resource.c.capacity).where(*_resource_row(t, namespace, name)), {}
+        return select(self.t.resource.c.capacity).where(*self._resource_row(name)), {}
 
     def snapshot(self, heads: Mapping[str, int]) -> Bound:
         """The holders of the resources in ``heads`` and the first ``heads[name]`` waiters of each
@@ -428,11 +375,10 @@ class SlotStatements:
 
         On the path of every grant: built once per (tables, head sizes) with named binds for the
         namespace and names and returned with their values (see :data:`Bound`)."""
-        t, namespace = self.t, self.ns
         names = sorted(heads)
-        params: dict[str, Any] = {"ct_namespace": namespace, "ct_names": names}
+        params: dict[str, Any] = {"ct_namespace": self.ns, "ct_names": names}
         params.update({f"ct_name_{i}": name for i, name in enumerate(names)})
-        return _snapshot(t, tuple(heads[name] for name in names)), params
+        return _snapshot(self.t, tuple(heads[name] for name in names)), params
 
     def enter_and_snapshot(self, heads: Mapping[str, int], **waiter: Any) -> Bound:
         """:func:`insert_waiter` and :func:`snapshot` in one statement (dialects where
@@ -454,26 +400,20 @@ class SlotStatements:
         drops them (:func:`controltable.slots.grants.after_removal`). Built once per (tables, head sizes)."""
         return self._with_snapshot(heads, self.remove_request(key, attempt, now)[1], _remove_and_snapshot)
 
-    def _with_snapshot(self, heads: Mapping[str, int], change: dict[str, Any],
-                       build: Any) -> Bound:
+    def _with_snapshot(self, heads: Mapping[str, int], change: dict[str, Any], build: Any) -> Bound:
         """A change's values joined by the snapshot's (same names where they mean the same), and the
         statement ``build`` makes for these head sizes."""
-        t = self.t
-        params = dict(change)
-        params.update(self.snapshot(heads)[1])
-        return build(t, tuple(heads[name] for name in sorted(heads))), params
+        params = {**change, **self.snapshot(heads)[1]}
+        return build(self.t, tuple(heads[name] for name in sorted(heads))), params
 
     def holder_rows(self, names: Sequence[str], holder: str) -> Bound:
         """A holder's own rows on ``names`` (its request, held or waiting), by (namespace, resource, holder).
-
         On the path of every acquire: built once per tables (see :data:`Bound`)."""
-        t, namespace = self.t, self.ns
-        return _holder_rows(t), _own_row_values(namespace, names, holder)
+        return _holder_rows(self.t), _own_row_values(self.ns, names, holder)
 
     def withdraw_rows(self, names: Sequence[str], holder: str) -> Bound:
         """What a waiter that gives up must know of its rows: granted meanwhile, or still waiting."""
-        t, namespace = self.t, self.ns
-        q = t.request
+        namespace, q = self.ns, self.t.request
         return (select(q.c.resource, q.c.state, q.c.token, q.c.expires_at, q.c.granted_at, q.c.ticket, q.c.attempt,
                        q.c.request_key)
                 .where(q.c.namespace == namespace, q.c.resource.in_(names), q.c.holder == holder), {})
@@ -481,38 +421,32 @@ class SlotStatements:
     def request_rows(self, keys: Keys) -> Bound:
         """The rows of the request ``keys`` (one key or several) as their removal needs them (to close
         their history)."""
-        t = self.t
-        q = t.request
-        return select(q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at).where(_keyed(t, keys)), {}
+        q = self.t.request
+        return select(q.c.id, q.c.resource, q.c.state, q.c.token, q.c.expires_at).where(_keyed(self.t, keys)), {}
 
     def release_rows(self, key: str, attempt: Optional[int]) -> Bound:
         """The rows a release of (request ``key``, ``attempt``) removes, as :func:`request_rows` reads
         them (fenced: :func:`_this_attempt`)."""
-        t = self.t
-        return _release_rows(t), {"ct_key": key, "ct_attempt": attempt}
+        return _release_rows(self.t), {"ct_key": key, "ct_attempt": attempt}
 
     def delete_release_rows(self, key: str, attempt: Optional[int]) -> Bound:
         """Remove the rows of :func:`release_rows`."""
-        t = self.t
-        return _delete_release_rows(t), {"ct_key": key, "ct_attempt": attempt}
+        return _delete_release_rows(self.t, False), {"ct_key": key, "ct_attempt": attempt}
 
     def delete_request_rows(self, key: str, attempt: Optional[int]) -> Bound:  # a Delete with RETURNING
         """Remove the rows of :func:`release_rows` and return them (for dialects where
         :func:`controltable.dialects.deletes_returning` holds: the read and the delete in one)."""
-        t = self.t
-        return _delete_request_rows(t), {"ct_key": key, "ct_attempt": attempt}
+        return _delete_release_rows(self.t, True), {"ct_key": key, "ct_attempt": attempt}
 
     def request_spans(self, keys: Sequence[str]) -> Bound:
         """(request key, resource) of every row of the requests ``keys``: which resources each spans."""
-        t = self.t
-        q = t.request
+        q = self.t.request
         return select(q.c.request_key, q.c.resource).where(q.c.request_key.in_(keys)), {}
 
     def head_ticket(self, name: str) -> Bound:
         """The ticket of the first live waiter of ``name``'s queue (an index walk past the expired
         entries before it, which the next grant pass reaps: they wait for nobody)."""
-        t, namespace = self.t, self.ns
-        q = t.request
+        namespace, q = self.ns, self.t.request
         return (select(q.c.ticket).where(q.c.namespace == namespace, q.c.resource == name, q.c.state == WAITING,
                                          q.c.expires_at >= clock())
                 .order_by(q.c.queue_key, q.c.ticket).limit(1), {})
@@ -523,140 +457,115 @@ class SlotStatements:
 
         On the path of every look of every waiter (a handoff's pickup starts with it): built once per
         tables (see :data:`Bound`); building it cost 0.5 ms, three times its execution."""
-        t, namespace = self.t, self.ns
-        return _peek(t), _own_row_values(namespace, names, holder)
+        return _peek(self.t), _own_row_values(self.ns, names, holder)
 
     def held_count(self, key: str, attempt: Optional[int]) -> Bound:
         """How many of a request's rows of ``attempt`` are granted with a live lease (the database
         clock judges; fenced: :func:`_this_attempt`, a newer attempt's rows are not the older lease's)."""
-        t = self.t
-        q = t.request
-        return select(func.count()).select_from(q).where(and_(
-            q.c.request_key == key, _this_attempt(t, attempt), q.c.state == GRANTED, q.c.expires_at >= clock())), {}
+        q = self.t.request
+        return select(func.count()).select_from(q).where(and_(q.c.request_key == key, _this_attempt(self.t, attempt),
+                                                              q.c.state == GRANTED, q.c.expires_at >= clock())), {}
 
     def own_entry(self, resource: str, holder: str) -> Bound:
-        t, namespace = self.t, self.ns
-        q = t.request
+        namespace, q = self.ns, self.t.request
         return select(q).where(q.c.namespace == namespace, q.c.resource == resource, q.c.holder == holder), {}
 
     def ahead_of(self, resource: str, mine: Any) -> Bound:
         """The holders and the waiters before the request row ``mine``: holders first, then queue order."""
-        t, namespace = self.t, self.ns
-        q = t.request
+        namespace, q = self.ns, self.t.request
         before = (q.c.queue_key < mine.queue_key) | ((q.c.queue_key == mine.queue_key) & (q.c.ticket < mine.ticket))
-        return (
-            select(q.c.holder, q.c.state, q.c.expires_at)
-            .where(q.c.namespace == namespace, q.c.resource == resource, (q.c.state == GRANTED) | before)
-            .order_by(q.c.state, q.c.queue_key, q.c.ticket), {}  # "granted" sorts before "waiting"
-        )
+        return (select(q.c.holder, q.c.state, q.c.expires_at)
+                .where(q.c.namespace == namespace, q.c.resource == resource, (q.c.state == GRANTED) | before)
+                .order_by(q.c.state, q.c.queue_key, q.c.ticket), {})  # "granted" sorts before "waiting"
 
     def granted_key(self, resource: str, holder: str) -> Bound:
         """The request key of what ``holder`` holds on ``resource``."""
-        t, namespace = self.t, self.ns
-        q = t.request
+        namespace, q = self.ns, self.t.request
         return select(q.c.request_key).where(
             q.c.namespace == namespace, q.c.resource == resource, q.c.holder == holder, q.c.state == GRANTED), {}
 
     def request_by_key(self, key: str) -> Bound:
         """Every row of one request, by resource name."""
-        t = self.t
-        q = t.request
+        q = self.t.request
         return select(q).where(q.c.request_key == key).order_by(q.c.resource), {}
 
     def requests(self, names: Optional[Sequence[str]]) -> Bound:
         """Every request row of the namespace (all resources, or ``names``), by resource and ticket."""
-        t, namespace = self.t, self.ns
-        q = t.request
+        namespace, q = self.ns, self.t.request
         query = select(q).where(q.c.namespace == namespace).order_by(q.c.resource, q.c.ticket)
         return query.where(q.c.resource.in_(names)) if names else query, {}
 
     def live_request(self, name: str) -> Bound:
         """Any request of ``name`` whose lease or waiter entry is still live."""
-        t, namespace = self.t, self.ns
-        q = t.request
+        namespace, q = self.ns, self.t.request
         return (select(q.c.id).where(q.c.namespace == namespace, q.c.resource == name, q.c.expires_at >= clock())
                 .limit(1), {})
 
     def expired_resources(self) -> Bound:
         """The resources that have a holder or waiter whose lease or entry ran out."""
-        t, namespace = self.t, self.ns
-        q = t.request
+        namespace, q = self.ns, self.t.request
         return select(q.c.resource).where(q.c.namespace == namespace, q.c.expires_at < clock()).distinct(), {}
 
     def resources_matching(self, match: ColumnElement[bool]) -> Bound:
-        t = self.t
-        return select(t.request.c.resource).where(match).distinct(), {}
+        return select(self.t.request.c.resource).where(match).distinct(), {}
 
     def keys_matching(self, match: ColumnElement[bool], names: Sequence[str]) -> Bound:
-        t = self.t
-        q = t.request
+        q = self.t.request
         return select(q.c.request_key).where(match, q.c.resource.in_(names)), {}
 
     def holder_match(self, resource: str, holder: str) -> ColumnElement[bool]:
         """The rows of one holder on one resource."""
-        t, namespace = self.t, self.ns
-        q = t.request
+        namespace, q = self.ns, self.t.request
         return and_(q.c.namespace == namespace, q.c.resource == resource, q.c.holder == holder)
 
     def request_match(self, names: Sequence[str], holder: str, key: str) -> ColumnElement[bool]:
         """The rows of one request of one holder (a waiter that gave up withdraws exactly these)."""
-        t, namespace = self.t, self.ns
-        q = t.request
+        namespace, q = self.ns, self.t.request
         return and_(q.c.namespace == namespace, q.c.resource.in_(names), q.c.holder == holder, q.c.request_key == key)
 
     def prefix_match(self, prefix: str) -> ColumnElement[bool]:
         """The rows of every holder whose id starts with ``prefix``, matched literally (``%``, ``_``
         and SQL Server's ``[`` escaped: :class:`controltable.dialects.starts_with`)."""
-        t, namespace = self.t, self.ns
-        q = t.request
+        namespace, q = self.ns, self.t.request
         return and_(q.c.namespace == namespace, dialects.starts_with(q.c.holder, prefix))
 
     def insert_waiter(self, *, resource: str, holder: str, key: str, slots: int,
                       mode: str, lease: float, now: float, ttl: float, ticket: int, attempt: Optional[int],
                       pickup: float, priority: int, queue_key: float) -> Bound:
-        """A new request's row in one resource's queue, with its ticket and queue order.
-
-        On the path of every acquire: built once per tables (see :data:`Bound`); binds named ``ct_w_*``
-        (never a control table's name: ``controltable sql --prefix`` renames only those)."""
-        t, namespace = self.t, self.ns
-        values = dict(namespace=namespace, resource=resource, holder=holder, request_key=key, slots=slots,
+        """A new request's row in one resource's queue, with its ticket and queue order. On the path of
+        every acquire: built once per tables (see :data:`Bound`); binds named ``ct_w_*`` (never a control
+        table's name: ``controltable sql --prefix`` renames only those)."""
+        values = dict(namespace=self.ns, resource=resource, holder=holder, request_key=key, slots=slots,
                       mode=mode, state=WAITING, lease_seconds=lease, enqueued_at=now, expires_at=now + ttl,
                       ticket=ticket, attempt=attempt, pickup_seconds=pickup, priority=priority, queue_key=queue_key)
-        return _insert_waiter(t), {f"ct_w_{name}": value for name, value in values.items()}
+        return _insert_waiter(self.t), {f"ct_w_{name}": value for name, value in values.items()}
 
     def grant_waiter(self, row_id: int, token: int, now: float, expires_at: float,
                      lease_seconds: Optional[float] = None) -> Bound:
         """Grant a waiting row: the next fencing token, and a pickup deadline (or, for the caller's own
-        request, its lease).
-
-        On the path of every grant: built once per tables (see :data:`Bound`); its binds are named
-        ``ct_g_*`` so that :func:`all_at_once` can join it to the grant's history row."""
-        t = self.t
+        request, its lease). On the path of every grant: built once per tables (see :data:`Bound`); its
+        binds are named ``ct_g_*`` so that :func:`all_at_once` can join it to the grant's history row."""
         params: dict[str, Any] = {"ct_g_id": row_id, "ct_g_state": GRANTED, "ct_g_token": token, "ct_g_now": now,
                                   "ct_g_expires": expires_at}
         if lease_seconds is not None:
             params["ct_g_lease"] = lease_seconds
-        return _grant_waiter(t, lease_seconds is not None), params
+        return _grant_waiter(self.t, lease_seconds is not None), params
 
     def extend_grant_row(self, row_id: int, token: int, expires_at: float, lease: float,
                          attempt: Optional[int]) -> Bound:
         """An idempotent re-acquire (or a newer attempt, with a new token) extends one granted row."""
-        t = self.t
-        q = t.request
+        q = self.t.request
         return update(q).where(q.c.id == row_id).values(token=token, expires_at=expires_at, lease_seconds=lease,
                                                         attempt=attempt), {}
 
     def extend_request(self, key: str, expires_at: float, lease: float) -> Bound:
         """Take up a request's grant with the caller's lease (a waiter that gave up, granted meanwhile)."""
-        t = self.t
-        q = t.request
+        q = self.t.request
         return update(q).where(q.c.request_key == key).values(expires_at=expires_at, lease_seconds=lease), {}
 
-    def requeue_waiter(self, key: str, expires_at: float, attempt: Optional[int],
-                       pickup: float) -> Bound:
+    def requeue_waiter(self, key: str, expires_at: float, attempt: Optional[int], pickup: float) -> Bound:
         """A waiter that enters again keeps its place: a new entry expiry, attempt and pickup deadline."""
-        t = self.t
-        q = t.request
+        q = self.t.request
         return (update(q).where(q.c.request_key == key, q.c.state == WAITING)
                 .values(expires_at=expires_at, attempt=attempt, pickup_seconds=pickup), {})
 
@@ -664,8 +573,7 @@ class SlotStatements:
         """Every waiting entry of ``name`` but ``keep`` (the caller's) gets at most ``pickup`` seconds to
         pick up a grant made on its behalf: the first grant pass after a promotion (dead entries inherited
         from the old primary then delay the queue by ``pickup`` each, not by the pickup they asked for)."""
-        t, namespace = self.t, self.ns
-        q = t.request
+        namespace, q = self.ns, self.t.request
         where = [q.c.namespace == namespace, q.c.resource == name, q.c.state == WAITING,
                  or_(q.c.pickup_seconds.is_(None), q.c.pickup_seconds > pickup)]
         if keep is not None:
@@ -674,8 +582,7 @@ class SlotStatements:
 
     def reorder_queue(self, name: str, aging: Optional[float]) -> Bound:
         """Rewrite the queue order of ``name``'s waiters for a new aging rate (see :func:`.grants.queue_key`)."""
-        t, namespace = self.t, self.ns
-        q = t.request
+        namespace, q = self.ns, self.t.request
         # Multiplied by a float, never negated or multiplied as an INT: -(-2**31) and -2**31 * 30 overflow
         # INT on PostgreSQL and SQL Server (queue_key itself is a double, like grants.queue_key).
         key = q.c.priority * -1.0 if aging is None else q.c.enqueued_at - q.c.priority * float(aging)
@@ -687,16 +594,14 @@ class SlotStatements:
         already ran out (the database clock judges): a holder renewing, or a waiter taking up a grant
         made on its behalf. Fenced (:func:`_this_attempt`): an older attempt's renewal must not extend
         the grant a newer attempt took over, nor report it as its own."""
-        t = self.t
-        return _fenced_extend(t, key, GRANTED, now, now + lease, {"expires_at": now + lease, "lease_seconds": lease},
-                              _this_attempt(t, attempt))
+        return _fenced_extend(self.t, key, GRANTED, now, now + lease,
+                              {"expires_at": now + lease, "lease_seconds": lease}, _this_attempt(self.t, attempt))
 
     def refresh_waiter(self, key: str, now: float, ttl: float, pickup: float) -> Fenced:
         """A waiter shows it is alive: its entry's expiry moves on, unless it already ran out, and its
         pickup deadline is its own again (a grant pass after a promotion shortens it, see
         :func:`shorten_pickups`)."""
-        t = self.t
-        return _fenced_extend(t, key, WAITING, now, now + ttl, {"expires_at": now + ttl, "pickup_seconds": pickup})
+        return _fenced_extend(self.t, key, WAITING, now, now + ttl, {"expires_at": now + ttl, "pickup_seconds": pickup})
 
     def remove_request(self, key: str, attempt: Optional[int], now: float) -> Bound:
         """Delete a request's rows and close the history rows of its grants in one statement (for
@@ -706,37 +611,31 @@ class SlotStatements:
         Same outcome as :func:`request_rows`, :func:`delete_requests` and one :func:`end_grant` per
         granted row: released while the lease was live at ``now``, expired otherwise. Only the rows of
         ``attempt`` go (:func:`_this_attempt`). Built once per tables (see :data:`Bound`)."""
-        t, namespace = self.t, self.ns
-        return _remove_request(t), {"ct_namespace": namespace, "ct_key": key, "ct_attempt": attempt, "ct_now": now}
+        return _remove_request(self.t), {"ct_namespace": self.ns, "ct_key": key, "ct_attempt": attempt, "ct_now": now}
 
     def delete_expired_row(self, row_id: int, now: float) -> Bound:
         """Reap one row whose lease ran out; the re-check makes this the only judge of expiry (a renewal
         or pickup committed meanwhile keeps the row)."""
-        t = self.t
-        q = t.request
+        q = self.t.request
         return delete(q).where(q.c.id == row_id, q.c.expires_at < now), {}
 
     def delete_expired_request(self, key: str, now: float) -> Bound:
         """Remove a request's rows that ran out (re-checked: a pickup may have won)."""
-        t = self.t
-        q = t.request
+        q = self.t.request
         return delete(q).where(q.c.request_key == key, q.c.expires_at < now), {}
 
     def delete_requests(self, keys: Keys) -> Bound:
         """Remove whole requests (every resource's row): one key or several."""
-        t = self.t
-        return delete(t.request).where(_keyed(t, keys)), {}
+        return delete(self.t.request).where(_keyed(self.t, keys)), {}
 
     def delete_expired_waiters(self, names: Sequence[str], now: float) -> Bound:
         """Waiters anywhere in the queues of ``names`` whose entries ran out."""
-        t, namespace = self.t, self.ns
-        q = t.request
+        namespace, q = self.ns, self.t.request
         return delete(q).where(q.c.namespace == namespace, q.c.resource.in_(names), q.c.state == WAITING,
                                q.c.expires_at < now), {}
 
     def delete_resource_requests(self, name: str) -> Bound:
-        t, namespace = self.t, self.ns
-        q = t.request
+        namespace, q = self.ns, self.t.request
         return delete(q).where(q.c.namespace == namespace, q.c.resource == name), {}
 
     # -- grant history ----------------------------------------------------------------------------------
@@ -745,24 +644,18 @@ class SlotStatements:
         """The history row of a grant just made (``row``: the request row granted), in the grant's own
         transaction: the rate window, counted from these rows, can never miss a grant. ``enqueued_at``:
         when the request for this token was made, if not the row's (a newer attempt taking a grant over).
-
         On the path of every grant: built once per tables (see :data:`Bound`); binds named ``ct_h_*``."""
-        t, namespace = self.t, self.ns
-        values = dict(namespace=namespace, resource=resource, token=token, holder=row.holder, mode=row.mode,
+        values = dict(namespace=self.ns, resource=resource, token=token, holder=row.holder, mode=row.mode,
                       slots=int(row.slots), priority=priority,
                       enqueued_at=float(row.enqueued_at) if enqueued_at is None else enqueued_at, granted_at=now,
                       ended_at=None, outcome=HELD)
-        return _record_grant(t), {f"ct_h_{name}": value for name, value in values.items()}
+        return _record_grant(self.t), {f"ct_h_{name}": value for name, value in values.items()}
 
     def end_grant(self, resource: str, token: int, outcome: str, now: float) -> Bound:
         """Close a grant's history row (only once: a row already closed keeps its outcome)."""
-        t, namespace = self.t, self.ns
-        h = t.history
-        return (
-            update(h)
-            .where(h.c.namespace == namespace, h.c.resource == resource, h.c.token == token, h.c.outcome == HELD)
-            .values(outcome=outcome, ended_at=now), {}
-        )
+        namespace, h = self.ns, self.t.history
+        return (update(h).where(h.c.namespace == namespace, h.c.resource == resource, h.c.token == token,
+                                h.c.outcome == HELD).values(outcome=outcome, ended_at=now), {})
 
     def retoken_grant(self, resource: str, old: int, now: float) -> Bound:
         """A newer attempt took the grant over with a new fencing token: the old token's row ends here
@@ -774,38 +667,32 @@ class SlotStatements:
         release that finds its rows gone tells its caller). By the primary key's columns as two IN
         lists (one statement shape for any number of resources); the caller keeps the rows whose
         (resource, token) is one of ``tokens``."""
-        t, namespace = self.t, self.ns
-        h = t.history
+        namespace, h = self.ns, self.t.history
         return select(h.c.resource, h.c.token, h.c.outcome).where(
             h.c.namespace == namespace, h.c.resource.in_(sorted(tokens)),
             h.c.token.in_(sorted(set(tokens.values())))), {}
 
     def window_count(self, resource: str, since: float) -> Bound:
         """Grants of ``resource`` made after ``since`` (the rate window), through the time index."""
-        t, namespace = self.t, self.ns
-        h = t.history
+        namespace, h = self.ns, self.t.history
         return select(func.count()).select_from(h).where(
             h.c.namespace == namespace, h.c.resource == resource, h.c.granted_at > since), {}
 
     def window_times(self, resource: str, since: float) -> Bound:
         """The grant times of ``resource`` after ``since``, oldest first (to find the next opening)."""
-        t, namespace = self.t, self.ns
-        h = t.history
+        namespace, h = self.ns, self.t.history
         return (select(h.c.granted_at).where(h.c.namespace == namespace, h.c.resource == resource,
                                              h.c.granted_at > since).order_by(h.c.granted_at), {})
 
     def last_left(self, resource: str, before: float) -> Bound:
         """The newest grant time at or before ``before`` (the grant that last left the window)."""
-        t, namespace = self.t, self.ns
-        h = t.history
+        namespace, h = self.ns, self.t.history
         return select(func.max(h.c.granted_at)).where(
             h.c.namespace == namespace, h.c.resource == resource, h.c.granted_at <= before), {}
 
-    def records(self, resource: Optional[str], since: float,
-                limit: int) -> Bound:
+    def records(self, resource: Optional[str], since: float, limit: int) -> Bound:
         """The newest ``limit`` grants made since ``since`` (of one resource, or all)."""
-        t, namespace = self.t, self.ns
-        h = t.history
+        namespace, h = self.ns, self.t.history
         query = select(h).where(h.c.namespace == namespace, h.c.granted_at >= since)
         if resource is not None:
             query = query.where(h.c.resource == resource)
@@ -813,8 +700,7 @@ class SlotStatements:
 
     def overlapping(self, resource: str, start: float, end: float) -> Bound:
         """Grants of ``resource`` that overlap ``[start, end)`` (made before its end, not ended before its start)."""
-        t, namespace = self.t, self.ns
-        h = t.history
+        namespace, h = self.ns, self.t.history
         return select(h.c.slots, h.c.enqueued_at, h.c.granted_at, h.c.ended_at, h.c.outcome).where(
             h.c.namespace == namespace, h.c.resource == resource, h.c.granted_at < end,
             or_(h.c.ended_at.is_(None), h.c.ended_at > start),
@@ -822,26 +708,19 @@ class SlotStatements:
 
     def prune_edge(self, resource: str, before: float, batch: int) -> Bound:
         """The grant time of the ``batch``-th oldest ended grant made before ``before`` (None: fewer)."""
-        t, namespace = self.t, self.ns
-        h = t.history
-        return (
-            select(h.c.granted_at)
-            .where(h.c.namespace == namespace, h.c.resource == resource, h.c.granted_at < before, h.c.outcome != HELD)
-            .order_by(h.c.granted_at)
-            .offset(batch - 1)
-            .limit(1), {}
-        )
+        namespace, h = self.ns, self.t.history
+        return (select(h.c.granted_at).where(h.c.namespace == namespace, h.c.resource == resource,
+                                             h.c.granted_at < before, h.c.outcome != HELD)
+                .order_by(h.c.granted_at).offset(batch - 1).limit(1), {})
 
     def delete_ended(self, resource: str, upto: float, inclusive: bool) -> Bound:
         """Delete the ended grants of ``resource`` made before (or at) ``upto``: a range of the time
         index, so the plan does not depend on the table's statistics (a list of keys may be scanned)."""
-        t, namespace = self.t, self.ns
-        h = t.history
+        namespace, h = self.ns, self.t.history
         edge = h.c.granted_at <= upto if inclusive else h.c.granted_at < upto
         return delete(h).where(h.c.namespace == namespace, h.c.resource == resource, edge, h.c.outcome != HELD), {}
 
     def delete_history(self, resource: str) -> Bound:
         """A deleted resource's history goes with it (a new resource of that name restarts its tokens)."""
-        t, namespace = self.t, self.ns
-        h = t.history
+        namespace, h = self.ns, self.t.history
         return delete(h).where(h.c.namespace == namespace, h.c.resource == resource), {}

@@ -1,9 +1,9 @@
 """Waiting for a slot: ``acquire``'s wait loop and ``try_acquire``'s one look, and withdrawing on the way out.
 
 :class:`Waiter` works through :class:`~.entering.Entering` (entering the queue, looking at its own
-entry, withdrawing) and sleeps on the wake-ups (:class:`WaitChannel`); the leases it hands out renew
-and release through the :class:`~.values.LeaseEngine` it was given. Nothing it calls calls back
-into it. The rule for running a grant pass itself is decided by :func:`.grants.waiter_runs_pass`.
+entry, withdrawing) and sleeps on the wake-ups (:class:`~controltable.wakeups.Wakeups`); the leases
+it hands out renew and release through the :class:`~.values.LeaseEngine` it was given. Nothing it
+calls calls back into it. The rule for running a grant pass itself is decided by :func:`.grants.waiter_runs_pass`.
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ import logging
 import random
 import threading
 import time
-from typing import Mapping, Optional, Protocol, Union
+from typing import Mapping, Optional, Union
 
 from .. import dialects, threads, tracing
 from ..defaults import DEFAULT_PICKUP, WITHDRAW_GRACE, WITHDRAW_RETRY_INTERVAL
 from ..errors import AcquireTimeout
 from ..validation import check_name, check_poll_interval, check_seconds
+from ..wakeups import Wakeups
 from . import grants
 from .entering import Entering, Peek, new_request
 from .keys import head_key, holder_key
@@ -49,25 +50,10 @@ REFRESH_FRACTION = 0.5
 DEADLINE_GRACE = 1.0
 
 
-class WaitChannel(Protocol):
-    """What a waiter needs of the wake-ups (:class:`controltable.wakeups.Wakeups`): a marker of what
-    was seen, a bounded sleep that a wake-up ends, and whether pushes arrive."""
-
-    def mark(self, keys: list[str]) -> tuple[int, ...]: ...
-
-    def wait(self, keys: list[str], seconds: float, since: Optional[tuple[int, ...]] = None) -> bool: ...
-
-    @property
-    def active(self) -> bool: ...
-
-    @property
-    def lost(self) -> bool: ...
-
-
 class Waiter:
     """``acquire`` and ``try_acquire``: enter the queue, look at the own entry, sleep, give up cleanly."""
 
-    def __init__(self, entering: Entering, wakeups: WaitChannel, leases: LeaseEngine) -> None:
+    def __init__(self, entering: Entering, wakeups: Wakeups, leases: LeaseEngine) -> None:
         self.entering = entering
         self.wakeups = wakeups
         #: What the leases handed out renew and release through.

@@ -9,9 +9,6 @@ holding, and :class:`~.reports.Reports` and :class:`~.reports.HistoryPruner` ove
 ``ControlTable`` waits through ``engine.waiter`` itself; the engine forwards the reports and what a
 ``Lease`` holds, and capacity, removing a holder's requests and reaping are its own (short changes
 under the locks, through the passes).
-
-Statements come from :mod:`.statements`, the decisions of who is granted and when a waiter runs a
-pass itself from :mod:`.grants`, through the database layer (``Database.run``).
 """
 
 from __future__ import annotations
@@ -44,12 +41,8 @@ class PolicyChange:
 
 
 class SlotEngine:
-    """Resource slots for one namespace of one installation: the collaborators, and what is its own.
-
-    Grants are made by whoever changes a queue: every transaction that releases, enqueues,
-    withdraws, reaps or raises a capacity ends with :meth:`.GrantPasses.grant_pass` under the
-    resource row locks, which hands the freed capacity to the waiters at the head (decided by
-    :func:`grants.decide`). Waiters only read their own entry and pick the grant up.
+    """Resource slots for one namespace of one installation: the collaborators, and what is its own
+    (the grant model, made by whoever changes a queue: see :mod:`controltable.slots`).
 
     ``passes`` and ``entering`` may be given (a test's fake of one collaborator); by default they
     are built from ``runtime``.
@@ -183,17 +176,10 @@ class SlotEngine:
         def action(conn: Connection, res: Locked, now: float) -> int:
             # Waiters anywhere in the queues (a pass only looks at the head); holders go in the pass.
             stmt, values = self.sql.delete_expired_waiters(sorted(res), now)
-            return dialects.changed_rows(conn, stmt, self.t.request.c.id, self.db.traits, values)
+            n = dialects.changed_rows(conn, stmt, self.t.request.c.id, self.db.traits, values)
+            return n + self.passes.grant_pass(conn, res, now)
 
-        counted: list[int] = []
-
-        def with_count(conn: Connection, res: Locked, now: float) -> int:
-            n = action(conn, res, now)
-            n += self.passes.grant_pass(conn, res, now)
-            counted.append(n)
-            return n
-
-        return self.passes.in_lock_order(names, with_count)
+        return self.passes.in_lock_order(names, action)
 
     def iter_names(self) -> Iterator[str]:  # pragma: no cover - convenience
         for st in self.status():

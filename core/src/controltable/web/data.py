@@ -28,6 +28,7 @@ from ..defaults import WEB_ERROR_ROWS
 from ..errors import ConfigurationError, ControlTableError
 from ..slots import Entry, Rate
 from ..validation import check_identifier, check_name
+from ..waiting_text import jsonable
 
 #: The chart windows: (label, seconds, buckets).
 CHART_WINDOWS: tuple[tuple[str, float, int], ...] = (("hour", 3600.0, 12), ("day", 86400.0, 24))
@@ -302,9 +303,9 @@ class StatusSource:
                 completions = per_minute([(t, d) for t, _, d in samples], now)
             out.append({
                 **st.as_dict(), "table": spec.label,
-                "oldest_pending_key": _plain(st.oldest_pending_key),
+                "oldest_pending_key": jsonable(st.oldest_pending_key),
                 "claims_per_minute": claims, "completions_per_minute": completions,
-                "errors": [{**e, "key": _plain(e["key"])} for e in errors],
+                "errors": [{**e, "key": jsonable(e["key"])} for e in errors],
             })
         return out
 
@@ -376,10 +377,3 @@ class StatusSource:
             "push": self.push(),
             "doctor": self.doctor(),
         }
-
-
-def _plain(value: Any) -> Any:
-    """A key as JSON can carry it (dates and decimals as text)."""
-    if value is None or isinstance(value, (int, float, str, bool)):
-        return value
-    return str(value)

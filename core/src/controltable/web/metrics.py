@@ -28,8 +28,7 @@ def histogram_buckets(values: list[float], bounds: tuple[float, ...] = WAIT_BUCK
 class SnapshotCollector:
     """Turns one snapshot (plus grant waits from the history, when the core records it) into metrics."""
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any]],
-                 waits: Callable[[], dict[str, list[float]]]) -> None:
+    def __init__(self, snapshot: Callable[[], dict[str, Any]], waits: Callable[[], dict[str, list[float]]]) -> None:
         self._snapshot = snapshot
         self._waits = waits
 
@@ -61,18 +60,16 @@ class SnapshotCollector:
 
         stats = snap.get("stats") or {}
         if stats.get("available"):
-            window = r
-            grants = GaugeMetricFamily("controltable_resource_grants_last_hour", "Grants in the last hour",
-                                       labels=window)
+            grants = GaugeMetricFamily("controltable_resource_grants_last_hour", "Grants in the last hour", labels=r)
             lease_expiries = GaugeMetricFamily(
                 "controltable_resource_lease_expiries_last_hour",
-                "Holders whose lease expired (holders that died) in the last hour", labels=window)
+                "Holders whose lease expired (holders that died) in the last hour", labels=r)
             util = GaugeMetricFamily("controltable_resource_utilisation_last_hour",
-                                     "Share of the capacity held over the last hour (0..1)", labels=window)
+                                     "Share of the capacity held over the last hour (0..1)", labels=r)
             p50 = GaugeMetricFamily("controltable_resource_wait_p50_seconds",
-                                    "Median wait of the grants of the last hour", labels=window)
+                                    "Median wait of the grants of the last hour", labels=r)
             p95 = GaugeMetricFamily("controltable_resource_wait_p95_seconds",
-                                    "95th percentile wait of the grants of the last hour", labels=window)
+                                    "95th percentile wait of the grants of the last hour", labels=r)
             for name, st in sorted(stats.get("current", {}).items()):
                 for family, key in ((grants, "grants"), (lease_expiries, "expired"), (util, "utilisation"),
                                     (p50, "wait_p50"), (p95, "wait_p95")):
@@ -132,8 +129,7 @@ class SnapshotCollector:
             yield findings
 
 
-def render(snapshot: Callable[[], dict[str, Any]],
-           waits: Callable[[], dict[str, list[float]]]) -> bytes:
+def render(snapshot: Callable[[], dict[str, Any]], waits: Callable[[], dict[str, list[float]]]) -> bytes:
     """The text exposition of one scrape."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(snapshot, waits))  # type: ignore[arg-type]

@@ -23,6 +23,8 @@ NEW, ACTIVE, DONE, ERROR = "new", "active", "done", "error"
 UNFINISHED = (NEW, ACTIVE, ERROR)
 #: Items per INSERT when populating.
 INSERT_CHUNK = 500
+_CONFIRMS = "confirms {}: a trigger or server-wide NOCOUNT changes the row count the driver reports"
+_COUNTED = "OUTPUT {}.id: the rows are counted as returned, never by the reported row count"
 
 
 def allocation_order(row: Any) -> tuple[int, int]:
@@ -141,8 +143,7 @@ class WorkListStatements:
             state=ACTIVE, owner=owner, token=token, attempts=t.c.attempts + 1, started_at=now,
             finished_at=None, expires_at=now + lease)
 
-    @sql_notes(mssql="confirms the allocation: a trigger or server-wide NOCOUNT changes the row count the "
-                     "driver reports")
+    @sql_notes(mssql=_CONFIRMS.format("the allocation"))
     def count_allocated(self, item_id: int, token: int, now: float) -> Any:
         """Rows an allocation stamped (this token, this instant): what confirms it where rowcount is not trusted."""
         t = self.items
@@ -160,8 +161,7 @@ class WorkListStatements:
         t = self.items
         return update(t).where(t.c.id == item_id, t.c.token == token, t.c.state == ACTIVE).values(values)
 
-    @sql_notes(mssql="confirms the finish: a trigger or server-wide NOCOUNT changes the row count the driver "
-                     "reports")
+    @sql_notes(mssql=_CONFIRMS.format("the finish"))
     def count_finished(self, item_id: int, token: int, state: str) -> Any:
         """Rows carrying ``state`` after a finish (a released row carries no token): what confirms it."""
         t = self.items
@@ -179,8 +179,7 @@ class WorkListStatements:
         return update(t).where(t.c.id == item_id, t.c.token == token, t.c.state == ACTIVE).values(
             expires_at=expires_at)
 
-    @sql_notes(mssql="confirms the renewal: a trigger or server-wide NOCOUNT changes the row count the driver "
-                     "reports")
+    @sql_notes(mssql=_CONFIRMS.format("the renewal"))
     def count_renewed(self, item_id: int, token: int, expires_at: float) -> Any:
         t = self.items
         return select(func.count()).select_from(t).where(
@@ -203,20 +202,20 @@ class WorkListStatements:
     def by_id(self, item_id: int) -> Any:
         return select(self.items).where(self._mine(), self.items.c.id == item_id)
 
-    @sql_notes(mssql="OUTPUT inserted.id: the rows are counted as returned, never by the reported row count")
+    @sql_notes(mssql=_COUNTED.format("inserted"))
     def reset(self) -> Any:
         return update(self.items).where(self._mine()).values(
             state=NEW, owner=None, token=None, attempts=0, last_error=None, started_at=None, finished_at=None,
             expires_at=None)
 
-    @sql_notes(mssql="OUTPUT inserted.id: the rows are counted as returned, never by the reported row count")
+    @sql_notes(mssql=_COUNTED.format("inserted"))
     def clear_errors(self, item_id: Optional[int] = None) -> Any:
         t = self.items
         only = [t.c.id == item_id] if item_id is not None else []
         return update(t).where(self._mine(), *only, t.c.state == ERROR).values(
             state=NEW, owner=None, token=None, last_error=None, finished_at=None)
 
-    @sql_notes(mssql="OUTPUT deleted.id: the rows are counted as returned, never by the reported row count")
+    @sql_notes(mssql=_COUNTED.format("deleted"))
     def drop_items(self) -> Any:
         return delete(self.items).where(self._mine())
 

@@ -140,9 +140,12 @@ class WorkList:
         def fn(conn: Connection) -> Optional[Item]:
             lock = self._ensure(conn)
             if attempted:
-                found = self._find_allocation(conn, owner, *attempted[-1])
+                # A fencing token is handed out once per work list only when its transaction commits, so
+                # a row still active under this token, owner and start instant can only be that attempt's.
+                item_id, earlier, started_at = attempted[-1]
+                found = conn.execute(self.sql.find_allocation(item_id, earlier, owner, started_at)).first()
                 if found is not None:
-                    return found
+                    return self._item(found)
             head = conn.execute(self.sql.current_order()).one()
             now, current = float(head.now), head.current
             if current is None:
@@ -173,18 +176,6 @@ class WorkList:
 
         return self._run(fn)
 
-    def _find_allocation(self, conn: Connection, owner: str, item_id: int, token: int,
-                         started_at: float) -> Optional[Item]:
-        """The item an earlier attempt of this allocation committed, if it did (else ``None``).
-
-        A fencing token is handed out once per work list only when its transaction commits, so
-        a row still active under this token, owner and start instant can only be that attempt's.
-        """
-        row = conn.execute(self.sql.find_allocation(item_id, token, owner, started_at)).first()
-        if row is None:
-            return None
-        return self._item(row)
-
     def _item(self, row: Any) -> Item:
         lease_s = float(row.expires_at - row.started_at) if row.expires_at and row.started_at else self.lease
         return Item(self, int(row.id), json.loads(row.payload), int(row.exec_order), int(row.priority),
@@ -196,9 +187,8 @@ class WorkList:
     ) -> Iterator[Item]:
         """Allocate items until the list is finished, waiting while the current order is busy.
 
-        Between attempts it waits up to ``poll_interval`` seconds (less when woken: finished or
-        new items push on PostgreSQL). Raises
-        :class:`WorkListBlocked` when only errored items stand in the way.
+        Between attempts it waits up to ``poll_interval`` seconds (less when woken: finished or new
+        items push on PostgreSQL). Raises :class:`WorkListBlocked` when only errored items stand in the way.
 
         With a ``timeout`` every statement runs under a client-side deadline (see
         :meth:`~controltable.db.Database.deadline`): the timeout, or shortly after the generator
@@ -275,10 +265,8 @@ class WorkList:
 
     # -- administration ------------------------------------------------------------------------------
     def status(self) -> WorkListStatus:
-        def fn(conn: Connection) -> list[Any]:
-            return list(conn.execute(self.sql.counts(read_now(conn))).all())
-
-        return status_from_counts(self.name, self.db.run(fn))
+        rows: list[Any] = self.db.run(lambda conn: list(conn.execute(self.sql.counts(read_now(conn))).all()))
+        return status_from_counts(self.name, rows)
 
     def items_list(self, state: Optional[str] = None, limit: int = 100) -> list[dict[str, Any]]:
         """Items as dictionaries (for listings), optionally of one state."""
