@@ -72,13 +72,18 @@ def _row(backend: str, figure: str, value: float, unit: str, goal: float, note: 
                goal=f"<= {goal:g} {unit}", met=value <= goal, note=note)
 
 
-def _interrupt_latencies(url: str, rounds: int) -> list[float]:
-    """Seconds from the take (another connection releases the holder) to the interrupt."""
-    namespace = f"bench_goals_{uuid.uuid4().hex[:8]}"
-    ct = ControlTable(url, namespace=namespace)
+def _one_slot(url: str) -> ControlTable:
+    """A control table in a namespace of its own, its resource ``r`` of one slot."""
+    ct = ControlTable(url, namespace=f"bench_goals_{uuid.uuid4().hex[:8]}")
     ct.install()
     ct.set_capacity("r", 1)
-    other = ControlTable(url, namespace=namespace)
+    return ct
+
+
+def _interrupt_latencies(url: str, rounds: int) -> list[float]:
+    """Seconds from the take (another connection releases the holder) to the interrupt."""
+    ct = _one_slot(url)
+    other = ControlTable(url, namespace=ct.namespace)
     out: list[float] = []
     try:
         for i in range(rounds):
@@ -108,10 +113,7 @@ def _interrupt_latencies(url: str, rounds: int) -> list[float]:
 
 def _renewal_gaps(url: str, seconds: float) -> tuple[list[float], list[float]]:
     """Gaps between the starts of successive background renewals, and each renewal's own time."""
-    namespace = f"bench_goals_{uuid.uuid4().hex[:8]}"
-    ct = ControlTable(url, namespace=namespace)
-    ct.install()
-    ct.set_capacity("r", 1)
+    ct = _one_slot(url)
     starts: list[float] = []
     took: list[float] = []
     lease = ct.acquire("r", holder="renewing", lease=LEASE, timeout=0)
@@ -169,16 +171,13 @@ def _orphan_rounds(url: str, mode: str, rounds: int) -> tuple[list[float], list[
     ``mode`` "expire": the holder only renews (its lease runs out); "interrupt": its work is inside
     ``with lease:`` (interrupted, and the exit releases). Every process started is killed at the end.
     """
-    namespace = f"bench_goals_{uuid.uuid4().hex[:8]}"
-    ct = ControlTable(url, namespace=namespace)
-    ct.install()
-    ct.set_capacity("r", 1)
-    waiter = ControlTable(url, namespace=namespace)
+    ct = _one_slot(url)
+    waiter = ControlTable(url, namespace=ct.namespace)
     mono: list[float] = []
     db: list[float] = []
     try:
         for i in range(rounds):
-            took, took_db = _orphan_round(ct, waiter, url, mode, f"{namespace}-{i}")
+            took, took_db = _orphan_round(ct, waiter, url, mode, f"{ct.namespace}-{i}")
             mono.append(took)
             if took_db is not None:
                 db.append(took_db)

@@ -29,9 +29,12 @@ from controltable import ControlTable, ControlTableError, Lease, LeaseLost  # no
 from controltable.schema import SCHEMA_VERSION  # noqa: E402
 
 PASSWORD = "Hyp0thesis-pw-" + uuid.uuid4().hex[:6]
-#: Seconds one call may take. The promise is "within a second"; the bound is wider so a loaded
-#: 2-core CI machine does not fail the run (the slowest call seen is printed at the end).
-CALL_BOUND = float(os.environ.get("CONTROLTABLE_HOSTILE_CALL_BOUND", "5"))
+#: Seconds after which an API call counts as hung (a CLI call, which also starts the command, twice
+#: that). The promise is "within a second" and the slowest call seen is printed at the end; this is a
+#: hang detector, not that promise: a loaded 2-core CI machine (load average 15) once took 12 s for a
+#: CLI call, and what a hostile input could make hang (a lock wait, a retry loop) runs into the
+#: 120 s statement timeout or an unbounded wait, far beyond this.
+CALL_BOUND = float(os.environ.get("CONTROLTABLE_HOSTILE_CALL_BOUND", "30"))
 EXAMPLES = int(os.environ.get("CONTROLTABLE_HOSTILE_EXAMPLES", "30"))
 
 HOSTILE_TEXT = st.one_of(
@@ -333,7 +336,7 @@ def test_hostile_cli_calls(hostile: dict[str, Any], data: st.DataObject, monkeyp
     assert "Traceback" not in output
     if PASSWORD not in name:
         assert PASSWORD not in output, output
-    assert took < CALL_BOUND * 2, took
+    assert took < CALL_BOUND * 2, f"hang: a CLI call took {took:.1f} s"
     _intact(hostile)
 
 

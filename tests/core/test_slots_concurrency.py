@@ -40,7 +40,7 @@ def test_stress_capacity_exclusivity_and_fifo(backend_url: str, namespace: str, 
     n_workers, rounds = 12, 12
     logs = [tmp_path / f"w{i}.jsonl" for i in range(n_workers)]
     errs = [tmp_path / f"w{i}.err" for i in range(n_workers)]
-    procs = [spawn("stress", backend_url, namespace, f"w{i}", str(1000 + i), str(rounds), str(logs[i]),
+    procs = [spawn("stress", backend_url, namespace, f"w{i}", str(1000 + i), str(rounds), str(logs[i]), "meet",
                    stderr=errs[i]) for i in range(n_workers)]
     for p, err in zip(procs, errs):
         assert p.wait(timeout=400) == 0, f"worker failed:\n{err.read_text()[-3000:]}"

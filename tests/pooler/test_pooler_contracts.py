@@ -68,7 +68,7 @@ def test_slots_capacity_exclusivity_and_fifo(pooled: ControlTable, tmp_path: Pat
     for i in range(n_workers):
         with open(errs[i], "wb") as err:
             procs.append(subprocess.Popen([sys.executable, str(SLOT_WORKERS), "stress", url, pooled.namespace,
-                                           f"w{i}", str(2000 + i), str(rounds), str(logs[i])], stderr=err))
+                                           f"w{i}", str(2000 + i), str(rounds), str(logs[i]), "meet"], stderr=err))
     try:
         for p, err in zip(procs, errs):
             assert p.wait(timeout=120) == 0, f"worker failed:\n{err.read_text()[-3000:]}"
@@ -128,7 +128,7 @@ def test_worklist_orders_strictly_sequential(pooled: ControlTable, procs: Worker
     for i, (n, r, log) in enumerate(zip(names, ready, logs)):
         procs.start(n, "worklist", "--url", url, "--namespace", pooled.namespace, "--worklist", wl.name,
                     "--log", log, "--seed", i, "--min-work", 0.1, "--max-work", 0.3, "--poll", 0.02,
-                    "--max-seconds", 60, "--ready", r, "--go", go)
+                    "--max-seconds", 60, "--ready", r, "--go", go, "--meet-order", 200)
     workers_mod.wait_for_files(ready, 60, procs)
     go.touch()
     procs.wait(names, timeout=90)

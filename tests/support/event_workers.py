@@ -160,6 +160,31 @@ def cmd_timed(args: argparse.Namespace) -> int:
     return 0
 
 
+def _meet(meeting: Path, name: str) -> None:
+    """Work an item of ``--meet-order`` until another worker is seen working one of that order too, or
+    until some pair has met: the items of one order then run side by side by construction, not by the
+    luck of timing (which the test checks, or its ordering check would prove nothing).
+
+    A worker's marker exists only inside its recorded interval (made after ``start``, removed before
+    ``end``), so seeing another's marker means the two intervals overlap. Once the order is current,
+    every idle worker can allocate one of its other items, so the wait ends.
+    """
+    meeting.mkdir(exist_ok=True)
+    mine, met = meeting / f"working.{name}", meeting / "met"
+    mine.touch()
+    hang = time.monotonic() + 120.0
+    try:
+        while not met.exists():
+            if any(p != mine for p in meeting.glob("working.*")):
+                met.touch()
+                return
+            if time.monotonic() > hang:
+                raise SystemExit(f"{name}: hang: no other worker worked an item of this order within 120 s")
+            time.sleep(0.01)
+    finally:
+        mine.unlink()
+
+
 def cmd_worklist(args: argparse.Namespace) -> int:
     ct = _control(args)
     wl = ct.worklist(args.worklist)
@@ -171,7 +196,10 @@ def cmd_worklist(args: argparse.Namespace) -> int:
     with open(args.log, "a", encoding="utf-8") as log:
         for item in wl.items(owner=args.name, poll_interval=args.poll, timeout=args.max_seconds):
             start = time.time()  # after allocate returned
-            time.sleep(rnd.uniform(args.min_work, args.max_work))
+            if item.order == args.meet_order:
+                _meet(Path(args.log).parent / f"meeting-{item.order}", args.name)
+            else:
+                time.sleep(rnd.uniform(args.min_work, args.max_work))
             end = time.time()  # before complete is called
             log.write(json.dumps({"id": item.id, "order": item.order, "payload": item.payload, "start": start,
                                   "end": end, "token": item.token, "owner": args.name}) + "\n")
@@ -243,6 +271,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sp.add_argument("--max-seconds", type=float, default=120.0)
     sp.add_argument("--ready")
     sp.add_argument("--go")
+    sp.add_argument("--meet-order", type=int, help="work items of this order until another worker works one too")
     sp.set_defaults(fn=cmd_worklist)
 
     args = p.parse_args(argv)
