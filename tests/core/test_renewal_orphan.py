@@ -105,7 +105,8 @@ def test_orphaned_child_lets_its_slot_lease_expire(
 def test_renewal_stops_when_the_owner_says_the_work_ended(ct: ControlTable) -> None:
     wl = ct.worklist("owner-ended")
     wl.populate([{"n": 1}])
-    item = wl.allocate("slow", lease=1.0)
+    # A 3 s lease renewed every 0.2 s: a renewal may be 2 s late on a loaded machine and the lease holds.
+    item = wl.allocate("slow", lease=3.0)
     assert item is not None
     ended = threading.Event()
     first_expiry = item.expires_at.timestamp()
@@ -113,10 +114,17 @@ def test_renewal_stops_when_the_owner_says_the_work_ended(ct: ControlTable) -> N
     wait_past(ct, first_expiry)  # by the database clock: only renewal keeps it
     assert wl.allocate("thief", lease=60) is None
     ended.set()
+    # The renewer's verdict first, with nobody else writing: a thief polling meanwhile competed for
+    # SQLite's write lock with the renewal in flight, which then came after the lease and found the
+    # item taken (a loaded run: "no longer held" instead of the owner's word).
+    renewer = item._renewer
+    assert renewer is not None
+    wait_until(lambda: renewer.stopped_because is not None or item.lost is not None, 60,
+               "the renewer to stop after its owner said the work ended")
+    assert renewer.stopped_because == "its owner said the work ended", (renewer.stopped_because, item.lost)
+    assert isinstance(item.lost, LeaseLost)
     taken = wait_until(lambda: wl.allocate("thief", lease=60), 30,
                        "the item to come back after its owner ended the work")
-    assert isinstance(item.lost, LeaseLost)
-    assert item._renewer is not None and item._renewer.stopped_because == "its owner said the work ended"
     with pytest.raises(LeaseLost):
         item.complete()
     taken.complete()
