@@ -32,7 +32,7 @@ from typing import Any, Optional
 from controltable import ControlTable
 
 from .common import Config, Report, percentile
-from .goals import _row
+from .goals import goal_row
 from .main import DEFAULT_MYSQL, DEFAULT_PG, reachable
 from .report import fmt, text_table
 
@@ -117,7 +117,7 @@ def run(cfg: Config, report: Report, url: str, backend: str) -> None:
     got = _withdrawals(url, rounds, report)
     took = [t for t, _ in got]
     calls = [c for _, c in got]
-    report.add(_row(backend, f"Dagster retry watcher: run cancel to place withdrawn, worst of {rounds}", max(took),
+    report.add(goal_row(backend, f"Dagster retry watcher: run cancel to place withdrawn, worst of {rounds}", max(took),
                     "s", GOAL_S, note=f"p50 {percentile(took, 50):.3f} s, of which the cancel call "
                     f"(report_run_canceling) p50 {percentile(calls, 50):.3f} s; after the call returned: "
                     f"worst {max(t - c for t, c in got):.3f} s"))

@@ -67,7 +67,8 @@ ORPHAN_INTERRUPT_GOAL_S = defaults.ORPHAN_CHECK_INTERVAL + ORPHAN_SLACK
 ORPHAN_HOLDER = Path(orphan_holder.__file__)
 
 
-def _row(backend: str, figure: str, value: float, unit: str, goal: float, note: str = "") -> Row:
+def goal_row(backend: str, figure: str, value: float, unit: str, goal: float, note: str = "") -> Row:
+    """A figure beside its goal (its anchor; the ratio is the fraction of the goal used)."""
     return Row("goals", backend, figure, value, unit, "goal", goal, unit, value / goal,
                goal=f"<= {goal:g} {unit}", met=value <= goal, note=note)
 
@@ -271,38 +272,38 @@ def run(cfg: Config, report: Report, url: str, backend: str) -> None:
         rounds = cfg.scale(60, 20)
         report.log(f"goals [{backend}]: handoff with push, {rounds} handoffs")
         lat, _rtt, woken = s4_handoff._handoffs(url, True, rounds)
-        report.add(_row(backend, "handoff with push p50", percentile(lat, 50) * 1e3, "ms", HANDOFF_PUSH_GOAL_MS,
+        report.add(goal_row(backend, "handoff with push p50", percentile(lat, 50) * 1e3, "ms", HANDOFF_PUSH_GOAL_MS,
                         note=f"{woken}/{rounds} grants followed a notification"))
         rounds = cfg.scale(15, 6)
         report.log(f"goals [{backend}]: handoff with the notification lost (polling), {rounds} handoffs")
         lat, _rtt, _woken = s4_handoff._handoffs(url, False, rounds)
-        report.add(_row(backend, "handoff, notification lost (polling) p99", percentile(lat, 99) * 1e3, "ms",
+        report.add(goal_row(backend, "handoff, notification lost (polling) p99", percentile(lat, 99) * 1e3, "ms",
                         HANDOFF_POLL_GOAL_MS))
     rounds = cfg.scale(8, 3)
     report.log(f"goals [{backend}]: lease-interrupt latency, {rounds} rounds")
     late = _interrupt_latencies(url, rounds)
-    report.add(_row(backend, f"lease-interrupt latency, worst of {rounds} (lease {LEASE:g} s)", max(late), "s",
+    report.add(goal_row(backend, f"lease-interrupt latency, worst of {rounds} (lease {LEASE:g} s)", max(late), "s",
                     INTERRUPT_GOAL_S, note=f"p50 {percentile(late, 50):.3f} s"))
     seconds = cfg.scale_f(10.0, 4.0)
     report.log(f"goals [{backend}]: background renewal for {seconds:g} s")
     gaps, took = _renewal_gaps(url, seconds)
-    report.add(_row(backend, f"renewal, longest gap between renewals (interval {INTERVAL:g} s)",
+    report.add(goal_row(backend, f"renewal, longest gap between renewals (interval {INTERVAL:g} s)",
                     max(gaps) if gaps else float("inf"), "s", RENEWAL_GAP_GOAL_S,
                     note=f"{len(took)} renewals, p50 round trip {percentile(took, 50) * 1e3:.1f} ms"))
     if backend in ("postgres", "mysql"):
         rounds = cfg.scale(5, 2)
         report.log(f"goals [{backend}]: statement stopped by its caller's deadline, {rounds} rounds")
         delays = _cancel_delays(url, backend, rounds)
-        report.add(_row(backend, f"cancel: deadline to error, worst of {rounds}", max(delays), "s", CANCEL_GOAL_S,
+        report.add(goal_row(backend, f"cancel: deadline to error, worst of {rounds}", max(delays), "s", CANCEL_GOAL_S,
                         note=f"p50 {percentile(delays, 50):.3f} s"))
     rounds = cfg.scale(5, 2)
     report.log(f"goals [{backend}]: orphan slot back, lease left to expire, {rounds} rounds (lease {ORPHAN_LEASE:g} s)")
     mono, db = _orphan_rounds(url, "expire", rounds)
-    report.add(_row(backend, f"orphan slot back, lease left to expire: kill to grant, worst of {rounds} "
+    report.add(goal_row(backend, f"orphan slot back, lease left to expire: kill to grant, worst of {rounds} "
                     f"(lease {ORPHAN_LEASE:g} s)", max(mono), "s", ORPHAN_EXPIRE_GOAL_S,
                     note=_orphan_note(db, mono)))
     report.log(f"goals [{backend}]: orphan slot back, work interrupted, {rounds} rounds")
     mono, db = _orphan_rounds(url, "interrupt", rounds)
-    report.add(_row(backend, f"orphan slot back, work interrupted (in `with lease:`): kill to grant, worst of {rounds} "
-                    f"(check interval {defaults.ORPHAN_CHECK_INTERVAL:g} s)", max(mono), "s",
+    report.add(goal_row(backend, "orphan slot back, work interrupted (in `with lease:`): kill to grant, "
+                        f"worst of {rounds} (check interval {defaults.ORPHAN_CHECK_INTERVAL:g} s)", max(mono), "s",
                     ORPHAN_INTERRUPT_GOAL_S, note=_orphan_note(db, mono)))

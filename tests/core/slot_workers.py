@@ -4,7 +4,7 @@
                                                  random shared/exclusive requests with random
                                                  holds; one JSON line per grant to OUT. With "meet",
                                                  round 0 is a shared hold of cap3 that lasts until
-                                                 another worker holds cap3 too (see _meet)
+                                                 another worker holds cap3 too (support.event_workers.meet)
   hold URL NAMESPACE RESOURCE HOLDER LEASE OUT [MODE]  acquire, write the grant to OUT, then hang
                                                  (the test kills it with SIGKILL)
   wait URL NAMESPACE RESOURCE HOLDER OUT         queue as a waiter, write 'queued', then hang
@@ -27,14 +27,18 @@ from pathlib import Path
 
 from controltable import ControlTable
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: its support package, as the tests import it
+from support.event_workers import meet  # noqa: E402
 
-def stress(url: str, namespace: str, worker: str, seed: int, rounds: int, out: str, meet: bool = False) -> None:
+
+def stress(url: str, namespace: str, worker: str, seed: int, rounds: int, out: str,
+           meeting_first: bool = False) -> None:
     ct = ControlTable(url, namespace=namespace)
     rng = random.Random(seed)
     meeting = Path(out).parent / "meeting"  # the run's workers write their logs side by side
     with open(out, "a", encoding="utf-8") as log:
         for i in range(rounds):
-            if meet and i == 0:
+            if meeting_first and i == 0:
                 resource, mode, slots = "cap3", "shared", 1
             else:
                 resource = rng.choice(["cap1", "cap3"])
@@ -43,8 +47,8 @@ def stress(url: str, namespace: str, worker: str, seed: int, rounds: int, out: s
             time.sleep(rng.uniform(0, 0.03))
             with ct.slot(resource, holder=f"{worker}-{i}", slots=slots, mode=mode, lease=30, timeout=300) as lease:
                 start = time.time()
-                if meet and i == 0:
-                    _meet(meeting, worker)
+                if meeting_first and i == 0:
+                    meet(meeting, worker, "cap3")  # shared holders overlap by construction
                 else:
                     time.sleep(rng.uniform(0.03, 0.15) if mode == "shared" else rng.uniform(0.001, 0.04))
                 end = time.time()
@@ -52,33 +56,6 @@ def stress(url: str, namespace: str, worker: str, seed: int, rounds: int, out: s
                               ticket=lease.ticket, token=lease.token)
             log.write(json.dumps(record) + "\n")
             log.flush()
-
-
-def _meet(meeting: Path, worker: str) -> None:
-    """Round 0 of ``stress ... meet``: hold on until another worker is seen holding cap3 as well, or
-    until some pair of workers has met.
-
-    The tests that check capacity > 1 need shared holders that really overlap (or the check proves
-    nothing); random holds overlap only by the luck of timing, and a loaded machine once served
-    every shared hold alone. A worker's marker exists only inside its recorded interval (made after
-    ``start``, removed before ``end``), so seeing another's marker means the two intervals overlap.
-    Before any pair has met, every worker is in its round 0 (a shared request of one of cap3's three
-    slots, nothing exclusive ahead of it), so a second worker is always granted: the wait ends.
-    """
-    meeting.mkdir(exist_ok=True)
-    mine, met = meeting / f"holding.{worker}", meeting / "met"
-    mine.touch()
-    hang = time.monotonic() + 120.0
-    try:
-        while not met.exists():
-            if any(p != mine for p in meeting.glob("holding.*")):
-                met.touch()
-                return
-            if time.monotonic() > hang:
-                raise SystemExit(f"{worker}: hang: no other worker held cap3 within 120 s")
-            time.sleep(0.01)
-    finally:
-        mine.unlink()
 
 
 def hold(url: str, namespace: str, resource: str, holder: str, lease: float, out: str,
@@ -158,7 +135,7 @@ def policy(url: str, namespace: str, resource: str, worker: str, seed: int, roun
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
     if cmd == "stress":
-        stress(args[0], args[1], args[2], int(args[3]), int(args[4]), args[5], meet=args[6:7] == ["meet"])
+        stress(args[0], args[1], args[2], int(args[3]), int(args[4]), args[5], meeting_first=args[6:7] == ["meet"])
     elif cmd == "hold":
         hold(args[0], args[1], args[2], args[3], float(args[4]), args[5], *args[6:7])
     elif cmd == "fleet":

@@ -160,26 +160,28 @@ def cmd_timed(args: argparse.Namespace) -> int:
     return 0
 
 
-def _meet(meeting: Path, name: str) -> None:
-    """Work an item of ``--meet-order`` until another worker is seen working one of that order too, or
-    until some pair has met: the items of one order then run side by side by construction, not by the
-    luck of timing (which the test checks, or its ordering check would prove nothing).
+def meet(meeting: Path, name: str, what: str) -> None:
+    """Hold on (inside a recorded work interval) until another worker is seen inside one too, or until
+    some pair of workers has met: the overlap a test checks for (or it proves nothing) is then made by
+    construction, not left to the luck of timing (a loaded machine once served every hold alone).
 
-    A worker's marker exists only inside its recorded interval (made after ``start``, removed before
-    ``end``), so seeing another's marker means the two intervals overlap. Once the order is current,
-    every idle worker can allocate one of its other items, so the wait ends.
+    A worker's marker exists only inside its recorded interval (call this after recording ``start``;
+    record ``end`` after it returns), so seeing another's marker means the two intervals overlap. The
+    caller makes sure a second worker can always get in (the slot stress's round 0: one shared slot
+    of three, nothing exclusive ahead; a work list's order: several items), so a wait that does not
+    end is a defect, reported as a hang after 120 s. ``what`` names the shared thing in that message.
     """
     meeting.mkdir(exist_ok=True)
-    mine, met = meeting / f"working.{name}", meeting / "met"
+    mine, met = meeting / f"in.{name}", meeting / "met"
     mine.touch()
     hang = time.monotonic() + 120.0
     try:
         while not met.exists():
-            if any(p != mine for p in meeting.glob("working.*")):
+            if any(p != mine for p in meeting.glob("in.*")):
                 met.touch()
                 return
             if time.monotonic() > hang:
-                raise SystemExit(f"{name}: hang: no other worker worked an item of this order within 120 s")
+                raise SystemExit(f"{name}: hang: no other worker was in {what} within 120 s")
             time.sleep(0.01)
     finally:
         mine.unlink()
@@ -197,7 +199,7 @@ def cmd_worklist(args: argparse.Namespace) -> int:
         for item in wl.items(owner=args.name, poll_interval=args.poll, timeout=args.max_seconds):
             start = time.time()  # after allocate returned
             if item.order == args.meet_order:
-                _meet(Path(args.log).parent / f"meeting-{item.order}", args.name)
+                meet(Path(args.log).parent / f"meeting-{item.order}", args.name, f"an item of order {item.order}")
             else:
                 time.sleep(rnd.uniform(args.min_work, args.max_work))
             end = time.time()  # before complete is called
