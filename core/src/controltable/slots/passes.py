@@ -377,6 +377,8 @@ class GrantPasses:
 
     @staticmethod
     def _head_size(res: LockedResource) -> int:
+        # A capacity's worth can be granted by one pass; then the new head and the one behind it
+        # (told to look: it times the grants' pickup deadlines in case the head is dead).
         return min(res.capacity, HEAD_READ_LIMIT) + 2
 
     def _reap_rows(self, conn: Connection, rows: list[Any], now: float) -> tuple[list[Any], int]:
