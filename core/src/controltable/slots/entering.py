@@ -10,7 +10,7 @@ itself is decided by :func:`.grants.waiter_runs_pass`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Union
+from typing import Mapping, Optional, Union
 
 from sqlalchemy.engine import Connection
 
@@ -150,7 +150,7 @@ class Entering:
                 res[name].last_ticket += 1
                 res[name].dirty = True  # written by the grant pass that follows
                 tickets[name] = res[name].last_ticket
-                waiter: dict[str, Any] = dict(
+                waiter = sql.NewEntry(
                     resource=name, holder=req.holder, key=key, slots=req.parts[name], mode=req.mode,
                     lease=req.lease, now=now, ttl=req.ttl, ticket=tickets[name], attempt=attempt, pickup=req.pickup,
                     priority=req.priority, queue_key=grants.queue_key(req.priority, now, res[name].aging))

@@ -16,7 +16,7 @@ misreport ``rowcount`` are answered by the count).
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, TypedDict, Union
 
 from sqlalchemy import and_, bindparam, case, delete, func, insert, literal_column, or_, select, union_all, update
 from sqlalchemy.sql import Delete, Insert, Select, Update
@@ -205,6 +205,25 @@ def _peek(t: ControlSchema) -> Select[Any]:
 
 
 # -- requests: changing -----------------------------------------------------------------------------
+class NewEntry(TypedDict):
+    """A new request's row in one queue: :func:`insert_waiter`'s (and :func:`enter_and_snapshot`'s) keywords,
+    typed where the entering code builds them (a misspelt or missing keyword fails mypy, not a run)."""
+
+    resource: str
+    holder: str
+    key: str
+    slots: int
+    mode: str
+    lease: float
+    now: float
+    ttl: float
+    ticket: int
+    attempt: Optional[int]
+    pickup: float
+    priority: int
+    queue_key: float
+
+
 _WAITER_COLUMNS = ("namespace", "resource", "holder", "request_key", "slots", "mode", "state", "lease_seconds",
                    "enqueued_at", "expires_at", "ticket", "attempt", "pickup_seconds", "priority", "queue_key")
 
