@@ -4,9 +4,12 @@
       claim batches and complete them until STOP exists or nothing is left; log JSON lines
       {"p": keys, "tok": t} when a batch is processed and {"c": keys, "tok": t} once its
       completion returned (the batch is recorded done).
-  slots URL NAMESPACE NAME SEED LOG STOP [--lease S --grants]
+  slots URL NAMESPACE NAME SEED LOG STOP [--lease S --grants --meet]
       random shared/exclusive requests on cap1/cap3 with short holds until STOP exists; one line
-      per hold whose lease was confirmed held at its end: {"iv": Interval fields}. With --grants
+      per hold whose lease was confirmed held at its end: {"iv": Interval fields}. With --meet the
+      first hold is one shared slot of cap3, held until another worker is seen holding cap3 too
+      (support.event_workers.meet): the overlap of shared holders the test checks for is made by
+      construction, not left to timing. With --grants
       (the failover test) also one line per grant the moment ``acquire`` returned,
       {"g": resource, "tok": token, "t": time, "worker": name}: every token a caller was handed,
       including those in commits a promoted standby never received.
@@ -28,6 +31,9 @@ from pathlib import Path
 from typing import Any, Optional, TextIO
 
 from controltable import ControlTable, ControlTableError, LeaseLost
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: its support package, as the tests import it
+from support.event_workers import meet  # noqa: E402
 
 
 class Log:
@@ -88,6 +94,7 @@ def slots(args: argparse.Namespace) -> int:
     stop = Path(args.stop)
     ct = ControlTable(args.url, namespace=args.namespace)
     rng = random.Random(args.seed)
+    meeting = Path(args.log).parent / "meeting" if args.meet else None  # the workers' logs lie side by side
     i = 0
     request: Optional[tuple[str, str, int]] = None
     while not stop.exists():
@@ -99,11 +106,16 @@ def slots(args: argparse.Namespace) -> int:
             resource = rng.choice(["cap1", "cap3"])
             mode = "exclusive" if rng.random() < 0.35 else "shared"
             request = (resource, mode, rng.choice([1, 1, 2]) if mode == "shared" and resource == "cap3" else 1)
+            if meeting is not None and i == 1:
+                request = ("cap3", "shared", 1)  # before any pair has met, a second worker always gets in
         resource, mode, n = request
+        meets = meeting is not None and i == 1
         lease: Optional[Any] = None
         try:
-            lease = ct.acquire(resource, holder=f"{args.name}-{i}", slots=n, mode=mode, lease=args.lease,
-                               timeout=60)
+            # The meeting hold waits for another worker's process to start: its lease outlasts meet()'s
+            # own 120 s hang detector, so the wait cannot cost the hold its lease.
+            lease = ct.acquire(resource, holder=f"{args.name}-{i}", slots=n, mode=mode,
+                               lease=150.0 if meets else args.lease, timeout=60)
         except Exception as exc:
             log.error("acquire", exc)
             time.sleep(0.2)
@@ -113,7 +125,10 @@ def slots(args: argparse.Namespace) -> int:
             log.write(g=resource, tok=lease.token, t=time.time(), worker=args.name)
         try:
             start = time.time()  # after acquire returned
-            time.sleep(rng.uniform(0.02, 0.1) if mode == "shared" else rng.uniform(0.001, 0.03))
+            if meets and meeting is not None:
+                meet(meeting, args.name, "cap3")
+            else:
+                time.sleep(rng.uniform(0.02, 0.1) if mode == "shared" else rng.uniform(0.001, 0.03))
             end = time.time()  # before the lease is checked and released
             # Only a hold confirmed at its end is recorded: a lease that expired during an outage (or
             # a grant a failover lost) may have been granted to someone else, and that is reported
@@ -144,6 +159,7 @@ def main() -> int:
         s.add_argument(name)
     s.add_argument("--lease", type=float, default=4.0)
     s.add_argument("--grants", action="store_true")
+    s.add_argument("--meet", action="store_true")
     s.set_defaults(fn=slots)
     args = p.parse_args()
     try:
