@@ -73,18 +73,23 @@ def test_bad_input_exit_codes(backend_url: str, namespace: str) -> None:
 def test_run_holds_the_slot_and_passes_the_exit_code(backend_url: str, namespace: str, tmp_path: Path) -> None:
     run(backend_url, namespace, "init")
     run(backend_url, namespace, "capacity", "set", "db", "1")
-    marker = tmp_path / "inside"
-    script = f"import pathlib,sys,time; pathlib.Path({str(marker)!r}).write_text('x'); time.sleep(1.5); sys.exit(7)"
+    marker, done = tmp_path / "inside", tmp_path / "done"
+    # The command runs until the test has looked (a fixed 1.5 s once ended before a loaded machine's
+    # status call); its own wait is bounded (a hang detector: exit 9, not 7).
+    script = (f"import pathlib,sys,time; pathlib.Path({str(marker)!r}).write_text('x'); end = time.time() + 300\n"
+              f"while not pathlib.Path({str(done)!r}).exists() and time.time() < end: time.sleep(0.05)\n"
+              f"sys.exit(7 if pathlib.Path({str(done)!r}).exists() else 9)")
     result: dict[str, subprocess.CompletedProcess[str]] = {}
     t = threading.Thread(target=lambda: result.setdefault("r", run_process(
-        backend_url, namespace, "run", "--resource", "db", "--holder", "job", "--lease", "3", "--",
+        backend_url, namespace, "run", "--resource", "db", "--holder", "job", "--lease", "30", "--",
         sys.executable, "-c", script)))
     t.start()
     wait_until(marker.exists, 60, "the command to start under the slot", interval=0.05)
     ct = ControlTable(backend_url, namespace=namespace)
     (st,) = ct.status(["db"])
+    done.touch()
     assert [h.holder for h in st.holders] == ["job"], "the slot is held while the command runs"
-    t.join(60)
+    t.join(300)
     assert result["r"].returncode == 7
     assert ct.status(["db"])[0].holders == []
 
