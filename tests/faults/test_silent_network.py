@@ -55,6 +55,18 @@ class Silent:
         self.ct = ControlTable(proxied, namespace=self.namespace, statement_timeout=STATEMENT_TIMEOUT,
                                connect_timeout=5)
         self.tables: list[str] = []
+        # The proxied table's first connection (connect, then the dialect's first-connect queries) runs
+        # under its short statement timeout; on a loaded machine it once took longer, failing a test's
+        # set-up before any silence. The set-up is not what is measured: its first ping is retried until
+        # it answers (a 120 s hang detector), so the pool holds a live, initialised connection.
+        hang = time.monotonic() + 120.0
+        while True:
+            try:
+                self.ct.ping()
+                break
+            except DatabaseUnavailableError:
+                if time.monotonic() > hang:
+                    raise
 
     def close(self) -> None:
         self.proxy.close()
