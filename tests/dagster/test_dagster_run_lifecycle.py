@@ -325,23 +325,32 @@ def test_events_sensor_skip_reason_says_what_the_backlog_waits_for(ct: Any, reso
 
 
 def test_run_worker_withdraws_a_retry_waiter_when_its_run_is_cancelled(ct: Any, resource: ControlTableResource) -> None:
-    """In-process executor: while Dagster sleeps through the retry wait, the resource notices the cancel."""
+    """In-process executor: while Dagster sleeps through the retry wait, the resource notices the cancel.
+
+    Asserted by cause: when the next try began, the step's place was already gone, and the run's log
+    says the watcher withdrew it between retries (it stands down once a try runs). A waiter ahead keeps
+    the step off the head of the queue, so its retry wait is the 20 s asked for (ten of the watcher's 2 s status
+    reads), not the head's 1-5 s, which a loaded machine's cancel and status reads once outlasted."""
     ct.set_capacity("warehouse", 1)
     blocker = ct.acquire("warehouse", holder="shell-job")
+    assert ct.try_acquire("warehouse", holder="ahead", waiter_ttl=600) is None
     instance = DagsterInstance.ephemeral()
     seen: dict[str, Any] = {}
-    # At the head of the queue the step retries in 5 s, not the 60 s asked for.
-    polite_job = _retrying_job(seen, 60, lambda context: seen.update(retried_at=time.monotonic()))
+
+    def step_queued() -> bool:
+        return any(w.startswith("dagster:") for w in _queue(ct, "warehouse")[1])
+
+    polite_job = _retrying_job(seen, 20, lambda context: seen.update(queued_at_retry=step_queued()))
     runner = threading.Thread(target=lambda: polite_job.execute_in_process(
         resources={"controltable": resource}, instance=instance, raise_on_error=False))
     runner.start()
     try:
-        wait_until(lambda: _queue(ct, "warehouse")[1] and "run_id" in seen, 60, "the step to queue", interval=0.05)
+        wait_until(lambda: step_queued() and "run_id" in seen, 60, "the step to queue", interval=0.05)
         instance.report_run_canceling(instance.get_run_by_id(seen["run_id"]))
-        wait_until(lambda: not _queue(ct, "warehouse")[1], 30, "the waiter to be withdrawn", interval=0.05)
-        withdrawn = time.monotonic()
-        runner.join(timeout=60)
-        assert withdrawn < seen["retried_at"], "withdrawn only when the retry wait ended"
+        wait_until(lambda: not step_queued(), 120, "the waiter to be withdrawn (hang detector)", interval=0.05)
+        runner.join(timeout=300)
+        assert not runner.is_alive(), "hang: the run did not end within 300 s"
+        assert seen.get("queued_at_retry") is False, f"the place was still queued when the next try began: {seen}"
         messages = [r.user_message for r in instance.all_logs(seen["run_id"])]
         assert any("withdrew 1 slot request(s) between retries" in m for m in messages), messages
     finally:
