@@ -86,8 +86,10 @@ def test_run_holds_the_slot_and_passes_the_exit_code(backend_url: str, namespace
     t.start()
     wait_until(marker.exists, 60, "the command to start under the slot", interval=0.05)
     ct = ControlTable(backend_url, namespace=namespace)
-    (st,) = ct.status(["db"])
-    done.touch()
+    try:
+        (st,) = ct.status(["db"])
+    finally:
+        done.touch()
     assert [h.holder for h in st.holders] == ["job"], "the slot is held while the command runs"
     t.join(300)
     assert result["r"].returncode == 7

@@ -109,13 +109,13 @@ def slots(args: argparse.Namespace) -> int:
             if meeting is not None and i == 1:
                 request = ("cap3", "shared", 1)  # before any pair has met, a second worker always gets in
         resource, mode, n = request
-        meets = meeting is not None and i == 1
+        meets = meeting if i == 1 else None  # this hold is the meeting
         lease: Optional[Any] = None
         try:
             # The meeting hold waits for another worker's process to start: its lease outlasts meet()'s
             # own 120 s hang detector, so the wait cannot cost the hold its lease.
             lease = ct.acquire(resource, holder=f"{args.name}-{i}", slots=n, mode=mode,
-                               lease=150.0 if meets else args.lease, timeout=60)
+                               lease=args.lease if meets is None else 150.0, timeout=60)
         except Exception as exc:
             log.error("acquire", exc)
             time.sleep(0.2)
@@ -125,8 +125,8 @@ def slots(args: argparse.Namespace) -> int:
             log.write(g=resource, tok=lease.token, t=time.time(), worker=args.name)
         try:
             start = time.time()  # after acquire returned
-            if meets and meeting is not None:
-                meet(meeting, args.name, "cap3")
+            if meets is not None:
+                meet(meets, args.name, "cap3")
             else:
                 time.sleep(rng.uniform(0.02, 0.1) if mode == "shared" else rng.uniform(0.001, 0.03))
             end = time.time()  # before the lease is checked and released

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 import pytest
 from sqlalchemy.engine import make_url
 from support import event_tables
+from support.live import wait_until
 
 from controltable import AcquireTimeout, ControlTable, DatabaseUnavailableError, LeaseLost, defaults
 
@@ -57,16 +58,16 @@ class Silent:
         self.tables: list[str] = []
         # The proxied table's first connection (connect, then the dialect's first-connect queries) runs
         # under its short statement timeout; on a loaded machine it once took longer, failing a test's
-        # set-up before any silence. The set-up is not what is measured: its first ping is retried until
-        # it answers (a 120 s hang detector), so the pool holds a live, initialised connection.
-        hang = time.monotonic() + 120.0
-        while True:
-            try:
-                self.ct.ping()
-                break
-            except DatabaseUnavailableError:
-                if time.monotonic() > hang:
-                    raise
+        # set-up before any silence. The set-up is not what is measured: it pings until the table
+        # answers (a 120 s hang detector), so the pool holds a live, initialised connection.
+        wait_until(self._answers, 120, "the proxied control table's first connection")
+
+    def _answers(self) -> bool:
+        try:
+            self.ct.ping()
+            return True
+        except DatabaseUnavailableError:
+            return False
 
     def close(self) -> None:
         self.proxy.close()
