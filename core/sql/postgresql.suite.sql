@@ -26,6 +26,8 @@ DELETE FROM ct_request WHERE ct_request.request_key IN (?*);
 DELETE FROM ct_resource WHERE ct_resource.namespace = ? AND ct_resource.name = ?;
 DELETE FROM ct_work_item WHERE ct_work_item.namespace = ? AND ct_work_item.worklist = ?;
 DELETE FROM ct_worklist WHERE ct_worklist.namespace = ? AND ct_worklist.name = ?;
+DROP INDEX ct_claimed_events;
+DROP INDEX ct_pending_events;
 DROP INDEX ct_request_queue_ix;
 DROP INDEX ct_request_state_ix;
 DROP INDEX ct_work_item_ix;
