@@ -105,13 +105,17 @@ def test_orphaned_child_lets_its_slot_lease_expire(
 def test_renewal_stops_when_the_owner_says_the_work_ended(ct: ControlTable) -> None:
     wl = ct.worklist("owner-ended")
     wl.populate([{"n": 1}])
-    # A 3 s lease renewed every 0.2 s: a renewal may be 2 s late on a loaded machine and the lease holds.
-    item = wl.allocate("slow", lease=3.0)
+    # Renewal by cause, not by outliving a short lease: the expiry moves forward while the test does not
+    # renew (loaded runs lost 3 s and 5 s leases renewed every 0.2-0.25 s when renewals came late: the
+    # product keeping its word). A 30 s lease is never outlived before the owner ends the work.
+    item = wl.allocate("slow", lease=30.0)
     assert item is not None
     ended = threading.Event()
     first_expiry = item.expires_at.timestamp()
     item.start_renewing(interval=0.2, alive=lambda: not ended.is_set())
-    wait_past(ct, first_expiry)  # by the database clock: only renewal keeps it
+    wait_until(lambda: item.expires_at.timestamp() > first_expiry, 120, "a background renewal (hang detector)",
+               interval=0.05)
+    assert wl.get(item.id).expires_at.timestamp() > first_expiry, "the renewal did not reach the database"
     assert wl.allocate("thief", lease=60) is None
     ended.set()
     # The renewer's verdict first, with nobody else writing: a thief polling meanwhile competed for
@@ -123,8 +127,9 @@ def test_renewal_stops_when_the_owner_says_the_work_ended(ct: ControlTable) -> N
                "the renewer to stop after its owner said the work ended")
     assert renewer.stopped_because == "its owner said the work ended", (renewer.stopped_because, item.lost)
     assert isinstance(item.lost, LeaseLost)
-    taken = wait_until(lambda: wl.allocate("thief", lease=60), 30,
-                       "the item to come back after its owner ended the work")
+    # Nothing renews it now: it comes back when its last 30 s lease lapses (120 s: hang detector).
+    taken = wait_until(lambda: wl.allocate("thief", lease=60), 120,
+                       "the item to come back after its owner ended the work (hang detector)")
     with pytest.raises(LeaseLost):
         item.complete()
     taken.complete()
